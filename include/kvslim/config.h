@@ -1,0 +1,86 @@
+// KVCacheConfig: one flat configuration, with the original system's field names and defaults,
+// plus kvslim's own options (each documented here and in docs/methods.md).
+#pragma once
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kvslim {
+
+// Method ids: "full" (plain fp16 cache), "streaming" (sinks + recent window), "h2o",
+// "squeeze" (H2O with a data-driven per-layer budget), "pyramidkv" (H2O with a fixed linear
+// per-layer taper), "zipcache" (per-token mixed precision), "kivi" (uniform group quantization).
+const std::vector<std::string>& method_names();
+
+struct KVCacheConfig {
+  std::string method = "full";
+  int head_dim = 128;  // overridden per layer by for_model; caches take D from the blocks they get
+  int seed = 42;       // for_model sets seed + layer index; no method draws random numbers yet
+
+  // --- squeeze (SqueezeAttention-adapted) ---
+  int squeeze_budget = 512;   // average per-layer budget (tokens per head)
+  int squeeze_n_sink = 4;     // leading positions never evicted; budget floor is n_sink + 1
+  double squeeze_strength = 1.0;  // 0 = uniform (== h2o), 1 = full inverse-concentration split
+  std::optional<int> squeeze_resolved_budget;  // explicit per-layer budget (single cache / tests)
+  // "deferred" (default): during the first call a layer evicts only against the largest budget the
+  // schedule could give it, and every layer is trimmed to its resolved budget the moment the
+  // coordinator finalises. "eager": the documented order (evict to the average until finalised,
+  // adopt and trim at the next call) -- reproduces the original benchmark's kept counts.
+  std::string squeeze_prefill = "deferred";
+  // Layer signal: "key_dispersion" (documented proxy: mean off-diagonal key cosine) or
+  // "hidden_cosine" (the paper's: cosine between hidden states before and after attention; needs
+  // an engine that reports hidden states through the observation hook).
+  std::string squeeze_signal = "key_dispersion";
+  // Which heads of the first call the key-dispersion proxy averages: "all" (kvslim default: mean
+  // over every (batch, head)) or "first" (the original: batch 0, head 0 only).
+  std::string squeeze_concentration_heads = "all";
+
+  // --- h2o (H2O-adapted, original 0.21.0 semantics) ---
+  int h2o_budget = 512;  // max tokens kept per head
+  int h2o_n_sink = 4;    // leading positions protected
+
+  // --- pyramidkv (H2O with a fixed linear taper; kvpress's schedule) ---
+  int pyramidkv_budget = 512;   // average per-layer budget
+  int pyramidkv_n_sink = 4;
+  double pyramidkv_beta = 20.0;  // last layer gets about 2*avg/beta ... first ~2*avg - that
+
+  // --- options shared by every H2O-core method (h2o, squeeze, pyramidkv) ---
+  int evict_recent_window = 0;  // newest tokens protected from eviction (0 = documented behaviour)
+  // Score: "key_proxy" (documented: the incoming key is the query), "attention" (the real
+  // attention each token receives, summed over the query heads of its KV group, reported by the
+  // engine), "attention_normalized" (that sum divided by how many queries could see the token).
+  std::string evict_scoring = "key_proxy";
+
+  // --- streaming (StreamingLLM: sinks + recent window) ---
+  int streaming_budget = 512;
+  int streaming_n_sink = 4;
+
+  // --- zipcache (ZipCache-adapted) ---
+  int zipcache_hi_bits = 4;
+  int zipcache_lo_bits = 2;
+  double zipcache_hi_fraction = 0.20;
+  int zipcache_group_size = 32;
+  bool zipcache_quantize_values = true;  // values at uniform hi_bits (as the original code does)
+  // Tokens that wait in fp16 before being compressed together (0 = compress every call alone,
+  // the documented behaviour). Must be a multiple of group_size.
+  int zipcache_staging = 128;
+  // Saliency: "key_norm" (documented proxy) or "attention_normalized" (the paper's signal, from
+  // the observation hook).
+  std::string zipcache_saliency = "key_norm";
+
+  // --- kivi (uniform asymmetric group quantization, both K and V, KIVI-style) ---
+  int kivi_bits = 2;
+  int kivi_group_size = 32;
+  int kivi_staging = 128;  // fp16 residual tokens waiting to be quantized a block at a time
+
+  // Throws ConfigError naming the field and its allowed range.
+  void validate() const;
+  // Sets a field from text ("squeeze_strength", "0.5"); throws ConfigError on an unknown field or
+  // a value that does not parse. Used by the CLI's --set key=value.
+  void set(std::string_view field, std::string_view value);
+  // Every settable field with its current value as text, in declaration order.
+  std::vector<std::pair<std::string, std::string>> fields() const;
+};
+
+}  // namespace kvslim

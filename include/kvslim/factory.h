@@ -1,0 +1,62 @@
+// Building caches: one lone layer (KVCacheFactory) or every layer of a model with the shared
+// machinery per-layer methods need (KVCacheBuilder -> CacheSet).
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "kvslim/cache.h"
+#include "kvslim/config.h"
+
+namespace kvslim {
+
+struct LayerSpec {
+  bool attention = true;  // false: the layer has no KV cache (its CacheSet slot is null)
+  int kv_heads = 0;
+  int head_dim = 0;
+};
+
+struct ModelSpec {
+  std::vector<LayerSpec> layers;
+  static ModelSpec uniform(int n_layers, int kv_heads, int head_dim);
+};
+
+class SqueezeCoordinator;
+
+// The caches of one model, one per layer (null for layers without attention), and what they share.
+class CacheSet {
+ public:
+  CacheSet() = default;
+  CacheSet(CacheSet&&) noexcept = default;
+  CacheSet& operator=(CacheSet&&) noexcept = default;
+  ~CacheSet();
+
+  std::size_t size() const { return caches_.size(); }
+  KVCache* operator[](std::size_t layer) const { return caches_[layer].get(); }
+  KVCache& at(std::size_t layer) const;  // throws std::out_of_range for a missing/non-attention layer
+  // Forgets every token in every layer and resets the shared coordinator (the original never does).
+  void reset();
+  // Sum over layers of stats().resident_bytes / seen_fp16_bytes.
+  std::size_t resident_bytes() const;
+  std::size_t seen_fp16_bytes() const;
+  const SqueezeCoordinator* coordinator() const { return coordinator_.get(); }
+
+ private:
+  friend class KVCacheBuilder;
+  std::vector<std::unique_ptr<KVCache>> caches_;
+  std::shared_ptr<SqueezeCoordinator> coordinator_;
+};
+
+class KVCacheFactory {
+ public:
+  // A lone cache (no coordinator: squeeze behaves as a uniform-budget H2O layer). Validates first.
+  static std::unique_ptr<KVCache> create(const KVCacheConfig& config);
+};
+
+class KVCacheBuilder {
+ public:
+  // One cache per attention layer with head_dim and seed set per layer; squeeze layers share one
+  // SqueezeCoordinator; pyramidkv layers get their taper. Validates before building anything.
+  static CacheSet for_model(const ModelSpec& model, const KVCacheConfig& config);
+};
+
+}  // namespace kvslim

@@ -1,0 +1,60 @@
+// SqueezeAttention-adapted: the concentration proxy, the budget schedule and the coordinator.
+#pragma once
+#include <cstddef>
+#include <functional>
+#include <map>
+#include <optional>
+#include <span>
+#include <vector>
+
+namespace kvslim {
+
+// Mean off-diagonal cosine similarity of the n rows (each of length d) of `rows`:
+// 1 for identical directions, 0 for orthogonal rows, scale-invariant; 0 when n < 2.
+// O(n d): sum(G) = |sum u_i|^2 and trace(G) = sum |u_i|^2 with u_i = k_i / (|k_i| + 1e-8).
+double concentration_score(const float* rows, std::size_t n, std::size_t d);
+
+// Per-layer budgets: weight_i = (1 - clamp(c_i, 0, 1)) normalised to mean 1 (uniform if all are 1),
+// budget_i = max(round_half_even(avg * ((1 - s) + s * weight_i)), n_sink + 1).
+// Empty input gives {} (before the strength check, as the original); one layer gives
+// {max(avg, n_sink + 1)}; strength outside [0, 1] throws ConfigError.
+std::vector<int> squeeze_budgets(std::span<const double> concentrations, int avg_budget, int n_sink,
+                                 double strength = 1.0);
+
+// PyramidKV's fixed linear taper (kvpress's schedule) for comparison: layer 0 gets the most.
+std::vector<int> pyramid_budgets(int n_layers, int avg_budget, int n_sink, double beta);
+
+// Collects one concentration per attention layer during prefill; when every layer has reported it
+// computes the schedule once and tells every registered layer its budget.
+class SqueezeCoordinator {
+ public:
+  SqueezeCoordinator(int n_layers, int avg_budget, int n_sink, double strength);
+
+  // First report per layer wins; reports after finalisation are ignored.
+  void report_concentration(int layer_id, double concentration);
+  bool is_finalized() const { return finalized_; }
+  std::optional<int> resolved_budget(int layer_id) const;
+  std::optional<double> concentration(int layer_id) const;
+  void reset();
+
+  int n_layers() const { return n_layers_; }
+  int avg_budget() const { return avg_budget_; }
+  int n_sink() const { return n_sink_; }
+  double strength() const { return strength_; }
+  // The largest budget the schedule can give any layer (its weight is at most n_layers).
+  int max_possible_budget() const;
+
+  // Called with (layer_id, budget) for every layer at finalisation, in layer order.
+  using Listener = std::function<void(int layer_id, int budget)>;
+  void set_listener(Listener listener) { listener_ = std::move(listener); }
+
+ private:
+  int n_layers_, avg_budget_, n_sink_;
+  double strength_;
+  std::map<int, double> concentrations_;
+  std::map<int, int> resolved_;
+  bool finalized_ = false;
+  Listener listener_;
+};
+
+}  // namespace kvslim
