@@ -1,0 +1,322 @@
+#include "engine/model.h"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "kvslim/block.h"
+
+namespace kvslim::engine {
+
+namespace {
+
+// Weight rows converted per sgemm tile in prefill: 256 rows x up to ~16K columns = 16 MiB.
+constexpr std::size_t kTileRows = 256;
+
+Matrix matrix_of(const WeightStore& store, const std::string& name, std::int64_t rows, std::int64_t cols) {
+  const TensorInfo& t = store.get(name, {rows, cols});
+  return Matrix{t.type, t.data, static_cast<std::size_t>(rows), static_cast<std::size_t>(cols)};
+}
+
+std::vector<float> vector_of(const WeightStore& store, const std::string& name, std::int64_t n) {
+  const TensorInfo& t = store.get(name, {n});
+  std::vector<float> out(static_cast<std::size_t>(n));
+  convert_weights(t.data, t.type, out.data(), out.size());
+  return out;
+}
+
+void check_config(const ModelConfig& c) {
+  auto positive = [](int v, const char* field) {
+    if (v <= 0) throw ModelFileError(std::string("config.json: ") + field + " must be > 0, got " + std::to_string(v));
+  };
+  positive(c.hidden_size, "hidden_size");
+  positive(c.intermediate_size, "intermediate_size");
+  positive(c.num_layers, "num_hidden_layers");
+  positive(c.num_heads, "num_attention_heads");
+  positive(c.num_kv_heads, "num_key_value_heads");
+  positive(c.head_dim, "head_dim");
+  positive(c.vocab_size, "vocab_size");
+  if (c.num_heads % c.num_kv_heads != 0) {
+    throw ModelFileError("config.json: num_attention_heads " + std::to_string(c.num_heads) +
+                         " is not a multiple of num_key_value_heads " + std::to_string(c.num_kv_heads));
+  }
+  if (!(c.rms_norm_eps > 0)) throw ModelFileError("config.json: rms_norm_eps must be > 0");
+  if (!(c.rope_theta > 0)) throw ModelFileError("config.json: rope_theta must be > 0");
+}
+
+// Grow-only scratch, geometric so a context that grows by one row per step reallocates rarely.
+template <class T>
+void grow(std::vector<T>& v, std::size_t n) {
+  if (v.size() < n) v.resize(std::max(n, v.size() + v.size() / 2));
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------------
+// Model
+
+Model Model::load(const std::filesystem::path& model_dir) {
+  ModelConfig config = ModelConfig::load(model_dir);
+  return from(std::move(config), WeightStore::open(model_dir));
+}
+
+Model Model::from(ModelConfig config, WeightStore store) {
+  check_config(config);
+  Model m;
+  m.config_ = std::move(config);
+  m.store_ = std::make_unique<WeightStore>(std::move(store));
+  const ModelConfig& c = m.config_;
+  const WeightStore& s = *m.store_;
+  const std::int64_t hidden = c.hidden_size, inter = c.intermediate_size, vocab = c.vocab_size;
+  const std::int64_t q_dim = static_cast<std::int64_t>(c.num_heads) * c.head_dim;
+  const std::int64_t kv_dim = static_cast<std::int64_t>(c.num_kv_heads) * c.head_dim;
+
+  ModelWeights& w = m.weights_;
+  w.embed = matrix_of(s, "model.embed_tokens.weight", vocab, hidden);
+  w.final_norm = vector_of(s, "model.norm.weight", hidden);
+  // A tied model may still ship lm_head.weight (a copy); an untied one must.
+  w.lm_head = c.tie_word_embeddings && !s.has("lm_head.weight") ? w.embed
+                                                                : matrix_of(s, "lm_head.weight", vocab, hidden);
+  w.layers.resize(c.num_layers);
+  for (int l = 0; l < c.num_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    LayerWeights& L = w.layers[l];
+    L.attn_norm = vector_of(s, p + "input_layernorm.weight", hidden);
+    L.mlp_norm = vector_of(s, p + "post_attention_layernorm.weight", hidden);
+    L.wq = matrix_of(s, p + "self_attn.q_proj.weight", q_dim, hidden);
+    L.wk = matrix_of(s, p + "self_attn.k_proj.weight", kv_dim, hidden);
+    L.wv = matrix_of(s, p + "self_attn.v_proj.weight", kv_dim, hidden);
+    L.wo = matrix_of(s, p + "self_attn.o_proj.weight", hidden, q_dim);
+    L.w_gate = matrix_of(s, p + "mlp.gate_proj.weight", inter, hidden);
+    L.w_up = matrix_of(s, p + "mlp.up_proj.weight", inter, hidden);
+    L.w_down = matrix_of(s, p + "mlp.down_proj.weight", hidden, inter);
+    // Qwen2 has q/k/v biases without saying so in config.json: take them when present, require
+    // them when the config announces them.
+    if (c.attention_bias || s.has(p + "self_attn.q_proj.bias")) {
+      L.bq = vector_of(s, p + "self_attn.q_proj.bias", q_dim);
+      L.bk = vector_of(s, p + "self_attn.k_proj.bias", kv_dim);
+      L.bv = vector_of(s, p + "self_attn.v_proj.bias", kv_dim);
+    }
+  }
+  return m;
+}
+
+ModelSpec Model::cache_spec() const {
+  return ModelSpec::uniform(config_.num_layers, config_.num_kv_heads, config_.head_dim);
+}
+
+std::uint64_t Model::parameter_count() const {
+  std::uint64_t total = 0;
+  for (const std::string& name : store_->names()) {
+    const TensorInfo* t = store_->find(name);
+    std::uint64_t n = 1;
+    for (std::int64_t d : t->shape) n *= static_cast<std::uint64_t>(d);
+    total += n;
+  }
+  return total;
+}
+
+std::uint64_t Model::decode_weight_bytes() const {
+  std::uint64_t total = weights_.lm_head.nbytes();
+  for (const LayerWeights& L : weights_.layers) {
+    for (const Matrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) total += m->nbytes();
+  }
+  return total;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Transformer
+
+Transformer::Transformer(const Model& model, CacheSet& caches, ForwardOptions options)
+    : model_(model),
+      caches_(caches),
+      options_(options),
+      pool_(options.threads),
+      rope_(model.config()),
+      attention_(model.config().num_heads, model.config().num_kv_heads, model.config().head_dim,
+                 std::max<std::size_t>(options.max_chunk, 1), std::max<std::size_t>(options.max_context, 1)) {
+  const ModelConfig& c = model.config();
+  if (options.threads < 1) throw std::invalid_argument("threads must be >= 1, got " + std::to_string(options.threads));
+  if (caches.size() != static_cast<std::size_t>(c.num_layers)) {
+    throw std::invalid_argument("cache set has " + std::to_string(caches.size()) + " layers, the model has " +
+                                std::to_string(c.num_layers));
+  }
+  for (std::size_t l = 0; l < caches.size(); ++l) {
+    if (caches[l] == nullptr) throw std::invalid_argument("cache set has no cache for layer " + std::to_string(l));
+  }
+  tile_.resize(kTileRows * static_cast<std::size_t>(std::max(c.hidden_size, c.intermediate_size)));
+  ensure_tokens(std::max<std::size_t>(options.max_chunk, 1));
+}
+
+void Transformer::ensure_tokens(std::size_t s) {
+  if (s <= capacity_) return;
+  const ModelConfig& c = model_.config();
+  const std::size_t hidden = c.hidden_size, q_dim = static_cast<std::size_t>(c.num_heads) * c.head_dim,
+                    kv_dim = static_cast<std::size_t>(c.num_kv_heads) * c.head_dim,
+                    inter = c.intermediate_size, half = c.head_dim / 2;
+  for (auto* v : {&x_, &xb_}) grow(*v, s * hidden);
+  grow(q_, s * q_dim);
+  grow(attn_, s * q_dim);
+  for (auto* v : {&k_, &v_, &k_block_, &v_block_}) grow(*v, s * kv_dim);
+  grow(gate_, s * inter);
+  grow(up_, s * inter);
+  grow(cos_, s * half);
+  grow(sin_, s * half);
+  grow(positions_, s);
+  capacity_ = s;
+}
+
+void Transformer::reset() {
+  caches_.reset();
+  next_position_ = 0;
+}
+
+std::span<const float> Transformer::prefill(std::span<const int> tokens, const LogitsCallback& on_logits) {
+  if (tokens.empty()) throw std::invalid_argument("prefill: empty prompt");
+  const std::size_t chunk = options_.prefill_chunk == 0 ? tokens.size() : options_.prefill_chunk;
+  std::span<const float> last;
+  for (std::size_t first = 0; first < tokens.size(); first += chunk) {
+    const std::size_t n = std::min(chunk, tokens.size() - first);
+    last = forward(tokens.subspan(first, n), {}, static_cast<bool>(on_logits), /*prefill=*/true);
+    if (on_logits) on_logits(first, last);
+  }
+  const std::size_t vocab = model_.config().vocab_size;
+  return on_logits ? last.subspan(last.size() - vocab) : last;
+}
+
+std::span<const float> Transformer::forward(std::span<const int> tokens, std::span<const std::int64_t> positions,
+                                            bool all_logits, bool prefill) {
+  const ModelConfig& c = model_.config();
+  const ModelWeights& w = model_.weights();
+  const std::size_t s = tokens.size(), hidden = c.hidden_size, vocab = c.vocab_size, half = c.head_dim / 2;
+  if (s == 0) throw std::invalid_argument("forward: no tokens");
+  if (!positions.empty() && positions.size() != s) {
+    throw std::invalid_argument("forward: " + std::to_string(positions.size()) + " positions for " +
+                                std::to_string(s) + " tokens");
+  }
+  ensure_tokens(s);
+  if (positions.empty()) {
+    for (std::size_t i = 0; i < s; ++i) positions_[i] = next_position_ + static_cast<std::int64_t>(i);
+    positions = std::span<const std::int64_t>(positions_.data(), s);
+  }
+  for (std::size_t i = 0; i < s; ++i) {
+    if (positions[i] < 0 || (i > 0 && positions[i] <= positions[i - 1])) {
+      throw std::invalid_argument("forward: positions must be non-negative and increasing");
+    }
+  }
+
+  // Embedding rows, RoPE angles of every token (shared by all layers and heads).
+  for (std::size_t i = 0; i < s; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= c.vocab_size) {
+      throw std::invalid_argument("forward: token id " + std::to_string(tokens[i]) + " outside the vocabulary [0, " +
+                                  std::to_string(c.vocab_size) + ")");
+    }
+    convert_weights(w.embed.row(tokens[i]), w.embed.type, x_.data() + i * hidden, hidden);
+    rope_.angles(positions[i], cos_.data() + i * half, sin_.data() + i * half);
+  }
+
+  for (std::size_t l = 0; l < w.layers.size(); ++l) {
+    const LayerWeights& L = w.layers[l];
+    KVCache& cache = *caches_[l];
+    const bool observe_hidden = prefill && cache.needs().hidden_states;
+    if (observe_hidden) {
+      grow(x_before_, s * hidden);
+      std::copy_n(x_.data(), s * hidden, x_before_.data());
+    }
+    attention_block(l, s, positions, prefill);
+    if (observe_hidden) {
+      cache.observe_hidden(HiddenObservation{x_before_.data(), x_.data(), 1, s, hidden});
+    }
+    // MLP: x += down(silu(gate(xn)) * up(xn))
+    for (std::size_t i = 0; i < s; ++i) {
+      rmsnorm(xb_.data() + i * hidden, x_.data() + i * hidden, L.mlp_norm.data(), hidden,
+              static_cast<float>(c.rms_norm_eps));
+    }
+    matmul(L.w_gate, xb_.data(), s, gate_.data(), tile_.data(), kTileRows, &pool_);
+    matmul(L.w_up, xb_.data(), s, up_.data(), tile_.data(), kTileRows, &pool_);
+    swiglu(gate_.data(), up_.data(), s * c.intermediate_size);
+    matmul(L.w_down, gate_.data(), s, xb_.data(), tile_.data(), kTileRows, &pool_);
+    for (std::size_t i = 0; i < s * hidden; ++i) x_[i] += xb_[i];
+  }
+  next_position_ = positions[s - 1] + 1;
+
+  // Final norm and lm_head: every token's logits, or the last one's only.
+  const std::size_t first = all_logits ? 0 : s - 1, n_out = s - first;
+  for (std::size_t i = first; i < s; ++i) {
+    rmsnorm(xb_.data() + i * hidden, x_.data() + i * hidden, w.final_norm.data(), hidden,
+            static_cast<float>(c.rms_norm_eps));
+  }
+  grow(logits_, n_out * vocab);
+  matmul(w.lm_head, xb_.data() + first * hidden, n_out, logits_.data(), tile_.data(), kTileRows, &pool_);
+  return std::span<const float>(logits_.data(), n_out * vocab);
+}
+
+// x += o_proj(attention(rope(q), cache(rope(k), v))) for the S tokens of this call.
+void Transformer::attention_block(std::size_t layer, std::size_t s, std::span<const std::int64_t> positions,
+                                  bool prefill) {
+  const ModelConfig& c = model_.config();
+  const LayerWeights& L = model_.weights().layers[layer];
+  KVCache& cache = *caches_[layer];
+  const std::size_t hidden = c.hidden_size, d = c.head_dim, half = d / 2;
+  const std::size_t heads = c.num_heads, kv_heads = c.num_kv_heads;
+  const std::size_t q_dim = heads * d, kv_dim = kv_heads * d;
+
+  for (std::size_t i = 0; i < s; ++i) {
+    rmsnorm(xb_.data() + i * hidden, x_.data() + i * hidden, L.attn_norm.data(), hidden,
+            static_cast<float>(c.rms_norm_eps));
+  }
+  matmul(L.wq, xb_.data(), s, q_.data(), tile_.data(), kTileRows, &pool_);  // [S, H*D]
+  matmul(L.wk, xb_.data(), s, k_.data(), tile_.data(), kTileRows, &pool_);  // [S, Hkv*D]
+  matmul(L.wv, xb_.data(), s, v_.data(), tile_.data(), kTileRows, &pool_);  // [S, Hkv*D]
+  if (!L.bq.empty()) {
+    for (std::size_t i = 0; i < s; ++i) {
+      for (std::size_t j = 0; j < q_dim; ++j) q_[i * q_dim + j] += L.bq[j];
+      for (std::size_t j = 0; j < kv_dim; ++j) {
+        k_[i * kv_dim + j] += L.bk[j];
+        v_[i * kv_dim + j] += L.bv[j];
+      }
+    }
+  }
+  // RoPE at each token's true position; K/V regrouped to the cache's [H_kv, S, D].
+  for (std::size_t i = 0; i < s; ++i) {
+    const float* cs = cos_.data() + i * half;
+    const float* sn = sin_.data() + i * half;
+    for (std::size_t h = 0; h < heads; ++h) rope_rotate(q_.data() + i * q_dim + h * d, cs, sn, d);
+    for (std::size_t h = 0; h < kv_heads; ++h) {
+      float* k = k_.data() + i * kv_dim + h * d;
+      rope_rotate(k, cs, sn, d);
+      std::copy_n(k, d, k_block_.data() + (h * s + i) * d);
+      std::copy_n(v_.data() + i * kv_dim + h * d, d, v_block_.data() + (h * s + i) * d);
+    }
+  }
+  const KVBlock keys = make_block(k_block_.data(), 1, kv_heads, s, d);
+  const KVBlock values = make_block(v_block_.data(), 1, kv_heads, s, d);
+  const bool observe = cache.needs().attention;
+
+  if (prefill && options_.prefill_attention == PrefillAttention::full_prompt) {
+    // The chunk's queries see the previous view and the whole chunk; the cache absorbs it after.
+    const CacheView all = attention_.concat(cache.view(), k_block_.data(), v_block_.data(), positions);
+    if (observe) grow(observation_cat_, attention_.observation_size(s, all.tokens));
+    attention_.attend(all, q_.data(), positions, attn_.data(), observe ? observation_cat_.data() : nullptr, &pool_);
+    const CacheView kept = cache.update_and_fetch(keys, values, positions);
+    if (observe) {
+      grow(observation_, attention_.observation_size(s, kept.tokens));
+      attention_.remap_observation(all, observation_cat_.data(), s, kept, observation_.data());
+      cache.observe_attention(AttentionObservation{observation_.data(), 1, kv_heads, s, kept.tokens, kept.tokens,
+                                                   positions});
+    }
+  } else {
+    const CacheView view = cache.update_and_fetch(keys, values, positions);
+    if (observe) grow(observation_, attention_.observation_size(s, view.tokens));
+    attention_.attend(view, q_.data(), positions, attn_.data(), observe ? observation_.data() : nullptr, &pool_);
+    if (observe) {
+      cache.observe_attention(AttentionObservation{observation_.data(), 1, kv_heads, s, view.tokens, view.tokens,
+                                                   positions});
+    }
+  }
+  matmul(L.wo, attn_.data(), s, xb_.data(), tile_.data(), kTileRows, &pool_);  // [S, hidden]
+  for (std::size_t i = 0; i < s * hidden; ++i) x_[i] += xb_[i];
+}
+
+}  // namespace kvslim::engine

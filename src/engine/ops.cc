@@ -1,0 +1,411 @@
+#include "engine/ops.h"
+
+// GCC 12 reports a false -Wmaybe-uninitialized inside its own AVX-512 intrinsic headers
+// (the _mm512_undefined_* idiom); nothing in this file reads uninitialised data.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#include <cblas.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+#include "kvslim/convert.h"
+#include "kvslim/dtype.h"
+
+namespace kvslim::engine {
+
+DType to_dtype(WeightType t) {
+  switch (t) {
+    case WeightType::f32: return DType::f32;
+    case WeightType::f16: return DType::f16;
+    case WeightType::bf16: return DType::bf16;
+  }
+  return DType::f32;
+}
+
+void convert_weights(const void* src, WeightType type, float* dst, std::size_t n) {
+  convert_to_f32(src, to_dtype(type), dst, n);
+}
+
+// ------------------------------------------------------------------------------------------------
+// ThreadPool
+
+ThreadPool::ThreadPool(int threads) {
+  for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+}
+
+ThreadPool::~ThreadPool() {
+  stop_.store(true, std::memory_order_release);
+  generation_.fetch_add(1, std::memory_order_acq_rel);
+  generation_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+void ThreadPool::drain() {
+  for (;;) {
+    const int i = next_task_.fetch_add(1, std::memory_order_relaxed);
+    if (i >= n_tasks_) return;
+    task_(context_, i);
+  }
+}
+
+void ThreadPool::worker_loop() {
+  std::uint64_t seen = 0;
+  for (;;) {
+    // Spin briefly (decode calls come every few microseconds), then sleep on the futex.
+    for (int spin = 0; spin < 4000 && generation_.load(std::memory_order_acquire) == seen; ++spin) {
+      _mm_pause();
+    }
+    generation_.wait(seen, std::memory_order_acquire);
+    seen = generation_.load(std::memory_order_acquire);
+    if (stop_.load(std::memory_order_acquire)) return;
+    drain();
+    pending_.fetch_sub(1, std::memory_order_acq_rel);
+  }
+}
+
+void ThreadPool::run(int n_tasks, void (*task)(void*, int), void* context) {
+  if (workers_.empty() || n_tasks <= 1) {
+    for (int i = 0; i < n_tasks; ++i) task(context, i);
+    return;
+  }
+  task_ = task;
+  context_ = context;
+  n_tasks_ = n_tasks;
+  next_task_.store(0, std::memory_order_relaxed);
+  pending_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
+  generation_.fetch_add(1, std::memory_order_acq_rel);
+  generation_.notify_all();
+  drain();
+  while (pending_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
+}
+
+// ------------------------------------------------------------------------------------------------
+// gemv kernels: one dot product per weight row, weights loaded in their stored type.
+
+namespace {
+
+float dot_scalar(const void* row, WeightType type, const float* x, std::size_t n) {
+  float acc = 0;
+  switch (type) {
+    case WeightType::f32: {
+      const float* w = static_cast<const float*>(row);
+      for (std::size_t i = 0; i < n; ++i) acc += w[i] * x[i];
+      break;
+    }
+    case WeightType::f16: {
+      const auto* w = static_cast<const std::uint16_t*>(row);
+      for (std::size_t i = 0; i < n; ++i) acc += fp16_to_f32(w[i]) * x[i];
+      break;
+    }
+    case WeightType::bf16: {
+      const auto* w = static_cast<const std::uint16_t*>(row);
+      for (std::size_t i = 0; i < n; ++i) acc += bf16_to_f32(w[i]) * x[i];
+      break;
+    }
+  }
+  return acc;
+}
+
+#define KVSLIM_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define KVSLIM_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+
+KVSLIM_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+KVSLIM_AVX2 inline __m256 load8_f16(const std::uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+KVSLIM_AVX2 inline __m256 load8_bf16(const std::uint16_t* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+KVSLIM_AVX2 inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// Rows [r0, r1) of w times x, AVX2: two independent accumulators per row hide FMA latency.
+template <WeightType T>
+KVSLIM_AVX2 void gemv_rows_avx2(const Matrix& w, const float* x, float* y, std::size_t r0, std::size_t r1) {
+  const std::size_t n = w.cols, n16 = n / 16 * 16;
+  for (std::size_t r = r0; r < r1; ++r) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    std::size_t i = 0;
+    if constexpr (T == WeightType::f32) {
+      const float* row = static_cast<const float*>(w.row(r));
+      for (; i < n16; i += 16) {
+        a0 = _mm256_fmadd_ps(load8(row + i), load8(x + i), a0);
+        a1 = _mm256_fmadd_ps(load8(row + i + 8), load8(x + i + 8), a1);
+      }
+    } else {
+      const auto* row = static_cast<const std::uint16_t*>(w.row(r));
+      for (; i < n16; i += 16) {
+        const __m256 w0 = T == WeightType::f16 ? load8_f16(row + i) : load8_bf16(row + i);
+        const __m256 w1 = T == WeightType::f16 ? load8_f16(row + i + 8) : load8_bf16(row + i + 8);
+        a0 = _mm256_fmadd_ps(w0, load8(x + i), a0);
+        a1 = _mm256_fmadd_ps(w1, load8(x + i + 8), a1);
+      }
+    }
+    float acc = hsum8(_mm256_add_ps(a0, a1));
+    if (i < n) {
+      const std::size_t off = i * w.element_size();
+      acc += dot_scalar(static_cast<const std::uint8_t*>(w.row(r)) + off, T, x + i, n - i);
+    }
+    y[r] = acc;
+  }
+}
+
+KVSLIM_AVX512 inline __m512 load16_f16(const std::uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+KVSLIM_AVX512 inline __m512 load16_bf16(const std::uint16_t* p) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+template <WeightType T>
+KVSLIM_AVX512 void gemv_rows_avx512(const Matrix& w, const float* x, float* y, std::size_t r0,
+                                    std::size_t r1) {
+  const std::size_t n = w.cols, n32 = n / 32 * 32;
+  for (std::size_t r = r0; r < r1; ++r) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    std::size_t i = 0;
+    if constexpr (T == WeightType::f32) {
+      const float* row = static_cast<const float*>(w.row(r));
+      for (; i < n32; i += 32) {
+        a0 = _mm512_fmadd_ps(_mm512_loadu_ps(row + i), _mm512_loadu_ps(x + i), a0);
+        a1 = _mm512_fmadd_ps(_mm512_loadu_ps(row + i + 16), _mm512_loadu_ps(x + i + 16), a1);
+      }
+    } else {
+      const auto* row = static_cast<const std::uint16_t*>(w.row(r));
+      for (; i < n32; i += 32) {
+        const __m512 w0 = T == WeightType::f16 ? load16_f16(row + i) : load16_bf16(row + i);
+        const __m512 w1 = T == WeightType::f16 ? load16_f16(row + i + 16) : load16_bf16(row + i + 16);
+        a0 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + i), a0);
+        a1 = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + i + 16), a1);
+      }
+    }
+    float acc = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+    if (i < n) {
+      const std::size_t off = i * w.element_size();
+      acc += dot_scalar(static_cast<const std::uint8_t*>(w.row(r)) + off, T, x + i, n - i);
+    }
+    y[r] = acc;
+  }
+}
+
+void gemv_rows_scalar(const Matrix& w, const float* x, float* y, std::size_t r0, std::size_t r1) {
+  for (std::size_t r = r0; r < r1; ++r) y[r] = dot_scalar(w.row(r), w.type, x, w.cols);
+}
+
+enum class Target { scalar, avx2, avx512 };
+
+Target best_target() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl")) {
+    return Target::avx512;
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      __builtin_cpu_supports("f16c")) {
+    return Target::avx2;
+  }
+  return Target::scalar;
+}
+
+Target& active_target() {
+  static Target target = best_target();
+  return target;
+}
+
+void gemv_rows(const Matrix& w, const float* x, float* y, std::size_t r0, std::size_t r1) {
+  switch (active_target()) {
+    case Target::avx512:
+      switch (w.type) {
+        case WeightType::f32: return gemv_rows_avx512<WeightType::f32>(w, x, y, r0, r1);
+        case WeightType::f16: return gemv_rows_avx512<WeightType::f16>(w, x, y, r0, r1);
+        case WeightType::bf16: return gemv_rows_avx512<WeightType::bf16>(w, x, y, r0, r1);
+      }
+      break;
+    case Target::avx2:
+      switch (w.type) {
+        case WeightType::f32: return gemv_rows_avx2<WeightType::f32>(w, x, y, r0, r1);
+        case WeightType::f16: return gemv_rows_avx2<WeightType::f16>(w, x, y, r0, r1);
+        case WeightType::bf16: return gemv_rows_avx2<WeightType::bf16>(w, x, y, r0, r1);
+      }
+      break;
+    case Target::scalar: break;
+  }
+  gemv_rows_scalar(w, x, y, r0, r1);
+}
+
+}  // namespace
+
+const char* gemv_target_name() {
+  switch (active_target()) {
+    case Target::avx512: return "avx512";
+    case Target::avx2: return "avx2";
+    case Target::scalar: return "scalar";
+  }
+  return "scalar";
+}
+
+void gemv_force_target(const std::string& name) {
+  const Target best = best_target();
+  Target wanted;
+  if (name.empty()) {
+    wanted = best;
+  } else if (name == "scalar") {
+    wanted = Target::scalar;
+  } else if (name == "avx2") {
+    wanted = Target::avx2;
+  } else if (name == "avx512") {
+    wanted = Target::avx512;
+  } else {
+    throw std::invalid_argument("gemv target '" + name + "': expected scalar, avx2 or avx512");
+  }
+  if (static_cast<int>(wanted) > static_cast<int>(best)) {
+    throw std::invalid_argument("gemv target '" + name + "' is not supported by this CPU");
+  }
+  active_target() = wanted;
+}
+
+void gemv(const Matrix& w, const float* x, float* y, ThreadPool* pool) {
+  // Below ~256K weights the hand-off costs more than the second core saves.
+  constexpr std::size_t kParallelMinElements = 1 << 18;
+  if (pool == nullptr || pool->threads() == 1 || w.rows * w.cols < kParallelMinElements) {
+    gemv_rows(w, x, y, 0, w.rows);
+    return;
+  }
+  const int parts = pool->threads();
+  // Split on multiples of 16 rows so the two halves never share a cache line of y.
+  const std::size_t per = (w.rows + parts - 1) / parts;
+  const std::size_t step = (per + 15) / 16 * 16;
+  auto part = [&](int i) {
+    const std::size_t r0 = std::min(w.rows, static_cast<std::size_t>(i) * step);
+    const std::size_t r1 = std::min(w.rows, r0 + step);
+    if (r0 < r1) gemv_rows(w, x, y, r0, r1);
+  };
+  pool->for_each(parts, part);
+}
+
+void matmul(const Matrix& w, const float* x, std::size_t n, float* y, float* tile,
+            std::size_t tile_rows, ThreadPool* pool) {
+  const int rows = static_cast<int>(w.rows), cols = static_cast<int>(w.cols);
+  if (n <= 2) {  // converting the whole matrix costs more than reading it twice
+    for (std::size_t s = 0; s < n; ++s) gemv(w, x + s * w.cols, y + s * w.rows, pool);
+    return;
+  }
+  if (w.type == WeightType::f32) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), rows, cols, 1.0f, x,
+                cols, static_cast<const float*>(w.data), cols, 0.0f, y, rows);
+    return;
+  }
+  for (std::size_t r0 = 0; r0 < w.rows; r0 += tile_rows) {
+    const std::size_t tr = std::min(tile_rows, w.rows - r0);
+    convert_weights(w.row(r0), w.type, tile, tr * w.cols);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), static_cast<int>(tr),
+                cols, 1.0f, x, cols, tile, cols, 0.0f, y + r0, rows);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Elementwise kernels
+
+void rmsnorm(float* out, const float* x, const float* weight, std::size_t n, float eps) {
+  double ss = 0;
+  for (std::size_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+  const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps));
+  for (std::size_t i = 0; i < n; ++i) out[i] = x[i] * inv * weight[i];
+}
+
+void softmax(float* x, std::size_t n) {
+  float max = -INFINITY;
+  for (std::size_t i = 0; i < n; ++i) max = std::max(max, x[i]);
+  float sum = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - max);  // exp(-inf) = 0 for masked entries
+    sum += x[i];
+  }
+  const float inv = 1.0f / sum;
+  for (std::size_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+void swiglu(float* gate, const float* up, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    gate[i] = g / (1.0f + std::exp(-g)) * up[i];
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// RoPE
+
+RopeTable::RopeTable(const ModelConfig& config)
+    : RopeTable(config.head_dim, config.rope_theta, config.rope_scaling) {}
+
+RopeTable::RopeTable(int head_dim, double theta, const RopeScaling& scaling) : head_dim_(head_dim) {
+  if (head_dim <= 0 || head_dim % 2 != 0) {
+    throw ModelFileError("config.json: head_dim " + std::to_string(head_dim) +
+                         " must be positive and even for RoPE");
+  }
+  const int half = head_dim / 2;
+  inv_freq_.resize(half);
+  for (int i = 0; i < half; ++i) {
+    // HF: 1 / theta^(2i / d), in fp32.
+    const float exponent = static_cast<float>(2 * i) / static_cast<float>(head_dim);
+    inv_freq_[i] = static_cast<float>(1.0 / std::pow(theta, static_cast<double>(exponent)));
+  }
+  const std::string& type = scaling.type;
+  if (type == "none" || type == "default" || type.empty()) return;
+  if (type == "linear") {
+    for (float& f : inv_freq_) f = static_cast<float>(f / scaling.factor);
+    return;
+  }
+  if (type == "llama3") {
+    // Llama 3.1: long wavelengths slowed by `factor`, short ones kept, a smooth blend between.
+    const double old_len = scaling.original_max_position_embeddings;
+    if (old_len <= 0) {
+      throw ModelFileError("config.json: rope_scaling.original_max_position_embeddings must be > 0 for llama3");
+    }
+    const double low_wavelen = old_len / scaling.low_freq_factor;
+    const double high_wavelen = old_len / scaling.high_freq_factor;
+    for (float& f : inv_freq_) {
+      const double wavelen = 2 * std::numbers::pi / f;
+      if (wavelen < high_wavelen) continue;
+      if (wavelen > low_wavelen) {
+        f = static_cast<float>(f / scaling.factor);
+        continue;
+      }
+      const double smooth = (old_len / wavelen - scaling.low_freq_factor) /
+                            (scaling.high_freq_factor - scaling.low_freq_factor);
+      f = static_cast<float>((1 - smooth) * f / scaling.factor + smooth * f);
+    }
+    return;
+  }
+  throw ModelFileError("config.json: rope_scaling type '" + type +
+                       "' is not supported (expected default, linear or llama3)");
+}
+
+void RopeTable::angles(std::int64_t position, float* cos_out, float* sin_out) const {
+  const float pos = static_cast<float>(position);
+  for (std::size_t i = 0; i < inv_freq_.size(); ++i) {
+    const float angle = pos * inv_freq_[i];  // fp32 product, as HF's matmul of positions and freqs
+    cos_out[i] = static_cast<float>(std::cos(static_cast<double>(angle)));
+    sin_out[i] = static_cast<float>(std::sin(static_cast<double>(angle)));
+  }
+}
+
+void rope_rotate(float* x, const float* cos, const float* sin, std::size_t head_dim) {
+  const std::size_t half = head_dim / 2;
+  for (std::size_t i = 0; i < half; ++i) {
+    const float a = x[i], b = x[i + half];
+    x[i] = a * cos[i] - b * sin[i];
+    x[i + half] = b * cos[i] + a * sin[i];
+  }
+}
+
+}  // namespace kvslim::engine

@@ -1,0 +1,111 @@
+// Numeric kernels of the forward pass: RMSNorm, RoPE (HF rotate_half layout, llama3 scaling),
+// softmax, SwiGLU, the decode matrix-vector product (SIMD chosen at run time, bf16/f16/f32 weights
+// read directly) and the prefill matrix product (OpenBLAS sgemm over fp32 weight tiles).
+// All compute is fp32. Nothing here allocates except the constructors of ThreadPool and RopeTable.
+#pragma once
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/model_config.h"
+#include "engine/safetensors.h"
+#include "kvslim/dtype.h"
+
+namespace kvslim::engine {
+
+// A weight matrix as stored in the model file: [rows = out_features, cols = in_features],
+// row-major, element type `type`. Not owned (points into the mmap'ed file).
+struct Matrix {
+  WeightType type = WeightType::f32;
+  const void* data = nullptr;
+  std::size_t rows = 0, cols = 0;
+
+  std::size_t element_size() const { return type == WeightType::f32 ? 4 : 2; }
+  std::size_t nbytes() const { return rows * cols * element_size(); }
+  const void* row(std::size_t r) const {
+    return static_cast<const std::uint8_t*>(data) + r * cols * element_size();
+  }
+};
+
+DType to_dtype(WeightType type);
+// dst[i] = float(src[i]) for n elements of `type` (exact: bf16/f16 embed into f32).
+void convert_weights(const void* src, WeightType type, float* dst, std::size_t n);
+
+// A tiny persistent pool: `run(n, fn)` calls fn(i) for i in [0, n) spread over the threads, the
+// caller taking part. No allocation per call; workers sleep on an atomic between calls.
+class ThreadPool {
+ public:
+  explicit ThreadPool(int threads);  // threads >= 1 (1: everything runs on the caller)
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int threads() const { return static_cast<int>(workers_.size()) + 1; }
+  // Calls task(context, i) once for each i < n_tasks; returns when all are done.
+  void run(int n_tasks, void (*task)(void* context, int index), void* context);
+  template <class F>
+  void for_each(int n_tasks, F& f) {
+    run(n_tasks, [](void* c, int i) { (*static_cast<F*>(c))(i); }, &f);
+  }
+
+ private:
+  void worker_loop();
+  void drain();
+  std::vector<std::thread> workers_;
+  std::atomic<std::uint64_t> generation_{0};
+  std::atomic<int> next_task_{0};
+  std::atomic<int> pending_{0};
+  std::atomic<bool> stop_{false};
+  int n_tasks_ = 0;
+  void (*task_)(void*, int) = nullptr;
+  void* context_ = nullptr;
+};
+
+// y[r] = sum_c w[r, c] * x[c]  (x: [cols], y: [rows]). Reads the weights in their stored type with
+// the widest SIMD this CPU has; splits the rows over `pool` when the matrix is large enough.
+void gemv(const Matrix& w, const float* x, float* y, ThreadPool* pool = nullptr);
+// The instruction set gemv uses on this machine ("avx512", "avx2", "scalar").
+const char* gemv_target_name();
+// Forces the scalar (or a narrower) gemv kernel; for tests and benchmarks. "" restores the best.
+void gemv_force_target(const std::string& name);
+
+// Y[s, r] = sum_c X[s, c] * W[r, c]  (X: [n, cols] row stride cols, Y: [n, rows]). f32 weights go
+// straight to sgemm; bf16/f16 weights are converted `tile_rows` rows at a time into `tile`
+// ([tile_rows, cols] floats, caller-owned), so peak memory stays one tile.
+void matmul(const Matrix& w, const float* x, std::size_t n, float* y, float* tile,
+            std::size_t tile_rows, ThreadPool* pool = nullptr);
+
+// out[i] = x[i] / sqrt(mean(x^2) + eps) * weight[i] for n elements (out may alias x).
+void rmsnorm(float* out, const float* x, const float* weight, std::size_t n, float eps);
+
+// In-place softmax over n values; -inf entries get probability 0. At least one must be finite.
+void softmax(float* x, std::size_t n);
+
+// gate[i] = silu(gate[i]) * up[i]  (SwiGLU's elementwise part), n elements.
+void swiglu(float* gate, const float* up, std::size_t n);
+
+// RoPE frequencies for one head_dim, with HF's rope_scaling ("default"/"none", "linear", "llama3").
+// Throws ModelFileError naming rope_scaling.rope_type for an unsupported scaling.
+class RopeTable {
+ public:
+  RopeTable(const ModelConfig& config);
+  RopeTable(int head_dim, double theta, const RopeScaling& scaling);
+  int head_dim() const { return head_dim_; }
+  const std::vector<float>& inv_freq() const { return inv_freq_; }  // [head_dim / 2]
+  // cos/sin of position * inv_freq, computed as HF does (fp32 product, fp32 cos/sin).
+  void angles(std::int64_t position, float* cos_out, float* sin_out) const;  // [head_dim / 2] each
+
+ private:
+  int head_dim_;
+  std::vector<float> inv_freq_;
+};
+
+// Rotates one head vector x[head_dim] in place, HF rotate_half layout:
+// x'[i] = x[i]*c[i] - x[i+h]*s[i], x'[i+h] = x[i+h]*c[i] + x[i]*s[i], h = head_dim/2.
+void rope_rotate(float* x, const float* cos, const float* sin, std::size_t head_dim);
+
+}  // namespace kvslim::engine
