@@ -1,0 +1,102 @@
+#include "engine/json_util.h"
+
+#include <fstream>
+#include <sstream>
+
+namespace kvslim::engine::json_util {
+
+std::string read_text_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ModelFileError(path.string() + ": cannot open file");
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  if (in.bad()) throw ModelFileError(path.string() + ": read error");
+  return std::move(buffer).str();
+}
+
+Json parse(std::string_view text, std::string_view source) {
+  try {
+    return Json::parse(text.begin(), text.end());
+  } catch (const Json::parse_error& e) {
+    throw ModelFileError(std::string(source) + ": invalid JSON (" + e.what() + ")");
+  }
+}
+
+Where Where::field(std::string_view key) const {
+  return Where{source, path.empty() ? std::string(key) : path + "." + std::string(key)};
+}
+
+Where Where::index(std::size_t i) const {
+  return Where{source, path + "[" + std::to_string(i) + "]"};
+}
+
+std::string Where::describe() const {
+  if (path.empty()) return std::string(source) + ": top level";
+  return std::string(source) + ": field '" + path + "'";
+}
+
+void fail(const Where& where, std::string_view what) {
+  throw ModelFileError(where.describe() + ": " + std::string(what));
+}
+
+const char* type_name(const Json& value) { return value.type_name(); }
+
+const Json* find(const Json& obj, std::string_view key, const Where& where) {
+  if (!obj.is_object()) fail(where, std::string("expected an object, found ") + type_name(obj));
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+const Json& require(const Json& obj, std::string_view key, const Where& where) {
+  const Json* value = find(obj, key, where);
+  if (value == nullptr) fail(where.field(key), "required field is missing");
+  return *value;
+}
+
+std::string as_string(const Json& value, const Where& where) {
+  if (!value.is_string()) fail(where, std::string("expected a string, found ") + type_name(value));
+  return value.get<std::string>();
+}
+
+bool as_bool(const Json& value, const Where& where) {
+  if (!value.is_boolean()) fail(where, std::string("expected true/false, found ") + type_name(value));
+  return value.get<bool>();
+}
+
+std::int64_t as_int(const Json& value, const Where& where) {
+  if (value.is_number_unsigned()) {
+    const auto u = value.get<std::uint64_t>();
+    if (u > static_cast<std::uint64_t>(INT64_MAX)) fail(where, "integer out of range");
+    return static_cast<std::int64_t>(u);
+  }
+  if (value.is_number_integer()) return value.get<std::int64_t>();
+  fail(where, std::string("expected an integer, found ") + type_name(value));
+}
+
+double as_number(const Json& value, const Where& where) {
+  if (!value.is_number()) fail(where, std::string("expected a number, found ") + type_name(value));
+  return value.get<double>();
+}
+
+const Json& as_object(const Json& value, const Where& where) {
+  if (!value.is_object()) fail(where, std::string("expected an object, found ") + type_name(value));
+  return value;
+}
+
+const Json& as_array(const Json& value, const Where& where) {
+  if (!value.is_array()) fail(where, std::string("expected an array, found ") + type_name(value));
+  return value;
+}
+
+std::string get_string(const Json& obj, std::string_view key, const Where& where, std::string fallback) {
+  const Json* value = find(obj, key, where);
+  return value ? as_string(*value, where.field(key)) : std::move(fallback);
+}
+
+bool get_bool(const Json& obj, std::string_view key, const Where& where, bool fallback) {
+  const Json* value = find(obj, key, where);
+  return value ? as_bool(*value, where.field(key)) : fallback;
+}
+
+}  // namespace kvslim::engine::json_util

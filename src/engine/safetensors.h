@@ -1,0 +1,88 @@
+// Model weights from HF safetensors files: one model.safetensors, or shards listed by
+// model.safetensors.index.json. Files are mmap'ed; tensors are handed out as views into them.
+//
+// File layout: [u64 LE header length N][N bytes of JSON header][data]. The header maps each
+// tensor name to {"dtype", "shape", "data_offsets": [begin, end]} (offsets relative to the data
+// section) and may hold a "__metadata__" object of string -> string.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <initializer_list>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/model_file_error.h"
+
+namespace kvslim::engine {
+
+enum class WeightType { f32, f16, bf16 };
+
+// Bytes per element of a weight type.
+std::size_t weight_type_size(WeightType type);
+// "F32", "F16", "BF16" as safetensors spells them.
+const char* weight_type_name(WeightType type);
+
+struct TensorInfo {
+  std::string name;
+  WeightType type;
+  std::vector<std::int64_t> shape;  // PyTorch order, e.g. [out_features, in_features]
+  const void* data;                 // points into the mmap'ed file, little-endian; aligned to the
+                                    // element size (a misaligned tensor is copied, see WeightStore)
+  std::size_t nbytes;
+  std::string file;                 // which shard, for error messages
+};
+
+// The parsed header of one safetensors file.
+struct SafetensorsHeader {
+  std::vector<TensorInfo> tensors;            // in header order; data points into the bytes given
+  std::map<std::string, std::string> metadata;  // "__metadata__"
+};
+
+// Parses and checks a whole safetensors file held in memory (this is also the fuzz entry point).
+// Checks: the header length fits in the file, the header is a JSON object, every tensor has a
+// supported dtype, non-negative shape and in-bounds, ordered, non-overlapping data offsets whose
+// size equals shape x dtype size. `file_name` names the file in errors. Throws ModelFileError.
+SafetensorsHeader parse_safetensors_header(std::span<const std::byte> file_bytes,
+                                           const std::string& file_name);
+
+// A model's weights from model.safetensors or a sharded model.safetensors.index.json (mmap).
+// Movable, not copyable; the mappings are released in the destructor.
+class WeightStore {
+ public:
+  WeightStore();  // empty store (no tensors)
+  WeightStore(WeightStore&&) noexcept;
+  WeightStore& operator=(WeightStore&&) noexcept;
+  WeightStore(const WeightStore&) = delete;
+  WeightStore& operator=(const WeightStore&) = delete;
+  ~WeightStore();
+
+  // `model_dir` holds model.safetensors or model.safetensors.index.json; a path to a single
+  // .safetensors file is accepted too. Throws ModelFileError.
+  static WeightStore open(const std::filesystem::path& model_dir);
+
+  bool has(std::string_view name) const;
+  // The tensor, checked: throws ModelFileError naming file and tensor when missing or when its
+  // shape differs from `expected_shape`.
+  const TensorInfo& get(std::string_view name, std::span<const std::int64_t> expected_shape) const;
+  const TensorInfo& get(std::string_view name, std::initializer_list<std::int64_t> expected_shape) const {
+    return get(name, std::span<const std::int64_t>(expected_shape.begin(), expected_shape.size()));
+  }
+  // The tensor without a shape check, or nullptr when absent.
+  const TensorInfo* find(std::string_view name) const;
+  std::vector<std::string> names() const;  // sorted
+  std::size_t size() const;
+  // "__metadata__" of every file, merged (the first file wins on a repeated key).
+  const std::map<std::string, std::string>& metadata() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace kvslim::engine
