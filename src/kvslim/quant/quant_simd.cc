@@ -1,0 +1,400 @@
+// SIMD quantizer kernels (Highway, best target chosen at run time). Each must give exactly the
+// scalar reference's bytes and bits (quant_reference.cc); tests/kvslim/quant_simd_test.cc checks it
+// on every target this machine supports.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "quant/quant_kernels.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "quant/quant_simd.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace kvslim::quant {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+using DU8 = hn::ScalableTag<std::uint8_t>;
+
+std::size_t RowBytes(std::size_t dim, int bits) {
+  Plane planes[4];
+  const int n = code_planes(bits, planes);
+  std::size_t total = 0;
+  for (int i = 0; i < n; ++i) total += plane_bytes(dim, planes[i].width);
+  return total;
+}
+
+// Codes of one row, one byte each, zero from dim on: [dim + 8 + lanes] (planes read past dim).
+std::uint8_t* CodeBuffer(std::vector<std::uint8_t>& buf, std::size_t dim) {
+  const std::size_t need = dim + 8 + hn::Lanes(DU8());
+  if (buf.size() < need) buf.resize(need);
+  std::memset(buf.data() + dim, 0, need - dim);
+  return buf.data();
+}
+
+// codes: a CodeBuffer; tmp: [dim + lanes] bytes.
+void PackRowPadded(const std::uint8_t* codes, std::size_t dim, int bits, std::uint8_t* out, std::uint8_t* tmp) {
+  const DU8 d8;
+  const std::size_t L = hn::Lanes(d8);
+  Plane planes[4];
+  const int n_planes = code_planes(bits, planes);
+  for (int pi = 0; pi < n_planes; ++pi) {
+    const int p = planes[pi].width, shift = planes[pi].shift;
+    const std::size_t m = plane_bytes(dim, p), k = 8 / p;
+    const auto mask = hn::Set(d8, static_cast<std::uint8_t>((1u << p) - 1u));
+    for (std::size_t i = 0; i < m; i += L) {
+      auto acc = hn::Zero(d8);
+      for (std::size_t t = 0; t < k; ++t) {
+        const auto v = hn::And(hn::ShiftRightSame(hn::LoadU(d8, codes + i + t * m), shift), mask);
+        acc = hn::Or(acc, hn::ShiftLeftSame(v, static_cast<int>(p * t)));
+      }
+      hn::StoreU(acc, d8, tmp + i);
+    }
+    std::memcpy(out, tmp, m);
+    out += m;
+  }
+}
+
+// codes: [dim + 8 + lanes] bytes, overwritten (zero past dim on return); tmp: [dim + lanes].
+void UnpackRowPadded(const std::uint8_t* packed, std::size_t dim, int bits, std::uint8_t* codes,
+                     std::uint8_t* tmp) {
+  const DU8 d8;
+  const std::size_t L = hn::Lanes(d8);
+  std::memset(codes, 0, dim + 8 + L);
+  Plane planes[4];
+  const int n_planes = code_planes(bits, planes);
+  for (int pi = 0; pi < n_planes; ++pi) {
+    const int p = planes[pi].width, shift = planes[pi].shift;
+    const std::size_t m = plane_bytes(dim, p), k = 8 / p;
+    std::memcpy(tmp, packed, m);
+    std::memset(tmp + m, 0, L);  // lanes past the plane decode to code 0: OR-ing them changes nothing
+    const auto mask = hn::Set(d8, static_cast<std::uint8_t>((1u << p) - 1u));
+    for (std::size_t i = 0; i < m; i += L) {
+      const auto v = hn::LoadU(d8, tmp + i);
+      for (std::size_t t = 0; t < k; ++t) {
+        const auto c = hn::ShiftLeftSame(hn::And(hn::ShiftRightSame(v, static_cast<int>(p * t)), mask), shift);
+        std::uint8_t* dst = codes + i + t * m;
+        hn::StoreU(hn::Or(hn::LoadU(d8, dst), c), d8, dst);
+      }
+    }
+    packed += m;
+  }
+}
+
+void EncodeRow(const float* x, std::size_t dim, const float* scale, const float* zero, float levels,
+               std::uint8_t* codes) {
+  const DF df;
+  const hn::Rebind<std::int32_t, DF> di;
+  const hn::Rebind<std::uint8_t, DF> d8;
+  const std::size_t N = hn::Lanes(df);
+  const auto vzero = hn::Zero(df), vlev = hn::Set(df, levels);
+  std::size_t c = 0;
+  for (; c + N <= dim; c += N) {
+    auto q = hn::Div(hn::Sub(hn::LoadU(df, x + c), hn::LoadU(df, zero + c)), hn::LoadU(df, scale + c));
+    q = hn::Min(hn::Max(hn::Round(q), vzero), vlev);
+    hn::StoreU(hn::DemoteTo(d8, hn::ConvertTo(di, q)), d8, codes + c);
+  }
+  for (; c < dim; ++c) {
+    const float q = std::nearbyint((x[c] - zero[c]) / scale[c]);
+    codes[c] = static_cast<std::uint8_t>(std::min(std::max(q, 0.0f), levels));
+  }
+}
+
+// fp32 -> fp16 bits, round to nearest even, for every target (Highway's emulation on targets
+// without F16C truncates, so it is not used).
+template <class V>
+hn::Vec<hn::Rebind<std::uint16_t, DF>> ToF16Bits(V v) {
+  const DF df;
+  const hn::Rebind<std::uint16_t, DF> d16;
+#if HWY_TARGET >= HWY_SSE4
+  const hn::RebindToUnsigned<DF> du;
+  const hn::RebindToSigned<DF> di;
+  const auto bits = hn::BitCast(du, v);
+  const auto sign = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 0x8000u));
+  const auto absx = hn::And(bits, hn::Set(du, 0x7fffffffu));
+  const auto odd = hn::And(hn::ShiftRight<13>(absx), hn::Set(du, 1u));
+  const auto normal = hn::ShiftRight<13>(hn::Add(hn::Add(absx, hn::Set(du, 0xc8000fffu)), odd));
+  const auto shifted = hn::Add(hn::BitCast(df, absx), hn::Set(df, 0.5f));
+  const auto sub = hn::Sub(hn::BitCast(du, shifted), hn::Set(du, 0x3f000000u));
+  const auto absi = hn::BitCast(di, absx);
+  const auto nan_or_inf = hn::IfThenElse(hn::RebindMask(du, absi > hn::Set(di, 0x7f800000)), hn::Set(du, 0x7e00u),
+                                         hn::Set(du, 0x7c00u));
+  auto r = hn::IfThenElse(hn::RebindMask(du, absi < hn::Set(di, 0x38800000)), sub, normal);
+  r = hn::IfThenElse(hn::RebindMask(du, absi > hn::Set(di, 0x477ff000 - 1)), hn::Set(du, 0x7c00u), r);
+  r = hn::IfThenElse(hn::RebindMask(du, absi > hn::Set(di, 0x7f800000 - 1)), nan_or_inf, r);
+  r = hn::Or(r, sign);
+  return hn::DemoteTo(d16, hn::BitCast(di, r));
+#else
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  return hn::BitCast(d16, hn::DemoteTo(dh, v));
+#endif
+}
+
+void DecodeRowF16(const std::uint8_t* codes, std::size_t dim, const float* scale, const float* zero,
+                  std::uint16_t* out) {
+  const DF df;
+  const hn::Rebind<std::int32_t, DF> di;
+  const hn::Rebind<std::uint8_t, DF> d8;
+  const hn::Rebind<std::uint16_t, DF> d16;
+  const std::size_t N = hn::Lanes(df);
+  std::size_t c = 0;
+  for (; c + N <= dim; c += N) {
+    const auto f = hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, codes + c)));
+    const auto y = hn::Add(hn::Mul(f, hn::LoadU(df, scale + c)), hn::LoadU(df, zero + c));
+    hn::StoreU(ToF16Bits(y), d16, out + c);
+  }
+  for (; c < dim; ++c) {
+    const float prod = static_cast<float>(codes[c]) * scale[c];
+    out[c] = f32_to_fp16(prod + zero[c]);
+  }
+}
+
+void DecodeRowF32(const std::uint8_t* codes, std::size_t dim, const float* scale, const float* zero,
+                  float* out) {
+  const DF df;
+  const hn::Rebind<std::int32_t, DF> di;
+  const hn::Rebind<std::uint8_t, DF> d8;
+  const std::size_t N = hn::Lanes(df);
+  std::size_t c = 0;
+  for (; c + N <= dim; c += N) {
+    const auto f = hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, codes + c)));
+    hn::StoreU(hn::Add(hn::Mul(f, hn::LoadU(df, scale + c)), hn::LoadU(df, zero + c)), df, out + c);
+  }
+  for (; c < dim; ++c) {
+    const float prod = static_cast<float>(codes[c]) * scale[c];
+    out[c] = prod + zero[c];
+  }
+}
+
+void GroupMinmax(const float* const* rows, std::size_t n, std::size_t dim, float* mn, float* mx) {
+  const DF df;
+  const std::size_t N = hn::Lanes(df);
+  std::size_t c = 0;
+  for (; c + N <= dim; c += N) {
+    auto lo = hn::LoadU(df, rows[0] + c), hi = lo;
+    for (std::size_t r = 1; r < n; ++r) {
+      const auto v = hn::LoadU(df, rows[r] + c);
+      lo = hn::Min(lo, v);
+      hi = hn::Max(hi, v);
+    }
+    hn::StoreU(lo, df, mn + c);
+    hn::StoreU(hi, df, mx + c);
+  }
+  for (; c < dim; ++c) {
+    float lo = rows[0][c], hi = lo;
+    for (std::size_t r = 1; r < n; ++r) {
+      lo = std::min(lo, rows[r][c]);
+      hi = std::max(hi, rows[r][c]);
+    }
+    mn[c] = lo;
+    mx[c] = hi;
+  }
+}
+
+void EncodePackRows(const float* const* rows, std::size_t n, std::size_t dim, const float* scale,
+                    const float* zero, int bits, std::uint8_t* out) {
+  thread_local std::vector<std::uint8_t> code_buf, tmp_buf;
+  std::uint8_t* codes = CodeBuffer(code_buf, dim);
+  if (tmp_buf.size() < dim + hn::Lanes(DU8())) tmp_buf.resize(dim + hn::Lanes(DU8()));
+  const float levels = static_cast<float>((1u << bits) - 1u);
+  const std::size_t rb = RowBytes(dim, bits);
+  for (std::size_t r = 0; r < n; ++r) {
+    EncodeRow(rows[r], dim, scale, zero, levels, codes);
+    PackRowPadded(codes, dim, bits, out + r * rb, tmp_buf.data());
+  }
+}
+
+void DecodeRowsF16(const std::uint8_t* packed, std::size_t n, std::size_t dim, const float* scale,
+                   const float* zero, int bits, std::uint16_t* const* out_rows) {
+  thread_local std::vector<std::uint8_t> code_buf, tmp_buf;
+  std::uint8_t* codes = CodeBuffer(code_buf, dim);
+  if (tmp_buf.size() < dim + hn::Lanes(DU8())) tmp_buf.resize(dim + hn::Lanes(DU8()));
+  const std::size_t rb = RowBytes(dim, bits);
+  for (std::size_t r = 0; r < n; ++r) {
+    UnpackRowPadded(packed + r * rb, dim, bits, codes, tmp_buf.data());
+    DecodeRowF16(codes, dim, scale, zero, out_rows[r]);
+  }
+}
+
+void DecodeRowsF32(const std::uint8_t* packed, std::size_t n, std::size_t dim, const float* scale,
+                   const float* zero, int bits, float* const* out_rows) {
+  thread_local std::vector<std::uint8_t> code_buf, tmp_buf;
+  std::uint8_t* codes = CodeBuffer(code_buf, dim);
+  if (tmp_buf.size() < dim + hn::Lanes(DU8())) tmp_buf.resize(dim + hn::Lanes(DU8()));
+  const std::size_t rb = RowBytes(dim, bits);
+  for (std::size_t r = 0; r < n; ++r) {
+    UnpackRowPadded(packed + r * rb, dim, bits, codes, tmp_buf.data());
+    DecodeRowF32(codes, dim, scale, zero, out_rows[r]);
+  }
+}
+
+void PackRows(const std::uint8_t* codes_in, std::size_t n, std::size_t dim, int bits, std::uint8_t* out) {
+  thread_local std::vector<std::uint8_t> code_buf, tmp_buf;
+  std::uint8_t* codes = CodeBuffer(code_buf, dim);
+  if (tmp_buf.size() < dim + hn::Lanes(DU8())) tmp_buf.resize(dim + hn::Lanes(DU8()));
+  const std::size_t rb = RowBytes(dim, bits);
+  for (std::size_t r = 0; r < n; ++r) {
+    std::memcpy(codes, codes_in + r * dim, dim);
+    PackRowPadded(codes, dim, bits, out + r * rb, tmp_buf.data());
+  }
+}
+
+void UnpackRows(const std::uint8_t* packed, std::size_t n, std::size_t dim, int bits, std::uint8_t* codes_out) {
+  thread_local std::vector<std::uint8_t> code_buf, tmp_buf;
+  std::uint8_t* codes = CodeBuffer(code_buf, dim);
+  if (tmp_buf.size() < dim + hn::Lanes(DU8())) tmp_buf.resize(dim + hn::Lanes(DU8()));
+  const std::size_t rb = RowBytes(dim, bits);
+  for (std::size_t r = 0; r < n; ++r) {
+    UnpackRowPadded(packed + r * rb, dim, bits, codes, tmp_buf.data());
+    std::memcpy(codes_out + r * dim, codes, dim);
+  }
+}
+
+void ToF32(const void* src, DType type, float* dst, std::size_t n) {
+  const DF df;
+  const std::size_t N = hn::Lanes(df);
+  std::size_t i = 0;
+  if (type == DType::f32) {
+    std::memcpy(dst, src, n * sizeof(float));
+  } else if (type == DType::f16) {
+    const auto* s16 = static_cast<const std::uint16_t*>(src);
+#if HWY_TARGET >= HWY_SSE4
+    // Highway's emulation without F16C turns infinity into 65536: exact bit manipulation instead.
+    // (h & 0x7fff) << 13 read as float is the value times 2^-112 (subnormals included).
+    const hn::Rebind<std::uint16_t, DF> d16;
+    const hn::RebindToUnsigned<DF> du;
+    for (; i + N <= n; i += N) {
+      const auto h = hn::PromoteTo(du, hn::LoadU(d16, s16 + i));
+      const auto e = hn::ShiftLeft<13>(hn::And(h, hn::Set(du, 0x7fffu)));
+      const auto finite = hn::BitCast(du, hn::Mul(hn::BitCast(df, e), hn::Set(df, 5.192296858534828e33f)));  // 2^112
+      const auto special = hn::Eq(hn::And(h, hn::Set(du, 0x7c00u)), hn::Set(du, 0x7c00u));
+      const auto mag = hn::IfThenElse(special, hn::Or(e, hn::Set(du, 0x7f800000u)), finite);
+      const auto sign = hn::ShiftLeft<16>(hn::And(h, hn::Set(du, 0x8000u)));
+      hn::StoreU(hn::BitCast(df, hn::Or(mag, sign)), df, dst + i);
+    }
+#else
+    const hn::Rebind<hwy::float16_t, DF> dh;
+    const auto* s = static_cast<const hwy::float16_t*>(src);
+    for (; i + N <= n; i += N) hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, s + i)), df, dst + i);
+#endif
+    for (; i < n; ++i) dst[i] = fp16_to_f32(s16[i]);
+  } else {
+    const hn::Rebind<hwy::bfloat16_t, DF> db;
+    const auto* s = static_cast<const hwy::bfloat16_t*>(src);
+    for (; i + N <= n; i += N) hn::StoreU(hn::PromoteTo(df, hn::LoadU(db, s + i)), df, dst + i);
+    const auto* s16 = static_cast<const std::uint16_t*>(src);
+    for (; i < n; ++i) dst[i] = bf16_to_f32(s16[i]);
+  }
+}
+
+void F32ToF16(const float* src, std::uint16_t* dst, std::size_t n) {
+  const DF df;
+  const hn::Rebind<std::uint16_t, DF> d16;
+  const std::size_t N = hn::Lanes(df);
+  std::size_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(ToF16Bits(hn::LoadU(df, src + i)), d16, dst + i);
+  for (; i < n; ++i) dst[i] = f32_to_fp16(src[i]);
+}
+
+std::size_t FirstUnrepresentable(const float* x, std::size_t n) {
+  const DF df;
+  const std::size_t N = hn::Lanes(df);
+  const auto limit = hn::Set(df, 65504.0f);
+  std::size_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto ok = hn::Abs(hn::LoadU(df, x + i)) <= limit;  // false for NaN
+    if (!hn::AllTrue(df, ok)) break;
+  }
+  for (; i < n; ++i) {
+    if (!(std::fabs(x[i]) <= 65504.0f)) return i;
+  }
+  return n;
+}
+
+double SumSquares(const float* x, std::size_t n) {
+#if HWY_HAVE_FLOAT64
+  const hn::ScalableTag<double> dd;
+  const hn::Rebind<float, decltype(dd)> dfh;
+  const std::size_t N = hn::Lanes(dd);
+  auto acc = hn::Zero(dd);
+  std::size_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto v = hn::PromoteTo(dd, hn::LoadU(dfh, x + i));
+    acc = hn::MulAdd(v, v, acc);
+  }
+  double s = hn::GetLane(hn::SumOfLanes(dd, acc));
+#else
+  double s = 0;
+  std::size_t i = 0;
+#endif
+  for (; i < n; ++i) s += static_cast<double>(x[i]) * x[i];
+  return s;
+}
+
+const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
+
+}  // namespace HWY_NAMESPACE
+}  // namespace kvslim::quant
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace kvslim::quant {
+
+HWY_EXPORT(GroupMinmax);
+HWY_EXPORT(EncodePackRows);
+HWY_EXPORT(DecodeRowsF16);
+HWY_EXPORT(DecodeRowsF32);
+HWY_EXPORT(PackRows);
+HWY_EXPORT(UnpackRows);
+HWY_EXPORT(ToF32);
+HWY_EXPORT(F32ToF16);
+HWY_EXPORT(FirstUnrepresentable);
+HWY_EXPORT(SumSquares);
+HWY_EXPORT(TargetName);
+
+namespace {
+void group_minmax(const float* const* rows, std::size_t n, std::size_t dim, float* mn, float* mx) {
+  HWY_DYNAMIC_DISPATCH(GroupMinmax)(rows, n, dim, mn, mx);
+}
+void encode_pack_rows(const float* const* rows, std::size_t n, std::size_t dim, const float* scale,
+                      const float* zero, int bits, std::uint8_t* out) {
+  HWY_DYNAMIC_DISPATCH(EncodePackRows)(rows, n, dim, scale, zero, bits, out);
+}
+void decode_rows_f16(const std::uint8_t* packed, std::size_t n, std::size_t dim, const float* scale,
+                     const float* zero, int bits, std::uint16_t* const* out_rows) {
+  HWY_DYNAMIC_DISPATCH(DecodeRowsF16)(packed, n, dim, scale, zero, bits, out_rows);
+}
+void decode_rows_f32(const std::uint8_t* packed, std::size_t n, std::size_t dim, const float* scale,
+                     const float* zero, int bits, float* const* out_rows) {
+  HWY_DYNAMIC_DISPATCH(DecodeRowsF32)(packed, n, dim, scale, zero, bits, out_rows);
+}
+void pack_rows(const std::uint8_t* codes, std::size_t n, std::size_t dim, int bits, std::uint8_t* out) {
+  HWY_DYNAMIC_DISPATCH(PackRows)(codes, n, dim, bits, out);
+}
+void unpack_rows(const std::uint8_t* packed, std::size_t n, std::size_t dim, int bits, std::uint8_t* codes) {
+  HWY_DYNAMIC_DISPATCH(UnpackRows)(packed, n, dim, bits, codes);
+}
+void to_f32(const void* src, DType type, float* dst, std::size_t n) { HWY_DYNAMIC_DISPATCH(ToF32)(src, type, dst, n); }
+void f32_to_f16(const float* src, std::uint16_t* dst, std::size_t n) { HWY_DYNAMIC_DISPATCH(F32ToF16)(src, dst, n); }
+std::size_t first_unrepresentable(const float* x, std::size_t n) {
+  return HWY_DYNAMIC_DISPATCH(FirstUnrepresentable)(x, n);
+}
+double sum_squares(const float* x, std::size_t n) { return HWY_DYNAMIC_DISPATCH(SumSquares)(x, n); }
+}  // namespace
+
+const Kernels& simd_kernels() {
+  static const Kernels k{"simd",          group_minmax, encode_pack_rows, decode_rows_f16,
+                         decode_rows_f32, pack_rows,    unpack_rows,      to_f32,
+                         f32_to_f16,      first_unrepresentable,          sum_squares};
+  return k;
+}
+
+const char* simd_target() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
+
+}  // namespace kvslim::quant
+#endif  // HWY_ONCE
