@@ -1,0 +1,84 @@
+#include "block_intake.h"
+
+#include <string>
+
+#include "kernels.h"
+#include "kvslim/convert.h"
+#include "kvslim/errors.h"
+
+namespace kvslim {
+namespace {
+
+[[noreturn]] void reject(std::string_view method, const std::string& what) {
+  throw InputError(std::string(method) + " cache: " + what);
+}
+
+// First (b, h, s) row holding a non-finite fp16 value, or -1.
+long first_nonfinite_row(const std::vector<std::uint16_t>& x, std::size_t dim) {
+  if (!kernels::fp16_has_nonfinite(x.data(), x.size())) return -1;
+  for (std::size_t r = 0; r * dim < x.size(); ++r) {
+    if (kernels::fp16_has_nonfinite(x.data() + r * dim, dim)) return static_cast<long>(r);
+  }
+  return -1;
+}
+
+}  // namespace
+
+void BlockIntake::take(const KVBlock& keys, const KVBlock& values, std::span<const std::int64_t> positions) {
+  if (keys.data == nullptr || values.data == nullptr) reject(method_, "keys or values has no data pointer");
+  if (keys.batch != values.batch || keys.heads != values.heads || keys.tokens != values.tokens ||
+      keys.head_dim != values.head_dim) {
+    reject(method_, "keys " + keys.shape_string() + " and values " + values.shape_string() + " differ in shape");
+  }
+  if (keys.batch == 0 || keys.heads == 0 || keys.tokens == 0 || keys.head_dim == 0) {
+    reject(method_, "keys " + keys.shape_string() + ": every dimension of [batch, heads, tokens, head_dim] must be >= 1");
+  }
+  if (established() && (keys.batch != batch_ || keys.heads != heads_ || keys.head_dim != dim_)) {
+    reject(method_, "keys " + keys.shape_string() + ": this cache holds [batch=" + std::to_string(batch_) +
+                        ", heads=" + std::to_string(heads_) + ", head_dim=" + std::to_string(dim_) +
+                        "]; batch, heads and head_dim cannot change (reset() first)");
+  }
+  const std::size_t S = keys.tokens;
+  if (!positions.empty() && positions.size() != S) {
+    reject(method_, "positions has " + std::to_string(positions.size()) + " entries for " + std::to_string(S) + " tokens");
+  }
+  for (std::size_t s = 0; s < positions.size(); ++s) {
+    const std::int64_t lower = s == 0 ? next_position_ : positions[s - 1] + 1;
+    if (positions[s] < lower) {
+      reject(method_, "positions[" + std::to_string(s) + "] = " + std::to_string(positions[s]) +
+                          ": positions must increase and follow the last one seen (expected >= " + std::to_string(lower) + ")");
+    }
+  }
+  const std::size_t n = keys.elements();
+  keys16_.resize(n);
+  values16_.resize(n);
+  convert_to_fp16(keys.data, keys.dtype, keys16_.data(), n);
+  convert_to_fp16(values.data, values.dtype, values16_.data(), n);
+  for (auto [name, buf] : {std::pair<const char*, std::vector<std::uint16_t>*>{"keys", &keys16_}, {"values", &values16_}}) {
+    const long r = first_nonfinite_row(*buf, keys.head_dim);
+    if (r >= 0) {
+      const std::size_t s = r % S, bh = r / S;
+      reject(method_, std::string(name) + "[" + std::to_string(bh / keys.heads) + ", " + std::to_string(bh % keys.heads) +
+                          ", " + std::to_string(s) + ", :] is NaN or infinite (fp16 holds |x| <= 65504)");
+    }
+  }
+  // Everything checked: commit.
+  batch_ = keys.batch;
+  heads_ = keys.heads;
+  dim_ = keys.head_dim;
+  tokens_ = S;
+  positions_.resize(S);
+  for (std::size_t s = 0; s < S; ++s) {
+    positions_[s] = positions.empty() ? next_position_ + static_cast<std::int64_t>(s) : positions[s];
+  }
+  next_position_ = positions_[S - 1] + 1;
+  tokens_seen_ += S;
+}
+
+void BlockIntake::reset() {
+  batch_ = heads_ = dim_ = tokens_ = 0;
+  tokens_seen_ = 0;
+  next_position_ = 0;
+}
+
+}  // namespace kvslim

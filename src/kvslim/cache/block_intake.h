@@ -1,0 +1,44 @@
+// Validation and fp16 conversion of the blocks a cache receives, shared by every method.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvslim/block.h"
+
+namespace kvslim {
+
+// Checks each (keys, values) pair against the shape the cache established on its first call,
+// rejects NaN/Inf, resolves positions, and converts to fp16 into buffers reused across calls.
+class BlockIntake {
+ public:
+  explicit BlockIntake(std::string method) : method_(std::move(method)) {}
+
+  // Throws InputError naming the tensor and what was expected; on error nothing is changed.
+  void take(const KVBlock& keys, const KVBlock& values, std::span<const std::int64_t> positions);
+  void reset();
+
+  bool established() const { return batch_ != 0; }
+  std::size_t batch() const { return batch_; }
+  std::size_t heads() const { return heads_; }
+  std::size_t head_dim() const { return dim_; }
+  std::size_t tokens() const { return tokens_; }  // of the last take()
+  std::uint64_t tokens_seen() const { return tokens_seen_; }
+
+  const std::uint16_t* keys() const { return keys16_.data(); }      // fp16 [batch * heads, tokens, head_dim]
+  const std::uint16_t* values() const { return values16_.data(); }  // fp16 [batch * heads, tokens, head_dim]
+  const std::int64_t* positions() const { return positions_.data(); }  // [tokens]
+  const std::uint16_t* key_row(std::size_t head, std::size_t s) const { return keys16_.data() + (head * tokens_ + s) * dim_; }
+  const std::uint16_t* value_row(std::size_t head, std::size_t s) const { return values16_.data() + (head * tokens_ + s) * dim_; }
+
+ private:
+  std::string method_;
+  std::size_t batch_ = 0, heads_ = 0, dim_ = 0, tokens_ = 0;
+  std::uint64_t tokens_seen_ = 0;
+  std::int64_t next_position_ = 0;
+  std::vector<std::uint16_t> keys16_, values16_;
+  std::vector<std::int64_t> positions_;
+};
+
+}  // namespace kvslim

@@ -1,0 +1,67 @@
+#include "eviction_cache.h"
+
+namespace kvslim {
+
+EvictionCache::EvictionCache(std::string method, EvictionPolicy policy, std::size_t budget)
+    : intake_(method), core_(policy), budget_(budget), method_(std::move(method)) {}
+
+bool EvictionCache::attention_scored() const {
+  const Scoring s = core_.policy().scoring;
+  return s == Scoring::attention || s == Scoring::attention_normalized;
+}
+
+CacheView EvictionCache::update_and_fetch(const KVBlock& keys, const KVBlock& values,
+                                          std::span<const std::int64_t> positions) {
+  intake_.take(keys, values, positions);
+  before_absorb(intake_);
+  core_.absorb(intake_.batch(), intake_.heads(), intake_.head_dim(), intake_.keys(), intake_.values(),
+               intake_.positions(), intake_.tokens(), eviction_limit());
+  if (!attention_scored()) after_step();
+  return core_.view();
+}
+
+void EvictionCache::observe_attention(const AttentionObservation& obs) {
+  if (!attention_scored()) return;
+  core_.observe(obs, eviction_limit());
+  after_step();
+}
+
+ObservationNeeds EvictionCache::needs() const {
+  ObservationNeeds n;
+  n.attention = attention_scored();
+  return n;
+}
+
+void EvictionCache::rebudget(std::size_t budget) {
+  budget_ = budget;
+  core_.trim(budget);
+}
+
+void EvictionCache::reset() {
+  intake_.reset();
+  core_.reset();
+}
+
+CacheStats EvictionCache::stats() const {
+  CacheStats st;
+  st.method = method_;
+  st.batch = intake_.batch();
+  st.heads = intake_.heads();
+  st.head_dim = intake_.head_dim();
+  st.tokens_seen = intake_.tokens_seen();
+  st.tokens_kept = core_.rows();
+  st.kept_per_head.assign(st.batch * st.heads, core_.rows());
+  st.resident_bytes = core_.resident_bytes();
+  const std::size_t per_token = st.batch * st.heads * st.head_dim * 2 * sizeof(std::uint16_t);
+  st.kept_fp16_bytes = st.tokens_kept * per_token;
+  st.seen_fp16_bytes = static_cast<std::size_t>(st.tokens_seen) * per_token;
+  st.accounted_bytes = static_cast<double>(st.kept_fp16_bytes);  // the original counts kept rows at fp16
+  st.compression_ratio = st.resident_bytes == 0 ? 1.0 : static_cast<double>(st.seen_fp16_bytes) / st.resident_bytes;
+  if (budget_ != EvictionPolicy::kUnbounded) st.figures.emplace_back("layer_budget", static_cast<double>(budget_));
+  st.figures.emplace_back("original_compression_ratio",
+                          st.kept_fp16_bytes == 0 ? 1.0 : static_cast<double>(st.seen_fp16_bytes) / st.kept_fp16_bytes);
+  add_figures(st);
+  return st;
+}
+
+}  // namespace kvslim

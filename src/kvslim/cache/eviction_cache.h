@@ -1,0 +1,47 @@
+// A KVCache over the eviction core: full, streaming, h2o and pyramidkv are this class with
+// different policies; squeeze derives from it and adds only its re-budget.
+#pragma once
+#include <string>
+
+#include "block_intake.h"
+#include "eviction_core.h"
+#include "kvslim/cache.h"
+
+namespace kvslim {
+
+class EvictionCache : public KVCache {
+ public:
+  EvictionCache(std::string method, EvictionPolicy policy, std::size_t budget);
+
+  CacheView update_and_fetch(const KVBlock& keys, const KVBlock& values,
+                             std::span<const std::int64_t> positions = {}) override;
+  CacheView view() const override { return core_.view(); }
+  CacheStats stats() const override;
+  void reset() override;
+  ObservationNeeds needs() const override;
+  void observe_attention(const AttentionObservation& obs) override;
+  std::string_view method() const override { return method_; }
+
+  std::size_t budget() const { return budget_; }
+  const EvictionCore& core() const { return core_; }
+
+ protected:
+  // The row limit eviction enforces now (squeeze may defer to a larger one until it knows its budget).
+  virtual std::size_t eviction_limit() const { return budget_; }
+  // Called with the validated block before it is absorbed, and after each step's eviction.
+  virtual void before_absorb(const BlockIntake&) {}
+  virtual void after_step() {}
+  virtual void add_figures(CacheStats&) const {}
+  // Adopts a new budget and trims every head to it now.
+  void rebudget(std::size_t budget);
+  bool attention_scored() const;
+
+  BlockIntake intake_;
+  EvictionCore core_;
+  std::size_t budget_;
+
+ private:
+  std::string method_;
+};
+
+}  // namespace kvslim

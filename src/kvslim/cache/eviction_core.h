@@ -1,0 +1,94 @@
+// The H2O eviction core shared by h2o, squeeze, pyramidkv, streaming and full: per-head slots of
+// fp16 keys/values with a cumulative score and a true position each. A method is a policy over
+// this core (a score, a budget, protected rows), never a copy of it.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "kvslim/cache.h"
+
+namespace kvslim {
+
+enum class Scoring {
+  none,                  // position only (streaming, full): the oldest evictable row goes first
+  key_proxy,             // documented H2O-adapted: the incoming key is the query
+  attention,             // real attention mass from the engine (observe)
+  attention_normalized,  // that mass divided by how many queries could see the row
+};
+Scoring parse_scoring(const std::string& name);
+
+struct EvictionPolicy {
+  static constexpr std::size_t kUnbounded = std::numeric_limits<std::size_t>::max();
+  std::size_t n_sink = 0;         // the first n_sink rows ever absorbed are never evicted
+  std::size_t recent_window = 0;  // the newest recent_window positions are never evicted
+  Scoring scoring = Scoring::key_proxy;
+};
+
+class EvictionCore {
+ public:
+  explicit EvictionCore(EvictionPolicy policy) : policy_(policy) {}
+
+  // Absorbs S new tokens, fp16 [heads_total, S, D] (heads_total = batch * heads), with their
+  // positions [S]. Rows never exceed `limit` per head: key_proxy and none evict one row per token
+  // over the limit, in arrival order (each eviction sees the scores so far); attention scorings
+  // only append (they evict in observe()). Pass EvictionPolicy::kUnbounded for no limit.
+  void absorb(std::size_t batch, std::size_t heads, std::size_t dim, const std::uint16_t* keys16,
+              const std::uint16_t* values16, const std::int64_t* positions, std::size_t S, std::size_t limit);
+  // Adds the attention each row received, then evicts down to `limit` rows per head.
+  void observe(const AttentionObservation& obs, std::size_t limit);
+  // Keeps at most `budget` rows per head: lowest scores leave first (ties: lower position first);
+  // sinks and the recent window always stay. Shrinks the allocation to what is kept.
+  void trim(std::size_t budget);
+  void reset();
+
+  CacheView view() const;
+  std::size_t rows() const { return rows_; }
+  std::size_t heads_total() const { return batch_ * heads_; }
+  std::size_t resident_bytes() const;
+  // Row scores and positions of head index `head` (b * heads + h), `rows()` entries, slot order.
+  const float* scores(std::size_t head) const { return scores_.data() + head * capacity_; }
+  const std::int64_t* positions(std::size_t head) const { return positions_.data() + head * capacity_; }
+  const EvictionPolicy& policy() const { return policy_; }
+
+ private:
+  struct Scratch {
+    std::vector<float> query;   // [D]
+    std::vector<float> logits;  // [capacity]
+  };
+  void absorb_heads(std::size_t head_begin, std::size_t head_end, const std::uint16_t* keys16,
+                    const std::uint16_t* values16, const std::int64_t* positions, std::size_t S,
+                    std::size_t limit, const std::int64_t* recent_threshold, Scratch& scratch);
+  void reserve_rows(std::size_t needed, std::size_t preferred);
+  void relayout(std::size_t new_capacity);
+  void write_row(std::size_t head, std::size_t slot, const std::uint16_t* k, const std::uint16_t* v,
+                 std::int64_t position, float score);
+  void move_row(std::size_t head, std::size_t from, std::size_t to);
+  // The evictable row with the lowest score (ties: lowest position), or kNone.
+  std::size_t pick_victim(std::size_t head, std::size_t n, std::int64_t recent_threshold) const;
+  float effective_score(std::size_t head, std::size_t slot) const;
+  // Drops `drop` evictable rows of every head (lowest effective score first), compacting.
+  void drop_lowest(std::size_t drop);
+  std::int64_t recent_threshold() const;
+
+  static constexpr std::size_t kNone = std::numeric_limits<std::size_t>::max();
+  EvictionPolicy policy_;
+  std::size_t batch_ = 0, heads_ = 0, dim_ = 0;
+  std::size_t capacity_ = 0;  // allocated rows per head
+  std::size_t rows_ = 0;      // valid rows per head (equal for every head)
+  std::vector<std::uint16_t> keys_;      // fp16 [batch * heads, capacity, dim]
+  std::vector<std::uint16_t> values_;    // fp16 [batch * heads, capacity, dim]
+  std::vector<float> scores_;            // [batch * heads, capacity] cumulative attention mass
+  std::vector<float> exposure_;          // [batch * heads, capacity] queries that could see the row
+  std::vector<std::int64_t> positions_;  // [batch * heads, capacity] absolute positions
+  std::deque<std::int64_t> recent_;      // the last recent_window absorbed positions (all heads)
+  Scratch scratch_;                      // decode-path scratch, reused (no per-token allocation)
+  std::vector<std::int64_t> thresholds_;  // [S] recent-window threshold after each incoming token
+  std::vector<std::size_t> candidates_, holes_;  // drop_lowest scratch
+  std::size_t head_rows_ = 0;            // rows per head after absorb_heads
+};
+
+}  // namespace kvslim

@@ -1,0 +1,212 @@
+// KVCacheConfig: validation (every field, named in the error) and text access for --set.
+#include "kvslim/config.h"
+
+#include <charconv>
+#include <cmath>
+#include <sstream>
+#include <variant>
+
+#include "kvslim/errors.h"
+
+namespace kvslim {
+
+const std::vector<std::string>& method_names() {
+  static const std::vector<std::string> names = {"full", "streaming", "h2o", "squeeze", "pyramidkv", "zipcache", "kivi"};
+  return names;
+}
+
+namespace {
+
+using FieldPtr = std::variant<int KVCacheConfig::*, double KVCacheConfig::*, bool KVCacheConfig::*,
+                              std::string KVCacheConfig::*, std::optional<int> KVCacheConfig::*>;
+struct Field {
+  const char* name;
+  FieldPtr ptr;
+};
+
+// Every settable field, in declaration order: one table serves set() and fields().
+const std::vector<Field>& field_table() {
+  using C = KVCacheConfig;
+  static const std::vector<Field> table = {
+      {"method", &C::method},
+      {"head_dim", &C::head_dim},
+      {"seed", &C::seed},
+      {"squeeze_budget", &C::squeeze_budget},
+      {"squeeze_n_sink", &C::squeeze_n_sink},
+      {"squeeze_strength", &C::squeeze_strength},
+      {"squeeze_resolved_budget", &C::squeeze_resolved_budget},
+      {"squeeze_prefill", &C::squeeze_prefill},
+      {"squeeze_signal", &C::squeeze_signal},
+      {"squeeze_concentration_heads", &C::squeeze_concentration_heads},
+      {"h2o_budget", &C::h2o_budget},
+      {"h2o_n_sink", &C::h2o_n_sink},
+      {"pyramidkv_budget", &C::pyramidkv_budget},
+      {"pyramidkv_n_sink", &C::pyramidkv_n_sink},
+      {"pyramidkv_beta", &C::pyramidkv_beta},
+      {"evict_recent_window", &C::evict_recent_window},
+      {"evict_scoring", &C::evict_scoring},
+      {"streaming_budget", &C::streaming_budget},
+      {"streaming_n_sink", &C::streaming_n_sink},
+      {"zipcache_hi_bits", &C::zipcache_hi_bits},
+      {"zipcache_lo_bits", &C::zipcache_lo_bits},
+      {"zipcache_hi_fraction", &C::zipcache_hi_fraction},
+      {"zipcache_group_size", &C::zipcache_group_size},
+      {"zipcache_quantize_values", &C::zipcache_quantize_values},
+      {"zipcache_staging", &C::zipcache_staging},
+      {"zipcache_saliency", &C::zipcache_saliency},
+      {"kivi_bits", &C::kivi_bits},
+      {"kivi_group_size", &C::kivi_group_size},
+      {"kivi_staging", &C::kivi_staging},
+  };
+  return table;
+}
+
+[[noreturn]] void fail(std::string_view field, const std::string& value, std::string_view expected) {
+  throw ConfigError("KVCacheConfig." + std::string(field) + " = " + value + ": " + std::string(expected));
+}
+
+std::string str(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+void check_min(std::string_view field, int v, int lo) {
+  if (v < lo) fail(field, std::to_string(v), "must be >= " + std::to_string(lo));
+}
+void check_range(std::string_view field, int v, int lo, int hi) {
+  if (v < lo || v > hi) fail(field, std::to_string(v), "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+}
+void check_unit(std::string_view field, double v) {
+  if (!(v >= 0.0 && v <= 1.0)) fail(field, str(v), "must be in [0, 1]");
+}
+void check_choice(std::string_view field, const std::string& v, std::initializer_list<const char*> choices) {
+  std::string list;
+  for (const char* c : choices) {
+    if (v == c) return;
+    list += (list.empty() ? "" : ", ") + std::string(c);
+  }
+  fail(field, "\"" + v + "\"", "must be one of " + list);
+}
+// A budget-limited eviction method: sinks and the protected recent window must leave room to evict.
+void check_budget(std::string_view budget_name, int budget, std::string_view sink_name, int n_sink, int recent) {
+  check_min(budget_name, budget, 1);
+  check_min(sink_name, n_sink, 0);
+  if (n_sink + recent >= budget) {
+    fail(budget_name, std::to_string(budget),
+         "must exceed " + std::string(sink_name) + " + evict_recent_window = " + std::to_string(n_sink) + " + " +
+             std::to_string(recent));
+  }
+}
+
+}  // namespace
+
+void KVCacheConfig::validate() const {
+  bool known = false;
+  for (const auto& m : method_names()) known = known || m == method;
+  if (!known) {
+    std::string list;
+    for (const auto& m : method_names()) list += (list.empty() ? "" : ", ") + m;
+    fail("method", "\"" + method + "\"", "must be one of " + list);
+  }
+  check_min("head_dim", head_dim, 1);
+  check_min("evict_recent_window", evict_recent_window, 0);
+  check_choice("evict_scoring", evict_scoring, {"key_proxy", "attention", "attention_normalized"});
+
+  // Every method's own fields are range-checked whatever the method, so a typo never waits until
+  // the day that method is picked; cross-field rules apply to each method's own budget.
+  check_budget("h2o_budget", h2o_budget, "h2o_n_sink", h2o_n_sink, method == "h2o" ? evict_recent_window : 0);
+  check_budget("squeeze_budget", squeeze_budget, "squeeze_n_sink", squeeze_n_sink,
+               method == "squeeze" ? evict_recent_window : 0);
+  check_unit("squeeze_strength", squeeze_strength);
+  if (squeeze_resolved_budget) {
+    check_budget("squeeze_resolved_budget", *squeeze_resolved_budget, "squeeze_n_sink", squeeze_n_sink,
+                 method == "squeeze" ? evict_recent_window : 0);
+  }
+  check_choice("squeeze_prefill", squeeze_prefill, {"deferred", "eager"});
+  check_choice("squeeze_signal", squeeze_signal, {"key_dispersion", "hidden_cosine"});
+  check_choice("squeeze_concentration_heads", squeeze_concentration_heads, {"all", "first"});
+  check_budget("pyramidkv_budget", pyramidkv_budget, "pyramidkv_n_sink", pyramidkv_n_sink,
+               method == "pyramidkv" ? evict_recent_window : 0);
+  if (!(pyramidkv_beta >= 1.0) || !std::isfinite(pyramidkv_beta)) fail("pyramidkv_beta", str(pyramidkv_beta), "must be a finite number >= 1");
+  check_budget("streaming_budget", streaming_budget, "streaming_n_sink", streaming_n_sink, 0);
+
+  check_range("zipcache_hi_bits", zipcache_hi_bits, 1, 8);
+  check_range("zipcache_lo_bits", zipcache_lo_bits, 1, 8);
+  if (zipcache_lo_bits > zipcache_hi_bits) {
+    fail("zipcache_lo_bits", std::to_string(zipcache_lo_bits), "must be <= zipcache_hi_bits = " + std::to_string(zipcache_hi_bits));
+  }
+  check_unit("zipcache_hi_fraction", zipcache_hi_fraction);
+  check_min("zipcache_group_size", zipcache_group_size, 1);
+  check_min("zipcache_staging", zipcache_staging, 0);
+  if (zipcache_staging % zipcache_group_size != 0) {
+    fail("zipcache_staging", std::to_string(zipcache_staging), "must be a multiple of zipcache_group_size = " + std::to_string(zipcache_group_size));
+  }
+  check_choice("zipcache_saliency", zipcache_saliency, {"key_norm", "attention_normalized"});
+  check_range("kivi_bits", kivi_bits, 1, 8);
+  check_min("kivi_group_size", kivi_group_size, 1);
+  check_min("kivi_staging", kivi_staging, 0);
+  if (kivi_staging % kivi_group_size != 0) {
+    fail("kivi_staging", std::to_string(kivi_staging), "must be a multiple of kivi_group_size = " + std::to_string(kivi_group_size));
+  }
+}
+
+void KVCacheConfig::set(std::string_view field, std::string_view value) {
+  for (const auto& f : field_table()) {
+    if (field != f.name) continue;
+    const std::string text(value);
+    auto parse_int = [&]() {
+      int v = 0;
+      const auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+      if (ec != std::errc() || p != text.data() + text.size() || text.empty()) fail(field, "\"" + text + "\"", "must be an integer");
+      return v;
+    };
+    std::visit(
+        [&](auto ptr) {
+          using T = std::remove_reference_t<decltype(this->*ptr)>;
+          if constexpr (std::is_same_v<T, int>) {
+            this->*ptr = parse_int();
+          } else if constexpr (std::is_same_v<T, std::optional<int>>) {
+            if (text == "none" || text == "None" || text.empty()) this->*ptr = std::nullopt;
+            else this->*ptr = parse_int();
+          } else if constexpr (std::is_same_v<T, double>) {
+            char* end = nullptr;
+            const double v = std::strtod(text.c_str(), &end);
+            if (text.empty() || end != text.c_str() + text.size()) fail(field, "\"" + text + "\"", "must be a number");
+            this->*ptr = v;
+          } else if constexpr (std::is_same_v<T, bool>) {
+            if (text == "true" || text == "1" || text == "True") this->*ptr = true;
+            else if (text == "false" || text == "0" || text == "False") this->*ptr = false;
+            else fail(field, "\"" + text + "\"", "must be true or false");
+          } else {
+            this->*ptr = text;
+          }
+        },
+        f.ptr);
+    return;
+  }
+  std::string list;
+  for (const auto& f : field_table()) list += (list.empty() ? "" : ", ") + std::string(f.name);
+  throw ConfigError("KVCacheConfig has no field \"" + std::string(field) + "\"; fields: " + list);
+}
+
+std::vector<std::pair<std::string, std::string>> KVCacheConfig::fields() const {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& f : field_table()) {
+    std::string v = std::visit(
+        [&](auto ptr) -> std::string {
+          using T = std::remove_cvref_t<decltype(this->*ptr)>;
+          const T& x = this->*ptr;
+          if constexpr (std::is_same_v<T, int>) return std::to_string(x);
+          else if constexpr (std::is_same_v<T, std::optional<int>>) return x ? std::to_string(*x) : "none";
+          else if constexpr (std::is_same_v<T, double>) return str(x);
+          else if constexpr (std::is_same_v<T, bool>) return x ? "true" : "false";
+          else return x;
+        },
+        f.ptr);
+    out.emplace_back(f.name, std::move(v));
+  }
+  return out;
+}
+
+}  // namespace kvslim

@@ -1,0 +1,164 @@
+// Building caches: validate first, then one cache per attention layer with what it shares.
+#include "kvslim/factory.h"
+
+#include <stdexcept>
+#include <string>
+
+#include "cache/eviction_cache.h"
+#include "cache/squeeze_cache.h"
+#include "cache/view_scratch.h"
+#include "cache/zipcache_cache.h"
+#include "kvslim/errors.h"
+#include "kvslim/squeeze.h"
+
+namespace kvslim {
+namespace {
+
+// What one layer's cache gets besides the config.
+struct LayerContext {
+  int layer_id = -1;
+  std::optional<int> budget;  // per-layer budget (pyramidkv taper)
+  std::shared_ptr<SqueezeCoordinator> coordinator;
+  std::shared_ptr<ViewScratch> scratch;
+};
+
+EvictionPolicy h2o_policy(const KVCacheConfig& c, int n_sink) {
+  EvictionPolicy p;
+  p.n_sink = static_cast<std::size_t>(n_sink);
+  p.recent_window = static_cast<std::size_t>(c.evict_recent_window);
+  p.scoring = parse_scoring(c.evict_scoring);
+  return p;
+}
+
+// One cache per method id. Methods in other files add their branch here.
+std::unique_ptr<KVCache> make_method_cache(const KVCacheConfig& c, const LayerContext& ctx) {
+  const std::string& m = c.method;
+  std::unique_ptr<KVCache> cache;
+  if (m == "full") {
+    EvictionPolicy p;
+    p.scoring = Scoring::none;
+    cache = std::make_unique<EvictionCache>("full", p, EvictionPolicy::kUnbounded);
+  } else if (m == "streaming") {
+    EvictionPolicy p;
+    p.scoring = Scoring::none;
+    p.n_sink = static_cast<std::size_t>(c.streaming_n_sink);
+    p.recent_window = static_cast<std::size_t>(c.streaming_budget - c.streaming_n_sink);
+    cache = std::make_unique<EvictionCache>("streaming", p, static_cast<std::size_t>(c.streaming_budget));
+  } else if (m == "h2o") {
+    cache = std::make_unique<EvictionCache>("h2o", h2o_policy(c, c.h2o_n_sink), static_cast<std::size_t>(c.h2o_budget));
+  } else if (m == "pyramidkv") {
+    const int budget = ctx.budget.value_or(c.pyramidkv_budget);
+    cache = std::make_unique<EvictionCache>("pyramidkv", h2o_policy(c, c.pyramidkv_n_sink), static_cast<std::size_t>(budget));
+  } else if (m == "squeeze") {
+    cache = std::make_unique<SqueezeCache>(c, ctx.coordinator, ctx.layer_id);
+  }
+  else if (m == "zipcache") {
+    cache = make_zipcache_cache(c, ctx.scratch);
+  } else if (m == "kivi") {
+    cache = make_kivi_cache(c, ctx.scratch);
+  }
+  if (!cache) throw ConfigError("KVCacheConfig.method = \"" + m + "\": no cache is built for this method");
+  cache->set_layer_id(ctx.layer_id);
+  return cache;
+}
+
+}  // namespace
+
+ModelSpec ModelSpec::uniform(int n_layers, int kv_heads, int head_dim) {
+  ModelSpec spec;
+  spec.layers.assign(static_cast<std::size_t>(n_layers), LayerSpec{true, kv_heads, head_dim});
+  return spec;
+}
+
+std::unique_ptr<KVCache> KVCacheFactory::create(const KVCacheConfig& config) {
+  config.validate();
+  LayerContext ctx;
+  ctx.scratch = std::make_shared<ViewScratch>();
+  return make_method_cache(config, ctx);
+}
+
+CacheSet KVCacheBuilder::for_model(const ModelSpec& model, const KVCacheConfig& config) {
+  config.validate();
+  std::vector<int> attention_layers;
+  for (std::size_t i = 0; i < model.layers.size(); ++i) {
+    const LayerSpec& l = model.layers[i];
+    if (!l.attention) continue;
+    if (l.head_dim <= 0 || l.kv_heads <= 0) {
+      throw ConfigError("ModelSpec.layers[" + std::to_string(i) + "]: attention layer needs kv_heads >= 1 and head_dim >= 1 (got " +
+                        std::to_string(l.kv_heads) + ", " + std::to_string(l.head_dim) + ")");
+    }
+    attention_layers.push_back(static_cast<int>(i));
+  }
+
+  CacheSet set;
+  auto scratch = std::make_shared<ViewScratch>();
+  std::vector<int> pyramid;
+  if (config.method == "pyramidkv") {
+    pyramid = pyramid_budgets(static_cast<int>(attention_layers.size()), config.pyramidkv_budget,
+                              config.pyramidkv_n_sink, config.pyramidkv_beta);
+  }
+  // An explicit squeeze_resolved_budget fixes every layer: no schedule to wait for.
+  if (config.method == "squeeze" && !config.squeeze_resolved_budget && !attention_layers.empty()) {
+    set.coordinator_ = std::make_shared<SqueezeCoordinator>(static_cast<int>(attention_layers.size()), config.squeeze_budget,
+                                                            config.squeeze_n_sink, config.squeeze_strength);
+  }
+  set.caches_.resize(model.layers.size());
+  for (std::size_t a = 0; a < attention_layers.size(); ++a) {
+    const int i = attention_layers[a];
+    KVCacheConfig layer_config = config;
+    layer_config.head_dim = model.layers[static_cast<std::size_t>(i)].head_dim;
+    layer_config.seed = config.seed + i;
+    LayerContext ctx;
+    ctx.layer_id = i;  // the raw model layer index, as the original
+    ctx.coordinator = set.coordinator_;
+    ctx.scratch = scratch;
+    if (!pyramid.empty()) ctx.budget = pyramid[a];
+    set.caches_[static_cast<std::size_t>(i)] = make_method_cache(layer_config, ctx);
+  }
+  if (set.coordinator_) {
+    // The coordinator tells every layer its budget the moment it finalises. Raw pointers are safe:
+    // the caches live exactly as long as the set that owns the coordinator's last reference.
+    std::vector<std::pair<int, SqueezeCache*>> layers;
+    for (int i : attention_layers) layers.emplace_back(i, static_cast<SqueezeCache*>(set.caches_[static_cast<std::size_t>(i)].get()));
+    set.coordinator_->set_listener([layers](int layer_id, int budget) {
+      for (const auto& [id, cache] : layers) {
+        if (id == layer_id) cache->on_schedule(budget);
+      }
+    });
+  }
+  return set;
+}
+
+CacheSet::~CacheSet() = default;
+
+KVCache& CacheSet::at(std::size_t layer) const {
+  if (layer >= caches_.size() || !caches_[layer]) {
+    throw std::out_of_range("CacheSet has no cache for layer " + std::to_string(layer));
+  }
+  return *caches_[layer];
+}
+
+void CacheSet::reset() {
+  if (coordinator_) coordinator_->reset();
+  for (auto& c : caches_) {
+    if (c) c->reset();
+  }
+}
+
+std::size_t CacheSet::resident_bytes() const {
+  std::size_t total = 0;
+  for (const auto& c : caches_) {
+    if (c) total += c->stats().resident_bytes;
+  }
+  return total;
+}
+
+std::size_t CacheSet::seen_fp16_bytes() const {
+  std::size_t total = 0;
+  for (const auto& c : caches_) {
+    if (c) total += c->stats().seen_fp16_bytes;
+  }
+  return total;
+}
+
+}  // namespace kvslim

@@ -1,0 +1,19 @@
+// Internal SIMD kernels of the library (run-time dispatched; see simd_kernels.cc).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace kvslim::kernels {
+
+// acc[i] += softmax(scale * logits)[i] for i < n (fp32, max-subtracted). n >= 1.
+// `logits` is scratch: it is overwritten with the unnormalised exponentials.
+void softmax_accumulate(float* logits, std::size_t n, float scale, float* acc);
+
+// True when any of the n fp16 values is NaN or infinite.
+bool fp16_has_nonfinite(const std::uint16_t* x, std::size_t n);
+
+// sum of x[i] * y[i] and sum of x[i]^2 in double-free fp32 SIMD, used by concentration_score.
+void add_f32(const float* x, std::size_t n, float* acc);  // acc[i] += x[i]
+float dot_f32(const float* x, const float* y, std::size_t n);
+
+}  // namespace kvslim::kernels

@@ -1,0 +1,58 @@
+// SqueezeCoordinator: one shared object per model; collects per-layer concentrations during
+// prefill and publishes the budget schedule exactly once.
+#include <cmath>
+#include <vector>
+
+#include "kvslim/squeeze.h"
+
+namespace kvslim {
+
+SqueezeCoordinator::SqueezeCoordinator(int n_layers, int avg_budget, int n_sink, double strength)
+    : n_layers_(n_layers), avg_budget_(avg_budget), n_sink_(n_sink), strength_(strength) {}
+
+void SqueezeCoordinator::report_concentration(int layer_id, double concentration) {
+  if (finalized_ || concentrations_.count(layer_id) != 0) return;  // first report wins
+  concentrations_[layer_id] = concentration;
+  if (static_cast<int>(concentrations_.size()) < n_layers_) return;
+
+  std::vector<int> ids;
+  std::vector<double> values;
+  for (const auto& [id, c] : concentrations_) {  // std::map: ascending layer id
+    ids.push_back(id);
+    values.push_back(c);
+  }
+  const std::vector<int> budgets = squeeze_budgets(values, avg_budget_, n_sink_, strength_);
+  for (std::size_t i = 0; i < ids.size(); ++i) resolved_[ids[i]] = budgets[i];
+  finalized_ = true;
+  if (listener_) {
+    for (std::size_t i = 0; i < ids.size(); ++i) listener_(ids[i], budgets[i]);
+  }
+}
+
+std::optional<int> SqueezeCoordinator::resolved_budget(int layer_id) const {
+  if (!finalized_) return std::nullopt;
+  const auto it = resolved_.find(layer_id);
+  if (it == resolved_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::optional<double> SqueezeCoordinator::concentration(int layer_id) const {
+  const auto it = concentrations_.find(layer_id);
+  if (it == concentrations_.end()) return std::nullopt;
+  return it->second;
+}
+
+void SqueezeCoordinator::reset() {
+  concentrations_.clear();
+  resolved_.clear();
+  finalized_ = false;
+}
+
+int SqueezeCoordinator::max_possible_budget() const {
+  // A layer's weight is at most n_layers (every other layer at concentration 1).
+  const double w = std::max(1, n_layers_);
+  const double b = avg_budget_ * ((1.0 - strength_) + strength_ * w);
+  return std::max(static_cast<int>(std::ceil(b)), n_sink_ + 1);
+}
+
+}  // namespace kvslim
