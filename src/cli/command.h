@@ -12,6 +12,7 @@ namespace kvslim::cli {
 // the function that runs it; that function returns the process exit code.
 using CommandSetup = std::function<std::function<int()>(CLI::App& subcommand)>;
 
+// A name with a space ("bench squeeze") registers a subcommand of a group ("bench").
 struct CommandRegistrar {
   CommandRegistrar(std::string name, std::string help, CommandSetup setup);
 };

@@ -1,6 +1,7 @@
 // The `kvslim` command: parses flags and hands over to the registered subcommands.
 #include <cstdio>
 #include <exception>
+#include <map>
 #include <memory>
 
 #include "cli/command.h"
@@ -31,8 +32,21 @@ int main(int argc, char** argv) {
   CLI::App app{"kvslim: KV-cache compression for LLM inference -- methods, engine, benchmarks"};
   app.require_subcommand(1);
   std::vector<std::pair<CLI::App*, std::function<int()>>> runners;
+  std::map<std::string, CLI::App*> groups;  // "bench" for "bench squeeze", "bench zipcache", ...
   for (auto& entry : registry()) {
-    CLI::App* sub = app.add_subcommand(entry.name, entry.help);
+    CLI::App* parent = &app;
+    std::string name = entry.name;
+    if (const auto space = name.find(' '); space != std::string::npos) {
+      const std::string group = name.substr(0, space);
+      auto& g = groups[group];
+      if (g == nullptr) {
+        g = app.add_subcommand(group, group == "bench" ? "benchmarks: the original's harnesses and kvslim's kernels" : group);
+        g->require_subcommand(1);
+      }
+      parent = g;
+      name = name.substr(space + 1);
+    }
+    CLI::App* sub = parent->add_subcommand(name, entry.help);
     runners.emplace_back(sub, entry.setup(*sub));
   }
   try {
