@@ -1,0 +1,130 @@
+#include "engine/random_model.h"
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
+#include "engine/sampler.h"
+#include "kvslim/dtype.h"
+
+namespace kvslim::engine {
+
+namespace {
+
+struct PendingTensor {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  std::vector<std::uint8_t> bytes;
+};
+
+std::vector<std::uint8_t> encode(const std::vector<float>& values, WeightType type) {
+  std::vector<std::uint8_t> out(values.size() * weight_type_size(type));
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    if (type == WeightType::f32) {
+      std::memcpy(out.data() + 4 * i, &values[i], 4);
+    } else {
+      const std::uint16_t h = type == WeightType::f16 ? f32_to_fp16(values[i]) : f32_to_bf16(values[i]);
+      std::memcpy(out.data() + 2 * i, &h, 2);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+void write_random_model(const std::filesystem::path& dir, const RandomModelSpec& spec) {
+  std::filesystem::create_directories(dir);
+  Rng rng(spec.seed);
+  std::vector<PendingTensor> tensors;
+  auto add = [&](const std::string& name, std::vector<std::int64_t> shape, float center, float spread) {
+    std::size_t n = 1;
+    for (auto d : shape) n *= static_cast<std::size_t>(d);
+    std::vector<float> v(n);
+    for (float& x : v) x = center + spread * (2.0f * rng.uniform() - 1.0f);
+    tensors.push_back({name, std::move(shape), encode(v, spec.dtype)});
+  };
+  const std::int64_t hidden = spec.hidden_size, inter = spec.intermediate_size, vocab = spec.vocab_size;
+  const std::int64_t q_dim = static_cast<std::int64_t>(spec.num_heads) * spec.head_dim;
+  const std::int64_t kv_dim = static_cast<std::int64_t>(spec.num_kv_heads) * spec.head_dim;
+  auto fan = [](std::int64_t n) { return 1.0f / std::sqrt(static_cast<float>(n)); };
+  const bool bias = spec.attention_bias || spec.architecture == "qwen2";
+
+  add("model.embed_tokens.weight", {vocab, hidden}, 0.0f, 1.0f);
+  for (int l = 0; l < spec.num_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    add(p + "input_layernorm.weight", {hidden}, 1.0f, 0.2f);
+    add(p + "post_attention_layernorm.weight", {hidden}, 1.0f, 0.2f);
+    add(p + "self_attn.q_proj.weight", {q_dim, hidden}, 0.0f, 2.0f * fan(hidden));
+    add(p + "self_attn.k_proj.weight", {kv_dim, hidden}, 0.0f, 2.0f * fan(hidden));
+    add(p + "self_attn.v_proj.weight", {kv_dim, hidden}, 0.0f, fan(hidden));
+    add(p + "self_attn.o_proj.weight", {hidden, q_dim}, 0.0f, fan(q_dim));
+    if (bias) {
+      add(p + "self_attn.q_proj.bias", {q_dim}, 0.0f, 0.5f);
+      add(p + "self_attn.k_proj.bias", {kv_dim}, 0.0f, 0.5f);
+      add(p + "self_attn.v_proj.bias", {kv_dim}, 0.0f, 0.5f);
+    }
+    add(p + "mlp.gate_proj.weight", {inter, hidden}, 0.0f, fan(hidden));
+    add(p + "mlp.up_proj.weight", {inter, hidden}, 0.0f, fan(hidden));
+    add(p + "mlp.down_proj.weight", {hidden, inter}, 0.0f, fan(inter));
+  }
+  add("model.norm.weight", {hidden}, 1.0f, 0.2f);
+  if (!spec.tie_word_embeddings) add("lm_head.weight", {vocab, hidden}, 0.0f, fan(hidden));
+
+  // safetensors: [u64 header length][JSON header][data], offsets relative to the data section.
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  header["__metadata__"] = {{"format", "pt"}};
+  std::size_t offset = 0;
+  for (const auto& t : tensors) {
+    header[t.name] = {{"dtype", weight_type_name(spec.dtype)},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + t.bytes.size()}}};
+    offset += t.bytes.size();
+  }
+  std::string header_text = header.dump();
+  header_text.append((8 - header_text.size() % 8) % 8, ' ');  // keep the data 8-byte aligned
+  const std::uint64_t header_len = header_text.size();
+  std::ofstream out(dir / "model.safetensors", std::ios::binary);
+  out.write(reinterpret_cast<const char*>(&header_len), 8);
+  out.write(header_text.data(), static_cast<std::streamsize>(header_text.size()));
+  for (const auto& t : tensors) out.write(reinterpret_cast<const char*>(t.bytes.data()), static_cast<std::streamsize>(t.bytes.size()));
+  if (!out) throw std::runtime_error("cannot write " + (dir / "model.safetensors").string());
+
+  nlohmann::ordered_json config = {
+      {"architectures", {spec.architecture == "qwen2" ? "Qwen2ForCausalLM"
+                         : spec.architecture == "mistral" ? "MistralForCausalLM" : "LlamaForCausalLM"}},
+      {"model_type", spec.architecture},
+      {"hidden_size", spec.hidden_size},
+      {"intermediate_size", spec.intermediate_size},
+      {"num_hidden_layers", spec.num_layers},
+      {"num_attention_heads", spec.num_heads},
+      {"num_key_value_heads", spec.num_kv_heads},
+      {"head_dim", spec.head_dim},
+      {"vocab_size", spec.vocab_size},
+      {"max_position_embeddings", spec.max_position_embeddings},
+      {"rms_norm_eps", spec.rms_norm_eps},
+      {"rope_theta", spec.rope_theta},
+      {"tie_word_embeddings", spec.tie_word_embeddings},
+      {"attention_bias", bias},
+      {"torch_dtype", spec.dtype == WeightType::f32 ? "float32" : spec.dtype == WeightType::f16 ? "float16" : "bfloat16"},
+      {"bos_token_id", 1},
+      {"eos_token_id", 2},
+  };
+  if (spec.rope_scaling.type == "linear") {
+    config["rope_scaling"] = {{"rope_type", "linear"}, {"factor", spec.rope_scaling.factor}};
+  } else if (spec.rope_scaling.type == "llama3") {
+    config["rope_scaling"] = {{"rope_type", "llama3"},
+                              {"factor", spec.rope_scaling.factor},
+                              {"low_freq_factor", spec.rope_scaling.low_freq_factor},
+                              {"high_freq_factor", spec.rope_scaling.high_freq_factor},
+                              {"original_max_position_embeddings", spec.rope_scaling.original_max_position_embeddings}};
+  }
+  std::ofstream cfg(dir / "config.json");
+  cfg << config.dump(2) << "\n";
+  if (!cfg) throw std::runtime_error("cannot write " + (dir / "config.json").string());
+}
+
+}  // namespace kvslim::engine
