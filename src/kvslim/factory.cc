@@ -51,8 +51,7 @@ std::unique_ptr<KVCache> make_method_cache(const KVCacheConfig& c, const LayerCo
     cache = std::make_unique<EvictionCache>("pyramidkv", h2o_policy(c, c.pyramidkv_n_sink), static_cast<std::size_t>(budget));
   } else if (m == "squeeze") {
     cache = std::make_unique<SqueezeCache>(c, ctx.coordinator, ctx.layer_id);
-  }
-  else if (m == "zipcache") {
+  } else if (m == "zipcache") {
     cache = make_zipcache_cache(c, ctx.scratch);
   } else if (m == "kivi") {
     cache = make_kivi_cache(c, ctx.scratch);

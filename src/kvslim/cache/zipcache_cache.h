@@ -1,0 +1,93 @@
+// zipcache (ZipCache-adapted, per-token mixed precision) and kivi (uniform group quantization:
+// the same machinery with hi_fraction 0) caches whose resident state IS the compressed form:
+// bit-packed codes, fp16 group parameters and the saliency mask, plus a small fp16 staging window.
+//
+// Per (batch, head): a list of compressed blocks, then the staging window (newest tokens, fp16).
+// - staging W > 0 (default): incoming tokens join the window; once it holds >= W tokens, all of its
+//   complete groups (floor(staged / gs) * gs oldest tokens) are compressed as ONE block (saliency
+//   within that block), the remainder (< gs tokens) keeps waiting. So a long prompt becomes one
+//   block, as in the original, and decode tokens are compressed W at a time instead of one by one
+//   (the original charges 577 bytes per decode head-token against 256 for fp16).
+// - staging 0: every call is compressed alone as one block, the documented behaviour.
+// - saliency "attention_normalized": staged tokens collect the attention they receive (divided by
+//   the number of queries that could see them); the window is compressed at the start of the next
+//   update, after that step's attention was observed, ranking by that score instead of key norm.
+// The view is decoded from the compressed state into the ViewScratch shared by the layers of a
+// CacheSet on every update (nothing decoded is kept: that would undo the saving).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cache/block_intake.h"
+#include "cache/view_scratch.h"
+#include "kvslim/cache.h"
+#include "kvslim/config.h"
+#include "kvslim/zipcache.h"
+
+namespace kvslim {
+
+struct ZipCacheOptions {
+  std::string method = "zipcache";  // "zipcache" or "kivi" (stats and accounting differ)
+  int hi_bits = 4, lo_bits = 2;
+  double hi_fraction = 0.2;
+  std::size_t group_size = 32;
+  bool quantize_values = true;  // values at uniform hi_bits; false: kept as fp16
+  std::size_t staging = 128;    // 0: compress every call alone
+  bool attention_saliency = false;
+};
+
+class ZipCacheCache final : public KVCache {
+ public:
+  struct Block {
+    std::size_t tokens = 0;
+    ZipCompressed keys;                    // [tokens, D] mixed precision
+    GroupQuantized values;                 // [tokens, D] at hi_bits (quantize_values)
+    std::vector<std::uint16_t> raw_values; // fp16 [tokens, D] (values not quantized)
+  };
+  struct Head {
+    std::vector<Block> blocks;
+    std::vector<std::uint16_t> stage_keys, stage_values;  // fp16 [staged, D]
+    std::vector<double> attention_sum, attention_queries; // [staged] (attention saliency only)
+  };
+
+  ZipCacheCache(ZipCacheOptions options, std::shared_ptr<ViewScratch> scratch);
+
+  CacheView update_and_fetch(const KVBlock& keys, const KVBlock& values,
+                             std::span<const std::int64_t> positions = {}) override;
+  CacheView view() const override;
+  CacheStats stats() const override;
+  void reset() override;
+  ObservationNeeds needs() const override { return {options_.attention_saliency, false}; }
+  void observe_attention(const AttentionObservation& obs) override;
+  std::string_view method() const override { return options_.method; }
+
+  // Read-only access for tests and tools: the per-head state, [batch * heads].
+  const std::vector<Head>& heads() const { return heads_; }
+  const ZipCacheOptions& options() const { return options_; }
+  std::size_t staged_tokens() const { return staged_; }
+
+ private:
+  void absorb_intake();
+  void compress_ready();
+  void compress_oldest(std::size_t count);
+  CacheView decode_view() const;
+  std::size_t kept_tokens() const { return positions_.size(); }
+
+  ZipCacheOptions options_;
+  std::shared_ptr<ViewScratch> scratch_;
+  BlockIntake intake_;
+  std::vector<Head> heads_;             // [batch * heads]
+  std::vector<std::int64_t> positions_; // [kept] absolute positions, the same for every head
+  std::size_t staged_ = 0;              // tokens waiting in every head's staging window
+  std::size_t max_block_elements_ = 0;  // largest block taken: size of the intake's fp16 scratch
+  std::vector<float> work_keys_, work_values_;  // fp32 [count, D] scratch of one compression
+  // The original system's accumulators (seed-behaviour.md §4.3), summed over calls and heads.
+  double accounted_key_bytes_ = 0, accounted_value_bytes_ = 0, baseline_key_bytes_ = 0, fp16_key_bytes_ = 0;
+};
+
+std::unique_ptr<KVCache> make_zipcache_cache(const KVCacheConfig& config, std::shared_ptr<ViewScratch> scratch);
+std::unique_ptr<KVCache> make_kivi_cache(const KVCacheConfig& config, std::shared_ptr<ViewScratch> scratch);
+
+}  // namespace kvslim
