@@ -132,8 +132,8 @@ Regex::Regex(std::string_view pattern, bool literal, const Where& where) {
   auto code = std::make_shared<Code>();
   int error = 0;
   PCRE2_SIZE error_offset = 0;
-  uint32_t options = PCRE2_UTF | PCRE2_UCP;
-  if (literal) options |= PCRE2_LITERAL;
+  // PCRE2_LITERAL admits UTF but not UCP (which only matters for character classes anyway).
+  const uint32_t options = literal ? (PCRE2_UTF | PCRE2_LITERAL) : (PCRE2_UTF | PCRE2_UCP);
   code->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options, &error,
                              &error_offset, nullptr);
   if (code->code == nullptr) {

@@ -410,6 +410,12 @@ std::optional<int> Tokenizer::token_to_id(std::string_view token) const {
   return impl_->model->token_to_id(token);
 }
 
+std::optional<std::string> Tokenizer::id_to_token(int id) const {
+  if (auto it = impl_->added_by_id.find(id); it != impl_->added_by_id.end()) return it->second->content;
+  if (auto v = impl_->vocab_by_id.find(id); v != impl_->vocab_by_id.end()) return std::string(v->second);
+  return std::nullopt;
+}
+
 std::optional<int> Tokenizer::bos_id() const { return impl_->bos; }
 
 bool Tokenizer::is_special(int id) const {

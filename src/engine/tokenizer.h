@@ -29,6 +29,8 @@ class Tokenizer {
   // One more than the largest id of the vocab and the added tokens.
   int vocab_size() const;
   std::optional<int> token_to_id(std::string_view token) const;
+  // The token's string as in tokenizer.json (byte-level characters), or nullopt for a hole.
+  std::optional<std::string> id_to_token(int id) const;
   std::optional<int> bos_id() const;  // from the post-processor template, if any
   bool is_special(int id) const;      // an added token marked "special"
 
