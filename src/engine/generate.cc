@@ -59,6 +59,9 @@ GenerateResult generate_text(Transformer& transformer, const Tokenizer& tokenize
   auto on_token = [&](int id) {
     // The stop token ends the text; it is not part of it.
     if (std::find(options.stop_ids.begin(), options.stop_ids.end(), id) != options.stop_ids.end()) return;
+    // A padded embedding row beyond the tokenizer's vocabulary (Qwen2 pads to a multiple of 128)
+    // has no text; HF's decode drops such ids too. The id stays in generated_ids.
+    if (id >= tokenizer.vocab_size()) return;
     const std::string piece = stream.push(id);
     text += piece;
     if (on_text && !piece.empty()) on_text(piece);

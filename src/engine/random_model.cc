@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/pretokenizer.h"
 #include "engine/sampler.h"
 #include "kvslim/dtype.h"
 
@@ -34,9 +35,45 @@ std::vector<std::uint8_t> encode(const std::vector<float>& values, WeightType ty
   return out;
 }
 
+void write_byte_tokenizer(const std::filesystem::path& path) {
+  using nlohmann::ordered_json;
+  ordered_json vocab = ordered_json::object();
+  const ByteLevelTable& table = ByteLevelTable::get();
+  for (int b = 0; b < 256; ++b) vocab[table.byte_to_char[b]] = b;
+  auto special = [](int id, const char* content) {
+    return ordered_json{{"id", id}, {"content", content}, {"single_word", false}, {"lstrip", false},
+                        {"rstrip", false}, {"normalized", false}, {"special", true}};
+  };
+  const ordered_json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true},
+                                   {"use_regex", true}};
+  const ordered_json tok = {
+      {"version", "1.0"},
+      {"added_tokens", {special(256, "<s>"), special(257, "</s>")}},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", byte_level},
+      {"post_processor",
+       {{"type", "TemplateProcessing"},
+        {"single", {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}}, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+        {"pair", ordered_json::array()},
+        {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {256}}, {"tokens", {"<s>"}}}}}}}},
+      {"decoder", byte_level},
+      {"model",
+       {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", nullptr},
+        {"end_of_word_suffix", nullptr}, {"fuse_unk", false}, {"byte_fallback", false}, {"vocab", vocab},
+        {"merges", ordered_json::array()}}},
+  };
+  std::ofstream out(path);
+  out << tok.dump(2) << "\n";
+  if (!out) throw std::runtime_error("cannot write " + path.string());
+}
+
 }  // namespace
 
 void write_random_model(const std::filesystem::path& dir, const RandomModelSpec& spec) {
+  if (spec.byte_tokenizer && spec.vocab_size < 258) {
+    throw std::invalid_argument("random model: byte_tokenizer needs vocab_size >= 258, got " +
+                                std::to_string(spec.vocab_size));
+  }
   std::filesystem::create_directories(dir);
   Rng rng(spec.seed);
   std::vector<PendingTensor> tensors;
@@ -110,8 +147,8 @@ void write_random_model(const std::filesystem::path& dir, const RandomModelSpec&
       {"tie_word_embeddings", spec.tie_word_embeddings},
       {"attention_bias", bias},
       {"torch_dtype", spec.dtype == WeightType::f32 ? "float32" : spec.dtype == WeightType::f16 ? "float16" : "bfloat16"},
-      {"bos_token_id", 1},
-      {"eos_token_id", 2},
+      {"bos_token_id", spec.byte_tokenizer ? 256 : 1},
+      {"eos_token_id", spec.byte_tokenizer ? 257 : 2},
   };
   if (spec.rope_scaling.type == "linear") {
     config["rope_scaling"] = {{"rope_type", "linear"}, {"factor", spec.rope_scaling.factor}};
@@ -125,6 +162,7 @@ void write_random_model(const std::filesystem::path& dir, const RandomModelSpec&
   std::ofstream cfg(dir / "config.json");
   cfg << config.dump(2) << "\n";
   if (!cfg) throw std::runtime_error("cannot write " + (dir / "config.json").string());
+  if (spec.byte_tokenizer) write_byte_tokenizer(dir / "tokenizer.json");
 }
 
 }  // namespace kvslim::engine

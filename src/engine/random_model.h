@@ -20,6 +20,9 @@ struct RandomModelSpec {
   double rope_theta = 10000, rms_norm_eps = 1e-5;
   RopeScaling rope_scaling;     // type "none", "linear" or "llama3"
   std::uint64_t seed = 1;
+  // Also write a byte-level tokenizer.json: ids 0..255 are the bytes (GPT-2 byte characters),
+  // 256 is "<s>" (BOS, added by the post-processor) and 257 "</s>" (EOS); needs vocab_size >= 258.
+  bool byte_tokenizer = false;
 };
 
 // Creates `dir` if needed and writes the files. Weights are uniform in +-1/sqrt(fan_in) (norm
