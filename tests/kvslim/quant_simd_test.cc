@@ -120,6 +120,47 @@ TEST(QuantSimd, ConversionsBitIdenticalToScalar) {
   });
 }
 
+TEST(QuantSimd, GroupParametersBitIdenticalToScalar) {
+  const auto& ref = quant::scalar_kernels();
+  const auto& simd = quant::simd_kernels();
+  // Ordinary ranges, degenerate channels, tiny and huge (above 65504 for 1 bit) ranges, odd dim.
+  const std::size_t dim = 77;
+  std::vector<float> mn(dim), mx(dim);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0.0f, 3.0f);
+  for (std::size_t c = 0; c < dim; ++c) {
+    mn[c] = dist(rng);
+    mx[c] = mn[c] + std::fabs(dist(rng));
+  }
+  mx[1] = mn[1];
+  mn[2] = 1e-7f, mx[2] = 3e-7f;
+  mn[3] = -65504.0f, mx[3] = 65504.0f;
+  mn[4] = 1000.1f, mx[4] = 1000.1f;
+  mn[20] = -60000.0f, mx[20] = 60000.0f;
+  for_each_target([&] {
+    for (int bits = 1; bits <= 8; ++bits) {
+      std::vector<std::uint16_t> sh_r(dim), zh_r(dim), sh_s(dim), zh_s(dim);
+      std::vector<float> sf_r(dim), zf_r(dim), sf_s(dim), zf_s(dim), sf_b(dim), zf_b(dim);
+      ref.make_params(mn.data(), mx.data(), dim, bits, sh_r.data(), zh_r.data(), sf_r.data(), zf_r.data());
+      simd.make_params(mn.data(), mx.data(), dim, bits, sh_s.data(), zh_s.data(), sf_s.data(), zf_s.data());
+      ASSERT_EQ(sh_r, sh_s) << bits;
+      ASSERT_EQ(zh_r, zh_s) << bits;
+      ASSERT_EQ(0, std::memcmp(sf_r.data(), sf_s.data(), dim * sizeof(float)));
+      ASSERT_EQ(0, std::memcmp(zf_r.data(), zf_s.data(), dim * sizeof(float)));
+      simd.params_to_f32(sh_s.data(), zh_s.data(), dim, sf_b.data(), zf_b.data());
+      ASSERT_EQ(0, std::memcmp(sf_r.data(), sf_b.data(), dim * sizeof(float)));
+      ASSERT_EQ(0, std::memcmp(zf_r.data(), zf_b.data(), dim * sizeof(float)));
+      for (std::size_t c = 0; c < dim; ++c) {
+        const float levels = static_cast<float>((1 << bits) - 1);
+        if ((mx[c] - mn[c]) / levels <= 65504.0f) {  // else the scale saturates at the largest fp16
+          EXPECT_GE(sf_r[c] * levels + zf_r[c], mx[c] - 1e-6f * std::fabs(mx[c])) << c;  // gmax in range
+        }
+        EXPECT_LE(sh_r[c], 0x7bffu);
+      }
+    }
+  });
+}
+
 TEST(QuantSimd, ChecksAndNormsAgree) {
   const auto& ref = quant::scalar_kernels();
   const auto& simd = quant::simd_kernels();

@@ -180,8 +180,10 @@ CacheView ZipCacheCache::decode_view() const {
       }
       row += block.tokens;
     }
-    std::memcpy(key_out + row * D, head.stage_keys.data(), staged_ * D * sizeof(std::uint16_t));
-    std::memcpy(value_out + row * D, head.stage_values.data(), staged_ * D * sizeof(std::uint16_t));
+    if (staged_ != 0) {  // (an empty window may have no buffer at all)
+      std::memcpy(key_out + row * D, head.stage_keys.data(), staged_ * D * sizeof(std::uint16_t));
+      std::memcpy(value_out + row * D, head.stage_values.data(), staged_ * D * sizeof(std::uint16_t));
+    }
     std::copy(positions_.begin(), positions_.end(), sc.positions.begin() + static_cast<std::ptrdiff_t>(bh * N));
   }
   CacheView v;

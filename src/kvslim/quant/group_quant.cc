@@ -16,33 +16,6 @@ namespace kvslim {
 namespace quant {
 namespace {
 
-// Per channel: zero = fp16(gmin) (nearest); scale = the smallest fp16 >= max((gmax - zero)/levels,
-// 1e-8), so gmax still maps inside the code range. Writes the stored fp16 bits and their fp32 values.
-void make_params(const float* mn, const float* mx, std::size_t dim, int bits, std::uint16_t* scale_h,
-                 std::uint16_t* zero_h, float* scale_f, float* zero_f) {
-  const float levels = static_cast<float>((1u << bits) - 1u);
-  for (std::size_t c = 0; c < dim; ++c) {
-    const std::uint16_t z = f32_to_fp16(mn[c]);
-    const float zf = fp16_to_f32(z);
-    const float s = std::max((mx[c] - zf) / levels, 1e-8f);
-    std::uint16_t sh = f32_to_fp16(s);
-    if (fp16_to_f32(sh) < s) ++sh;           // next fp16 up (s > 0, so the bit pattern increases)
-    if (sh >= 0x7c00u) sh = 0x7bffu;         // only for 1-bit codes over a range above 65504
-    zero_h[c] = z;
-    scale_h[c] = sh;
-    zero_f[c] = zf;
-    scale_f[c] = fp16_to_f32(sh);
-  }
-}
-
-void params_to_f32(const std::uint16_t* scale_h, const std::uint16_t* zero_h, std::size_t dim, float* scale_f,
-                   float* zero_f) {
-  for (std::size_t c = 0; c < dim; ++c) {
-    scale_f[c] = fp16_to_f32(scale_h[c]);
-    zero_f[c] = fp16_to_f32(zero_h[c]);
-  }
-}
-
 void check_bits(int bits, const char* what) {
   if (bits < 1 || bits > 8) {
     throw std::invalid_argument(std::string(what) + ": bits must be in 1..8, got " + std::to_string(bits));
@@ -87,8 +60,8 @@ GroupQuantized quantize_row_set(const float* const* rows, std::size_t n, std::si
     // The last group is padded by repeating its last row in the original: min/max are unchanged,
     // so the padding is never materialised.
     k.group_minmax(rows + r0, count, dim, mn.data(), mx.data());
-    make_params(mn.data(), mx.data(), dim, bits, q.scale.data() + g * dim, q.zero.data() + g * dim, scale_f.data(),
-                zero_f.data());
+    k.make_params(mn.data(), mx.data(), dim, bits, q.scale.data() + g * dim, q.zero.data() + g * dim, scale_f.data(),
+                  zero_f.data());
     k.encode_pack_rows(rows + r0, count, dim, scale_f.data(), zero_f.data(), bits, q.codes.data() + r0 * rb);
   }
   return q;
@@ -99,7 +72,7 @@ void decode_set_f16(const GroupQuantized& q, std::uint16_t* const* out_rows, con
   std::vector<float> scale_f(q.dim), zero_f(q.dim);
   for (std::size_t g = 0; g < q.groups(); ++g) {
     const std::size_t r0 = g * q.group_size, count = std::min(q.group_size, q.rows - r0);
-    params_to_f32(q.scale.data() + g * q.dim, q.zero.data() + g * q.dim, q.dim, scale_f.data(), zero_f.data());
+    k.params_to_f32(q.scale.data() + g * q.dim, q.zero.data() + g * q.dim, q.dim, scale_f.data(), zero_f.data());
     k.decode_rows_f16(q.codes.data() + r0 * rb, count, q.dim, scale_f.data(), zero_f.data(), q.bits, out_rows + r0);
   }
 }
@@ -109,7 +82,7 @@ void decode_set_f32(const GroupQuantized& q, float* const* out_rows, const Kerne
   std::vector<float> scale_f(q.dim), zero_f(q.dim);
   for (std::size_t g = 0; g < q.groups(); ++g) {
     const std::size_t r0 = g * q.group_size, count = std::min(q.group_size, q.rows - r0);
-    params_to_f32(q.scale.data() + g * q.dim, q.zero.data() + g * q.dim, q.dim, scale_f.data(), zero_f.data());
+    k.params_to_f32(q.scale.data() + g * q.dim, q.zero.data() + g * q.dim, q.dim, scale_f.data(), zero_f.data());
     k.decode_rows_f32(q.codes.data() + r0 * rb, count, q.dim, scale_f.data(), zero_f.data(), q.bits, out_rows + r0);
   }
 }

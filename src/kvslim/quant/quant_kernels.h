@@ -48,6 +48,14 @@ struct Kernels {
   // Bit packing alone (codes [n, dim] one byte each <-> packed rows), for tests and benchmarks.
   void (*pack_rows)(const std::uint8_t* codes, std::size_t n, std::size_t dim, int bits, std::uint8_t* out);
   void (*unpack_rows)(const std::uint8_t* packed, std::size_t n, std::size_t dim, int bits, std::uint8_t* codes);
+  // Group parameters per channel c < dim (see kvslim/zipcache.h): zero = fp16(mn) (nearest),
+  // scale = smallest fp16 >= max((mx - zero_f) / (2^bits - 1), 1e-8) (at most 65504); the stored
+  // fp16 bits and their fp32 values.
+  void (*make_params)(const float* mn, const float* mx, std::size_t dim, int bits, std::uint16_t* scale_h,
+                      std::uint16_t* zero_h, float* scale_f, float* zero_f);
+  // Stored fp16 parameters -> fp32.
+  void (*params_to_f32)(const std::uint16_t* scale_h, const std::uint16_t* zero_h, std::size_t dim, float* scale_f,
+                        float* zero_f);
   // dst = float(src) for n elements of `type`.
   void (*to_f32)(const void* src, DType type, float* dst, std::size_t n);
   // dst = fp16(src), round to nearest even.

@@ -113,6 +113,31 @@ void decode_rows_f32(const std::uint8_t* packed, std::size_t n, std::size_t dim,
   decode_rows(packed, n, dim, scale, zero, bits, out_rows, [](float v) { return v; });
 }
 
+void make_params(const float* mn, const float* mx, std::size_t dim, int bits, std::uint16_t* scale_h,
+                 std::uint16_t* zero_h, float* scale_f, float* zero_f) {
+  const float levels = static_cast<float>((1u << bits) - 1u);
+  for (std::size_t c = 0; c < dim; ++c) {
+    const std::uint16_t z = f32_to_fp16(mn[c]);
+    const float zf = fp16_to_f32(z);
+    const float s = std::max((mx[c] - zf) / levels, 1e-8f);
+    std::uint16_t sh = f32_to_fp16(s);
+    if (fp16_to_f32(sh) < s) ++sh;    // next fp16 up (s > 0, so the bit pattern increases)
+    if (sh > 0x7bffu) sh = 0x7bffu;   // only for 1-bit codes over a range above 65504
+    zero_h[c] = z;
+    scale_h[c] = sh;
+    zero_f[c] = zf;
+    scale_f[c] = fp16_to_f32(sh);
+  }
+}
+
+void params_to_f32(const std::uint16_t* scale_h, const std::uint16_t* zero_h, std::size_t dim, float* scale_f,
+                   float* zero_f) {
+  for (std::size_t c = 0; c < dim; ++c) {
+    scale_f[c] = fp16_to_f32(scale_h[c]);
+    zero_f[c] = fp16_to_f32(zero_h[c]);
+  }
+}
+
 void to_f32(const void* src, DType type, float* dst, std::size_t n) {
   switch (type) {
     case DType::f32: std::memcpy(dst, src, n * sizeof(float)); return;
@@ -149,9 +174,9 @@ double sum_squares(const float* x, std::size_t n) {
 }  // namespace
 
 const Kernels& scalar_kernels() {
-  static const Kernels k{"scalar",         group_minmax, encode_pack_rows, decode_rows_f16,
-                         decode_rows_f32,  pack_rows,    unpack_rows,      to_f32,
-                         f32_to_f16,       first_unrepresentable,          sum_squares};
+  static const Kernels k{"scalar",    group_minmax, encode_pack_rows, decode_rows_f16,       decode_rows_f32,
+                         pack_rows,   unpack_rows,  make_params,      params_to_f32,         to_f32,
+                         f32_to_f16,  first_unrepresentable,          sum_squares};
   return k;
 }
 

@@ -60,26 +60,31 @@ void PackRowPadded(const std::uint8_t* codes, std::size_t dim, int bits, std::ui
   }
 }
 
-// codes: [dim + 8 + lanes] bytes, overwritten (zero past dim on return); tmp: [dim + lanes].
+// codes: [dim + 8 + lanes] bytes, overwritten (entries past dim are scratch); tmp: [dim + lanes].
+// Regions are written in order t = 0, 1, ...: the last vector of region t spills zeros into the
+// start of region t + 1, which is written (first plane) or OR-ed (later planes) afterwards.
 void UnpackRowPadded(const std::uint8_t* packed, std::size_t dim, int bits, std::uint8_t* codes,
                      std::uint8_t* tmp) {
   const DU8 d8;
   const std::size_t L = hn::Lanes(d8);
-  std::memset(codes, 0, dim + 8 + L);
   Plane planes[4];
   const int n_planes = code_planes(bits, planes);
   for (int pi = 0; pi < n_planes; ++pi) {
     const int p = planes[pi].width, shift = planes[pi].shift;
     const std::size_t m = plane_bytes(dim, p), k = 8 / p;
     std::memcpy(tmp, packed, m);
-    std::memset(tmp + m, 0, L);  // lanes past the plane decode to code 0: OR-ing them changes nothing
+    std::memset(tmp + m, 0, L);  // lanes past the plane decode to code 0
     const auto mask = hn::Set(d8, static_cast<std::uint8_t>((1u << p) - 1u));
-    for (std::size_t i = 0; i < m; i += L) {
-      const auto v = hn::LoadU(d8, tmp + i);
-      for (std::size_t t = 0; t < k; ++t) {
-        const auto c = hn::ShiftLeftSame(hn::And(hn::ShiftRightSame(v, static_cast<int>(p * t)), mask), shift);
-        std::uint8_t* dst = codes + i + t * m;
-        hn::StoreU(hn::Or(hn::LoadU(d8, dst), c), d8, dst);
+    for (std::size_t t = 0; t < k; ++t) {
+      std::uint8_t* region = codes + t * m;
+      for (std::size_t i = 0; i < m; i += L) {
+        const auto c =
+            hn::ShiftLeftSame(hn::And(hn::ShiftRightSame(hn::LoadU(d8, tmp + i), static_cast<int>(p * t)), mask), shift);
+        if (pi == 0) {
+          hn::StoreU(c, d8, region + i);
+        } else {
+          hn::StoreU(hn::Or(hn::LoadU(d8, region + i), c), d8, region + i);
+        }
       }
     }
     packed += m;
@@ -133,6 +138,88 @@ hn::Vec<hn::Rebind<std::uint16_t, DF>> ToF16Bits(V v) {
   const hn::Rebind<hwy::float16_t, DF> dh;
   return hn::BitCast(d16, hn::DemoteTo(dh, v));
 #endif
+}
+
+// fp32 -> fp16 bits (round to nearest even) held in u32 lanes.
+template <class V>
+hn::Vec<hn::RebindToUnsigned<DF>> ToF16BitsU32(V v) {
+  const hn::RebindToUnsigned<DF> du;
+  return hn::PromoteTo(du, ToF16Bits(v));
+}
+
+// fp16 bits held in u32 lanes -> fp32, exact.
+template <class VU>
+hn::Vec<DF> F16BitsToF32(VU h) {
+  const DF df;
+  const hn::RebindToUnsigned<DF> du;
+#if HWY_TARGET >= HWY_SSE4
+  // (h & 0x7fff) << 13 read as float is the value times 2^-112 (subnormals included); Highway's
+  // emulation without F16C turns infinity into 65536, so it is not used.
+  const auto e = hn::ShiftLeft<13>(hn::And(h, hn::Set(du, 0x7fffu)));
+  const auto finite = hn::BitCast(du, hn::Mul(hn::BitCast(df, e), hn::Set(df, 5.192296858534828e33f)));  // 2^112
+  const auto special = hn::Eq(hn::And(h, hn::Set(du, 0x7c00u)), hn::Set(du, 0x7c00u));
+  const auto mag = hn::IfThenElse(special, hn::Or(e, hn::Set(du, 0x7f800000u)), finite);
+  return hn::BitCast(df, hn::Or(mag, hn::ShiftLeft<16>(hn::And(h, hn::Set(du, 0x8000u)))));
+#else
+  const hn::Rebind<std::uint16_t, DF> d16;
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  const hn::RebindToSigned<DF> di;
+  return hn::PromoteTo(df, hn::BitCast(dh, hn::DemoteTo(d16, hn::BitCast(di, h))));
+#endif
+}
+
+void MakeParams(const float* mn, const float* mx, std::size_t dim, int bits, std::uint16_t* scale_h,
+                std::uint16_t* zero_h, float* scale_f, float* zero_f) {
+  const DF df;
+  const hn::RebindToUnsigned<DF> du;
+  const hn::RebindToSigned<DF> di;
+  const hn::Rebind<std::uint16_t, DF> d16;
+  const std::size_t N = hn::Lanes(df);
+  const float levels = static_cast<float>((1u << bits) - 1u);
+  const auto vlev = hn::Set(df, levels), floor = hn::Set(df, 1e-8f);
+  const auto one = hn::Set(du, 1u), top = hn::Set(du, 0x7bffu);
+  std::size_t c = 0;
+  for (; c + N <= dim; c += N) {
+    const auto zh = ToF16BitsU32(hn::LoadU(df, mn + c));
+    const auto zf = F16BitsToF32(zh);
+    const auto sv = hn::Max(hn::Div(hn::Sub(hn::LoadU(df, mx + c), zf), vlev), floor);
+    auto sh = ToF16BitsU32(sv);
+    sh = hn::IfThenElse(hn::RebindMask(du, F16BitsToF32(sh) < sv), hn::Add(sh, one), sh);
+    sh = hn::Min(sh, top);
+    hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di, zh)), d16, zero_h + c);
+    hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di, sh)), d16, scale_h + c);
+    hn::StoreU(zf, df, zero_f + c);
+    hn::StoreU(F16BitsToF32(sh), df, scale_f + c);
+  }
+  for (; c < dim; ++c) {
+    const std::uint16_t z = f32_to_fp16(mn[c]);
+    const float zf = fp16_to_f32(z);
+    const float sv = std::max((mx[c] - zf) / levels, 1e-8f);
+    std::uint16_t sh = f32_to_fp16(sv);
+    if (fp16_to_f32(sh) < sv) ++sh;
+    if (sh > 0x7bffu) sh = 0x7bffu;
+    zero_h[c] = z;
+    scale_h[c] = sh;
+    zero_f[c] = zf;
+    scale_f[c] = fp16_to_f32(sh);
+  }
+}
+
+void ParamsToF32(const std::uint16_t* scale_h, const std::uint16_t* zero_h, std::size_t dim, float* scale_f,
+                 float* zero_f) {
+  const DF df;
+  const hn::RebindToUnsigned<DF> du;
+  const hn::Rebind<std::uint16_t, DF> d16;
+  const std::size_t N = hn::Lanes(df);
+  std::size_t c = 0;
+  for (; c + N <= dim; c += N) {
+    hn::StoreU(F16BitsToF32(hn::PromoteTo(du, hn::LoadU(d16, scale_h + c))), df, scale_f + c);
+    hn::StoreU(F16BitsToF32(hn::PromoteTo(du, hn::LoadU(d16, zero_h + c))), df, zero_f + c);
+  }
+  for (; c < dim; ++c) {
+    scale_f[c] = fp16_to_f32(scale_h[c]);
+    zero_f[c] = fp16_to_f32(zero_h[c]);
+  }
 }
 
 void DecodeRowF16(const std::uint8_t* codes, std::size_t dim, const float* scale, const float* zero,
@@ -263,25 +350,9 @@ void ToF32(const void* src, DType type, float* dst, std::size_t n) {
     std::memcpy(dst, src, n * sizeof(float));
   } else if (type == DType::f16) {
     const auto* s16 = static_cast<const std::uint16_t*>(src);
-#if HWY_TARGET >= HWY_SSE4
-    // Highway's emulation without F16C turns infinity into 65536: exact bit manipulation instead.
-    // (h & 0x7fff) << 13 read as float is the value times 2^-112 (subnormals included).
     const hn::Rebind<std::uint16_t, DF> d16;
     const hn::RebindToUnsigned<DF> du;
-    for (; i + N <= n; i += N) {
-      const auto h = hn::PromoteTo(du, hn::LoadU(d16, s16 + i));
-      const auto e = hn::ShiftLeft<13>(hn::And(h, hn::Set(du, 0x7fffu)));
-      const auto finite = hn::BitCast(du, hn::Mul(hn::BitCast(df, e), hn::Set(df, 5.192296858534828e33f)));  // 2^112
-      const auto special = hn::Eq(hn::And(h, hn::Set(du, 0x7c00u)), hn::Set(du, 0x7c00u));
-      const auto mag = hn::IfThenElse(special, hn::Or(e, hn::Set(du, 0x7f800000u)), finite);
-      const auto sign = hn::ShiftLeft<16>(hn::And(h, hn::Set(du, 0x8000u)));
-      hn::StoreU(hn::BitCast(df, hn::Or(mag, sign)), df, dst + i);
-    }
-#else
-    const hn::Rebind<hwy::float16_t, DF> dh;
-    const auto* s = static_cast<const hwy::float16_t*>(src);
-    for (; i + N <= n; i += N) hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, s + i)), df, dst + i);
-#endif
+    for (; i + N <= n; i += N) hn::StoreU(F16BitsToF32(hn::PromoteTo(du, hn::LoadU(d16, s16 + i))), df, dst + i);
     for (; i < n; ++i) dst[i] = fp16_to_f32(s16[i]);
   } else {
     const hn::Rebind<hwy::bfloat16_t, DF> db;
@@ -351,6 +422,8 @@ HWY_EXPORT(DecodeRowsF16);
 HWY_EXPORT(DecodeRowsF32);
 HWY_EXPORT(PackRows);
 HWY_EXPORT(UnpackRows);
+HWY_EXPORT(MakeParams);
+HWY_EXPORT(ParamsToF32);
 HWY_EXPORT(ToF32);
 HWY_EXPORT(F32ToF16);
 HWY_EXPORT(FirstUnrepresentable);
@@ -379,6 +452,14 @@ void pack_rows(const std::uint8_t* codes, std::size_t n, std::size_t dim, int bi
 void unpack_rows(const std::uint8_t* packed, std::size_t n, std::size_t dim, int bits, std::uint8_t* codes) {
   HWY_DYNAMIC_DISPATCH(UnpackRows)(packed, n, dim, bits, codes);
 }
+void make_params(const float* mn, const float* mx, std::size_t dim, int bits, std::uint16_t* scale_h,
+                 std::uint16_t* zero_h, float* scale_f, float* zero_f) {
+  HWY_DYNAMIC_DISPATCH(MakeParams)(mn, mx, dim, bits, scale_h, zero_h, scale_f, zero_f);
+}
+void params_to_f32(const std::uint16_t* scale_h, const std::uint16_t* zero_h, std::size_t dim, float* scale_f,
+                   float* zero_f) {
+  HWY_DYNAMIC_DISPATCH(ParamsToF32)(scale_h, zero_h, dim, scale_f, zero_f);
+}
 void to_f32(const void* src, DType type, float* dst, std::size_t n) { HWY_DYNAMIC_DISPATCH(ToF32)(src, type, dst, n); }
 void f32_to_f16(const float* src, std::uint16_t* dst, std::size_t n) { HWY_DYNAMIC_DISPATCH(F32ToF16)(src, dst, n); }
 std::size_t first_unrepresentable(const float* x, std::size_t n) {
@@ -388,9 +469,9 @@ double sum_squares(const float* x, std::size_t n) { return HWY_DYNAMIC_DISPATCH(
 }  // namespace
 
 const Kernels& simd_kernels() {
-  static const Kernels k{"simd",          group_minmax, encode_pack_rows, decode_rows_f16,
-                         decode_rows_f32, pack_rows,    unpack_rows,      to_f32,
-                         f32_to_f16,      first_unrepresentable,          sum_squares};
+  static const Kernels k{"simd",     group_minmax, encode_pack_rows, decode_rows_f16,       decode_rows_f32,
+                         pack_rows,  unpack_rows,  make_params,      params_to_f32,         to_f32,
+                         f32_to_f16, first_unrepresentable,          sum_squares};
   return k;
 }
 
