@@ -14,12 +14,20 @@ namespace {
 }
 
 // First (b, h, s) row holding a non-finite fp16 value, or -1.
-long first_nonfinite_row(const std::vector<std::uint16_t>& x, std::size_t dim) {
-  if (!kernels::fp16_has_nonfinite(x.data(), x.size())) return -1;
-  for (std::size_t r = 0; r * dim < x.size(); ++r) {
-    if (kernels::fp16_has_nonfinite(x.data() + r * dim, dim)) return static_cast<long>(r);
+long first_nonfinite_row(const std::uint16_t* x, std::size_t n, std::size_t dim) {
+  if (!kernels::fp16_has_nonfinite(x, n)) return -1;
+  for (std::size_t r = 0; r * dim < n; ++r) {
+    if (kernels::fp16_has_nonfinite(x + r * dim, dim)) return static_cast<long>(r);
   }
   return -1;
+}
+
+// The fp16 form of a block: the block itself when it is fp16, else converted into `buffer`.
+const std::uint16_t* as_fp16(const KVBlock& block, std::vector<std::uint16_t>& buffer) {
+  if (block.dtype == DType::f16) return static_cast<const std::uint16_t*>(block.data);
+  buffer.resize(block.elements());
+  convert_to_fp16(block.data, block.dtype, buffer.data(), buffer.size());
+  return buffer.data();
 }
 
 }  // namespace
@@ -50,12 +58,10 @@ void BlockIntake::take(const KVBlock& keys, const KVBlock& values, std::span<con
     }
   }
   const std::size_t n = keys.elements();
-  keys16_.resize(n);
-  values16_.resize(n);
-  convert_to_fp16(keys.data, keys.dtype, keys16_.data(), n);
-  convert_to_fp16(values.data, values.dtype, values16_.data(), n);
-  for (auto [name, buf] : {std::pair<const char*, std::vector<std::uint16_t>*>{"keys", &keys16_}, {"values", &values16_}}) {
-    const long r = first_nonfinite_row(*buf, keys.head_dim);
+  const std::uint16_t* k16 = as_fp16(keys, keys16_);
+  const std::uint16_t* v16 = as_fp16(values, values16_);
+  for (auto [name, buf] : {std::pair<const char*, const std::uint16_t*>{"keys", k16}, {"values", v16}}) {
+    const long r = first_nonfinite_row(buf, n, keys.head_dim);
     if (r >= 0) {
       const std::size_t s = r % S, bh = r / S;
       reject(method_, std::string(name) + "[" + std::to_string(bh / keys.heads) + ", " + std::to_string(bh % keys.heads) +
@@ -63,6 +69,8 @@ void BlockIntake::take(const KVBlock& keys, const KVBlock& values, std::span<con
     }
   }
   // Everything checked: commit.
+  keys_ = k16;
+  values_ = v16;
   batch_ = keys.batch;
   heads_ = keys.heads;
   dim_ = keys.head_dim;

@@ -26,18 +26,22 @@ class BlockIntake {
   std::size_t tokens() const { return tokens_; }  // of the last take()
   std::uint64_t tokens_seen() const { return tokens_seen_; }
 
-  const std::uint16_t* keys() const { return keys16_.data(); }      // fp16 [batch * heads, tokens, head_dim]
-  const std::uint16_t* values() const { return values16_.data(); }  // fp16 [batch * heads, tokens, head_dim]
+  // fp16 [batch * heads, tokens, head_dim]: the caller's own data when it came as fp16 (valid for
+  // the duration of the update), else the converted copy.
+  const std::uint16_t* keys() const { return keys_; }
+  const std::uint16_t* values() const { return values_; }
   const std::int64_t* positions() const { return positions_.data(); }  // [tokens]
-  const std::uint16_t* key_row(std::size_t head, std::size_t s) const { return keys16_.data() + (head * tokens_ + s) * dim_; }
-  const std::uint16_t* value_row(std::size_t head, std::size_t s) const { return values16_.data() + (head * tokens_ + s) * dim_; }
+  const std::uint16_t* key_row(std::size_t head, std::size_t s) const { return keys_ + (head * tokens_ + s) * dim_; }
+  const std::uint16_t* value_row(std::size_t head, std::size_t s) const { return values_ + (head * tokens_ + s) * dim_; }
 
  private:
   std::string method_;
   std::size_t batch_ = 0, heads_ = 0, dim_ = 0, tokens_ = 0;
   std::uint64_t tokens_seen_ = 0;
   std::int64_t next_position_ = 0;
-  std::vector<std::uint16_t> keys16_, values16_;
+  std::vector<std::uint16_t> keys16_, values16_;  // conversion buffers, reused across calls
+  const std::uint16_t* keys_ = nullptr;
+  const std::uint16_t* values_ = nullptr;
   std::vector<std::int64_t> positions_;
 };
 

@@ -164,7 +164,6 @@ void EvictionCore::observe(const AttentionObservation& obs, std::size_t limit) {
                      "] of the last update_and_fetch");
   }
   const bool normalized = policy_.scoring == Scoring::attention_normalized;
-  if (normalized && exposure_.size() < scores_.size()) exposure_.assign(scores_.size(), 0.0f);
   for (std::size_t head = 0; head < heads_total(); ++head) {
     float* scores = scores_.data() + head * capacity_;
     const std::int64_t* pos = positions_.data() + head * capacity_;
@@ -234,10 +233,11 @@ void EvictionCore::reserve_rows(std::size_t needed, std::size_t bound) {
 
 void EvictionCore::relayout(std::size_t new_capacity) {
   const std::size_t total = heads_total();
-  std::vector<std::uint16_t> keys(total * new_capacity * dim_), values(total * new_capacity * dim_);
-  std::vector<float> scores(total * new_capacity, 0.0f);
-  std::vector<float> exposure(exposure_.empty() ? 0 : total * new_capacity, 0.0f);
-  std::vector<std::int64_t> positions(total * new_capacity, 0);
+  const bool normalized = policy_.scoring == Scoring::attention_normalized;
+  UninitBuffer<std::uint16_t> keys(total * new_capacity * dim_), values(total * new_capacity * dim_);
+  UninitBuffer<float> scores(total * new_capacity);
+  UninitBuffer<float> exposure(normalized ? total * new_capacity : 0);
+  UninitBuffer<std::int64_t> positions(total * new_capacity);
   const std::size_t keep = std::min(rows_, new_capacity);
   for (std::size_t head = 0; head < total; ++head) {
     const std::size_t src = head * capacity_, dst = head * new_capacity;
@@ -254,18 +254,16 @@ void EvictionCore::relayout(std::size_t new_capacity) {
   exposure_ = std::move(exposure);
   positions_ = std::move(positions);
   capacity_ = new_capacity;
-  if (policy_.scoring == Scoring::attention_normalized && exposure_.empty()) exposure_.assign(total * capacity_, 0.0f);
 }
 
 void EvictionCore::reset() {
   batch_ = heads_ = dim_ = 0;
   capacity_ = rows_ = head_rows_ = 0;
-  // Assigning {} would keep the capacity: swap with empty vectors to give the memory back.
-  std::vector<std::uint16_t>().swap(keys_);
-  std::vector<std::uint16_t>().swap(values_);
-  std::vector<float>().swap(scores_);
-  std::vector<float>().swap(exposure_);
-  std::vector<std::int64_t>().swap(positions_);
+  keys_.release();
+  values_.release();
+  scores_.release();
+  exposure_.release();
+  positions_.release();
   recent_.clear();
 }
 
@@ -283,9 +281,7 @@ CacheView EvictionCore::view() const {
 }
 
 std::size_t EvictionCore::resident_bytes() const {
-  return keys_.capacity() * sizeof(std::uint16_t) + values_.capacity() * sizeof(std::uint16_t) +
-         scores_.capacity() * sizeof(float) + exposure_.capacity() * sizeof(float) +
-         positions_.capacity() * sizeof(std::int64_t);
+  return keys_.bytes() + values_.bytes() + scores_.bytes() + exposure_.bytes() + positions_.bytes();
 }
 
 }  // namespace kvslim

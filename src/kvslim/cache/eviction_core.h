@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kvslim/cache.h"
+#include "uninit_buffer.h"
 
 namespace kvslim {
 
@@ -79,11 +80,11 @@ class EvictionCore {
   std::size_t batch_ = 0, heads_ = 0, dim_ = 0;
   std::size_t capacity_ = 0;  // allocated rows per head
   std::size_t rows_ = 0;      // valid rows per head (equal for every head)
-  std::vector<std::uint16_t> keys_;      // fp16 [batch * heads, capacity, dim]
-  std::vector<std::uint16_t> values_;    // fp16 [batch * heads, capacity, dim]
-  std::vector<float> scores_;            // [batch * heads, capacity] cumulative attention mass
-  std::vector<float> exposure_;          // [batch * heads, capacity] queries that could see the row
-  std::vector<std::int64_t> positions_;  // [batch * heads, capacity] absolute positions
+  UninitBuffer<std::uint16_t> keys_;      // fp16 [batch * heads, capacity, dim]
+  UninitBuffer<std::uint16_t> values_;    // fp16 [batch * heads, capacity, dim]
+  UninitBuffer<float> scores_;            // [batch * heads, capacity] cumulative attention mass
+  UninitBuffer<float> exposure_;          // [batch * heads, capacity] queries that could see the row (normalized scoring only)
+  UninitBuffer<std::int64_t> positions_;  // [batch * heads, capacity] absolute positions
   std::deque<std::int64_t> recent_;      // the last recent_window absorbed positions (all heads)
   Scratch scratch_;                      // decode-path scratch, reused (no per-token allocation)
   std::vector<std::int64_t> thresholds_;  // [S] recent-window threshold after each incoming token
