@@ -309,15 +309,16 @@ def main() -> None:
         decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
         no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
         opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                                lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=(device == "cuda"))
+                                lr=args.lr, betas=(0.9, 0.95), eps=1e-8, **({"fused": True} if device == "cuda" else {}))
 
         stream = RowStream(tok, flat, offsets, args.ctx, args.batch, args.seed)
         loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=args.workers,
-                                             pin_memory=(device == "cuda"), prefetch_factor=4 if args.workers else None,
+                                             pin_memory=(device == "cuda"), **({"prefetch_factor": 4} if args.workers else {}),
                                              persistent_workers=False)
         it = iter(loader)
 
         train_stop = deadline - args.eval_reserve
+        t_train0 = time.time()
         total_steps = args.max_steps          # re-estimated after the step time is known
         step, tokens_seen, t_loop0, data_wait = 0, 0, None, 0.0
         loss_ema = None
@@ -336,7 +337,7 @@ def main() -> None:
             t0 = time.time()
             x = next(it).to(device, non_blocking=True)
             data_wait += time.time() - t0
-            with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=(device == "cuda")):
+            with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=(device == "cuda")):
                 logits = model(input_ids=x).logits
             loss = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.size(-1)), x[:, 1:].reshape(-1))
             opt.zero_grad(set_to_none=True)
@@ -362,11 +363,11 @@ def main() -> None:
                 rng = random.Random(7)
                 maker = E.EpisodeMaker(lambda s: tok.encode(s, add_special_tokens=False).ids, BOS, EOS, tok.token_to_id("Ċ"))
                 probe = [maker.passkey(FlatLines(hflat, hoffsets), args.ctx, rng, template=0, digits=5) for _ in range(16)]
-                with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=(device == "cuda")):
+                with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=(device == "cuda")):
                     acc = sum(teacher_forced_exact(model, probe, device)) / len(probe)
                 log(f"probe passkey@{args.ctx} (held-out prose filler) {acc:.2f}")
                 model.train()
-        train_seconds = time.time() - (t_loop0 or time.time())
+        train_seconds = time.time() - t_train0
         del it, loader
 
         # 4. save ------------------------------------------------------------------
@@ -467,7 +468,7 @@ def main() -> None:
         traceback.print_exc()
         results["error"] = repr(exc)
     (args.out / "eval_hf.json").write_text(json.dumps(results, indent=2) + "\n")
-    del model
+    model = None  # free GPU memory before the CPU golden pass
 
     # 6. golden (CPU, fp32, eager) ------------------------------------------
     write_golden(args, tok, hflat)
