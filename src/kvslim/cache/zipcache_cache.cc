@@ -36,8 +36,6 @@ void ZipCacheCache::reset() {
   positions_.shrink_to_fit();
   staged_ = 0;
   max_block_elements_ = 0;
-  work_keys_ = {};
-  work_values_ = {};
   accounted_key_bytes_ = accounted_value_bytes_ = baseline_key_bytes_ = fp16_key_bytes_ = 0;
 }
 
@@ -45,7 +43,7 @@ CacheView ZipCacheCache::update_and_fetch(const KVBlock& keys, const KVBlock& va
                                           std::span<const std::int64_t> positions) {
   intake_.take(keys, values, positions);  // validates everything before any state changes
   if (heads_.empty()) heads_.resize(intake_.batch() * intake_.heads());
-  max_block_elements_ = std::max(max_block_elements_, keys.elements());
+  if (keys.dtype != DType::f16) max_block_elements_ = std::max(max_block_elements_, keys.elements());
   // Attention saliency: the window was scored by the attention observed since the last update.
   if (options_.attention_saliency) compress_ready();
   absorb_intake();
@@ -102,19 +100,19 @@ void ZipCacheCache::compress_oldest(std::size_t count) {
   if (count == 0) return;
   const std::size_t D = intake_.head_dim();
   const auto& k = quant::simd_kernels();
-  work_keys_.resize(count * D);
-  work_values_.resize(options_.quantize_values ? count * D : 0);
-  std::vector<const float*> key_rows(count), value_rows(count);
+  std::vector<const std::uint16_t*> key_rows(count), value_rows(count);
   std::vector<double> score(count);
   for (Head& head : heads_) {
-    k.to_f32(head.stage_keys.data(), DType::f16, work_keys_.data(), count * D);
-    for (std::size_t s = 0; s < count; ++s) key_rows[s] = work_keys_.data() + s * D;
     for (std::size_t s = 0; s < count; ++s) {
-      if (options_.attention_saliency) {
+      key_rows[s] = head.stage_keys.data() + s * D;
+      value_rows[s] = head.stage_values.data() + s * D;
+    }
+    if (options_.attention_saliency) {
+      for (std::size_t s = 0; s < count; ++s) {
         score[s] = head.attention_queries[s] > 0 ? head.attention_sum[s] / head.attention_queries[s] : 0.0;
-      } else {
-        score[s] = std::sqrt(k.sum_squares(key_rows[s], D));
       }
+    } else {
+      score = quant::row_norms_f16(key_rows.data(), count, D, k);
     }
     const auto mask = saliency_mask(score, options_.hi_fraction);
     Block block;
@@ -122,8 +120,6 @@ void ZipCacheCache::compress_oldest(std::size_t count) {
     block.keys = quant::zip_compress_rows(key_rows.data(), count, D, mask.data(), options_.hi_bits, options_.lo_bits,
                                           options_.group_size, k);
     if (options_.quantize_values) {
-      k.to_f32(head.stage_values.data(), DType::f16, work_values_.data(), count * D);
-      for (std::size_t s = 0; s < count; ++s) value_rows[s] = work_values_.data() + s * D;
       block.values = quant::quantize_row_set(value_rows.data(), count, D, options_.hi_bits, options_.group_size, k);
     } else {
       block.raw_values.assign(head.stage_values.begin(), head.stage_values.begin() + static_cast<std::ptrdiff_t>(count * D));
@@ -147,11 +143,6 @@ void ZipCacheCache::compress_oldest(std::size_t count) {
     head.attention_queries.shrink_to_fit();
   }
   staged_ -= count;
-  // The fp32 work buffers are scratch of one compression: a prompt-sized one is not kept.
-  if (work_keys_.capacity() > 2 * std::max(options_.staging, options_.group_size) * D) {
-    work_keys_ = {};
-    work_values_ = {};
-  }
 }
 
 CacheView ZipCacheCache::decode_view() const {
@@ -259,9 +250,8 @@ CacheStats ZipCacheCache::stats() const {
   }
   other += heads_.capacity() * sizeof(Head) + positions_.capacity() * sizeof(std::int64_t);
   st.resident_bytes = key_bytes + value_bytes + other;
-  // Scratch: the shared fp16 view, the intake's fp16 copy of the largest block, the fp32 work rows.
-  st.view_bytes = scratch_->bytes() + 2 * max_block_elements_ * sizeof(std::uint16_t) +
-                  (work_keys_.capacity() + work_values_.capacity()) * sizeof(float);
+  // Scratch: the shared fp16 view and the intake's fp16 copy of the largest non-fp16 block.
+  st.view_bytes = scratch_->bytes() + 2 * max_block_elements_ * sizeof(std::uint16_t);
   const std::size_t kept_fp16_per_tensor = n_heads * N * D * 2;
   st.kept_fp16_bytes = 2 * kept_fp16_per_tensor;
   st.seen_fp16_bytes = static_cast<std::size_t>(st.tokens_seen) * n_heads * D * 2 * 2;

@@ -81,8 +81,7 @@ class ZipCacheCache final : public KVCache {
   std::vector<Head> heads_;             // [batch * heads]
   std::vector<std::int64_t> positions_; // [kept] absolute positions, the same for every head
   std::size_t staged_ = 0;              // tokens waiting in every head's staging window
-  std::size_t max_block_elements_ = 0;  // largest block taken: size of the intake's fp16 scratch
-  std::vector<float> work_keys_, work_values_;  // fp32 [count, D] scratch of one compression
+  std::size_t max_block_elements_ = 0;  // largest non-fp16 block taken: the intake's conversion buffer
   // The original system's accumulators (seed-behaviour.md §4.3), summed over calls and heads.
   double accounted_key_bytes_ = 0, accounted_value_bytes_ = 0, baseline_key_bytes_ = 0, fp16_key_bytes_ = 0;
 };

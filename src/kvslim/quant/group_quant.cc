@@ -43,8 +43,29 @@ std::vector<const float*> row_pointers(std::span<const float> rows, std::size_t 
 
 }  // namespace
 
-GroupQuantized quantize_row_set(const float* const* rows, std::size_t n, std::size_t dim, int bits,
-                                std::size_t group_size, const Kernels& k) {
+namespace {
+
+// Rows of one group as fp32 pointers: fp32 rows as they are; fp16 rows converted into `buffer`
+// ([group_size, dim], small enough to stay in L1/L2: the data is read from memory once).
+const float* const* group_rows(const float* const* rows, std::size_t count, std::size_t, const Kernels&,
+                               std::vector<float>&, std::vector<const float*>&) {
+  (void)count;
+  return rows;
+}
+const float* const* group_rows(const std::uint16_t* const* rows, std::size_t count, std::size_t dim, const Kernels& k,
+                               std::vector<float>& buffer, std::vector<const float*>& ptrs) {
+  buffer.resize(count * dim);
+  ptrs.resize(count);
+  for (std::size_t r = 0; r < count; ++r) {
+    k.to_f32(rows[r], DType::f16, buffer.data() + r * dim, dim);
+    ptrs[r] = buffer.data() + r * dim;
+  }
+  return ptrs.data();
+}
+
+template <typename T>
+GroupQuantized quantize_set(const T* const* rows, std::size_t n, std::size_t dim, int bits, std::size_t group_size,
+                            const Kernels& k) {
   GroupQuantized q;
   q.rows = n;
   q.dim = dim;
@@ -54,17 +75,54 @@ GroupQuantized quantize_row_set(const float* const* rows, std::size_t n, std::si
   q.codes = std::vector<std::uint8_t>(n * rb);
   q.scale = std::vector<std::uint16_t>(groups * dim);
   q.zero = std::vector<std::uint16_t>(groups * dim);
-  std::vector<float> mn(dim), mx(dim), scale_f(dim), zero_f(dim);
+  std::vector<float> mn(dim), mx(dim), scale_f(dim), zero_f(dim), buffer;
+  std::vector<const float*> ptrs;
   for (std::size_t g = 0; g < groups; ++g) {
     const std::size_t r0 = g * group_size, count = std::min(group_size, n - r0);
+    const float* const* grows = group_rows(rows + r0, count, dim, k, buffer, ptrs);
     // The last group is padded by repeating its last row in the original: min/max are unchanged,
     // so the padding is never materialised.
-    k.group_minmax(rows + r0, count, dim, mn.data(), mx.data());
+    k.group_minmax(grows, count, dim, mn.data(), mx.data());
     k.make_params(mn.data(), mx.data(), dim, bits, q.scale.data() + g * dim, q.zero.data() + g * dim, scale_f.data(),
                   zero_f.data());
-    k.encode_pack_rows(rows + r0, count, dim, scale_f.data(), zero_f.data(), bits, q.codes.data() + r0 * rb);
+    k.encode_pack_rows(grows, count, dim, scale_f.data(), zero_f.data(), bits, q.codes.data() + r0 * rb);
   }
   return q;
+}
+
+template <typename T>
+ZipCompressed zip_compress_set(const T* const* rows, std::size_t S, std::size_t dim, const std::uint8_t* mask,
+                               int hi_bits, int lo_bits, std::size_t group_size, const Kernels& k) {
+  ZipCompressed z;
+  z.seq_len = S;
+  z.head_dim = dim;
+  z.group_size = group_size;
+  // Stable partition: each set keeps the tokens' relative order.
+  std::vector<const T*> hi_rows, lo_rows;
+  hi_rows.reserve(S);
+  lo_rows.reserve(S);
+  for (std::size_t s = 0; s < S; ++s) (mask[s] ? hi_rows : lo_rows).push_back(rows[s]);
+  z.n_hi = hi_rows.size();
+  if (z.n_hi != 0 && z.n_hi != S) {
+    z.mask_bits = std::vector<std::uint8_t>((S + 7) / 8);
+    for (std::size_t s = 0; s < S; ++s) {
+      if (mask[s]) z.mask_bits[s / 8] |= static_cast<std::uint8_t>(1u << (s % 8));
+    }
+  }
+  z.hi = quantize_set(hi_rows.data(), hi_rows.size(), dim, hi_bits, group_size, k);
+  z.lo = quantize_set(lo_rows.data(), lo_rows.size(), dim, lo_bits, group_size, k);
+  return z;
+}
+
+}  // namespace
+
+GroupQuantized quantize_row_set(const float* const* rows, std::size_t n, std::size_t dim, int bits,
+                                std::size_t group_size, const Kernels& k) {
+  return quantize_set(rows, n, dim, bits, group_size, k);
+}
+GroupQuantized quantize_row_set(const std::uint16_t* const* rows, std::size_t n, std::size_t dim, int bits,
+                                std::size_t group_size, const Kernels& k) {
+  return quantize_set(rows, n, dim, bits, group_size, k);
 }
 
 void decode_set_f16(const GroupQuantized& q, std::uint16_t* const* out_rows, const Kernels& k) {
@@ -89,25 +147,22 @@ void decode_set_f32(const GroupQuantized& q, float* const* out_rows, const Kerne
 
 ZipCompressed zip_compress_rows(const float* const* rows, std::size_t S, std::size_t dim, const std::uint8_t* mask,
                                 int hi_bits, int lo_bits, std::size_t group_size, const Kernels& k) {
-  ZipCompressed z;
-  z.seq_len = S;
-  z.head_dim = dim;
-  z.group_size = group_size;
-  // Stable partition: each set keeps the tokens' relative order.
-  std::vector<const float*> hi_rows, lo_rows;
-  hi_rows.reserve(S);
-  lo_rows.reserve(S);
-  for (std::size_t s = 0; s < S; ++s) (mask[s] ? hi_rows : lo_rows).push_back(rows[s]);
-  z.n_hi = hi_rows.size();
-  if (z.n_hi != 0 && z.n_hi != S) {
-    z.mask_bits = std::vector<std::uint8_t>((S + 7) / 8);
-    for (std::size_t s = 0; s < S; ++s) {
-      if (mask[s]) z.mask_bits[s / 8] |= static_cast<std::uint8_t>(1u << (s % 8));
-    }
+  return zip_compress_set(rows, S, dim, mask, hi_bits, lo_bits, group_size, k);
+}
+ZipCompressed zip_compress_rows(const std::uint16_t* const* rows, std::size_t S, std::size_t dim,
+                                const std::uint8_t* mask, int hi_bits, int lo_bits, std::size_t group_size,
+                                const Kernels& k) {
+  return zip_compress_set(rows, S, dim, mask, hi_bits, lo_bits, group_size, k);
+}
+
+std::vector<double> row_norms_f16(const std::uint16_t* const* rows, std::size_t S, std::size_t dim, const Kernels& k) {
+  std::vector<double> norms(S);
+  std::vector<float> row(dim);
+  for (std::size_t s = 0; s < S; ++s) {
+    k.to_f32(rows[s], DType::f16, row.data(), dim);
+    norms[s] = std::sqrt(k.sum_squares(row.data(), dim));
   }
-  z.hi = quantize_row_set(hi_rows.data(), hi_rows.size(), dim, hi_bits, group_size, k);
-  z.lo = quantize_row_set(lo_rows.data(), lo_rows.size(), dim, lo_bits, group_size, k);
-  return z;
+  return norms;
 }
 
 void zip_decode_f16(const ZipCompressed& z, std::uint16_t* out, std::size_t out_stride, const Kernels& k) {

@@ -37,8 +37,10 @@ std::uint8_t* CodeBuffer(std::vector<std::uint8_t>& buf, std::size_t dim) {
   return buf.data();
 }
 
-// codes: a CodeBuffer; tmp: [dim + lanes] bytes.
-void PackRowPadded(const std::uint8_t* codes, std::size_t dim, int bits, std::uint8_t* out, std::uint8_t* tmp) {
+// codes: a CodeBuffer. Each plane is stored with whole vectors, so up to a vector past the row's
+// last plane is overwritten: the caller points `out` at a buffer with that much room (the next row,
+// written afterwards, or a scratch row).
+void PackRow(const std::uint8_t* codes, std::size_t dim, int bits, std::uint8_t* out) {
   const DU8 d8;
   const std::size_t L = hn::Lanes(d8);
   Plane planes[4];
@@ -53,18 +55,34 @@ void PackRowPadded(const std::uint8_t* codes, std::size_t dim, int bits, std::ui
         const auto v = hn::And(hn::ShiftRightSame(hn::LoadU(d8, codes + i + t * m), shift), mask);
         acc = hn::Or(acc, hn::ShiftLeftSame(v, static_cast<int>(p * t)));
       }
-      hn::StoreU(acc, d8, tmp + i);
+      hn::StoreU(acc, d8, out + i);
     }
-    std::memcpy(out, tmp, m);
     out += m;
   }
 }
 
-// codes: [dim + 8 + lanes] bytes, overwritten (entries past dim are scratch); tmp: [dim + lanes].
-// Regions are written in order t = 0, 1, ...: the last vector of region t spills zeros into the
-// start of region t + 1, which is written (first plane) or OR-ed (later planes) afterwards.
-void UnpackRowPadded(const std::uint8_t* packed, std::size_t dim, int bits, std::uint8_t* codes,
-                     std::uint8_t* tmp) {
+// Packs rows r < n of codes (one CodeBuffer-padded row at a time via `encode`) into out + r * rb;
+// the last rows go through `tmp` ([rb + lanes]) so nothing past out + n * rb is written.
+template <class Encode>
+void PackRowsWith(std::size_t n, std::size_t dim, int bits, std::uint8_t* out, std::uint8_t* codes, std::uint8_t* tmp,
+                  Encode encode) {
+  const std::size_t rb = RowBytes(dim, bits), L = hn::Lanes(DU8());
+  for (std::size_t r = 0; r < n; ++r) {
+    encode(r, codes);
+    if ((n - 1 - r) * rb >= L) {  // the rows after this one absorb the vector spill
+      PackRow(codes, dim, bits, out + r * rb);
+    } else {
+      PackRow(codes, dim, bits, tmp);
+      std::memcpy(out + r * rb, tmp, rb);
+    }
+  }
+}
+
+// codes: [dim + 8 + lanes] bytes, overwritten (entries past dim are scratch). `packed` must be
+// readable for a vector past the row (the caller copies the last row of a buffer to a scratch row);
+// bytes past each plane are masked off. Regions are written in order t = 0, 1, ...: the last vector
+// of region t spills zeros into the start of region t + 1, written or OR-ed afterwards.
+void UnpackRow(const std::uint8_t* packed, std::size_t dim, int bits, std::uint8_t* codes) {
   const DU8 d8;
   const std::size_t L = hn::Lanes(d8);
   Plane planes[4];
@@ -72,14 +90,13 @@ void UnpackRowPadded(const std::uint8_t* packed, std::size_t dim, int bits, std:
   for (int pi = 0; pi < n_planes; ++pi) {
     const int p = planes[pi].width, shift = planes[pi].shift;
     const std::size_t m = plane_bytes(dim, p), k = 8 / p;
-    std::memcpy(tmp, packed, m);
-    std::memset(tmp + m, 0, L);  // lanes past the plane decode to code 0
     const auto mask = hn::Set(d8, static_cast<std::uint8_t>((1u << p) - 1u));
     for (std::size_t t = 0; t < k; ++t) {
       std::uint8_t* region = codes + t * m;
       for (std::size_t i = 0; i < m; i += L) {
-        const auto c =
-            hn::ShiftLeftSame(hn::And(hn::ShiftRightSame(hn::LoadU(d8, tmp + i), static_cast<int>(p * t)), mask), shift);
+        auto v = hn::LoadU(d8, packed + i);
+        if (i + L > m) v = hn::IfThenElseZero(hn::FirstN(d8, m - i), v);
+        const auto c = hn::ShiftLeftSame(hn::And(hn::ShiftRightSame(v, static_cast<int>(p * t)), mask), shift);
         if (pi == 0) {
           hn::StoreU(c, d8, region + i);
         } else {
@@ -89,6 +106,15 @@ void UnpackRowPadded(const std::uint8_t* packed, std::size_t dim, int bits, std:
     }
     packed += m;
   }
+}
+
+// Row r of packed rows, readable for a vector past its end: in place, or (the last rows of the
+// buffer) copied into tmp ([rb + lanes]).
+const std::uint8_t* ReadableRow(const std::uint8_t* packed, std::size_t r, std::size_t n, std::size_t rb,
+                                std::uint8_t* tmp) {
+  if ((n - 1 - r) * rb >= hn::Lanes(DU8())) return packed + r * rb;
+  std::memcpy(tmp, packed + r * rb, rb);
+  return tmp;
 }
 
 void EncodeRow(const float* x, std::size_t dim, const float* scale, const float* zero, float levels,
@@ -283,27 +309,28 @@ void GroupMinmax(const float* const* rows, std::size_t n, std::size_t dim, float
   }
 }
 
+std::uint8_t* TmpRow(std::vector<std::uint8_t>& buf, std::size_t dim, int bits) {
+  const std::size_t need = RowBytes(dim, bits) + hn::Lanes(DU8());
+  if (buf.size() < need) buf.resize(need);
+  return buf.data();
+}
+
 void EncodePackRows(const float* const* rows, std::size_t n, std::size_t dim, const float* scale,
                     const float* zero, int bits, std::uint8_t* out) {
   thread_local std::vector<std::uint8_t> code_buf, tmp_buf;
-  std::uint8_t* codes = CodeBuffer(code_buf, dim);
-  if (tmp_buf.size() < dim + hn::Lanes(DU8())) tmp_buf.resize(dim + hn::Lanes(DU8()));
   const float levels = static_cast<float>((1u << bits) - 1u);
-  const std::size_t rb = RowBytes(dim, bits);
-  for (std::size_t r = 0; r < n; ++r) {
-    EncodeRow(rows[r], dim, scale, zero, levels, codes);
-    PackRowPadded(codes, dim, bits, out + r * rb, tmp_buf.data());
-  }
+  PackRowsWith(n, dim, bits, out, CodeBuffer(code_buf, dim), TmpRow(tmp_buf, dim, bits),
+               [&](std::size_t r, std::uint8_t* codes) { EncodeRow(rows[r], dim, scale, zero, levels, codes); });
 }
 
 void DecodeRowsF16(const std::uint8_t* packed, std::size_t n, std::size_t dim, const float* scale,
                    const float* zero, int bits, std::uint16_t* const* out_rows) {
   thread_local std::vector<std::uint8_t> code_buf, tmp_buf;
   std::uint8_t* codes = CodeBuffer(code_buf, dim);
-  if (tmp_buf.size() < dim + hn::Lanes(DU8())) tmp_buf.resize(dim + hn::Lanes(DU8()));
+  std::uint8_t* tmp = TmpRow(tmp_buf, dim, bits);
   const std::size_t rb = RowBytes(dim, bits);
   for (std::size_t r = 0; r < n; ++r) {
-    UnpackRowPadded(packed + r * rb, dim, bits, codes, tmp_buf.data());
+    UnpackRow(ReadableRow(packed, r, n, rb, tmp), dim, bits, codes);
     DecodeRowF16(codes, dim, scale, zero, out_rows[r]);
   }
 }
@@ -312,32 +339,27 @@ void DecodeRowsF32(const std::uint8_t* packed, std::size_t n, std::size_t dim, c
                    const float* zero, int bits, float* const* out_rows) {
   thread_local std::vector<std::uint8_t> code_buf, tmp_buf;
   std::uint8_t* codes = CodeBuffer(code_buf, dim);
-  if (tmp_buf.size() < dim + hn::Lanes(DU8())) tmp_buf.resize(dim + hn::Lanes(DU8()));
+  std::uint8_t* tmp = TmpRow(tmp_buf, dim, bits);
   const std::size_t rb = RowBytes(dim, bits);
   for (std::size_t r = 0; r < n; ++r) {
-    UnpackRowPadded(packed + r * rb, dim, bits, codes, tmp_buf.data());
+    UnpackRow(ReadableRow(packed, r, n, rb, tmp), dim, bits, codes);
     DecodeRowF32(codes, dim, scale, zero, out_rows[r]);
   }
 }
 
 void PackRows(const std::uint8_t* codes_in, std::size_t n, std::size_t dim, int bits, std::uint8_t* out) {
   thread_local std::vector<std::uint8_t> code_buf, tmp_buf;
-  std::uint8_t* codes = CodeBuffer(code_buf, dim);
-  if (tmp_buf.size() < dim + hn::Lanes(DU8())) tmp_buf.resize(dim + hn::Lanes(DU8()));
-  const std::size_t rb = RowBytes(dim, bits);
-  for (std::size_t r = 0; r < n; ++r) {
-    std::memcpy(codes, codes_in + r * dim, dim);
-    PackRowPadded(codes, dim, bits, out + r * rb, tmp_buf.data());
-  }
+  PackRowsWith(n, dim, bits, out, CodeBuffer(code_buf, dim), TmpRow(tmp_buf, dim, bits),
+               [&](std::size_t r, std::uint8_t* codes) { std::memcpy(codes, codes_in + r * dim, dim); });
 }
 
 void UnpackRows(const std::uint8_t* packed, std::size_t n, std::size_t dim, int bits, std::uint8_t* codes_out) {
   thread_local std::vector<std::uint8_t> code_buf, tmp_buf;
   std::uint8_t* codes = CodeBuffer(code_buf, dim);
-  if (tmp_buf.size() < dim + hn::Lanes(DU8())) tmp_buf.resize(dim + hn::Lanes(DU8()));
+  std::uint8_t* tmp = TmpRow(tmp_buf, dim, bits);
   const std::size_t rb = RowBytes(dim, bits);
   for (std::size_t r = 0; r < n; ++r) {
-    UnpackRowPadded(packed + r * rb, dim, bits, codes, tmp_buf.data());
+    UnpackRow(ReadableRow(packed, r, n, rb, tmp), dim, bits, codes);
     std::memcpy(codes_out + r * dim, codes, dim);
   }
 }
