@@ -26,7 +26,7 @@ build: configure
 
 # The main job on the shipped default (see README "Quick start").
 run: build
-	./$(BUILD)/bin/kvslim demo
+	./$(BUILD)/bin/kvslim bench squeeze
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
