@@ -1,0 +1,143 @@
+// Engine kernels: the decode gemv per weight type (1 and 2 threads) against memcpy of the same
+// bytes in the same run, the prefill matmul, and whole forward steps on a random model with the
+// full cache and a compressed one. Decode reads every weight once per token, so gemv GB/s against
+// memcpy GB/s says how close decode is to this machine's bound.
+#include <benchmark/benchmark.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+#include "engine/model.h"
+#include "engine/ops.h"
+#include "engine/random_model.h"
+#include "engine/sampler.h"
+
+namespace kvslim::engine {
+namespace {
+
+// 4096 x 4096: 32 MiB as bf16/f16, 64 MiB as f32 -- far beyond the caches, like a real layer.
+constexpr std::size_t kRows = 4096, kCols = 4096;
+
+const std::vector<std::uint8_t>& weight_bytes() {
+  static const std::vector<std::uint8_t> bytes = [] {
+    std::vector<std::uint8_t> b(kRows * kCols * 4);
+    Rng rng(1);
+    for (std::size_t i = 0; i < b.size(); i += 2) {
+      // Small finite values whichever type reads them: bf16/f16 halves with a modest exponent.
+      const std::uint16_t h = static_cast<std::uint16_t>(0x3000u | (rng.next() & 0x03ffu));
+      std::memcpy(b.data() + i, &h, 2);
+    }
+    return b;
+  }();
+  return bytes;
+}
+
+void BM_Memcpy(benchmark::State& state) {
+  const std::size_t n = static_cast<std::size_t>(state.range(0)) << 20;
+  std::vector<char> src(n, 1), dst(n, 0);
+  for (auto _ : state) {
+    std::memcpy(dst.data(), src.data(), n);
+    benchmark::DoNotOptimize(dst.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * n));
+}
+BENCHMARK(BM_Memcpy)->Arg(32)->Arg(64)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_Gemv(benchmark::State& state) {
+  const auto type = static_cast<WeightType>(state.range(0));
+  const int threads = static_cast<int>(state.range(1));
+  const Matrix w{type, weight_bytes().data(), kRows, kCols};
+  std::vector<float> x(kCols, 0.25f), y(kRows);
+  ThreadPool pool(threads);
+  for (auto _ : state) {
+    gemv(w, x.data(), y.data(), &pool);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * w.nbytes()));
+  state.SetLabel(std::string(weight_type_name(type)) + " " + gemv_target_name());
+}
+BENCHMARK(BM_Gemv)
+    ->ArgsProduct({{static_cast<int>(WeightType::bf16), static_cast<int>(WeightType::f16), static_cast<int>(WeightType::f32)},
+                   {1, 2}})
+    ->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_Matmul(benchmark::State& state) {
+  const std::size_t n = static_cast<std::size_t>(state.range(0));
+  const Matrix w{WeightType::bf16, weight_bytes().data(), 2048, 2048};
+  std::vector<float> x(n * 2048, 0.25f), y(n * 2048), tile(256 * 2048);
+  for (auto _ : state) {
+    matmul(w, x.data(), n, y.data(), tile.data(), 256);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(state.iterations() * n), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_Matmul)->Arg(16)->Arg(128)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// A 61M-parameter bf16 model (4 layers of hidden 1024, vocab 8192), written once per process and
+// run once so the timed loops never page the mmap'ed weights in.
+const Model& bench_model() {
+  static const Model model = [] {
+    const auto dir = std::filesystem::temp_directory_path() / ("kvslim_engine_bench_" + std::to_string(getpid()));
+    write_random_model(dir, RandomModelSpec{.hidden_size = 1024, .intermediate_size = 2816, .num_layers = 4,
+                                            .num_heads = 16, .num_kv_heads = 4, .head_dim = 64, .vocab_size = 8192,
+                                            .dtype = WeightType::bf16});
+    Model m = Model::load(dir);
+    std::filesystem::remove_all(dir);  // the mapping stays valid after unlink
+    CacheSet caches = KVCacheBuilder::for_model(m.cache_spec(), KVCacheConfig{});
+    Transformer warm(m, caches);
+    const std::vector<int> prompt = {1, 2, 3, 4};
+    warm.prefill(prompt);
+    return m;
+  }();
+  return model;
+}
+
+KVCacheConfig method_config(int compressed) {
+  KVCacheConfig cfg;
+  if (compressed != 0) {
+    cfg.method = "h2o";
+    cfg.h2o_budget = 128;
+    cfg.evict_recent_window = 32;
+  }
+  return cfg;
+}
+
+void BM_Prefill(benchmark::State& state) {
+  const Model& model = bench_model();
+  const std::size_t ctx = static_cast<std::size_t>(state.range(0));
+  std::vector<int> prompt(ctx);
+  for (std::size_t i = 0; i < ctx; ++i) prompt[i] = static_cast<int>((i * 7919) % 8192);
+  for (auto _ : state) {
+    CacheSet caches = KVCacheBuilder::for_model(model.cache_spec(), method_config(static_cast<int>(state.range(1))));
+    Transformer t(model, caches, {.max_chunk = ctx, .max_context = ctx});
+    benchmark::DoNotOptimize(t.prefill(prompt).data());
+  }
+  state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(state.iterations() * ctx), benchmark::Counter::kIsRate);
+  state.SetLabel(state.range(1) ? "h2o budget 128" : "full");
+}
+BENCHMARK(BM_Prefill)->ArgsProduct({{128, 512, 1024}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_Decode(benchmark::State& state) {
+  const Model& model = bench_model();
+  const std::size_t ctx = static_cast<std::size_t>(state.range(0));
+  std::vector<int> prompt(ctx);
+  for (std::size_t i = 0; i < ctx; ++i) prompt[i] = static_cast<int>((i * 7919) % 8192);
+  CacheSet caches = KVCacheBuilder::for_model(model.cache_spec(), method_config(static_cast<int>(state.range(1))));
+  Transformer t(model, caches, {.max_chunk = ctx, .max_context = ctx + 4096});
+  int token = argmax(t.prefill(prompt));
+  for (auto _ : state) token = argmax(t.decode(token));
+  state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+  state.counters["weight GB/s"] = benchmark::Counter(
+      static_cast<double>(state.iterations() * model.decode_weight_bytes()), benchmark::Counter::kIsRate,
+      benchmark::Counter::kIs1000);
+  state.SetLabel(state.range(1) ? "h2o budget 128" : "full");
+}
+BENCHMARK(BM_Decode)->ArgsProduct({{128, 1024}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(64);
+
+}  // namespace
+}  // namespace kvslim::engine
+
+BENCHMARK_MAIN();
