@@ -2,6 +2,7 @@
 // tests/quantizers/test_zipcache.py inventory (seed-behaviour.md §5.3) and the §4.3 byte table.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -88,6 +89,24 @@ TEST(ZipSaliency, ZeroAndFullFraction) {
 TEST(ZipSaliency, TiesGoToLaterIndices) {
   const std::vector<double> norms = {1, 2, 2, 2, 0};
   EXPECT_EQ(saliency_mask(norms, 0.4), (std::vector<std::uint8_t>{0, 0, 1, 1, 0}));
+}
+
+TEST(ZipSaliency, SameSetAsAStableSortOnManyTies) {
+  std::mt19937 rng(3);
+  for (int trial = 0; trial < 50; ++trial) {
+    const std::size_t S = 1 + rng() % 300;
+    std::vector<double> norms(S);
+    for (auto& v : norms) v = static_cast<double>(rng() % 7);  // heavy ties
+    const double hf = (rng() % 101) / 100.0;
+    std::vector<std::size_t> order(S);
+    for (std::size_t i = 0; i < S; ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return norms[a] < norms[b]; });
+    std::vector<std::uint8_t> expected(S, 0);
+    const std::size_t n_hi = salient_count(S, hf);
+    for (std::size_t r = S - n_hi; r < S; ++r) expected[order[r]] = 1;
+    EXPECT_EQ(saliency_mask(norms, hf), expected) << S << " " << hf;
+  }
+  EXPECT_THROW(saliency_mask(std::vector<double>{1.0, std::nan(""), 2.0}, 0.5), std::invalid_argument);
 }
 
 TEST(ZipSaliency, CountUsesDoublePrecision) {

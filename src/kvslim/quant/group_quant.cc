@@ -231,10 +231,15 @@ std::vector<std::uint8_t> saliency_mask(std::span<const double> norms, double hi
     std::fill(mask.begin(), mask.end(), std::uint8_t{1});
     return mask;
   }
+  for (std::size_t s = 0; s < S; ++s) {
+    if (std::isnan(norms[s])) throw std::invalid_argument("saliency_mask: norms[" + std::to_string(s) + "] is NaN");
+  }
+  // The tail of a stable ascending sort (ties: the later index ranks higher) is the top n_hi under
+  // the total order (norm, index): a selection, O(S), finds the same set.
   std::vector<std::size_t> order(S);
   std::iota(order.begin(), order.end(), std::size_t{0});
-  // Stable ascending sort, take the tail: among equal norms the later index ranks higher.
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return norms[a] < norms[b]; });
+  const auto before = [&](std::size_t a, std::size_t b) { return norms[a] < norms[b] || (norms[a] == norms[b] && a < b); };
+  std::nth_element(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(S - n_hi), order.end(), before);
   for (std::size_t r = S - n_hi; r < S; ++r) mask[order[r]] = 1;
   return mask;
 }
