@@ -396,7 +396,8 @@ TEST(TokenizerGolden, RoundTrip) {
   if (!std::filesystem::exists(dir / "llama3_style.json")) GTEST_SKIP() << "golden tokenizer files not present in " << dir;
   const Tokenizer tok = Tokenizer::load(dir / "llama3_style.json");
   std::ifstream in(dir / "golden_ids.json");
-  for (const json& s : json::parse(in).at("strings")) {
+  const json golden = json::parse(in);
+  for (const json& s : golden.at("strings")) {
     const std::string text = s.get<std::string>();
     EXPECT_EQ(tok.decode(tok.encode(text, false)), text);
   }
