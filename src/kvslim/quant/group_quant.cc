@@ -127,7 +127,9 @@ GroupQuantized quantize_row_set(const std::uint16_t* const* rows, std::size_t n,
 
 void decode_set_f16(const GroupQuantized& q, std::uint16_t* const* out_rows, const Kernels& k) {
   const std::size_t rb = packed_row_bytes(q.dim, q.bits);
-  std::vector<float> scale_f(q.dim), zero_f(q.dim);
+  thread_local std::vector<float> scale_f, zero_f;  // [dim]: decoding runs every update, allocate once
+  scale_f.resize(q.dim);
+  zero_f.resize(q.dim);
   for (std::size_t g = 0; g < q.groups(); ++g) {
     const std::size_t r0 = g * q.group_size, count = std::min(q.group_size, q.rows - r0);
     k.params_to_f32(q.scale.data() + g * q.dim, q.zero.data() + g * q.dim, q.dim, scale_f.data(), zero_f.data());
@@ -166,9 +168,9 @@ std::vector<double> row_norms_f16(const std::uint16_t* const* rows, std::size_t 
 }
 
 void zip_decode_f16(const ZipCompressed& z, std::uint16_t* out, std::size_t out_stride, const Kernels& k) {
-  std::vector<std::uint16_t*> hi_rows, lo_rows;
-  hi_rows.reserve(z.n_hi);
-  lo_rows.reserve(z.seq_len - z.n_hi);
+  thread_local std::vector<std::uint16_t*> hi_rows, lo_rows;  // destination of each set's rows
+  hi_rows.clear();
+  lo_rows.clear();
   for (std::size_t s = 0; s < z.seq_len; ++s) (z.salient(s) ? hi_rows : lo_rows).push_back(out + s * out_stride);
   decode_set_f16(z.hi, hi_rows.data(), k);
   decode_set_f16(z.lo, lo_rows.data(), k);
