@@ -174,6 +174,21 @@ TEST(QuantSimd, ChecksAndNormsAgree) {
       }
       const auto x = gaussian(n, 3);
       EXPECT_NEAR(ref.sum_squares(x.data(), n), simd.sum_squares(x.data(), n), 1e-12 * n);
+      // fp16 rows: norms agree, row conversion is exact.
+      std::vector<std::uint16_t> h(3 * n);
+      for (std::size_t i = 0; i < h.size(); ++i) h[i] = f32_to_fp16(gaussian(3 * n, 4)[i]);
+      const std::uint16_t* rows[3] = {h.data(), h.data() + n, h.data() + 2 * n};
+      double nr[3], ns[3];
+      ref.row_norms_f16(rows, 3, n, nr);
+      simd.row_norms_f16(rows, 3, n, ns);
+      std::vector<float> fr(3 * n), fs(3 * n);
+      ref.rows_f16_to_f32(rows, 3, n, fr.data());
+      simd.rows_f16_to_f32(rows, 3, n, fs.data());
+      EXPECT_EQ(fr, fs);
+      for (int r = 0; r < 3; ++r) {
+        EXPECT_NEAR(nr[r], ns[r], 1e-12 * nr[r]);
+        EXPECT_NEAR(nr[r], std::sqrt(ref.sum_squares(fr.data() + r * n, n)), 1e-12 * nr[r]);
+      }
     }
   });
 }

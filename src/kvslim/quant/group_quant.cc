@@ -56,10 +56,8 @@ const float* const* group_rows(const std::uint16_t* const* rows, std::size_t cou
                                std::vector<float>& buffer, std::vector<const float*>& ptrs) {
   buffer.resize(count * dim);
   ptrs.resize(count);
-  for (std::size_t r = 0; r < count; ++r) {
-    k.to_f32(rows[r], DType::f16, buffer.data() + r * dim, dim);
-    ptrs[r] = buffer.data() + r * dim;
-  }
+  k.rows_f16_to_f32(rows, count, dim, buffer.data());
+  for (std::size_t r = 0; r < count; ++r) ptrs[r] = buffer.data() + r * dim;
   return ptrs.data();
 }
 
@@ -159,11 +157,7 @@ ZipCompressed zip_compress_rows(const std::uint16_t* const* rows, std::size_t S,
 
 std::vector<double> row_norms_f16(const std::uint16_t* const* rows, std::size_t S, std::size_t dim, const Kernels& k) {
   std::vector<double> norms(S);
-  std::vector<float> row(dim);
-  for (std::size_t s = 0; s < S; ++s) {
-    k.to_f32(rows[s], DType::f16, row.data(), dim);
-    norms[s] = std::sqrt(k.sum_squares(row.data(), dim));
-  }
+  k.row_norms_f16(rows, S, dim, norms.data());
   return norms;
 }
 

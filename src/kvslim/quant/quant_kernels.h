@@ -65,6 +65,10 @@ struct Kernels {
   std::size_t (*first_unrepresentable)(const float* x, std::size_t n);
   // sum of x[i]^2 accumulated in double (summation order may differ between implementations).
   double (*sum_squares)(const float* x, std::size_t n);
+  // out[r] = sqrt(sum of float(rows[r][c])^2 in double), fp16 rows (the key-norm saliency score).
+  void (*row_norms_f16)(const std::uint16_t* const* rows, std::size_t n, std::size_t dim, double* out);
+  // dst + r * dim = float(rows[r]) for fp16 rows r < n.
+  void (*rows_f16_to_f32)(const std::uint16_t* const* rows, std::size_t n, std::size_t dim, float* dst);
 };
 
 const Kernels& scalar_kernels();

@@ -171,12 +171,28 @@ double sum_squares(const float* x, std::size_t n) {
   return s;
 }
 
+void row_norms_f16(const std::uint16_t* const* rows, std::size_t n, std::size_t dim, double* out) {
+  for (std::size_t r = 0; r < n; ++r) {
+    double acc = 0;
+    for (std::size_t c = 0; c < dim; ++c) {
+      const double x = fp16_to_f32(rows[r][c]);
+      acc += x * x;
+    }
+    out[r] = std::sqrt(acc);
+  }
+}
+
+void rows_f16_to_f32(const std::uint16_t* const* rows, std::size_t n, std::size_t dim, float* dst) {
+  for (std::size_t r = 0; r < n; ++r) to_f32(rows[r], DType::f16, dst + r * dim, dim);
+}
+
 }  // namespace
 
 const Kernels& scalar_kernels() {
   static const Kernels k{"scalar",    group_minmax, encode_pack_rows, decode_rows_f16,       decode_rows_f32,
                          pack_rows,   unpack_rows,  make_params,      params_to_f32,         to_f32,
-                         f32_to_f16,  first_unrepresentable,          sum_squares};
+                         f32_to_f16,  first_unrepresentable,          sum_squares,           row_norms_f16,
+                         rows_f16_to_f32};
   return k;
 }
 

@@ -429,6 +429,42 @@ double SumSquares(const float* x, std::size_t n) {
   return s;
 }
 
+void RowNormsF16(const std::uint16_t* const* rows, std::size_t n, std::size_t dim, double* out) {
+  const DF df;
+  const hn::RebindToUnsigned<DF> du;
+  const hn::Rebind<std::uint16_t, DF> d16;
+  const std::size_t N = hn::Lanes(df);
+#if HWY_HAVE_FLOAT64
+  const hn::Repartition<double, DF> dd;  // half as many double lanes
+  const hn::Half<DF> dfh;
+#endif
+  for (std::size_t r = 0; r < n; ++r) {
+    const std::uint16_t* x = rows[r];
+    double s = 0;
+    std::size_t c = 0;
+#if HWY_HAVE_FLOAT64
+    auto acc = hn::Zero(dd);
+    for (; c + N <= dim; c += N) {
+      const auto f = F16BitsToF32(hn::PromoteTo(du, hn::LoadU(d16, x + c)));
+      const auto lo = hn::PromoteTo(dd, hn::LowerHalf(dfh, f));
+      const auto hi = hn::PromoteTo(dd, hn::UpperHalf(dfh, f));
+      acc = hn::MulAdd(lo, lo, acc);
+      acc = hn::MulAdd(hi, hi, acc);
+    }
+    s = hn::GetLane(hn::SumOfLanes(dd, acc));
+#endif
+    for (; c < dim; ++c) {
+      const double v = fp16_to_f32(x[c]);
+      s += v * v;
+    }
+    out[r] = std::sqrt(s);
+  }
+}
+
+void RowsF16ToF32(const std::uint16_t* const* rows, std::size_t n, std::size_t dim, float* dst) {
+  for (std::size_t r = 0; r < n; ++r) ToF32(rows[r], DType::f16, dst + r * dim, dim);
+}
+
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
 
 }  // namespace HWY_NAMESPACE
@@ -450,6 +486,8 @@ HWY_EXPORT(ToF32);
 HWY_EXPORT(F32ToF16);
 HWY_EXPORT(FirstUnrepresentable);
 HWY_EXPORT(SumSquares);
+HWY_EXPORT(RowNormsF16);
+HWY_EXPORT(RowsF16ToF32);
 HWY_EXPORT(TargetName);
 
 namespace {
@@ -488,12 +526,19 @@ std::size_t first_unrepresentable(const float* x, std::size_t n) {
   return HWY_DYNAMIC_DISPATCH(FirstUnrepresentable)(x, n);
 }
 double sum_squares(const float* x, std::size_t n) { return HWY_DYNAMIC_DISPATCH(SumSquares)(x, n); }
+void row_norms_f16(const std::uint16_t* const* rows, std::size_t n, std::size_t dim, double* out) {
+  HWY_DYNAMIC_DISPATCH(RowNormsF16)(rows, n, dim, out);
+}
+void rows_f16_to_f32(const std::uint16_t* const* rows, std::size_t n, std::size_t dim, float* dst) {
+  HWY_DYNAMIC_DISPATCH(RowsF16ToF32)(rows, n, dim, dst);
+}
 }  // namespace
 
 const Kernels& simd_kernels() {
   static const Kernels k{"simd",     group_minmax, encode_pack_rows, decode_rows_f16,       decode_rows_f32,
                          pack_rows,  unpack_rows,  make_params,      params_to_f32,         to_f32,
-                         f32_to_f16, first_unrepresentable,          sum_squares};
+                         f32_to_f16, first_unrepresentable,          sum_squares,           row_norms_f16,
+                         rows_f16_to_f32};
   return k;
 }
 
