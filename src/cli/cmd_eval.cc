@@ -1,0 +1,155 @@
+// `kvslim eval`: what each KV method costs, at equal memory, on a real model. Text fidelity and
+// retrieval against the full cache at several memory levels, decode speed at the longest context;
+// a terminal table, --json and a gnuplot --plot. Protocol and results: docs/results.md.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli/command.h"
+#include "engine/eval/evaluator.h"
+#include "engine/eval/report.h"
+#include "engine/model.h"
+#include "engine/tokenizer.h"
+
+namespace kvslim::cli {
+namespace {
+
+using namespace kvslim::engine;
+using namespace kvslim::engine::eval;
+
+struct Options {
+  std::string model, preset = "quick", methods, text, json, plot;
+  std::vector<double> levels, depths;
+  std::vector<std::size_t> contexts, lengths;
+  std::vector<std::string> tasks;
+  std::size_t windows = 0, continuation = 0, trials = 0;
+  int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::uint64_t seed = 7;
+  bool no_progress = false, list = false;
+};
+
+std::string read_text(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    throw std::runtime_error("held-out text " + path.string() +
+                             ": cannot read it (pass --text FILE, or put heldout_sample.txt in the model directory)");
+  }
+  std::ostringstream s;
+  s << in.rdbuf();
+  if (s.str().empty()) throw std::runtime_error("held-out text " + path.string() + ": the file is empty");
+  return s.str();
+}
+
+int list_variants() {
+  for (const auto& v : variant_catalogue()) {
+    std::printf("%-22s %-5s %s%s\n", v.name.c_str(), v.quick ? "quick" : "full", v.description.c_str(),
+                v.compares_to.empty() ? "" : (" [vs " + v.compares_to + "]").c_str());
+  }
+  return 0;
+}
+
+int run(const Options& o, CLI::App& app) {
+  if (o.list) return list_variants();
+  if (o.model.empty()) throw std::invalid_argument("--model DIR is required");
+  EvalOptions e = EvalOptions::for_preset(o.preset);
+  e.methods = o.methods;
+  if (!o.levels.empty()) e.levels = o.levels;
+  if (!o.contexts.empty()) e.text_contexts = o.contexts;
+  if (!o.lengths.empty()) e.retrieval_lengths = o.lengths;
+  if (!o.depths.empty()) e.depths = o.depths;
+  if (app.count("--tasks") > 0) {
+    e.tasks.clear();
+    for (const auto& t : o.tasks) {
+      if (!t.empty()) e.tasks.push_back(t);
+    }
+  }
+  if (o.windows > 0) e.windows = o.windows;
+  if (o.continuation > 0) e.continuation = o.continuation;
+  if (o.trials > 0) e.trials = o.trials;
+  e.threads = o.threads;
+  e.seed = o.seed;
+  e.progress = !o.no_progress;
+  e.validate();
+
+  const std::filesystem::path dir(o.model);
+  const Model model = Model::load(dir);
+  const Tokenizer tokenizer = Tokenizer::load(dir / "tokenizer.json");
+  const std::filesystem::path text_path = o.text.empty() ? dir / "heldout_sample.txt" : std::filesystem::path(o.text);
+  const std::string text = read_text(text_path);
+
+  EvalInputs in;
+  in.model_dir = o.model;
+  in.text_source = text_path.string();
+  in.text_tokens = tokenizer.encode(text, /*add_special_tokens=*/false);
+  in.bos = tokenizer.bos_id();
+  if (!in.bos) in.bos = model.config().bos_token_id;
+  std::vector<std::string> lines;
+  {
+    std::istringstream s(text);
+    for (std::string line; std::getline(s, line);) lines.push_back(line);
+  }
+  std::unique_ptr<EpisodeMaker> maker;
+  if (!e.tasks.empty()) {
+    maker = std::make_unique<EpisodeMaker>([&](std::string_view t) { return tokenizer.encode(t, false); }, in.bos, lines);
+    in.episodes = maker.get();
+  }
+
+  const EvalResults results = run_eval(model, in, e);
+  print_table(stdout, results);
+  if (!o.json.empty()) {
+    write_json(o.json, results);
+    std::printf("wrote %s\n", o.json.c_str());
+  }
+  if (!o.plot.empty()) {
+    std::string why;
+    if (write_plot(o.plot, results, why)) {
+      std::printf("wrote %s\n", o.plot.c_str());
+    } else {
+      std::printf("no plot: %s\n", why.c_str());
+    }
+  }
+  for (const auto& p : results.points) {
+    if (!p.error.empty()) return 2;  // the table says which point failed and why
+  }
+  return 0;
+}
+
+const CommandRegistrar registrar(
+    "eval", "quality per byte and decode speed of every KV method at equal memory, on a real model",
+    [](CLI::App& app) {
+      auto o = std::make_shared<Options>();
+      app.add_option("--model", o->model, "model directory (config.json, *.safetensors, tokenizer.json)");
+      app.add_option("--preset", o->preset, "quick (make run, a few minutes on 2 cores) or full (docs/results.md)")
+          ->capture_default_str()
+          ->check(CLI::IsMember({"quick", "full"}));
+      app.add_option("--methods", o->methods,
+                     "comma-separated variants or method ids (default: the preset's; --list-methods shows them)");
+      app.add_option("--levels", o->levels, "memory levels as fractions of the full cache's resident bytes (default 0.5,0.25,0.125)")
+          ->delimiter(',');
+      app.add_option("--json", o->json, "write every figure to this JSON file");
+      app.add_option("--plot", o->plot, "write a PNG of quality vs resident KV bytes per token (gnuplot)");
+      app.add_option("--threads", o->threads, "parallel evaluation points, and engine threads for the speed phase")
+          ->capture_default_str()
+          ->check(CLI::Range(1, 256));
+      app.add_option("--text", o->text, "held-out text (default: MODEL/heldout_sample.txt)");
+      app.add_option("--contexts", o->contexts, "text-fidelity context lengths (preset: 512,1536)")->delimiter(',');
+      app.add_option("--windows", o->windows, "text windows per context (preset's when 0)");
+      app.add_option("--continuation", o->continuation, "teacher-forced tokens per window (preset's when 0)");
+      app.add_option("--tasks", o->tasks, "retrieval tasks: passkey,kvlist (empty string: none)")->delimiter(',');
+      app.add_option("--lengths", o->lengths, "retrieval prompt lengths in tokens")->delimiter(',');
+      app.add_option("--depths", o->depths, "needle depths in [0, 1]")->delimiter(',');
+      app.add_option("--trials", o->trials, "episodes per (task, length, depth) (preset's when 0)");
+      app.add_option("--seed", o->seed, "episode seed")->capture_default_str();
+      app.add_flag("--no-progress", o->no_progress, "no progress bar on stderr");
+      app.add_flag("--list-methods", o->list, "list the method variants and exit");
+      CLI::App* self = &app;
+      return [o, self] { return run(*o, *self); };
+    });
+
+}  // namespace
+}  // namespace kvslim::cli

@@ -1,0 +1,371 @@
+#include "engine/eval/evaluator.h"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cblas.h>
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <random>
+#include <stdexcept>
+#include <thread>
+
+#include "engine/eval/progress.h"
+
+namespace kvslim::engine::eval {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Runs task(i) for i < n on `workers` threads (each takes the next index).
+template <class F>
+void parallel_for(std::size_t n, int workers, F&& task) {
+  std::atomic<std::size_t> next{0};
+  auto loop = [&] {
+    for (std::size_t i = next++; i < n; i = next++) task(i);
+  };
+  std::vector<std::thread> pool;
+  const int extra = std::max(0, std::min<int>(workers, static_cast<int>(n)) - 1);
+  for (int w = 0; w < extra; ++w) pool.emplace_back(loop);
+  loop();
+  for (auto& t : pool) t.join();
+}
+
+// A method's caches and a single-threaded engine over them, sized for `tokens`.
+struct Engine {
+  CacheSet caches;
+  std::optional<Transformer> transformer;
+  Engine(const Model& model, const KVCacheConfig& config, PrefillAttention prefill, std::size_t tokens, int threads)
+      : caches(KVCacheBuilder::for_model(model.cache_spec(), config)) {
+    ForwardOptions fo;
+    fo.prefill_attention = prefill;
+    fo.threads = threads;
+    fo.prefill_chunk = 0;  // the whole prompt in one call: the cache compresses it as it absorbs it
+    fo.max_chunk = tokens;
+    fo.max_context = tokens;
+    transformer.emplace(model, caches, fo);
+  }
+};
+
+KVCacheConfig full_config() {
+  KVCacheConfig c;
+  c.method = "full";
+  return c;
+}
+
+struct EpisodeSpec {
+  std::size_t task_index, length_index, depth_index;
+  Episode episode;
+};
+
+std::vector<TaskScore> empty_scores(const EvalOptions& o) {
+  std::vector<TaskScore> scores;
+  for (const auto& task : o.tasks) {
+    TaskScore s;
+    s.task = task;
+    for (std::size_t len : o.retrieval_lengths) {
+      for (double d : o.depths) s.cells.push_back(RetrievalCell{len, d, 0, 0});
+    }
+    scores.push_back(std::move(s));
+  }
+  return scores;
+}
+
+void record(std::vector<TaskScore>& scores, const EvalOptions& o, const EpisodeSpec& e, bool correct) {
+  RetrievalCell& cell = scores[e.task_index].cells[e.length_index * o.depths.size() + e.depth_index];
+  cell.total += 1;
+  cell.correct += correct ? 1 : 0;
+}
+
+// The budget of a variant at a level for a prompt of `tokens` (0 for quantized methods).
+int budget_of(MemoryMatcher& matcher, const MethodVariant& v, double level, std::size_t tokens) {
+  return v.budgeted() ? matcher.budget_for(v, level, tokens) : 0;
+}
+
+}  // namespace
+
+EvalOptions EvalOptions::for_preset(const std::string& name) {
+  EvalOptions o;
+  o.preset = name;
+  if (name == "quick") {
+    o.levels = {0.5, 0.25, 0.125};
+    o.text_contexts = {512, 1536};
+    o.continuation = 64;
+    o.windows = 1;
+    o.tasks = {"passkey"};
+    o.retrieval_lengths = {1536};
+    o.depths = {0.1, 0.5, 0.9};
+    o.trials = 1;
+    o.speed_context = 1536;
+    o.speed_tokens = 48;
+  } else if (name == "full") {
+    o.levels = {0.5, 0.25, 0.125};
+    o.text_contexts = {512, 1536};
+    o.continuation = 128;
+    o.windows = 6;
+    o.tasks = {"passkey", "kvlist"};
+    o.retrieval_lengths = {512, 1024, 1536};
+    o.depths = {0.0, 0.25, 0.5, 0.75, 1.0};
+    o.trials = 3;
+    o.speed_context = 1536;
+    o.speed_tokens = 128;
+  } else {
+    throw std::invalid_argument("--preset \"" + name + "\": expected quick or full");
+  }
+  return o;
+}
+
+void EvalOptions::validate() const {
+  auto fail = [](const std::string& what) { throw std::invalid_argument(what); };
+  if (levels.empty()) fail("--levels: at least one level is needed");
+  for (double l : levels) {
+    if (!(l > 0.0 && l <= 1.0)) fail("--levels: " + std::to_string(l) + " is outside (0, 1]");
+  }
+  if (text_contexts.empty()) fail("text contexts: at least one is needed");
+  for (std::size_t c : text_contexts) {
+    if (c < 16) fail("text context " + std::to_string(c) + " is too short (>= 16 tokens)");
+  }
+  if (continuation < 2) fail("continuation must be >= 2 tokens");
+  if (windows < 1) fail("windows must be >= 1");
+  for (const auto& t : tasks) {
+    if (t != "passkey" && t != "kvlist") fail("retrieval task \"" + t + "\": expected passkey or kvlist");
+  }
+  if (!tasks.empty() && (retrieval_lengths.empty() || depths.empty() || trials < 1)) {
+    fail("retrieval needs lengths, depths and trials >= 1");
+  }
+  for (double d : depths) {
+    if (!(d >= 0.0 && d <= 1.0)) fail("depth " + std::to_string(d) + " is outside [0, 1]");
+  }
+  if (speed_tokens < 2 || speed_context < 16) fail("speed: context >= 16 and tokens >= 2 are needed");
+  if (!(speed_level > 0.0 && speed_level <= 1.0)) fail("speed level must be in (0, 1]");
+  if (threads < 1) fail("--threads must be >= 1, got " + std::to_string(threads));
+}
+
+std::size_t TaskScore::correct() const {
+  std::size_t n = 0;
+  for (const auto& c : cells) n += c.correct;
+  return n;
+}
+std::size_t TaskScore::total() const {
+  std::size_t n = 0;
+  for (const auto& c : cells) n += c.total;
+  return n;
+}
+double TaskScore::accuracy() const {
+  return total() ? static_cast<double>(correct()) / static_cast<double>(total()) : 0.0;
+}
+
+bool EvalResults::task_reported(const std::string& task) const {
+  for (const auto& s : full_retrieval) {
+    if (s.task == task) return s.total() > 0 && s.accuracy() >= options.min_full_accuracy;
+  }
+  return false;
+}
+
+EvalResults run_eval(const Model& model, const EvalInputs& inputs, const EvalOptions& options) {
+  options.validate();
+  const auto t_start = std::chrono::steady_clock::now();
+  EvalResults R;
+  R.options = options;
+  R.model_dir = inputs.model_dir;
+  R.text_source = inputs.text_source;
+  R.model = model.config();
+  R.parameters = model.parameter_count();
+  R.text_tokens = inputs.text_tokens.size();
+  R.hardware_threads = static_cast<int>(std::thread::hardware_concurrency());
+  const std::size_t vocab = static_cast<std::size_t>(model.config().vocab_size);
+  const int workers = options.threads;
+
+  const std::vector<MethodVariant> variants = select_variants(options.methods, options.preset == "quick");
+  MemoryMatcher matcher(model.cache_spec());
+  matcher.prepare(variants);  // every probe now: the workers below only read the matcher
+
+  // Inputs shared by every point: text windows per context and the retrieval episodes.
+  std::vector<std::vector<TextWindow>> windows;
+  for (std::size_t c : options.text_contexts) {
+    windows.push_back(make_windows(inputs.text_tokens, inputs.bos, c, options.continuation, options.windows));
+  }
+  std::vector<EpisodeSpec> episodes;
+  if (inputs.episodes != nullptr) {
+    std::mt19937_64 rng(options.seed);
+    for (std::size_t t = 0; t < options.tasks.size(); ++t) {
+      for (std::size_t li = 0; li < options.retrieval_lengths.size(); ++li) {
+        for (std::size_t di = 0; di < options.depths.size(); ++di) {
+          for (std::size_t k = 0; k < options.trials; ++k) {
+            const std::size_t len = options.retrieval_lengths[li];
+            const double depth = options.depths[di];
+            Episode e = options.tasks[t] == "passkey" ? inputs.episodes->passkey(len, depth, rng)
+                                                      : inputs.episodes->kvlist(len, depth, rng);
+            episodes.push_back(EpisodeSpec{t, li, di, std::move(e)});
+          }
+        }
+      }
+    }
+  }
+
+  // Every grid point: (variant, level) for eviction methods, (variant) for quantized ones.
+  struct Job {
+    std::size_t variant;
+    double level;
+  };
+  std::vector<Job> jobs;
+  for (std::size_t v = 0; v < variants.size(); ++v) {
+    if (variants[v].budgeted()) {
+      for (double l : options.levels) jobs.push_back({v, l});
+    } else {
+      jobs.push_back({v, 0.0});
+    }
+  }
+  // Check every budget before any model work, so a bad --levels fails in a second.
+  for (const Job& j : jobs) {
+    if (!variants[j.variant].budgeted()) continue;
+    for (std::size_t c : options.text_contexts) budget_of(matcher, variants[j.variant], j.level, c);
+    for (const auto& e : episodes) budget_of(matcher, variants[j.variant], j.level, e.episode.prompt.size());
+  }
+
+  double units_per_point = 0;  // tokens through the model per point
+  for (const auto& ws : windows) {
+    for (const auto& w : ws) units_per_point += static_cast<double>(w.tokens.size());
+  }
+  for (const auto& e : episodes) units_per_point += static_cast<double>(e.episode.length());
+  const double speed_units = static_cast<double>(options.speed_context + options.speed_tokens) * 4;  // decode weighs more
+  const double total_units = units_per_point * static_cast<double>(jobs.size() + 1) +
+                             speed_units * static_cast<double>(variants.size() + 2);
+  ProgressBar bar("kvslim eval", total_units, options.progress);
+
+  // Quality phases: one single-threaded engine per worker; BLAS single-threaded too.
+  openblas_set_num_threads(1);
+
+  // 1. The full-cache reference: log-probabilities of every window, retrieval verdicts.
+  std::vector<std::vector<WindowRun>> reference(windows.size());
+  for (std::size_t c = 0; c < windows.size(); ++c) reference[c].resize(windows[c].size());
+  std::vector<std::pair<std::size_t, std::size_t>> ref_items;  // (context, window)
+  for (std::size_t c = 0; c < windows.size(); ++c) {
+    for (std::size_t w = 0; w < windows[c].size(); ++w) ref_items.emplace_back(c, w);
+  }
+  std::vector<char> full_correct(episodes.size(), 0);
+  const std::size_t n_ref = ref_items.size() + episodes.size();
+  parallel_for(n_ref, workers, [&](std::size_t i) {
+    if (i < ref_items.size()) {
+      const auto [c, w] = ref_items[i];
+      const TextWindow& win = windows[c][w];
+      Engine e(model, full_config(), PrefillAttention::cache_view, win.tokens.size(), 1);
+      reference[c][w] = run_window(*e.transformer, e.caches, win);
+      bar.advance(static_cast<double>(win.tokens.size()), "full cache");
+    } else {
+      const EpisodeSpec& ep = episodes[i - ref_items.size()];
+      Engine e(model, full_config(), PrefillAttention::cache_view, ep.episode.length(), 1);
+      full_correct[i - ref_items.size()] = answer_matches(greedy_answer(*e.transformer, ep.episode), ep.episode.answer);
+      bar.advance(static_cast<double>(ep.episode.length()), "full cache");
+    }
+  });
+  for (std::size_t c = 0; c < windows.size(); ++c) {
+    TextPoint tp;
+    tp.context = options.text_contexts[c];
+    for (std::size_t w = 0; w < windows[c].size(); ++w) {
+      tp.totals.add(compare_runs(windows[c][w], reference[c][w], reference[c][w], vocab));
+    }
+    R.full_text.push_back(tp);
+  }
+  R.full_retrieval = empty_scores(options);
+  for (std::size_t i = 0; i < episodes.size(); ++i) record(R.full_retrieval, options, episodes[i], full_correct[i]);
+
+  // 2. Every (variant, level) point against the reference.
+  R.points.resize(jobs.size());
+  parallel_for(jobs.size(), workers, [&](std::size_t j) {
+    const MethodVariant& v = variants[jobs[j].variant];
+    const double level = jobs[j].level;
+    PointResult& P = R.points[j];
+    P.variant = v;
+    P.level_target = level;
+    const std::string note = v.name + (v.budgeted() ? " @" + std::to_string(level).substr(0, 5) : "");
+    double done = 0;
+    try {
+      for (std::size_t c = 0; c < windows.size(); ++c) {
+        TextPoint tp;
+        tp.context = options.text_contexts[c];
+        tp.budget = budget_of(matcher, v, level, tp.context);
+        Engine e(model, config_with_budget(v, tp.budget), v.prefill, tp.context + options.continuation, 1);
+        for (std::size_t w = 0; w < windows[c].size(); ++w) {
+          const WindowRun run = run_window(*e.transformer, e.caches, windows[c][w]);
+          tp.totals.add(compare_runs(windows[c][w], reference[c][w], run, vocab));
+          bar.advance(static_cast<double>(windows[c][w].tokens.size()), note);
+          done += static_cast<double>(windows[c][w].tokens.size());
+        }
+        tp.retained_level =
+            v.budgeted() ? matcher.bytes_per_kept_token(v) * tp.totals.kept_tokens_sum / tp.totals.ref_resident_bytes_sum
+                         : tp.totals.level();
+        P.text.push_back(tp);
+      }
+      P.retrieval = empty_scores(options);
+      for (const auto& ep : episodes) {
+        const int budget = budget_of(matcher, v, level, ep.episode.prompt.size());
+        Engine e(model, config_with_budget(v, budget), v.prefill, ep.episode.length(), 1);
+        record(P.retrieval, options, ep, answer_matches(greedy_answer(*e.transformer, ep.episode), ep.episode.answer));
+        bar.advance(static_cast<double>(ep.episode.length()), note);
+        done += static_cast<double>(ep.episode.length());
+      }
+    } catch (const std::exception& ex) {
+      P.error = ex.what();
+      bar.advance(units_per_point - done, note);
+    }
+  });
+
+  // 3. Decode speed at the longest context, alone on the machine: full, each variant, full again.
+  openblas_set_num_threads(options.threads);
+  std::vector<int> speed_tokens;
+  {
+    const std::size_t need = options.speed_context + options.speed_tokens;
+    if (inputs.bos) speed_tokens.push_back(*inputs.bos);
+    for (std::size_t i = 0; speed_tokens.size() < need; ++i) {
+      speed_tokens.push_back(inputs.text_tokens[i % inputs.text_tokens.size()]);
+    }
+  }
+  auto time_decode = [&](const KVCacheConfig& config, PrefillAttention prefill, SpeedPoint& sp) {
+    Engine e(model, config, prefill, speed_tokens.size(), options.threads);
+    const std::span<const int> all(speed_tokens);
+    e.transformer->prefill(all.first(options.speed_context));
+    sp.resident_bytes = e.caches.resident_bytes();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (std::size_t t = 0; t < options.speed_tokens; ++t) e.transformer->decode(speed_tokens[options.speed_context + t]);
+    sp.tokens_per_second = static_cast<double>(options.speed_tokens) / seconds_since(t0);
+    bar.advance(speed_units, sp.variant + " speed");
+  };
+  SpeedPoint full_first{"full"}, full_last{"full"};
+  time_decode(full_config(), PrefillAttention::cache_view, full_first);
+  std::vector<SpeedPoint> speed_rows;
+  for (const auto& v : variants) {
+    SpeedPoint sp{v.name};
+    sp.level_target = v.budgeted() ? options.speed_level : 0.0;
+    try {
+      sp.budget = budget_of(matcher, v, options.speed_level, options.speed_context);
+      time_decode(config_with_budget(v, sp.budget), v.prefill, sp);
+      speed_rows.push_back(sp);
+    } catch (const std::exception& ex) {
+      bar.advance(speed_units, v.name);
+    }
+  }
+  time_decode(full_config(), PrefillAttention::cache_view, full_last);
+  const double full_tps = 0.5 * (full_first.tokens_per_second + full_last.tokens_per_second);
+  R.full_speed_runs = {full_first.tokens_per_second, full_last.tokens_per_second};
+  full_first.tokens_per_second = full_tps;
+  R.speed.push_back(full_first);
+  for (auto& sp : speed_rows) {
+    sp.ratio = sp.tokens_per_second / full_tps;
+    R.speed.push_back(sp);
+  }
+  bar.finish();
+
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  R.peak_rss_bytes = static_cast<std::size_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
+  R.elapsed_seconds = seconds_since(t_start);
+  return R;
+}
+
+}  // namespace kvslim::engine::eval

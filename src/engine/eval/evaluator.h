@@ -1,0 +1,113 @@
+// `kvslim eval`'s driver: the full-cache reference, then every (variant, memory level) point on
+// held-out text and retrieval episodes (points run in parallel, one single-threaded engine each),
+// then decode speed at the longest context, method against full in the same run.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/eval/method_grid.h"
+#include "engine/eval/retrieval.h"
+#include "engine/eval/text_fidelity.h"
+#include "engine/model.h"
+
+namespace kvslim::engine::eval {
+
+struct EvalOptions {
+  std::string preset = "quick";
+  std::vector<double> levels;                  // memory levels, fractions of the full cache's bytes
+  std::string methods;                         // --methods ("" = the preset's variants)
+  std::vector<std::size_t> text_contexts;      // prefill lengths for text fidelity
+  std::size_t continuation = 128;              // teacher-forced tokens per window
+  std::size_t windows = 2;                     // windows per context
+  std::vector<std::string> tasks;              // retrieval tasks: "passkey", "kvlist"
+  std::vector<std::size_t> retrieval_lengths;  // prompt + answer tokens
+  std::vector<double> depths;                  // needle depths in [0, 1]
+  std::size_t trials = 1;                      // episodes per (task, length, depth)
+  double min_full_accuracy = 0.5;              // a task is reported only when full reaches this
+  std::size_t speed_context = 1536;            // prefill before the timed decode
+  std::size_t speed_tokens = 64;               // timed decode steps
+  double speed_level = 0.25;                   // eviction methods' level in the speed table
+  int threads = 2;                             // parallel points; engine threads in the speed phase
+  std::uint64_t seed = 7;
+  bool progress = true;
+
+  // "quick" (make run: a few minutes on 2 cores) or "full" (docs/results.md). Throws
+  // std::invalid_argument for another name.
+  static EvalOptions for_preset(const std::string& name);
+  // Throws std::invalid_argument naming the first bad field.
+  void validate() const;
+};
+
+struct TextPoint {
+  std::size_t context = 0;
+  int budget = 0;  // tokens per head (0: not an eviction method)
+  FidelityTotals totals;
+  // Bytes of the kept tokens (kept tokens x the variant's bytes per kept token) over the full
+  // cache's, after the prefill: the level the budget gives. totals.level() is the allocation's
+  // level; the two differ only when a cache keeps memory it no longer uses.
+  double retained_level = 0;
+};
+
+struct RetrievalCell {
+  std::size_t length = 0;  // requested
+  double depth = 0;        // requested
+  std::size_t correct = 0, total = 0;
+};
+
+struct TaskScore {
+  std::string task;
+  std::vector<RetrievalCell> cells;
+  std::size_t correct() const;
+  std::size_t total() const;
+  double accuracy() const;
+};
+
+struct SpeedPoint {
+  std::string variant;  // "full" for the reference
+  double level_target = 1;
+  int budget = 0;
+  std::size_t resident_bytes = 0;   // after the prefill of speed_context tokens
+  double tokens_per_second = 0;     // decode steps over speed_tokens
+  double ratio = 1;                 // tokens_per_second / the full cache's (mean of its two runs)
+};
+
+struct PointResult {
+  MethodVariant variant;
+  double level_target = 1;  // requested level (quantized methods: their own, reported in `text`)
+  std::vector<TextPoint> text;
+  std::vector<TaskScore> retrieval;
+  std::string error;        // non-empty when the point failed (the rest of the run goes on)
+};
+
+struct EvalResults {
+  EvalOptions options;
+  std::string model_dir, text_source;
+  ModelConfig model;
+  std::uint64_t parameters = 0;
+  std::size_t text_tokens = 0;                // held-out tokens available
+  std::vector<TextPoint> full_text;           // reference: ppl and resident bytes per context
+  std::vector<TaskScore> full_retrieval;
+  std::vector<PointResult> points;
+  std::vector<SpeedPoint> speed;              // full first, then each variant
+  std::vector<double> full_speed_runs;        // tokens/s of the full cache's two timed runs
+  std::size_t peak_rss_bytes = 0;
+  double elapsed_seconds = 0;
+  int hardware_threads = 0;
+
+  // Tasks whose full-cache accuracy reaches options.min_full_accuracy.
+  bool task_reported(const std::string& task) const;
+};
+
+struct EvalInputs {
+  std::vector<int> text_tokens;   // held-out text, no special tokens
+  std::optional<int> bos;
+  const EpisodeMaker* episodes = nullptr;  // null: no retrieval
+  std::string model_dir, text_source;
+};
+
+EvalResults run_eval(const Model& model, const EvalInputs& inputs, const EvalOptions& options);
+
+}  // namespace kvslim::engine::eval

@@ -1,0 +1,303 @@
+#include "engine/eval/method_grid.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+
+#include "kvslim/cache.h"
+
+namespace kvslim::engine::eval {
+namespace {
+
+MethodVariant make(std::string name, std::string method, std::string description, bool quick) {
+  MethodVariant v;
+  v.name = std::move(name);
+  v.description = std::move(description);
+  v.config.method = std::move(method);
+  v.quick = quick;
+  return v;
+}
+
+std::vector<MethodVariant> build_catalogue() {
+  std::vector<MethodVariant> all;
+  all.push_back(make("streaming", "streaming", "StreamingLLM: 4 sinks + the newest tokens", true));
+
+  all.push_back(make("h2o", "h2o", "H2O, documented key-proxy score, no recent window", true));
+  {
+    auto v = make("h2o_recent", "h2o", "H2O key proxy, newest half of the budget protected", true);
+    v.recent_window_fraction = 0.5;
+    all.push_back(v);
+  }
+  {
+    auto v = make("h2o_attn", "h2o", "H2O scored by the real attention (sum over the KV group's query heads)", false);
+    v.config.evict_scoring = "attention";
+    v.compares_to = "h2o";
+    all.push_back(v);
+  }
+  {
+    auto v = make("h2o_attn_norm", "h2o", "H2O scored by attention / number of queries that could see the token", true);
+    v.config.evict_scoring = "attention_normalized";
+    v.compares_to = "h2o";
+    all.push_back(v);
+  }
+  {
+    auto v = make("h2o_full_prefill", "h2o", "H2O key proxy; the prompt attends over every prompt token before eviction", false);
+    v.prefill = PrefillAttention::full_prompt;
+    v.compares_to = "h2o";
+    all.push_back(v);
+  }
+
+  for (double s : {0.0, 0.5, 1.0}) {
+    std::ostringstream name;
+    name << "squeeze_s" << s;
+    auto v = make(name.str(), "squeeze",
+                  "SqueezeAttention budgets over H2O (key dispersion, deferred prefill), strength " + name.str().substr(9),
+                  s == 1.0);
+    v.config.squeeze_strength = s;
+    all.push_back(v);
+  }
+  {
+    auto v = make("squeeze_s1_eager", "squeeze", "squeeze strength 1 with the documented eager prefill order", false);
+    v.config.squeeze_prefill = "eager";
+    v.compares_to = "squeeze_s1";
+    all.push_back(v);
+  }
+  {
+    auto v = make("squeeze_s1_hidden", "squeeze", "squeeze strength 1, layer signal = hidden-state cosine (the paper's)", true);
+    v.config.squeeze_signal = "hidden_cosine";
+    v.compares_to = "squeeze_s1";
+    all.push_back(v);
+  }
+  {
+    auto v = make("squeeze_s1_attn_norm", "squeeze", "squeeze strength 1, tokens scored by normalised attention", false);
+    v.config.evict_scoring = "attention_normalized";
+    v.compares_to = "squeeze_s1";
+    all.push_back(v);
+  }
+  all.push_back(make("pyramidkv", "pyramidkv", "PyramidKV: H2O key proxy with a fixed linear per-layer taper (beta 20)", true));
+
+  for (int bits : {2, 4}) {
+    auto v = make("kivi" + std::to_string(bits), "kivi",
+                  "uniform " + std::to_string(bits) + "-bit group quantization of K and V (KIVI-style, group 32, 128 fp16 staging)",
+                  true);
+    v.config.kivi_bits = bits;
+    all.push_back(v);
+  }
+  struct Zip {
+    int hi, lo;
+    double frac;
+    bool quick;
+  };
+  for (const Zip& z : {Zip{4, 2, 0.2, true}, Zip{4, 2, 0.5, false}, Zip{8, 4, 0.2, false}, Zip{4, 1, 0.2, false}}) {
+    const int pct = static_cast<int>(std::lround(z.frac * 100));
+    auto v = make("zipcache_" + std::to_string(z.hi) + "_" + std::to_string(z.lo) + "_h" + std::to_string(pct), "zipcache",
+                  "ZipCache: " + std::to_string(pct) + "% salient tokens at " + std::to_string(z.hi) + " bits, the rest at " +
+                      std::to_string(z.lo) + " (key-norm saliency)",
+                  z.quick);
+    v.config.zipcache_hi_bits = z.hi;
+    v.config.zipcache_lo_bits = z.lo;
+    v.config.zipcache_hi_fraction = z.frac;
+    all.push_back(v);
+  }
+  {
+    auto v = make("zipcache_4_2_h20_attn", "zipcache", "ZipCache 4/2 bits, 20% salient by normalised attention (the paper's)", false);
+    v.config.zipcache_saliency = "attention_normalized";
+    v.compares_to = "zipcache_4_2_h20";
+    all.push_back(v);
+  }
+  for (const auto& v : all) v.config.validate();
+  return all;
+}
+
+int* budget_field(KVCacheConfig& c) {
+  if (c.method == "streaming") return &c.streaming_budget;
+  if (c.method == "h2o") return &c.h2o_budget;
+  if (c.method == "squeeze") return &c.squeeze_budget;
+  if (c.method == "pyramidkv") return &c.pyramidkv_budget;
+  return nullptr;
+}
+
+int sinks(const KVCacheConfig& c) {
+  if (c.method == "streaming") return c.streaming_n_sink;
+  if (c.method == "h2o") return c.h2o_n_sink;
+  if (c.method == "squeeze") return c.squeeze_n_sink;
+  if (c.method == "pyramidkv") return c.pyramidkv_n_sink;
+  return 0;
+}
+
+// The smallest budget the variant accepts (sinks + recent window + 1).
+int min_budget(const MethodVariant& v) {
+  const int n_sink = sinks(v.config);
+  int b = n_sink + 1;
+  while (n_sink + static_cast<int>(std::floor(v.recent_window_fraction * b)) >= b) ++b;
+  return b;
+}
+
+}  // namespace
+
+bool MethodVariant::budgeted() const {
+  KVCacheConfig c = config;
+  return budget_field(c) != nullptr;
+}
+
+const std::vector<MethodVariant>& variant_catalogue() {
+  static const std::vector<MethodVariant> catalogue = build_catalogue();
+  return catalogue;
+}
+
+std::vector<MethodVariant> select_variants(const std::string& list, bool quick_preset) {
+  const auto& all = variant_catalogue();
+  std::vector<MethodVariant> out;
+  if (list.empty()) {
+    for (const auto& v : all) {
+      if (!quick_preset || v.quick) out.push_back(v);
+    }
+    return out;
+  }
+  std::vector<bool> taken(all.size(), false);
+  std::stringstream in(list);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    if (item.empty() || item == "full") continue;  // the full cache is always the reference
+    bool matched = false;
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      if (all[i].name == item) {
+        taken[i] = matched = true;
+      }
+    }
+    if (!matched) {  // a method id: all its variants
+      for (std::size_t i = 0; i < all.size(); ++i) {
+        if (all[i].config.method == item) taken[i] = matched = true;
+      }
+    }
+    if (!matched) {
+      std::string names;
+      for (const auto& v : all) names += (names.empty() ? "" : ", ") + v.name;
+      throw std::invalid_argument("--methods: unknown method or variant \"" + item + "\" (variants: " + names +
+                                  "; or a method id: streaming, h2o, squeeze, pyramidkv, kivi, zipcache)");
+    }
+  }
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    if (taken[i]) out.push_back(all[i]);
+  }
+  return out;
+}
+
+KVCacheConfig config_with_budget(const MethodVariant& variant, int budget) {
+  KVCacheConfig c = variant.config;
+  int* field = budget_field(c);
+  if (field == nullptr) return c;
+  if (budget < min_budget(variant)) {
+    throw std::invalid_argument("variant " + variant.name + ": budget " + std::to_string(budget) +
+                                " is below its minimum " + std::to_string(min_budget(variant)) +
+                                " (sinks + recent window + 1); use a larger --levels value or a longer context");
+  }
+  *field = budget;
+  c.evict_recent_window = static_cast<int>(std::floor(variant.recent_window_fraction * budget));
+  c.validate();
+  return c;
+}
+
+std::size_t probe_resident_bytes(const KVCacheConfig& config, const ModelSpec& spec, std::size_t context,
+                                 std::uint64_t seed) {
+  if (context == 0) throw std::invalid_argument("probe_resident_bytes: context must be >= 1");
+  CacheSet caches = KVCacheBuilder::for_model(spec, config);
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> uniform(0.05f, 1.0f);
+  std::vector<std::int64_t> positions(context);
+  for (std::size_t i = 0; i < context; ++i) positions[i] = static_cast<std::int64_t>(i);
+  constexpr std::size_t kHidden = 64;
+  std::vector<float> keys, values, probs;
+  std::vector<float> before(context * kHidden), after(context * kHidden);  // [1, S, hidden]
+  for (std::size_t l = 0; l < caches.size(); ++l) {
+    KVCache* cache = caches[l];
+    if (cache == nullptr) continue;
+    const LayerSpec& ls = spec.layers[l];
+    const std::size_t heads = static_cast<std::size_t>(ls.kv_heads), dim = static_cast<std::size_t>(ls.head_dim);
+    keys.resize(heads * context * dim);  // [1, H_kv, S, D]
+    values.resize(keys.size());
+    for (auto& x : keys) x = normal(rng);
+    for (auto& x : values) x = normal(rng);
+    const CacheView view = cache->update_and_fetch(make_block(keys.data(), 1, heads, context, dim),
+                                                   make_block(values.data(), 1, heads, context, dim), positions);
+    if (cache->needs().attention) {
+      // Random positive weights over the rows each query could see, normalised per query and
+      // summed over a KV group of two query heads: [H_kv, S, rows].
+      probs.assign(heads * context * view.tokens, 0.0f);
+      for (std::size_t h = 0; h < heads; ++h) {
+        for (std::size_t q = 0; q < context; ++q) {
+          float* row = probs.data() + (h * context + q) * view.tokens;
+          double sum = 0;
+          for (std::size_t i = 0; i < view.tokens; ++i) {
+            if (view.position(0, h, i) <= positions[q]) sum += (row[i] = uniform(rng));
+          }
+          if (sum > 0) {
+            for (std::size_t i = 0; i < view.tokens; ++i) row[i] = static_cast<float>(2.0 * row[i] / sum);
+          }
+        }
+      }
+      cache->observe_attention(AttentionObservation{probs.data(), 1, heads, context, view.tokens, view.tokens, positions});
+    }
+    if (cache->needs().hidden_states) {
+      for (auto& x : before) x = normal(rng);
+      for (std::size_t i = 0; i < after.size(); ++i) after[i] = before[i] + 0.5f * normal(rng);
+      cache->observe_hidden(HiddenObservation{before.data(), after.data(), 1, context, kHidden});
+    }
+  }
+  return caches.resident_bytes();
+}
+
+MemoryMatcher::MemoryMatcher(ModelSpec spec) : spec_(std::move(spec)) {
+  KVCacheConfig full;
+  full.method = "full";
+  const double a = static_cast<double>(probe_resident_bytes(full, spec_, 64));
+  const double b = static_cast<double>(probe_resident_bytes(full, spec_, 192));
+  full_per_token_ = (b - a) / 128.0;
+  full_intercept_ = a - 64.0 * full_per_token_;
+  if (!(full_per_token_ > 0)) throw std::invalid_argument("MemoryMatcher: the model spec has no attention layer");
+}
+
+std::size_t MemoryMatcher::full_bytes(std::size_t context) const {
+  return static_cast<std::size_t>(std::llround(full_intercept_ + full_per_token_ * static_cast<double>(context)));
+}
+
+double MemoryMatcher::bytes_per_kept_token(const MethodVariant& variant) {
+  const auto it = per_token_.find(variant.name);
+  if (it != per_token_.end()) return it->second;
+  if (!variant.budgeted()) throw std::invalid_argument("variant " + variant.name + " has no token budget to match");
+  // A budget above the probe context: nothing is evicted, every layer keeps every token (a squeeze
+  // layer's schedule cannot push it below the context either: its floor is the average budget's
+  // share, and the whole set is sized by the average).
+  const int budget = static_cast<int>(kProbeContext) * static_cast<int>(std::max<std::size_t>(spec_.layers.size(), 1)) * 2;
+  const double bytes = static_cast<double>(probe_resident_bytes(config_with_budget(variant, budget), spec_, kProbeContext));
+  const double per_token = bytes / static_cast<double>(kProbeContext);
+  if (!(per_token > 0)) throw std::logic_error("variant " + variant.name + ": the probe holds no bytes");
+  return per_token_[variant.name] = per_token;
+}
+
+void MemoryMatcher::prepare(const std::vector<MethodVariant>& variants) {
+  for (const auto& v : variants) {
+    if (v.budgeted()) bytes_per_kept_token(v);
+  }
+}
+
+int MemoryMatcher::budget_for(const MethodVariant& variant, double level, std::size_t context) {
+  if (!(level > 0.0 && level <= 1.0)) {
+    throw std::invalid_argument("memory level " + std::to_string(level) + " must be in (0, 1]");
+  }
+  const double target = level * static_cast<double>(full_bytes(context));
+  const int budget = static_cast<int>(std::lround(target / bytes_per_kept_token(variant)));
+  if (budget < min_budget(variant)) {
+    throw std::invalid_argument("variant " + variant.name + ": level " + std::to_string(level) + " at context " +
+                                std::to_string(context) + " leaves a budget of " + std::to_string(budget) +
+                                " tokens, below its minimum " + std::to_string(min_budget(variant)));
+  }
+  return budget;
+}
+
+}  // namespace kvslim::engine::eval

@@ -1,0 +1,385 @@
+#include "engine/eval/report.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+
+namespace kvslim::engine::eval {
+namespace {
+
+using nlohmann::json;
+
+// Fields where the variant's config differs from the defaults, plus the method.
+json config_json(const KVCacheConfig& c) {
+  const auto defaults = KVCacheConfig{}.fields();
+  const auto mine = c.fields();
+  json j = json::object();
+  j["method"] = c.method;
+  for (std::size_t i = 0; i < mine.size(); ++i) {
+    if (mine[i].first == "head_dim" || mine[i].first == "seed") continue;
+    if (mine[i].second != defaults[i].second) j[mine[i].first] = mine[i].second;
+  }
+  return j;
+}
+
+const TextPoint* find_text(const std::vector<TextPoint>& text, std::size_t context) {
+  for (const auto& t : text) {
+    if (t.context == context) return &t;
+  }
+  return nullptr;
+}
+
+const TaskScore* find_task(const std::vector<TaskScore>& scores, const std::string& task) {
+  for (const auto& s : scores) {
+    if (s.task == task) return &s;
+  }
+  return nullptr;
+}
+
+json retrieval_json(const TaskScore& s, const EvalResults& R) {
+  json cells = json::array();
+  for (const auto& c : s.cells) {
+    cells.push_back({{"length", c.length}, {"depth", c.depth}, {"correct", c.correct}, {"total", c.total}});
+  }
+  const TaskScore* full = find_task(R.full_retrieval, s.task);
+  return {{"task", s.task},
+          {"accuracy", s.accuracy()},
+          {"full_accuracy", full ? full->accuracy() : 0.0},
+          {"correct", s.correct()},
+          {"total", s.total()},
+          {"reported", R.task_reported(s.task)},
+          {"cells", cells}};
+}
+
+double bytes_per_token(const FidelityTotals& t, std::size_t context) {
+  return t.windows ? t.resident_bytes_sum / static_cast<double>(t.windows) / static_cast<double>(context) : 0.0;
+}
+
+std::string level_label(double level) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%.3g", level);
+  return buf;
+}
+
+// Mean accuracy over the reported retrieval tasks, NaN when none is reported.
+double reported_retrieval(const std::vector<TaskScore>& scores, const EvalResults& R) {
+  double sum = 0;
+  int n = 0;
+  for (const auto& s : scores) {
+    if (R.task_reported(s.task) && s.total() > 0) {
+      sum += s.accuracy();
+      ++n;
+    }
+  }
+  return n ? sum / n : std::nan("");
+}
+
+}  // namespace
+
+json to_json(const EvalResults& R) {
+  const EvalOptions& o = R.options;
+  json j;
+  j["schema"] = "kvslim-eval/1";
+  j["preset"] = o.preset;
+  j["model"] = {{"dir", R.model_dir},
+                {"architecture", R.model.architecture},
+                {"layers", R.model.num_layers},
+                {"heads", R.model.num_heads},
+                {"kv_heads", R.model.num_kv_heads},
+                {"head_dim", R.model.head_dim},
+                {"hidden", R.model.hidden_size},
+                {"vocab", R.model.vocab_size},
+                {"parameters", R.parameters}};
+  j["protocol"] = {
+      {"levels", o.levels},
+      {"threads", o.threads},
+      {"seed", o.seed},
+      {"prefill", "whole prompt in one forward call (prefill_chunk 0); the cache compresses while absorbing it"},
+      {"text",
+       {{"source", R.text_source},
+        {"tokens_available", R.text_tokens},
+        {"contexts", o.text_contexts},
+        {"continuation", o.continuation},
+        {"windows", o.windows}}},
+      {"retrieval",
+       {{"tasks", o.tasks},
+        {"lengths", o.retrieval_lengths},
+        {"depths", o.depths},
+        {"trials", o.trials},
+        {"min_full_accuracy", o.min_full_accuracy}}},
+      {"speed", {{"context", o.speed_context}, {"decode_tokens", o.speed_tokens}, {"level", o.speed_level}}}};
+
+  json full_text = json::array();
+  for (const auto& t : R.full_text) {
+    full_text.push_back({{"context", t.context},
+                         {"ppl", t.totals.ref_ppl()},
+                         {"resident_bytes", t.totals.windows ? t.totals.ref_resident_bytes_sum / t.totals.windows : 0.0},
+                         {"bytes_per_token", bytes_per_token(t.totals, t.context)}});
+  }
+  json full_ret = json::array();
+  for (const auto& s : R.full_retrieval) full_ret.push_back(retrieval_json(s, R));
+  j["full"] = {{"text", full_text}, {"retrieval", full_ret}};
+
+  json points = json::array();
+  for (const auto& P : R.points) {
+    json p = {{"variant", P.variant.name},
+              {"method", P.variant.config.method},
+              {"description", P.variant.description},
+              {"compares_to", P.variant.compares_to},
+              {"prefill_attention", std::string(prefill_attention_name(P.variant.prefill))},
+              {"level_target", P.variant.budgeted() ? json(P.level_target) : json(nullptr)},
+              {"config", config_json(P.variant.config)}};
+    if (P.variant.recent_window_fraction > 0) p["recent_window_fraction"] = P.variant.recent_window_fraction;
+    if (!P.error.empty()) p["error"] = P.error;
+    json text = json::array();
+    for (const auto& t : P.text) {
+      text.push_back({{"context", t.context},
+                      {"budget", t.budget},
+                      {"level", t.totals.level()},
+                      {"retained_level", t.retained_level},
+                      {"resident_bytes", t.totals.windows ? t.totals.resident_bytes_sum / t.totals.windows : 0.0},
+                      {"bytes_per_token", bytes_per_token(t.totals, t.context)},
+                      {"ppl", t.totals.ppl()},
+                      {"ppl_full", t.totals.ref_ppl()},
+                      {"delta_ppl", t.totals.ppl() - t.totals.ref_ppl()},
+                      {"kl", t.totals.kl()},
+                      {"top1", t.totals.top1()},
+                      {"steps", t.totals.steps},
+                      {"windows", t.totals.windows}});
+    }
+    p["text"] = text;
+    json ret = json::array();
+    for (const auto& s : P.retrieval) ret.push_back(retrieval_json(s, R));
+    p["retrieval"] = ret;
+    points.push_back(p);
+  }
+  j["points"] = points;
+
+  json rows = json::array();
+  for (const auto& s : R.speed) {
+    rows.push_back({{"variant", s.variant},
+                    {"level_target", s.level_target > 0 ? json(s.level_target) : json(nullptr)},
+                    {"budget", s.budget},
+                    {"resident_bytes", s.resident_bytes},
+                    {"bytes_per_token", static_cast<double>(s.resident_bytes) / static_cast<double>(o.speed_context)},
+                    {"tokens_per_s", s.tokens_per_second},
+                    {"ratio", s.ratio}});
+  }
+  j["speed"] = {{"context", o.speed_context},
+                {"decode_tokens", o.speed_tokens},
+                {"threads", o.threads},
+                {"full_tokens_per_s_runs", R.full_speed_runs},
+                {"rows", rows}};
+  j["peak_rss_bytes"] = R.peak_rss_bytes;
+  j["elapsed_s"] = R.elapsed_seconds;
+  j["hardware_threads"] = R.hardware_threads;
+  return j;
+}
+
+void write_json(const std::filesystem::path& path, const EvalResults& results) {
+  std::ofstream out(path);
+  if (!out) throw std::runtime_error("--json " + path.string() + ": cannot open the file for writing");
+  out << to_json(results).dump(1) << "\n";
+  if (!out) throw std::runtime_error("--json " + path.string() + ": write failed");
+}
+
+void print_table(std::FILE* out, const EvalResults& R) {
+  const EvalOptions& o = R.options;
+  std::fprintf(out, "\nkvslim eval: %s (%s, %d layers, %d/%d heads x %d, %.1fM params), preset %s\n", R.model_dir.c_str(),
+               R.model.architecture.c_str(), R.model.num_layers, R.model.num_heads, R.model.num_kv_heads, R.model.head_dim,
+               static_cast<double>(R.parameters) / 1e6, o.preset.c_str());
+  std::fprintf(out, "text: %zu window(s) per context from %s, %zu teacher-forced tokens each; level = resident KV bytes / full cache's\n",
+               o.windows, R.text_source.c_str(), o.continuation);
+
+  // Header.
+  std::string head = "variant                level   real  B/tok |";
+  for (std::size_t c : o.text_contexts) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "  ctx %-5zu  dPPL      KL  top1 |", c);
+    head += buf;
+  }
+  std::vector<std::string> shown_tasks;
+  for (const auto& t : o.tasks) {
+    if (R.task_reported(t)) shown_tasks.push_back(t);
+  }
+  for (const auto& t : shown_tasks) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, " %7s", t.c_str());
+    head += buf;
+  }
+  std::fprintf(out, "%s\n%s\n", head.c_str(), std::string(head.size(), '-').c_str());
+
+  // The full cache: its perplexity and retrieval accuracy.
+  {
+    const std::size_t longest = o.text_contexts.back();
+    const TextPoint* lt = find_text(R.full_text, longest);
+    std::fprintf(out, "%-22s %5s  %5.3f %6.0f |", "full", "1", 1.0, lt ? bytes_per_token(lt->totals, longest) : 0.0);
+    for (std::size_t c : o.text_contexts) {
+      const TextPoint* t = find_text(R.full_text, c);
+      std::fprintf(out, "  ppl %8.3f %19s |", t ? t->totals.ref_ppl() : 0.0, "");
+    }
+    for (const auto& task : shown_tasks) std::fprintf(out, " %7.2f", find_task(R.full_retrieval, task)->accuracy());
+    std::fprintf(out, "\n");
+  }
+  bool any_loose = false;
+  for (const auto& P : R.points) {
+    const std::string level = P.variant.budgeted() ? level_label(P.level_target) : "-";
+    if (!P.error.empty()) {
+      std::fprintf(out, "%-22s %5s  failed: %s\n", P.variant.name.c_str(), level.c_str(), P.error.c_str());
+      continue;
+    }
+    const TextPoint* lt = P.text.empty() ? nullptr : &P.text.back();
+    std::fprintf(out, "%-22s %5s  %5.3f %6.0f |", P.variant.name.c_str(), level.c_str(), lt ? lt->totals.level() : 0.0,
+                 lt ? bytes_per_token(lt->totals, lt->context) : 0.0);
+    for (std::size_t c : o.text_contexts) {
+      const TextPoint* t = find_text(P.text, c);
+      if (t == nullptr) {
+        std::fprintf(out, "%33s |", "");
+        continue;
+      }
+      const bool loose = t->totals.level() > t->retained_level * 1.05;
+      any_loose = any_loose || loose;
+      std::fprintf(out, " %c%5.3f %+8.3f %7.4f %5.3f |", loose ? '*' : ' ', t->totals.level(),
+                   t->totals.ppl() - t->totals.ref_ppl(), t->totals.kl(), t->totals.top1());
+    }
+    for (const auto& task : shown_tasks) {
+      const TaskScore* s = find_task(P.retrieval, task);
+      std::fprintf(out, " %7.2f", s ? s->accuracy() : 0.0);
+    }
+    std::fprintf(out, "\n");
+  }
+  std::fprintf(out, "(per context: real level, perplexity change, mean KL(full || method) in nats, top-1 agreement)\n");
+  if (any_loose) {
+    std::fprintf(out, "* the cache still holds its prefill allocation: resident bytes above what its kept tokens need "
+                      "(the budget was matched on kept tokens)\n");
+  }
+  for (const auto& t : o.tasks) {
+    if (!R.task_reported(t)) {
+      const TaskScore* s = find_task(R.full_retrieval, t);
+      std::fprintf(out, "retrieval task %s not reported: the full cache scores %.2f (< %.2f)\n", t.c_str(),
+                   s ? s->accuracy() : 0.0, o.min_full_accuracy);
+    }
+  }
+
+  // Faithful signals against their proxies, point by point.
+  bool any = false;
+  for (const auto& P : R.points) {
+    if (P.variant.compares_to.empty() || !P.error.empty() || P.text.empty()) continue;
+    for (const auto& Q : R.points) {
+      if (Q.variant.name != P.variant.compares_to || Q.level_target != P.level_target || !Q.error.empty() || Q.text.empty()) continue;
+      if (!any) {
+        std::fprintf(out, "\nfaithful variant vs its proxy (longest context; KL lower is better, top-1 and retrieval higher)\n");
+        any = true;
+      }
+      const FidelityTotals& a = P.text.back().totals;
+      const FidelityTotals& b = Q.text.back().totals;
+      std::fprintf(out, "  %-22s vs %-18s @%-5s KL %.4f vs %.4f, top-1 %.3f vs %.3f", P.variant.name.c_str(),
+                   Q.variant.name.c_str(), P.variant.budgeted() ? level_label(P.level_target).c_str() : "-", a.kl(), b.kl(),
+                   a.top1(), b.top1());
+      const double ra = reported_retrieval(P.retrieval, R), rb = reported_retrieval(Q.retrieval, R);
+      if (!std::isnan(ra)) std::fprintf(out, ", retrieval %.2f vs %.2f", ra, rb);
+      std::fprintf(out, "  -> %s\n", a.kl() < b.kl() ? "faithful better" : a.kl() > b.kl() ? "proxy better" : "tie");
+    }
+  }
+
+  std::fprintf(out, "\ndecode speed at context %zu (%zu steps, %d thread(s)); full cache %.1f tok/s (runs %.1f, %.1f)\n",
+               o.speed_context, o.speed_tokens, o.threads, R.speed.empty() ? 0.0 : R.speed.front().tokens_per_second,
+               R.full_speed_runs.size() > 0 ? R.full_speed_runs[0] : 0.0, R.full_speed_runs.size() > 1 ? R.full_speed_runs[1] : 0.0);
+  std::fprintf(out, "  %-22s %5s %8s %12s %9s %7s\n", "variant", "level", "B/tok", "KV bytes", "tok/s", "x full");
+  for (const auto& s : R.speed) {
+    std::fprintf(out, "  %-22s %5s %8.0f %12zu %9.1f %7.2f\n", s.variant.c_str(),
+                 s.level_target > 0 ? level_label(s.level_target).c_str() : "-",
+                 static_cast<double>(s.resident_bytes) / static_cast<double>(o.speed_context), s.resident_bytes,
+                 s.tokens_per_second, s.ratio);
+  }
+  std::fprintf(out, "\npeak RSS %.1f MiB, %.0f s on %d hardware thread(s)\n", static_cast<double>(R.peak_rss_bytes) / (1 << 20),
+               R.elapsed_seconds, R.hardware_threads);
+}
+
+bool write_plot(const std::filesystem::path& path, const EvalResults& R, std::string& why) {
+  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
+    why = "gnuplot is not installed (apt-get install gnuplot-nox); no plot written";
+    return false;
+  }
+  const std::size_t longest = R.options.text_contexts.back();
+  // One data block per variant, points sorted by bytes per token: bytes, top-1, KL, retrieval.
+  std::map<std::string, std::vector<std::array<double, 4>>> lines;
+  std::vector<std::string> order;
+  for (const auto& P : R.points) {
+    if (!P.error.empty()) continue;
+    const TextPoint* t = find_text(P.text, longest);
+    if (t == nullptr) continue;
+    if (!lines.count(P.variant.name)) order.push_back(P.variant.name);
+    lines[P.variant.name].push_back({bytes_per_token(t->totals, longest), t->totals.top1(), std::max(t->totals.kl(), 1e-6),
+                                     reported_retrieval(P.retrieval, R)});
+  }
+  const TextPoint* ft = find_text(R.full_text, longest);
+  const double full_bpt = ft ? bytes_per_token(ft->totals, longest) : 0.0;
+
+  std::ostringstream s;
+  s << "set terminal pngcairo size 1800,640 font 'sans,10'\n";
+  s << "set output '" << path.string() << "'\n";
+  s << "set datafile missing 'nan'\n";
+  s << "$data << EOD\n";
+  for (const auto& name : order) {
+    auto pts = lines[name];
+    std::sort(pts.begin(), pts.end());
+    s << "# " << name << "\n";
+    for (const auto& p : pts) s << p[0] << " " << p[1] << " " << p[2] << " " << (std::isnan(p[3]) ? std::string("nan") : std::to_string(p[3])) << "\n";
+    s << "\n\n";
+  }
+  s << "EOD\n";
+  s << "set multiplot layout 1,3 title 'kvslim eval, " << R.model_dir << ": quality vs resident KV bytes per token (context "
+    << longest << ", full cache = " << static_cast<long>(full_bpt) << " B/token)'\n";
+  s << "set grid\nset key bottom right font ',8'\nset xlabel 'resident KV bytes per token'\nset logscale x 2\n";
+  s << "set xrange [*:" << full_bpt * 1.15 << "]\n";
+  s << "set arrow 1 from " << full_bpt << ", graph 0 to " << full_bpt << ", graph 1 nohead dt 2\n";
+  auto plot = [&](int column, const std::string& ylabel, bool logy) {
+    s << "set ylabel '" << ylabel << "'\n" << (logy ? "set logscale y\nset key top right font ',8'\n" : "unset logscale y\nset key bottom right font ',8'\n");
+    s << "plot ";
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      s << (i ? ", " : "") << "$data index " << i << " using 1:" << column << " with linespoints pt " << (i % 13) + 1
+        << " dt " << (i / 8) + 1 << " title '" << order[i] << "'";
+    }
+    s << "\n";
+  };
+  plot(2, "top-1 agreement with the full cache", false);
+  plot(3, "mean KL(full || method), nats", true);
+  bool any_retrieval = false;
+  for (const auto& t : R.options.tasks) any_retrieval = any_retrieval || R.task_reported(t);
+  if (any_retrieval) {
+    s << "set yrange [-0.05:1.05]\n";
+    plot(4, "retrieval exact match (reported tasks)", false);
+  }
+  s << "unset multiplot\n";
+
+  char tmpl[] = "/tmp/kvslim-eval-plot-XXXXXX";
+  const int fd = mkstemp(tmpl);
+  if (fd < 0) {
+    why = "cannot create a temporary file for the gnuplot script";
+    return false;
+  }
+  const std::string script = s.str();
+  const bool wrote = ::write(fd, script.data(), script.size()) == static_cast<ssize_t>(script.size());
+  ::close(fd);
+  const std::string err = std::string(tmpl) + ".err";
+  const int rc = wrote ? std::system(("gnuplot " + std::string(tmpl) + " 2>" + err).c_str()) : -1;
+  std::ifstream errs(err);
+  std::string first_error;
+  std::getline(errs, first_error);
+  std::filesystem::remove(tmpl);
+  std::filesystem::remove(err);
+  if (rc != 0) {
+    why = "gnuplot failed" + (first_error.empty() ? std::string() : ": " + first_error);
+    return false;
+  }
+  return true;
+}
+
+}  // namespace kvslim::engine::eval

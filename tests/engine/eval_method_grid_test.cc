@@ -1,0 +1,86 @@
+#include "engine/eval/method_grid.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+namespace kvslim::engine::eval {
+namespace {
+
+const MethodVariant& variant(const std::string& name) {
+  for (const auto& v : variant_catalogue()) {
+    if (v.name == name) return v;
+  }
+  throw std::runtime_error("no variant " + name);
+}
+
+// The budgets the matcher picks hold resident bytes within a few % of the target, for every
+// eviction variant whose allocation follows its kept tokens.
+TEST(EvalMethodGrid, MatchedBudgetsHitTheTargetBytes) {
+  const ModelSpec spec = ModelSpec::uniform(4, 2, 16);
+  MemoryMatcher matcher(spec);
+  KVCacheConfig full;
+  full.method = "full";
+  for (std::size_t context : {384u, 768u}) {
+    EXPECT_EQ(matcher.full_bytes(context), probe_resident_bytes(full, spec, context));
+    for (const char* name : {"streaming", "h2o", "h2o_recent", "squeeze_s0", "squeeze_s1", "squeeze_s1_eager", "pyramidkv",
+                             "squeeze_s1_attn_norm"}) {
+      const MethodVariant& v = variant(name);
+      for (double level : {0.5, 0.25, 0.125}) {
+        const int budget = matcher.budget_for(v, level, context);
+        const double bytes = static_cast<double>(probe_resident_bytes(config_with_budget(v, budget), spec, context));
+        const double target = level * static_cast<double>(matcher.full_bytes(context));
+        EXPECT_NEAR(bytes / target, 1.0, 0.04) << name << " level " << level << " context " << context << " budget " << budget;
+      }
+    }
+  }
+}
+
+TEST(EvalMethodGrid, BudgetScalesWithContextAndLevel) {
+  MemoryMatcher matcher(ModelSpec::uniform(2, 2, 16));
+  const MethodVariant& h2o = variant("h2o");
+  EXPECT_NEAR(matcher.budget_for(h2o, 0.25, 1024), 256, 1);
+  EXPECT_NEAR(matcher.budget_for(h2o, 0.5, 512), 256, 1);
+  // Normalised attention keeps one more float per row, so the same bytes buy slightly fewer rows.
+  EXPECT_LT(matcher.budget_for(variant("h2o_attn_norm"), 0.5, 1024), matcher.budget_for(h2o, 0.5, 1024));
+  EXPECT_THROW(matcher.budget_for(h2o, 0.0, 512), std::invalid_argument);
+  EXPECT_THROW(matcher.budget_for(h2o, 1.5, 512), std::invalid_argument);
+  EXPECT_THROW(matcher.budget_for(h2o, 0.001, 512), std::invalid_argument);  // below sinks + 1
+  EXPECT_THROW(matcher.budget_for(variant("kivi2"), 0.5, 512), std::invalid_argument);
+}
+
+TEST(EvalMethodGrid, RecentWindowFollowsTheBudget) {
+  const KVCacheConfig c = config_with_budget(variant("h2o_recent"), 100);
+  EXPECT_EQ(c.h2o_budget, 100);
+  EXPECT_EQ(c.evict_recent_window, 50);
+  EXPECT_EQ(config_with_budget(variant("h2o"), 100).evict_recent_window, 0);
+  EXPECT_THROW(config_with_budget(variant("h2o_recent"), 6), std::invalid_argument);
+  const KVCacheConfig q = config_with_budget(variant("kivi4"), 100);  // no budget field: unchanged
+  EXPECT_EQ(q.kivi_bits, 4);
+}
+
+TEST(EvalMethodGrid, SelectsByVariantOrMethod) {
+  const auto squeeze = select_variants("squeeze", false);
+  EXPECT_GE(squeeze.size(), 5u);
+  for (const auto& v : squeeze) EXPECT_EQ(v.config.method, "squeeze");
+  const auto two = select_variants("h2o, kivi2,full", false);
+  ASSERT_EQ(two.size(), 2u);
+  EXPECT_EQ(two[0].name, "h2o");
+  EXPECT_EQ(two[1].name, "kivi2");
+  EXPECT_THROW(select_variants("h2o,nonsense", false), std::invalid_argument);
+  const auto quick = select_variants("", true), all = select_variants("", false);
+  EXPECT_LT(quick.size(), all.size());
+  EXPECT_EQ(all.size(), variant_catalogue().size());
+}
+
+TEST(EvalMethodGrid, FaithfulVariantsNameAnExistingProxy) {
+  for (const auto& v : variant_catalogue()) {
+    if (v.compares_to.empty()) continue;
+    bool found = false;
+    for (const auto& w : variant_catalogue()) found = found || (w.name == v.compares_to && w.config.method == v.config.method);
+    EXPECT_TRUE(found) << v.name << " compares to " << v.compares_to;
+  }
+}
+
+}  // namespace
+}  // namespace kvslim::engine::eval
