@@ -61,19 +61,32 @@ void PackRow(const std::uint8_t* codes, std::size_t dim, int bits, std::uint8_t*
   }
 }
 
-// Packs rows r < n of codes (one CodeBuffer-padded row at a time via `encode`) into out + r * rb;
-// the last rows go through `tmp` ([rb + lanes]) so nothing past out + n * rb is written.
+// Packs rows r < n (codes produced by `encode(r, row_codes)`) into out + r * rb; the last rows go
+// through `tmp` ([rb + lanes]) so nothing past out + n * rb is written. Rows are encoded a tile at a
+// time before any is packed: packing reads the codes with wide loads at plane offsets, which would
+// stall on store forwarding if they followed the encoder's narrow stores immediately.
 template <class Encode>
-void PackRowsWith(std::size_t n, std::size_t dim, int bits, std::uint8_t* out, std::uint8_t* codes, std::uint8_t* tmp,
-                  Encode encode) {
-  const std::size_t rb = RowBytes(dim, bits), L = hn::Lanes(DU8());
-  for (std::size_t r = 0; r < n; ++r) {
-    encode(r, codes);
-    if ((n - 1 - r) * rb >= L) {  // the rows after this one absorb the vector spill
-      PackRow(codes, dim, bits, out + r * rb);
-    } else {
-      PackRow(codes, dim, bits, tmp);
-      std::memcpy(out + r * rb, tmp, rb);
+void PackRowsWith(std::size_t n, std::size_t dim, int bits, std::uint8_t* out, std::vector<std::uint8_t>& tile_buf,
+                  std::uint8_t* tmp, Encode encode) {
+  constexpr std::size_t kTile = 32;
+  const std::size_t rb = RowBytes(dim, bits), L = hn::Lanes(DU8()), stride = dim + 8 + L;
+  if (tile_buf.size() < kTile * stride) tile_buf.resize(kTile * stride);
+  for (std::size_t r0 = 0; r0 < n; r0 += kTile) {
+    const std::size_t count = std::min(kTile, n - r0);
+    for (std::size_t j = 0; j < count; ++j) {
+      std::uint8_t* codes = tile_buf.data() + j * stride;
+      std::memset(codes + dim, 0, stride - dim);  // planes read past dim: zero codes
+      encode(r0 + j, codes);
+    }
+    for (std::size_t j = 0; j < count; ++j) {
+      const std::size_t r = r0 + j;
+      const std::uint8_t* codes = tile_buf.data() + j * stride;
+      if ((n - 1 - r) * rb >= L) {  // the rows after this one absorb the vector spill
+        PackRow(codes, dim, bits, out + r * rb);
+      } else {
+        PackRow(codes, dim, bits, tmp);
+        std::memcpy(out + r * rb, tmp, rb);
+      }
     }
   }
 }
@@ -317,9 +330,9 @@ std::uint8_t* TmpRow(std::vector<std::uint8_t>& buf, std::size_t dim, int bits) 
 
 void EncodePackRows(const float* const* rows, std::size_t n, std::size_t dim, const float* scale,
                     const float* zero, int bits, std::uint8_t* out) {
-  thread_local std::vector<std::uint8_t> code_buf, tmp_buf;
+  thread_local std::vector<std::uint8_t> tile_buf, tmp_buf;
   const float levels = static_cast<float>((1u << bits) - 1u);
-  PackRowsWith(n, dim, bits, out, CodeBuffer(code_buf, dim), TmpRow(tmp_buf, dim, bits),
+  PackRowsWith(n, dim, bits, out, tile_buf, TmpRow(tmp_buf, dim, bits),
                [&](std::size_t r, std::uint8_t* codes) { EncodeRow(rows[r], dim, scale, zero, levels, codes); });
 }
 
@@ -348,8 +361,8 @@ void DecodeRowsF32(const std::uint8_t* packed, std::size_t n, std::size_t dim, c
 }
 
 void PackRows(const std::uint8_t* codes_in, std::size_t n, std::size_t dim, int bits, std::uint8_t* out) {
-  thread_local std::vector<std::uint8_t> code_buf, tmp_buf;
-  PackRowsWith(n, dim, bits, out, CodeBuffer(code_buf, dim), TmpRow(tmp_buf, dim, bits),
+  thread_local std::vector<std::uint8_t> tile_buf, tmp_buf;
+  PackRowsWith(n, dim, bits, out, tile_buf, TmpRow(tmp_buf, dim, bits),
                [&](std::size_t r, std::uint8_t* codes) { std::memcpy(codes, codes_in + r * dim, dim); });
 }
 
