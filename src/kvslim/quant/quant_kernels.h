@@ -40,7 +40,9 @@ struct Kernels {
   // out + r * packed_row_bytes(dim, bits).
   void (*encode_pack_rows)(const float* const* rows, std::size_t n, std::size_t dim, const float* scale,
                            const float* zero, int bits, std::uint8_t* out);
-  // Inverse: row r of packed codes -> fp16 code * scale + zero (fp32 mul, then add) at out_rows[r].
+  // Inverse: row r of packed codes -> fp16 code * scale + zero at out_rows[r]. code (8 bits) times an
+  // fp16 scale (11-bit significand) is exact in fp32, so a compiler fusing the multiply-add cannot
+  // change the result: every implementation rounds once, at the add.
   void (*decode_rows_f16)(const std::uint8_t* packed, std::size_t n, std::size_t dim, const float* scale,
                           const float* zero, int bits, std::uint16_t* const* out_rows);
   void (*decode_rows_f32)(const std::uint8_t* packed, std::size_t n, std::size_t dim, const float* scale,
