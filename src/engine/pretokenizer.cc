@@ -46,6 +46,7 @@ struct Part {
 // HF's find_matches: matches and the gaps between them, in order.
 std::vector<Part> matches_and_gaps(const Regex& regex, std::string_view text) {
   std::vector<Part> parts;
+  parts.reserve(text.size() / 2 + 2);
   std::size_t prev = 0;
   for (const auto& [begin, end] : regex.find_all(text)) {
     if (prev != begin) parts.push_back({{prev, begin}, false});
@@ -152,6 +153,7 @@ Regex::Regex(std::string_view pattern, bool literal, const Where& where) {
 
 std::vector<std::pair<std::size_t, std::size_t>> Regex::find_all(std::string_view text) const {
   std::vector<std::pair<std::size_t, std::size_t>> out;
+  out.reserve(text.size() / 4 + 1);
   pcre2_match_data* match = pcre2_match_data_create_from_pattern(code_->code, nullptr);
   if (match == nullptr) throw std::bad_alloc();
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
@@ -216,8 +218,9 @@ struct PreTokenizer::Step {
   bool add_prefix_space = false;
   bool use_regex = false;
 
-  // Splits one piece into the output list.
-  void run(std::string_view piece, std::vector<std::string>& out) const {
+  // Splits one piece; calls next(sub_piece) for each output piece, in order.
+  template <class Next>
+  void run(std::string_view piece, Next&& next) const {
     if (kind == Kind::split) {
       std::vector<Part> parts;
       if (regex) parts = matches_and_gaps(*regex, piece);
@@ -225,25 +228,27 @@ struct PreTokenizer::Step {
       if (invert) {
         for (Part& p : parts) p.is_match = !p.is_match;
       }
-      for (const Part& p : apply_behavior(std::move(parts), behavior)) {
-        if (p.span.second > p.span.first) out.emplace_back(piece.substr(p.span.first, p.span.second - p.span.first));
+      if (behavior != SplitBehavior::isolated) parts = apply_behavior(std::move(parts), behavior);
+      for (const Part& p : parts) {
+        if (p.span.second > p.span.first) next(piece.substr(p.span.first, p.span.second - p.span.first));
       }
       return;
     }
     // ByteLevel: optional prefix space, optional GPT-2 split, then the byte -> char mapping.
     std::string prefixed;
     if (add_prefix_space && (piece.empty() || piece.front() != ' ')) {
+      prefixed.reserve(piece.size() + 1);
       prefixed = " ";
       prefixed += piece;
       piece = prefixed;
     }
     const ByteLevelTable& table = ByteLevelTable::get();
+    std::string mapped;  // reused for every sub-piece; `next` is done with it before the next one
     auto emit = [&](std::string_view sub) {
       if (sub.empty()) return;
-      std::string mapped;
-      mapped.reserve(sub.size() * 2);
+      mapped.clear();
       for (unsigned char b : sub) mapped += table.byte_to_char[b];
-      out.push_back(std::move(mapped));
+      next(std::string_view(mapped));
     };
     if (use_regex) {
       static const Regex gpt2(kGpt2Pattern, false, Where{"(built-in)", "GPT-2 regex"});
@@ -297,19 +302,19 @@ PreTokenizer PreTokenizer::from_json(const Json& spec, const Where& where) {
   return p;
 }
 
-void PreTokenizer::split(std::string_view text, std::vector<std::string>& words) const {
-  if (steps_.empty()) {
-    if (!text.empty()) words.emplace_back(text);
+void PreTokenizer::run_from(std::size_t step, std::string_view piece, WordSink sink) const {
+  if (step == steps_.size()) {
+    if (!piece.empty()) sink(piece);
     return;
   }
-  std::vector<std::string> current{std::string(text)};
-  std::vector<std::string> next;
-  for (std::size_t s = 0; s < steps_.size(); ++s) {
-    next.clear();
-    for (const std::string& piece : current) steps_[s]->run(piece, next);
-    std::swap(current, next);
-  }
-  for (std::string& w : current) words.push_back(std::move(w));
+  steps_[step]->run(piece, [&](std::string_view sub) { run_from(step + 1, sub, sink); });
+}
+
+void PreTokenizer::split(std::string_view text, WordSink sink) const { run_from(0, text, sink); }
+
+void PreTokenizer::split(std::string_view text, std::vector<std::string>& words) const {
+  auto collect = [&](std::string_view w) { words.emplace_back(w); };
+  split(text, WordSink(collect));
 }
 
 }  // namespace kvslim::engine

@@ -42,11 +42,27 @@ class PreTokenizer {
  public:
   PreTokenizer() = default;  // null pre-tokenizer: the text is one word
   static PreTokenizer from_json(const nlohmann::json& spec, const json_util::Where& where);
-  // Splits `text` (valid UTF-8) into words; appends them to `words`.
+  // A non-owning callable taking one word; the view is valid only during the call.
+  class WordSink {
+   public:
+    template <class F>
+    WordSink(F& f) : object_(&f), call_([](void* o, std::string_view w) { (*static_cast<F*>(o))(w); }) {}
+    void operator()(std::string_view word) const { call_(object_, word); }
+
+   private:
+    void* object_;
+    void (*call_)(void*, std::string_view);
+  };
+
+  // Splits `text` (valid UTF-8) into words and hands each to `sink`, in order, depth first (no
+  // list of all words is built).
+  void split(std::string_view text, WordSink sink) const;
+  // Convenience: appends the words to `words`.
   void split(std::string_view text, std::vector<std::string>& words) const;
 
  private:
   struct Step;
+  void run_from(std::size_t step, std::string_view piece, WordSink sink) const;
   std::vector<std::shared_ptr<const Step>> steps_;
   static void add_steps(const nlohmann::json& spec, const json_util::Where& where, std::vector<std::shared_ptr<const Step>>& steps);
 };

@@ -40,7 +40,7 @@ struct TensorInfo {
 
 // The parsed header of one safetensors file.
 struct SafetensorsHeader {
-  std::vector<TensorInfo> tensors;            // in header order; data points into the bytes given
+  std::vector<TensorInfo> tensors;              // sorted by name; data points into the bytes given
   std::map<std::string, std::string> metadata;  // "__metadata__"
 };
 

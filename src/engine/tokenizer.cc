@@ -258,13 +258,9 @@ std::string Tokenizer::Impl::normalize(std::string_view text) const {
 }
 
 void Tokenizer::Impl::encode_text(std::string_view text, std::vector<int>& ids) const {
-  std::vector<std::string> words;
   auto on_token = [&](int id) { ids.push_back(id); };
-  auto encode_plain = [&](std::string_view plain) {
-    words.clear();
-    pre_tokenizer.split(plain, words);
-    for (const std::string& w : words) model->encode_word(w, ids);
-  };
+  auto on_word = [&](std::string_view word) { model->encode_word(word, ids); };
+  auto encode_plain = [&](std::string_view plain) { pre_tokenizer.split(plain, PreTokenizer::WordSink(on_word)); };
   // 1. tokens matched on the raw text; 2. the rest is normalized, then normalized tokens matched.
   raw_matcher.split(
       text,

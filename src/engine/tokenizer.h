@@ -38,9 +38,8 @@ class Tokenizer {
   // skipped special token / a hole. Throws kvslim::InputError outside [0, vocab_size()).
   std::string token_bytes(int id, bool skip_special_tokens = false) const;
 
-  struct Impl;
-
  private:
+  struct Impl;
   explicit Tokenizer(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
   std::shared_ptr<const Impl> impl_;
   friend class StreamDecoder;
