@@ -71,6 +71,7 @@ void ZipCacheCache::absorb_intake() {
   const double heads = static_cast<double>(n_heads);
   fp16_key_bytes_ += heads * static_cast<double>(S * D * 2);
   if (options_.method == "kivi") {
+    // The original has no kivi cache: its uniform baseline formula (base_only_bytes) stands in.
     const double b = static_cast<double>(base_only_bytes(S, D, options_.hi_bits, options_.group_size));
     accounted_key_bytes_ += heads * b;
     accounted_value_bytes_ += heads * b;
