@@ -336,15 +336,51 @@ void EncodePackRows(const float* const* rows, std::size_t n, std::size_t dim, co
                [&](std::size_t r, std::uint8_t* codes) { EncodeRow(rows[r], dim, scale, zero, levels, codes); });
 }
 
+// Single-plane widths (1, 2, 4, 8): codes go straight from the packed bytes to fp32 lanes, no
+// intermediate code row. `packed` readable for a vector past the row (ReadableRow).
+void DecodeRowF16SinglePlane(const std::uint8_t* packed, std::size_t dim, int p, const float* scale,
+                             const float* zero, std::uint16_t* out) {
+  const DF df;
+  const hn::RebindToUnsigned<DF> du;
+  const hn::Rebind<std::uint8_t, DF> d8;
+  const hn::Rebind<std::uint16_t, DF> d16;
+  const std::size_t N = hn::Lanes(df);
+  const std::size_t m = plane_bytes(dim, p), k = 8 / p;
+  const unsigned mask = (1u << p) - 1u;
+  const auto vmask = hn::Set(du, mask);
+  for (std::size_t t = 0; t < k; ++t) {
+    const std::size_t base = t * m;  // elements base + i come from byte i, bits p*t
+    if (base >= dim) break;
+    const std::size_t len = std::min(m, dim - base);
+    std::size_t i = 0;
+    for (; i + N <= len; i += N) {
+      const auto c = hn::And(hn::ShiftRightSame(hn::PromoteTo(du, hn::LoadU(d8, packed + i)), static_cast<int>(p * t)), vmask);
+      const auto y = hn::Add(hn::Mul(hn::ConvertTo(df, c), hn::LoadU(df, scale + base + i)), hn::LoadU(df, zero + base + i));
+      hn::StoreU(ToF16Bits(y), d16, out + base + i);
+    }
+    for (; i < len; ++i) {
+      const float code = static_cast<float>((packed[i] >> (p * t)) & mask);
+      const float prod = code * scale[base + i];
+      out[base + i] = f32_to_fp16(prod + zero[base + i]);
+    }
+  }
+}
+
 void DecodeRowsF16(const std::uint8_t* packed, std::size_t n, std::size_t dim, const float* scale,
                    const float* zero, int bits, std::uint16_t* const* out_rows) {
   thread_local std::vector<std::uint8_t> code_buf, tmp_buf;
   std::uint8_t* codes = CodeBuffer(code_buf, dim);
   std::uint8_t* tmp = TmpRow(tmp_buf, dim, bits);
   const std::size_t rb = RowBytes(dim, bits);
+  const bool single_plane = (bits & (bits - 1)) == 0;
   for (std::size_t r = 0; r < n; ++r) {
-    UnpackRow(ReadableRow(packed, r, n, rb, tmp), dim, bits, codes);
-    DecodeRowF16(codes, dim, scale, zero, out_rows[r]);
+    const std::uint8_t* row = ReadableRow(packed, r, n, rb, tmp);
+    if (single_plane) {
+      DecodeRowF16SinglePlane(row, dim, bits, scale, zero, out_rows[r]);
+    } else {
+      UnpackRow(row, dim, bits, codes);
+      DecodeRowF16(codes, dim, scale, zero, out_rows[r]);
+    }
   }
 }
 
