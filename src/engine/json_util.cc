@@ -17,7 +17,7 @@ std::string read_text_file(const std::filesystem::path& path) {
 Json parse(std::string_view text, std::string_view source) {
   try {
     return Json::parse(text.begin(), text.end());
-  } catch (const Json::parse_error& e) {
+  } catch (const Json::exception& e) {  // parse_error, and out_of_range for numbers like 1e999
     throw ModelFileError(std::string(source) + ": invalid JSON (" + e.what() + ")");
   }
 }

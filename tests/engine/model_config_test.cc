@@ -190,6 +190,7 @@ TEST(ModelConfig, RopeScalingErrors) {
 TEST(ModelConfig, BadJson) {
   expect_error([] { ModelConfig::from_json_text("{\"hidden_size\": ", "cfg.json"); }, {"cfg.json", "invalid JSON"});
   expect_error([] { ModelConfig::from_json_text("[]", "cfg.json"); }, {"cfg.json", "object"});
+  expect_error([] { ModelConfig::from_json_text(R"({"rope_theta": 1e400})", "cfg.json"); }, {"cfg.json", "invalid JSON"});
 }
 
 TEST(ModelConfig, LoadMergesGenerationConfig) {

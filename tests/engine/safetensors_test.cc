@@ -131,6 +131,9 @@ TEST(Safetensors, TruncatedData) {
 TEST(Safetensors, BadJson) {
   expect_error([] { parse(make_safetensors_from_header("{\"a\": [1, 2", ""), "bad.safetensors"); },
                {"bad.safetensors", "invalid JSON"});
+  // nlohmann reports an overflowing number as out_of_range, not parse_error (found by fuzzing).
+  expect_error([] { parse(make_safetensors_from_header(R"({"w": 1e999})", ""), "num.safetensors"); },
+               {"num.safetensors", "invalid JSON"});
   expect_error([] { parse(make_safetensors_from_header("[1, 2]", ""), "arr.safetensors"); },
                {"arr.safetensors", "JSON object"});
   expect_error([] { parse(make_safetensors_from_header(R"({"t": 3})", ""), "x.safetensors"); },
