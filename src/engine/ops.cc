@@ -38,16 +38,22 @@ ThreadPool::ThreadPool(int threads) {
 
 ThreadPool::~ThreadPool() {
   stop_.store(true, std::memory_order_release);
-  generation_.fetch_add(1, std::memory_order_acq_rel);
-  generation_.notify_all();
+  wake_.fetch_add(1, std::memory_order_acq_rel);
+  wake_.notify_all();
   for (auto& t : workers_) t.join();
 }
 
-void ThreadPool::drain() {
+void ThreadPool::work(std::uint64_t generation) {
   for (;;) {
-    const int i = next_task_.fetch_add(1, std::memory_order_relaxed);
-    if (i >= n_tasks_) return;
-    task_(context_, i);
+    std::uint64_t t = ticket_.load(std::memory_order_acquire);
+    if ((t >> 32) != generation) return;
+    const int index = static_cast<int>(t & 0xffffffffu);
+    if (index >= n_tasks_.load(std::memory_order_relaxed)) return;
+    if (!ticket_.compare_exchange_weak(t, t + 1, std::memory_order_acq_rel)) continue;
+    // Claimed: the caller cannot start another call before this task completes, so task_ and
+    // context_ are this generation's.
+    task_.load(std::memory_order_relaxed)(context_.load(std::memory_order_relaxed), index);
+    completed_.fetch_add(1, std::memory_order_release);
   }
 }
 
@@ -55,14 +61,11 @@ void ThreadPool::worker_loop() {
   std::uint64_t seen = 0;
   for (;;) {
     // Spin briefly (decode calls come every few microseconds), then sleep on the futex.
-    for (int spin = 0; spin < 4000 && generation_.load(std::memory_order_acquire) == seen; ++spin) {
-      _mm_pause();
-    }
-    generation_.wait(seen, std::memory_order_acquire);
-    seen = generation_.load(std::memory_order_acquire);
+    for (int spin = 0; spin < 4000 && wake_.load(std::memory_order_acquire) == seen; ++spin) _mm_pause();
+    wake_.wait(seen, std::memory_order_acquire);
+    seen = wake_.load(std::memory_order_acquire);
     if (stop_.load(std::memory_order_acquire)) return;
-    drain();
-    pending_.fetch_sub(1, std::memory_order_acq_rel);
+    work(ticket_.load(std::memory_order_acquire) >> 32);
   }
 }
 
@@ -71,15 +74,24 @@ void ThreadPool::run(int n_tasks, void (*task)(void*, int), void* context) {
     for (int i = 0; i < n_tasks; ++i) task(context, i);
     return;
   }
-  task_ = task;
-  context_ = context;
-  n_tasks_ = n_tasks;
-  next_task_.store(0, std::memory_order_relaxed);
-  pending_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
-  generation_.fetch_add(1, std::memory_order_acq_rel);
-  generation_.notify_all();
-  drain();
-  while (pending_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
+  task_.store(task, std::memory_order_relaxed);
+  context_.store(context, std::memory_order_relaxed);
+  n_tasks_.store(n_tasks, std::memory_order_relaxed);
+  completed_.store(0, std::memory_order_relaxed);
+  generation_ = (generation_ + 1) & 0xffffffffu;
+  ticket_.store(generation_ << 32, std::memory_order_release);  // publishes the stores above
+  wake_.fetch_add(1, std::memory_order_acq_rel);
+  wake_.notify_all();
+  work(generation_);
+  // A claimed task is running on a worker: spin briefly, then yield (on an oversubscribed
+  // machine that worker may need this core).
+  for (int spin = 0; completed_.load(std::memory_order_acquire) < n_tasks; ++spin) {
+    if (spin < 2000) {
+      _mm_pause();
+    } else {
+      std::this_thread::yield();
+    }
+  }
 }
 
 // ------------------------------------------------------------------------------------------------

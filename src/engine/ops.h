@@ -54,15 +54,19 @@ class ThreadPool {
 
  private:
   void worker_loop();
-  void drain();
+  void work(std::uint64_t generation);
   std::vector<std::thread> workers_;
-  std::atomic<std::uint64_t> generation_{0};
-  std::atomic<int> next_task_{0};
-  std::atomic<int> pending_{0};
+  // Tasks are claimed through `ticket_` = [generation:32 | next index:32], so a worker that wakes
+  // late can never run a task of a call that is over, and the caller never waits for a sleeping
+  // worker: it runs whatever is unclaimed itself and waits only for claimed tasks to finish.
+  std::atomic<std::uint64_t> ticket_{0};
+  std::atomic<std::uint64_t> wake_{0};  // bumped per call; workers sleep on it
+  std::atomic<int> completed_{0};
   std::atomic<bool> stop_{false};
-  int n_tasks_ = 0;
-  void (*task_)(void*, int) = nullptr;
-  void* context_ = nullptr;
+  std::atomic<int> n_tasks_{0};
+  std::atomic<void (*)(void*, int)> task_{nullptr};
+  std::atomic<void*> context_{nullptr};
+  std::uint64_t generation_ = 0;  // caller side only
 };
 
 // y[r] = sum_c w[r, c] * x[c]  (x: [cols], y: [rows]). Reads the weights in their stored type with
