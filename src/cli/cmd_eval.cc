@@ -56,7 +56,9 @@ int list_variants() {
 int run(const Options& o, CLI::App& app) {
   if (o.list) return list_variants();
   if (o.model.empty()) throw std::invalid_argument("--model DIR is required");
-  EvalOptions e = EvalOptions::for_preset(o.preset);
+  const std::filesystem::path dir(o.model);
+  const Model model = Model::load(dir);
+  EvalOptions e = EvalOptions::for_preset(o.preset, static_cast<std::size_t>(model.config().max_position_embeddings));
   e.methods = o.methods;
   if (!o.levels.empty()) e.levels = o.levels;
   if (!o.contexts.empty()) e.text_contexts = o.contexts;
@@ -76,8 +78,6 @@ int run(const Options& o, CLI::App& app) {
   e.progress = !o.no_progress;
   e.validate();
 
-  const std::filesystem::path dir(o.model);
-  const Model model = Model::load(dir);
   const Tokenizer tokenizer = Tokenizer::load(dir / "tokenizer.json");
   const std::filesystem::path text_path = o.text.empty() ? dir / "heldout_sample.txt" : std::filesystem::path(o.text);
   const std::string text = read_text(text_path);
@@ -137,7 +137,7 @@ const CommandRegistrar registrar(
           ->capture_default_str()
           ->check(CLI::Range(1, 256));
       app.add_option("--text", o->text, "held-out text (default: MODEL/heldout_sample.txt)");
-      app.add_option("--contexts", o->contexts, "text-fidelity context lengths (preset: 512,1536)")->delimiter(',');
+      app.add_option("--contexts", o->contexts, "text-fidelity context lengths (preset: 1/4 and 3/4 of the model's context)")->delimiter(',');
       app.add_option("--windows", o->windows, "text windows per context (preset's when 0)");
       app.add_option("--continuation", o->continuation, "teacher-forced tokens per window (preset's when 0)");
       app.add_option("--tasks", o->tasks, "retrieval tasks: passkey,kvlist (empty string: none)")->delimiter(',');

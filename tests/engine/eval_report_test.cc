@@ -31,12 +31,13 @@ const EvalResults& tiny_run() {
     o.continuation = 6;
     o.windows = 1;
     o.tasks = {"passkey"};
-    o.retrieval_lengths = {240};
+    o.retrieval_lengths = {400};
     o.depths = {0.5};
     o.speed_context = 64;
     o.speed_tokens = 3;
     o.threads = 2;
     o.progress = false;
+    o.min_full_accuracy = 0.0;
     return run_eval(testing::small_model(), in, o);
   }();
   return results;
@@ -63,11 +64,15 @@ TEST(EvalReport, JsonHasTheDocumentedKeys) {
                             "kl", "top1"}) {
       EXPECT_TRUE(p["text"][0].contains(key)) << key;
     }
+    // min_full_accuracy 0 reports the task even for a random model, so the methods run it.
     ASSERT_EQ(p["retrieval"].size(), 1u);
-    for (const char* key : {"task", "accuracy", "full_accuracy", "reported", "cells"}) {
+    for (const char* key : {"task", "accuracy", "full_accuracy", "reported", "cells", "correct", "total"}) {
       EXPECT_TRUE(p["retrieval"][0].contains(key)) << key;
     }
+    EXPECT_EQ(p["retrieval"][0]["total"], 1);
   }
+  ASSERT_EQ(j["full"]["retrieval"].size(), 1u);
+  EXPECT_TRUE(j["full"]["retrieval"][0]["reported"].get<bool>());
   EXPECT_EQ(j["points"][1]["compares_to"], "h2o");
   EXPECT_TRUE(j["points"][2]["level_target"].is_null());  // kivi sits at its own bytes
   ASSERT_EQ(j["speed"]["rows"].size(), 4u);              // full + 3 variants

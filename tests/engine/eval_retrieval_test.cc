@@ -21,7 +21,8 @@ TEST(EvalRetrieval, PasskeyNeedleSitsAtTheRequestedDepth) {
     const Episode e = m.passkey(1200, depth, rng);
     EXPECT_EQ(e.task, "passkey");
     EXPECT_EQ(e.prompt[0], kBos);
-    EXPECT_NEAR(static_cast<double>(e.length()), 1200.0, 2.0);
+    // The last filler line is cut at a word: a byte encoder leaves up to one word of slack.
+    EXPECT_NEAR(static_cast<double>(e.length()), 1200.0, 12.0);
     // Lines are ~80 bytes in ~1000 bytes of filler: the nearest boundary is within 0.05.
     EXPECT_NEAR(e.depth, depth, 0.05) << "depth " << depth;
     const std::string needle = "The pass key is " + e.answer_text + ". Remember it.";

@@ -77,7 +77,9 @@ std::vector<TaskScore> empty_scores(const EvalOptions& o) {
 }
 
 void record(std::vector<TaskScore>& scores, const EvalOptions& o, const EpisodeSpec& e, bool correct) {
-  RetrievalCell& cell = scores[e.task_index].cells[e.length_index * o.depths.size() + e.depth_index];
+  auto it = std::find_if(scores.begin(), scores.end(), [&](const TaskScore& s) { return s.task == o.tasks[e.task_index]; });
+  if (it == scores.end()) throw std::logic_error("retrieval: no score table for task " + o.tasks[e.task_index]);
+  RetrievalCell& cell = it->cells[e.length_index * o.depths.size() + e.depth_index];
   cell.total += 1;
   cell.correct += correct ? 1 : 0;
 }
@@ -89,30 +91,32 @@ int budget_of(MemoryMatcher& matcher, const MethodVariant& v, double level, std:
 
 }  // namespace
 
-EvalOptions EvalOptions::for_preset(const std::string& name) {
+EvalOptions EvalOptions::for_preset(const std::string& name, std::size_t model_context) {
+  if (model_context < 128) {
+    throw std::invalid_argument("the model's context (max_position_embeddings = " + std::to_string(model_context) +
+                                ") is below the 128 tokens an evaluation needs");
+  }
+  const std::size_t M = std::min<std::size_t>(model_context, 2048);
   EvalOptions o;
   o.preset = name;
+  o.levels = {0.5, 0.25, 0.125};
+  o.text_contexts = {M / 4, 3 * M / 4};
+  o.speed_context = 3 * M / 4;
   if (name == "quick") {
-    o.levels = {0.5, 0.25, 0.125};
-    o.text_contexts = {512, 1536};
-    o.continuation = 64;
+    o.continuation = std::min<std::size_t>(64, M / 8);
     o.windows = 1;
     o.tasks = {"passkey"};
-    o.retrieval_lengths = {1536};
+    o.retrieval_lengths = {3 * M / 4};
     o.depths = {0.1, 0.5, 0.9};
     o.trials = 1;
-    o.speed_context = 1536;
     o.speed_tokens = 48;
   } else if (name == "full") {
-    o.levels = {0.5, 0.25, 0.125};
-    o.text_contexts = {512, 1536};
-    o.continuation = 128;
+    o.continuation = std::min<std::size_t>(128, M / 4);
     o.windows = 6;
     o.tasks = {"passkey", "kvlist"};
-    o.retrieval_lengths = {512, 1024, 1536};
+    o.retrieval_lengths = {M / 4, M / 2, 3 * M / 4, M - 8};  // M - 8: the answer and a margin fit
     o.depths = {0.0, 0.25, 0.5, 0.75, 1.0};
     o.trials = 3;
-    o.speed_context = 1536;
     o.speed_tokens = 128;
   } else {
     throw std::invalid_argument("--preset \"" + name + "\": expected quick or full");
@@ -274,6 +278,23 @@ EvalResults run_eval(const Model& model, const EvalInputs& inputs, const EvalOpt
   }
   R.full_retrieval = empty_scores(options);
   for (std::size_t i = 0; i < episodes.size(); ++i) record(R.full_retrieval, options, episodes[i], full_correct[i]);
+  // A task the full cache cannot do says nothing about compression: its episodes are not run
+  // for the methods (the table and JSON say why it is absent).
+  {
+    std::vector<EpisodeSpec> kept;
+    for (auto& e : episodes) {
+      if (R.task_reported(options.tasks[e.task_index])) kept.push_back(std::move(e));
+    }
+    episodes = std::move(kept);
+    double point_units = 0;
+    for (const auto& ws : windows) {
+      for (const auto& w : ws) point_units += static_cast<double>(w.tokens.size());
+    }
+    for (const auto& e : episodes) point_units += static_cast<double>(e.episode.length());
+    bar.set_total(bar.done() + point_units * static_cast<double>(jobs.size()) +
+                  speed_units * static_cast<double>(variants.size() + 2));
+    units_per_point = point_units;
+  }
 
   // 2. Every (variant, level) point against the reference.
   R.points.resize(jobs.size());
@@ -302,7 +323,10 @@ EvalResults run_eval(const Model& model, const EvalInputs& inputs, const EvalOpt
                          : tp.totals.level();
         P.text.push_back(tp);
       }
-      P.retrieval = empty_scores(options);
+      P.retrieval.clear();
+      for (const auto& score : empty_scores(options)) {
+        if (R.task_reported(score.task)) P.retrieval.push_back(score);
+      }
       for (const auto& ep : episodes) {
         const int budget = budget_of(matcher, v, level, ep.episode.prompt.size());
         Engine e(model, config_with_budget(v, budget), v.prefill, ep.episode.length(), 1);

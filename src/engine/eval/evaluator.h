@@ -34,9 +34,10 @@ struct EvalOptions {
   std::uint64_t seed = 7;
   bool progress = true;
 
-  // "quick" (make run: a few minutes on 2 cores) or "full" (docs/results.md). Throws
-  // std::invalid_argument for another name.
-  static EvalOptions for_preset(const std::string& name);
+  // "quick" (make run: a few minutes on 2 cores) or "full" (docs/results.md), for a model trained
+  // at `model_context` tokens (its max_position_embeddings, capped at 2048): text contexts at 1/4
+  // and 3/4 of it, retrieval lengths up to it. Throws std::invalid_argument for another name.
+  static EvalOptions for_preset(const std::string& name, std::size_t model_context = 2048);
   // Throws std::invalid_argument naming the first bad field.
   void validate() const;
 };

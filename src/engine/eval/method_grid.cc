@@ -275,8 +275,16 @@ double MemoryMatcher::bytes_per_kept_token(const MethodVariant& variant) {
   // share, and the whole set is sized by the average).
   const int budget = static_cast<int>(kProbeContext) * static_cast<int>(std::max<std::size_t>(spec_.layers.size(), 1)) * 2;
   const double bytes = static_cast<double>(probe_resident_bytes(config_with_budget(variant, budget), spec_, kProbeContext));
-  const double per_token = bytes / static_cast<double>(kProbeContext);
+  double per_token = bytes / static_cast<double>(kProbeContext);
   if (!(per_token > 0)) throw std::logic_error("variant " + variant.name + ": the probe holds no bytes");
+  // A per-layer schedule (pyramidkv's taper) can hold more than average x layers: a second probe
+  // that evicts measures the factor. A cache whose allocation does not follow its budget at all
+  // (it keeps the prefill's rows allocated) gives a factor far above 1 and is matched on kept
+  // tokens alone; the run reports its real allocation.
+  const int evicting = static_cast<int>(kProbeContext / 4);
+  const double held = static_cast<double>(probe_resident_bytes(config_with_budget(variant, evicting), spec_, kProbeContext));
+  const double factor = held / (per_token * evicting);
+  if (factor > 1.0 && factor < 1.5) per_token *= factor;
   return per_token_[variant.name] = per_token;
 }
 

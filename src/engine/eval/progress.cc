@@ -58,6 +58,12 @@ void ProgressBar::advance(double units, const std::string& note) {
   }
 }
 
+void ProgressBar::set_total(double total_units) {
+  std::lock_guard lock(mutex_);
+  total_ = std::max(total_units, 1e-9);
+  done_ = std::min(done_, total_);
+}
+
 void ProgressBar::finish() {
   std::lock_guard lock(mutex_);
   if (finished_) return;

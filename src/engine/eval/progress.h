@@ -21,6 +21,8 @@ class ProgressBar {
 
   // Thread-safe: adds finished work and redraws when due.
   void advance(double units, const std::string& note = {});
+  // Changes the total (work found unnecessary once part of it ran); thread-safe.
+  void set_total(double total_units);
   // Draws the final state with the elapsed time and a newline (idempotent).
   void finish();
   double done() const;
