@@ -2,9 +2,12 @@
 
 // GCC 12 reports a false -Wmaybe-uninitialized inside its own AVX-512 intrinsic headers
 // (the _mm512_undefined_* idiom); nothing in this file reads uninitialised data.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 #include <cblas.h>
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -215,14 +218,20 @@ void gemv_rows_scalar(const Matrix& w, const float* x, float* y, std::size_t r0,
 
 enum class Target { scalar, avx2, avx512 };
 
+// F16C from CPUID leaf 1 (ECX bit 29): clang 14's __builtin_cpu_supports does not know "f16c".
+bool cpu_has_f16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0) return false;
+  return (ecx & (1u << 29)) != 0;
+}
+
 Target best_target() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl")) {
     return Target::avx512;
   }
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-      __builtin_cpu_supports("f16c")) {
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c()) {
     return Target::avx2;
   }
   return Target::scalar;
