@@ -108,14 +108,15 @@ TEST_P(GoldenRandomModel, DecodeStepsReproduceTheSameLogits) {
 
 INSTANTIATE_TEST_SUITE_P(Hf, GoldenRandomModel, ::testing::Values("llama_gqa", "qwen2_tied", "llama_f32"));
 
-// The shipped model: last-8-position logits of three held-out windows and greedy continuations.
-class GoldenTiny : public ::testing::Test {
+// The shipped trained models (models/<name> with tests/golden/<name>): last-8-position logits of
+// held-out windows and greedy continuations. mini is the CPU-trained stand-in; tiny the reference.
+class GoldenTrained : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
-    golden_dir_ = source_dir() / "tests/golden/tiny";
-    model_dir_ = source_dir() / "models/tiny";
+    golden_dir_ = source_dir() / "tests/golden" / GetParam();
+    model_dir_ = source_dir() / "models" / GetParam();
     if (!fs::exists(golden_dir_ / "golden.json") || !fs::exists(model_dir_ / "config.json")) {
-      GTEST_SKIP() << "models/tiny or tests/golden/tiny not present yet";
+      GTEST_SKIP() << "models/" << GetParam() << " or tests/golden/" << GetParam() << " not present";
     }
     golden_ = read_json(golden_dir_ / "golden.json");
   }
@@ -123,7 +124,7 @@ class GoldenTiny : public ::testing::Test {
   nlohmann::json golden_;
 };
 
-TEST_F(GoldenTiny, WindowLogitsMatchHf) {
+TEST_P(GoldenTrained, WindowLogitsMatchReference) {
   const Model model = Model::load(model_dir_);
   const std::size_t vocab = model.config().vocab_size;
   for (const auto& w : golden_["windows"]) {
@@ -155,12 +156,12 @@ TEST_F(GoldenTiny, WindowLogitsMatchHf) {
     for (std::size_t i = 0; i < ref_argmax.size(); ++i) same += argmax_all[i] == ref_argmax[i];
     // Near-ties may flip under fp16 K/V; anything beyond 1% would be a bug.
     EXPECT_GE(same, ref_argmax.size() * 99 / 100) << ids.size() << "-token window";
-    std::printf("tiny window %zu: max |logit - HF| = %.3g, argmax agreement %zu/%zu\n", ids.size(), max_diff, same,
+    std::printf("%s window %zu: max |logit - HF| = %.3g, argmax agreement %zu/%zu\n", GetParam(), ids.size(), max_diff, same,
                 ref_argmax.size());
   }
 }
 
-TEST_F(GoldenTiny, GreedyContinuationsMatchHf) {
+TEST_P(GoldenTrained, GreedyContinuationsMatchReference) {
   const Model model = Model::load(model_dir_);
   const int n_new = golden_["greedy"]["n_new"].get<int>();
   for (const auto& c : golden_["greedy"]["cases"]) {
@@ -171,6 +172,8 @@ TEST_F(GoldenTiny, GreedyContinuationsMatchHf) {
     EXPECT_EQ(r.generated_ids, c["greedy_new_ids"].get<std::vector<int>>()) << c["text"];
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Shipped, GoldenTrained, ::testing::Values("tiny", "mini"));
 
 }  // namespace
 }  // namespace kvslim::engine
