@@ -303,6 +303,22 @@ TEST(H2OAttention, EvictsTheRowsThatGotTheLeastAttention) {
   EXPECT_EQ(sorted_positions(cache->view()), (std::vector<std::int64_t>{0, 1, 3, 5}));
 }
 
+TEST(H2OAttention, PrefillAllocationShrinksToTheBudgetAfterEviction) {
+  auto cache = h2o(8, 2, 0, "attention");
+  CacheView v = step(*cache, 100, 16, 1);
+  std::vector<float> probs(v.tokens, 1.0f / v.tokens);
+  cache->observe_attention(AttentionObservation{probs.data(), 1, 1, 1, v.tokens, v.tokens, {}});
+  const std::size_t per_row = 16 * 2 * 2 + 4 + 8;  // fp16 K+V, score, position
+  EXPECT_EQ(cache->view().tokens, 8u);
+  EXPECT_LE(cache->stats().resident_bytes, 9 * per_row);  // budget + the row a decode step appends
+  for (unsigned s = 0; s < 20; ++s) {  // decode: append one, observe, evict one; no regrowth
+    v = step(*cache, 1, 16, 10 + s);
+    probs.assign(v.tokens, 1.0f / v.tokens);
+    cache->observe_attention(AttentionObservation{probs.data(), 1, 1, 1, v.tokens, v.tokens, {}});
+    EXPECT_LE(cache->stats().resident_bytes, 9 * per_row);
+  }
+}
+
 TEST(H2OAttention, NormalizedScoreDividesByExposure) {
   auto cache = h2o(3, 0, 0, "attention_normalized");
   CacheView v = step(*cache, 4, 8, 1);

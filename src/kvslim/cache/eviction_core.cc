@@ -176,6 +176,9 @@ void EvictionCore::observe(const AttentionObservation& obs, std::size_t limit) {
     }
   }
   if (rows_ > limit) drop_lowest(rows_ - limit);
+  // A prefill appended the whole prompt before this eviction: give back what the budget (plus the
+  // one row a decode step appends before it is observed) does not need.
+  if (limit != EvictionPolicy::kUnbounded && capacity_ > limit + 1 + limit / 8) relayout(std::max(rows_, limit + 1));
 }
 
 void EvictionCore::drop_lowest(std::size_t drop) {
