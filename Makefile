@@ -26,13 +26,13 @@ build: configure
 
 # The main job on the shipped default (see README "Quick start").
 run: build
-	./$(BUILD)/bin/kvslim bench squeeze
+	./$(BUILD)/bin/kvslim eval --model models/mini
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 bench: build
-	./$(BUILD)/bin/kvslim bench squeeze
+	./$(BUILD)/bin/kvslim eval --model models/mini
 
 clean:
 	rm -rf $(BUILD)
