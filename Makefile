@@ -32,7 +32,7 @@ test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 bench: build
-	./$(BUILD)/bin/kvslim eval --model models/mini
+	./$(BUILD)/bin/kvslim bench squeeze
 
 clean:
 	rm -rf $(BUILD)
