@@ -8,9 +8,24 @@
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "engine/model_file_error.h"
+
 namespace kvslim::engine::testing {
+
+// Runs `fn`, expects a ModelFileError whose message contains every fragment.
+template <class Fn>
+void expect_error(Fn&& fn, std::initializer_list<std::string> fragments) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected ModelFileError";
+  } catch (const ModelFileError& e) {
+    const std::string msg = e.what();
+    for (const std::string& f : fragments) EXPECT_NE(msg.find(f), std::string::npos) << "'" << f << "' not in: " << msg;
+  }
+}
 
 // A fresh directory under the system temp dir, removed with its contents on destruction.
 class TempDir {

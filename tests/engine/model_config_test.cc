@@ -11,18 +11,8 @@ namespace {
 
 using nlohmann::json;
 using testing::TempDir;
+using testing::expect_error;
 using testing::write_file;
-
-template <class Fn>
-void expect_error(Fn&& fn, std::initializer_list<std::string> fragments) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected ModelFileError";
-  } catch (const ModelFileError& e) {
-    const std::string msg = e.what();
-    for (const std::string& f : fragments) EXPECT_NE(msg.find(f), std::string::npos) << "'" << f << "' not in: " << msg;
-  }
-}
 
 // A Llama-3.2-1B-like config.json in the transformers 4 spelling.
 json llama_config() {

@@ -15,19 +15,8 @@ using testing::make_safetensors;
 using testing::make_safetensors_from_header;
 using testing::RawTensor;
 using testing::TempDir;
+using testing::expect_error;
 using testing::write_file;
-
-// Runs `fn`, expects a ModelFileError whose message contains every fragment.
-template <class Fn>
-void expect_error(Fn&& fn, std::initializer_list<std::string> fragments) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected ModelFileError";
-  } catch (const ModelFileError& e) {
-    const std::string msg = e.what();
-    for (const std::string& f : fragments) EXPECT_NE(msg.find(f), std::string::npos) << "'" << f << "' not in: " << msg;
-  }
-}
 
 SafetensorsHeader parse(const std::string& bytes, const std::string& name = "test.safetensors") {
   return parse_safetensors_header(std::as_bytes(std::span(bytes.data(), bytes.size())), name);

@@ -19,20 +19,10 @@ namespace kvslim::engine {
 namespace {
 
 using nlohmann::json;
+using testing::expect_error;
 
 constexpr const char* kLlama3Pattern =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-
-template <class Fn>
-void expect_error(Fn&& fn, std::initializer_list<std::string> fragments) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected ModelFileError";
-  } catch (const ModelFileError& e) {
-    const std::string msg = e.what();
-    for (const std::string& f : fragments) EXPECT_NE(msg.find(f), std::string::npos) << "'" << f << "' not in: " << msg;
-  }
-}
 
 json added_token(int id, const std::string& content, bool special, bool lstrip = false, bool rstrip = false,
                  bool single_word = false) {
