@@ -259,8 +259,9 @@ class EpisodeMaker:
         depth = rng.random() if depth is None else depth
         qi = min(len(lines) - 1, int(depth * len(lines)))
         question = KV_QUESTION.format(key=keys[qi])
+        qa = [(KV_QUESTION.format(key=k), v) for k, v in zip(keys, values)]  # every pair (training extras)
         return self._finish("kvlist", [header] + lines, question, values[qi], add_eos, depth,
-                            {"sep": s, "n_pairs": len(lines), "query_index": qi})
+                            {"sep": s, "n_pairs": len(lines), "query_index": qi, "qa": qa})
 
     def _needles_in_filler(self, kind: str, header_text: str, needle_texts: list[str],
                            question: str, answer: str, query: int, source: FillerSource,
@@ -293,8 +294,10 @@ class EpisodeMaker:
         color, thing = pairs[q]
         needle_texts = [MULTI_NEEDLE.format(color=c, thing=t, key=k) for (c, t), k in zip(pairs, keys)]
         question = MULTI_QUESTION.format(color=color, thing=thing)
+        qa = [(MULTI_QUESTION.format(color=c, thing=t), k) for (c, t), k in zip(pairs, keys)]
         return self._needles_in_filler("multikey", MULTI_HEADER, needle_texts, question, keys[q], q,
-                                       source, total_len, rng, depth, add_eos, {"n_needles": n})
+                                       source, total_len, rng, depth, add_eos,
+                                       {"n_needles": n, "query_index": q, "qa": qa})
 
     def vault(self, source: FillerSource, total_len: int, rng: random.Random, *,
               digits: int = 5, depth: float | None = None, add_eos: bool = False) -> Episode:

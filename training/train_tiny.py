@@ -47,7 +47,28 @@ def log(msg: str) -> None:
 # Tokenizer
 # ---------------------------------------------------------------------------
 def load_lines(path: Path) -> list[str]:
-    return [l + "\n" for l in path.read_text(encoding="utf-8").split("\n") if l.strip()]
+    """Non-empty lines, each ending in "\n"; reads PATH or, when absent, PATH.xz."""
+    if not path.exists() and path.with_name(path.name + ".xz").exists():
+        import lzma
+        text = lzma.open(path.with_name(path.name + ".xz"), "rt", encoding="utf-8").read()
+    else:
+        text = path.read_text(encoding="utf-8")
+    return [l + "\n" for l in text.split("\n") if l.strip()]
+
+
+def tokenize_file(tok, path: Path, cache_dir: Path | None) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """(lines, flat ids, offsets), cached as .npz under cache_dir (a second process in the same
+    device call, e.g. after the smoke test, skips the tokenization)."""
+    lines = load_lines(path)
+    cache = None if cache_dir is None else cache_dir / f"{path.name}.{len(lines)}.npz"
+    if cache is not None and cache.exists():
+        z = np.load(cache)
+        return lines, z["flat"], z["offsets"]
+    flat, offsets = tokenize_lines(tok, lines)
+    if cache is not None:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        np.savez(cache, flat=flat, offsets=offsets)
+    return lines, flat, offsets
 
 
 def tokenize_lines(tok, lines: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -81,9 +102,10 @@ class RowStream(torch.utils.data.IterableDataset):
     (bos + ctx-1 tokens) or a pack of retrieval episodes (each bos...answer eos),
     the tail filled with a corpus window."""
 
-    def __init__(self, tok, flat, offsets, ctx, batch, seed, p_lm=0.35):
+    def __init__(self, tok, flat, offsets, ctx, batch, seed, p_lm=0.35, answer_weight=3.0):
         self.tok, self.flat, self.offsets = tok, flat, offsets
         self.ctx, self.batch, self.seed, self.p_lm = ctx, batch, seed, p_lm
+        self.answer_weight = answer_weight
 
     def __iter__(self):
         info = torch.utils.data.get_worker_info()
@@ -96,19 +118,51 @@ class RowStream(torch.utils.data.IterableDataset):
         grass = E.RepeatedLine(E.GRASS_LINE, maker.enc)
         while True:
             rows = np.empty((self.batch, self.ctx), dtype=np.int64)
+            weights = np.ones((self.batch, self.ctx), dtype=np.float32)
             for b in range(self.batch):
-                rows[b] = self._row(rng, maker, prose, grass)
-            yield torch.from_numpy(rows)
+                ids, w = self._row(rng, maker, prose, grass)
+                rows[b], weights[b] = ids, w
+            yield torch.from_numpy(rows), torch.from_numpy(weights)
 
     def _corpus(self, rng, n):
         s = rng.randrange(len(self.flat) - n)
         return [BOS] + self.flat[s:s + n - 1].tolist()
 
+    def _episode(self, rng, maker, prose, grass, n):
+        """One training episode of about n tokens: ids and per-token loss weights. kvlist and
+        multikey episodes get up to 3 extra question/answer lines after the first answer (the
+        first keeps the evaluation format exactly): more retrieval supervision per token."""
+        u = rng.random()
+        extra = rng.randint(0, 3) if u >= 0.30 else 0
+        reserve = 30 * extra
+        if u < 0.30:
+            ep = maker.passkey(grass if rng.random() < 0.3 else prose, n - 1, rng)
+        elif u < 0.65:
+            ep = maker.kvlist(n - 1 - reserve, rng)
+        else:
+            ep = maker.multikey(prose, n - 1 - reserve, rng)
+        ids = list(ep.ids)
+        w = [1.0] * len(ids)
+        for k in range(len(ids) - ep.answer_len, len(ids)):
+            w[k] = self.answer_weight
+        qa = ep.meta.get("qa", [])
+        order = [j for j in range(len(qa)) if j != ep.meta.get("query_index")]
+        rng.shuffle(order)
+        for j in order[:extra]:
+            q, a = qa[j]
+            q_ids, a_ids = maker.enc("\n" + q), maker.enc(" " + a)
+            ids += q_ids + a_ids
+            w += [1.0] * len(q_ids) + [self.answer_weight] * len(a_ids)
+        ids.append(EOS)
+        w.append(1.0)
+        return ids, w
+
     def _row(self, rng, maker, prose, grass):
         ctx = self.ctx
         if rng.random() < self.p_lm:
-            return self._corpus(rng, ctx)
+            return self._corpus(rng, ctx), [1.0] * ctx
         row: list[int] = []
+        wts: list[float] = []
         while len(row) < ctx:
             rem = ctx - len(row)
             if rem < 256:
@@ -120,18 +174,14 @@ class RowStream(torch.utils.data.IterableDataset):
                 n = min(rem, int(math.exp(rng.uniform(math.log(192), math.log(ctx)))))
             if rem - n < 256:
                 n = rem
-            u = rng.random()
-            if u < 0.35:
-                ep = maker.passkey(grass if rng.random() < 0.3 else prose, n, rng, add_eos=True)
-            elif u < 0.65:
-                ep = maker.kvlist(n, rng, add_eos=True)
-            else:
-                ep = maker.multikey(prose, n, rng, add_eos=True)
-            if len(ep.ids) > rem:  # never cut an answer off: fill with corpus instead
+            ids, w = self._episode(rng, maker, prose, grass, n)
+            if len(ids) > rem:  # never cut an answer off: fill with corpus instead
                 row += self._corpus(rng, rem)
                 break
-            row += ep.ids
-        return row[:ctx]
+            row += ids
+            wts += w
+        wts += [1.0] * (len(row) - len(wts))
+        return row[:ctx], wts[:ctx]
 
 
 # ---------------------------------------------------------------------------
@@ -153,8 +203,9 @@ def rope_kwargs(config_cls, theta: float, scaling: dict | None = None) -> dict:
 def make_config(args):
     from transformers import LlamaConfig
     return LlamaConfig(
-        vocab_size=args.vocab, hidden_size=256, intermediate_size=768, num_hidden_layers=8,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.ffn,
+        num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
+        head_dim=64,
         max_position_embeddings=args.ctx, rms_norm_eps=1e-5, hidden_act="silu",
         tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
         bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD, initializer_range=0.02,
@@ -203,6 +254,17 @@ def greedy_with_cache(model, prompt: list[int], n_new: int, device) -> list[int]
     return new
 
 
+def wilson(k: int, n: int, z: float = 1.96) -> list[float]:
+    """95 % Wilson score interval of a binomial proportion k/n."""
+    if n == 0:
+        return [0.0, 1.0]
+    p = k / n
+    den = 1 + z * z / n
+    mid = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return [max(0.0, mid - half), min(1.0, mid + half)]
+
+
 def retokenize(tok, ep: E.Episode) -> E.Episode:
     """Eval episodes are tokenized from their TEXT, as the C++ evaluator will do."""
     ids = tok.encode(ep.text, add_special_tokens=True).ids
@@ -226,6 +288,30 @@ def perplexity(model, flat: np.ndarray, ctx: int, device, max_windows: int, batc
     return math.exp(nll / count), n_win
 
 
+def save_model(model, args, tok_note: str) -> None:
+    """bf16 copy of the model (the training weights stay fp32), >= 2 shards + index, tokenizer
+    and generation configs."""
+    import copy
+    from transformers import GenerationConfig
+    snap = copy.deepcopy(model).to(torch.bfloat16).eval()
+    snap.generation_config = GenerationConfig(bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD,
+                                              do_sample=False, max_length=args.ctx)
+    snap.save_pretrained(str(args.out), max_shard_size="10MB")
+    tok_cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|bos|>", "eos_token": "<|eos|>",
+        "pad_token": "<|pad|>", "add_bos_token": True, "add_eos_token": False,
+        "model_max_length": args.ctx, "clean_up_tokenization_spaces": False,
+        "added_tokens_decoder": {str(i): {"content": s, "special": True, "lstrip": False, "rstrip": False,
+                                          "normalized": False, "single_word": False}
+                                 for i, s in enumerate(SPECIALS)},
+    }
+    (args.out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
+    shards = sorted(p.name for p in args.out.glob("*.safetensors"))
+    log(f"saved {args.out} ({tok_note}): {shards}")
+    assert len(shards) >= 2 and (args.out / "model.safetensors.index.json").exists(), shards
+    del snap
+
+
 # ---------------------------------------------------------------------------
 def main() -> None:
     ap = argparse.ArgumentParser()
@@ -241,9 +327,19 @@ def main() -> None:
     ap.add_argument("--max-steps", type=int, default=100000)
     ap.add_argument("--ctx", type=int, default=2048)
     ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--lr", type=float, default=1.5e-3)
     ap.add_argument("--warmup", type=int, default=300)
     ap.add_argument("--vocab", type=int, default=4096)
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--hidden", type=int, default=384)
+    ap.add_argument("--heads", type=int, default=6)
+    ap.add_argument("--kv-heads", type=int, default=3)
+    ap.add_argument("--ffn", type=int, default=1024)
+    ap.add_argument("--p-lm", type=float, default=0.4, help="fraction of rows that are plain corpus windows")
+    ap.add_argument("--answer-weight", type=float, default=3.0, help="loss weight of retrieval answer tokens")
+    ap.add_argument("--token-cache", type=Path, default=Path("training/out/tokens"))
+    ap.add_argument("--ckpt-every", type=float, default=150.0, help="seconds between weight exports while training")
+    ap.add_argument("--smoke", action="store_true", help="a few steps and tiny evaluations: checks every stage")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--workers", type=int, default=10)
     ap.add_argument("--eval-only", action="store_true", help="skip training; evaluate --out")
@@ -270,11 +366,16 @@ def main() -> None:
         shutil.copyfile(args.tokenizer, args.out / "tokenizer.json")
 
     # 2. data ------------------------------------------------------------------
-    train_lines = load_lines(args.data / "train.txt")
-    held_lines = load_lines(args.data / "heldout.txt")
-    flat, offsets = tokenize_lines(tok, train_lines)
-    hflat, hoffsets = tokenize_lines(tok, held_lines)
-    log(f"corpus: train {len(train_lines)} lines {len(flat):,} tokens; heldout {len(held_lines)} lines {len(hflat):,} tokens")
+    t_tok = time.time()
+    _, flat, offsets = tokenize_file(tok, args.data / "train.txt", args.token_cache)
+    held_lines, hflat, hoffsets = tokenize_file(tok, args.data / "heldout.txt", args.token_cache)
+    indist_path = args.data / "heldout_indist.txt"
+    ind_lines, iflat, ioffsets = tokenize_file(tok, indist_path, args.token_cache) if indist_path.exists() else ([], None, None)
+    log(f"corpus: train {len(offsets) - 1} lines {len(flat):,} tokens; heldout (out-of-domain) {len(held_lines)} lines "
+        f"{len(hflat):,} tokens; heldout in-distribution {0 if iflat is None else len(iflat):,} tokens "
+        f"(tokenized in {time.time() - t_tok:.1f} s)")
+    if args.smoke:
+        args.max_steps, args.eval_trials, args.warmup = 6, 2, 2
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # workers are forked after this point
 
     prior = {}
@@ -311,7 +412,8 @@ def main() -> None:
         opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                                 lr=args.lr, betas=(0.9, 0.95), eps=1e-8, **({"fused": True} if device == "cuda" else {}))
 
-        stream = RowStream(tok, flat, offsets, args.ctx, args.batch, args.seed)
+        stream = RowStream(tok, flat, offsets, args.ctx, args.batch, args.seed, p_lm=args.p_lm,
+                           answer_weight=args.answer_weight)
         loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=args.workers,
                                              pin_memory=(device == "cuda"), **({"prefetch_factor": 4} if args.workers else {}),
                                              persistent_workers=False)
@@ -321,6 +423,7 @@ def main() -> None:
         t_train0 = time.time()
         total_steps = args.max_steps          # re-estimated after the step time is known
         step, tokens_seen, t_loop0, data_wait = 0, 0, None, 0.0
+        last_ckpt = time.time()
         loss_ema = None
         while step < total_steps:
             now = time.time()
@@ -335,17 +438,25 @@ def main() -> None:
             for g in opt.param_groups:
                 g["lr"] = lr
             t0 = time.time()
-            x = next(it).to(device, non_blocking=True)
+            x, wts = next(it)
+            x, wts = x.to(device, non_blocking=True), wts.to(device, non_blocking=True)
             data_wait += time.time() - t0
             with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=(device == "cuda")):
                 logits = model(input_ids=x).logits
-            loss = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.size(-1)), x[:, 1:].reshape(-1))
+            ce = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.size(-1)), x[:, 1:].reshape(-1), reduction="none")
+            w = wts[:, 1:].reshape(-1)
+            loss = (ce * w).sum() / w.sum()
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             step += 1
             tokens_seen += x.numel()
+            if args.export and time.time() - last_ckpt > args.ckpt_every:
+                save_model(model, args, tok_note="checkpoint")
+                export(args.out, args.export)
+                last_ckpt = time.time()
+                model.train()
             if step == 20:
                 torch.cuda.synchronize() if device == "cuda" else None
                 t_loop0 = time.time()
@@ -358,35 +469,23 @@ def main() -> None:
                 lv = float(loss)
                 loss_ema = lv if loss_ema is None else 0.9 * loss_ema + 0.1 * lv
                 log(f"step {step:6d}/{total_steps} loss {lv:.4f} ema {loss_ema:.4f} lr {lr:.2e} tokens {tokens_seen:,} data_wait {data_wait:.1f}s")
-            if step % 1000 == 0:
+            if step % 1000 == 0 or (args.smoke and step == 3):
                 model.eval()
                 rng = random.Random(7)
                 maker = E.EpisodeMaker(lambda s: tok.encode(s, add_special_tokens=False).ids, BOS, EOS, tok.token_to_id("Ċ"))
                 probe = [maker.passkey(FlatLines(hflat, hoffsets), args.ctx, rng, template=0, digits=5) for _ in range(16)]
+                probe_kv = [maker.kvlist(args.ctx - 8, rng, digits=5) for _ in range(16)]
+                probe_mk = [maker.multikey(FlatLines(hflat, hoffsets), args.ctx - 8, rng, n_needles=4, digits=5) for _ in range(16)]
                 with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=(device == "cuda")):
-                    acc = sum(teacher_forced_exact(model, probe, device)) / len(probe)
-                log(f"probe passkey@{args.ctx} (held-out prose filler) {acc:.2f}")
+                    accs = [sum(teacher_forced_exact(model, pr, device)) / len(pr) for pr in (probe, probe_kv, probe_mk)]
+                log(f"probe @{args.ctx}: passkey {accs[0]:.2f} kvlist {accs[1]:.2f} multikey {accs[2]:.2f}")
                 model.train()
         train_seconds = time.time() - t_train0
         del it, loader
 
         # 4. save ------------------------------------------------------------------
         model.eval()
-        model.generation_config = GenerationConfig(bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD,
-                                                   do_sample=False, max_length=args.ctx)
-        model.to(torch.bfloat16).save_pretrained(str(args.out), max_shard_size="10MB")
-        tok_cfg = {
-            "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|bos|>", "eos_token": "<|eos|>",
-            "pad_token": "<|pad|>", "add_bos_token": True, "add_eos_token": False,
-            "model_max_length": args.ctx, "clean_up_tokenization_spaces": False,
-            "added_tokens_decoder": {str(i): {"content": s, "special": True, "lstrip": False, "rstrip": False,
-                                              "normalized": False, "single_word": False}
-                                     for i, s in enumerate(SPECIALS)},
-        }
-        (args.out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
-        shards = sorted(p.name for p in args.out.glob("*.safetensors"))
-        log(f"saved {args.out}: {shards}")
-        assert len(shards) >= 2 and (args.out / "model.safetensors.index.json").exists(), shards
+        save_model(model, args, tok_note="final")
         if args.export:
             export(args.out, args.export)
         del model, opt
@@ -401,15 +500,27 @@ def main() -> None:
                      "earlier_run": {k: prior.get(k) for k in ("steps", "tokens_seen", "train_seconds", "lr")} if prior else None,
                      "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
                      "weights": "bf16 upcast to fp32 for evaluation"}
+    results["architecture"] = {k: getattr(model.config, k) for k in (
+        "num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+        "head_dim", "vocab_size", "max_position_embeddings")}
+    n_win = 2 if args.smoke else 1000
     try:
-        ppl, nw = perplexity(model, hflat, args.ctx, device, max_windows=1000)
-        results["heldout_ppl"] = {"value": ppl, "windows": nw, "window": args.ctx, "text": "heldout.txt (Devil's Dictionary)"}
+        ppl, nw = perplexity(model, hflat, args.ctx, device, max_windows=n_win)
+        results["heldout_ppl"] = {"value": ppl, "windows": nw, "window": args.ctx,
+                                  "text": "heldout.txt (The Devil's Dictionary: out-of-domain, a source absent from training)"}
+        if iflat is not None:
+            ippl, iw = perplexity(model, iflat, args.ctx, device, max_windows=n_win)
+            results["heldout_indist_ppl"] = {"value": ippl, "windows": iw, "window": args.ctx,
+                                             "text": "heldout_indist.txt (documents of every training source, never trained on)"}
         rng_np = np.random.default_rng(0)
         starts = rng_np.integers(0, len(flat) - args.ctx, size=64)
         sample = np.concatenate([flat[s:s + args.ctx - 1] for s in starts])
         tppl, tw = perplexity(model, sample, args.ctx, device, max_windows=64)
         results["train_sample_ppl"] = {"value": tppl, "windows": tw}
-        log(f"heldout ppl {ppl:.2f} ({nw} windows); train-sample ppl {tppl:.2f}")
+        if iflat is not None:
+            results["indist_over_train_ppl"] = results["heldout_indist_ppl"]["value"] / tppl
+        log(f"heldout ppl: out-of-domain {ppl:.2f} ({nw} windows); in-distribution "
+            f"{results.get('heldout_indist_ppl', {}).get('value', float('nan')):.2f}; train-sample {tppl:.2f}")
 
         held_texts = held_lines
         held_ids = [hflat[hoffsets[i]:hoffsets[i + 1]].tolist() for i in range(len(held_lines))]
@@ -428,23 +539,29 @@ def main() -> None:
 
         passkey: dict = {}
         all_eps = []
+        all_ok: dict = {}
         for fname, src in (("grass", grass), ("heldout_prose", held_src)):
             by_depth = {}
             for d in depths:
                 eps, ok = run([maker.passkey(src, target, rng, template=0, digits=5, depth=d) for _ in range(args.eval_trials)])
                 by_depth[f"{int(d * 100)}"] = sum(ok) / len(ok)
+                all_ok.setdefault(f"{int(d * 100)}", []).extend(ok)
                 all_eps += eps
             passkey[fname] = {"by_depth_percent": by_depth, "mean": sum(by_depth.values()) / len(by_depth)}
             log(f"passkey {fname}: {by_depth}")
         lens = [len(e.ids) for e in all_eps]
         results["passkey"] = {"template": 0, "digits": 5, "trials_per_depth": args.eval_trials,
-                              "prompt_plus_answer_tokens": [min(lens), max(lens)], **passkey}
+                              "prompt_plus_answer_tokens": [min(lens), max(lens)], **passkey,
+                              "both_fillers_by_depth": {d: {"accuracy": sum(v) / len(v), "n": len(v),
+                                                            "wilson95": wilson(sum(v), len(v))}
+                                                        for d, v in all_ok.items()}}
 
-        def family(name, make, n=100):
+        def family(name, make, n=2 if args.smoke else 100):
             eps, ok = run([make() for _ in range(n)])
             acc = sum(ok) / len(ok)
             log(f"{name}: {acc:.3f}")
-            return {"accuracy": acc, "n": n, "tokens": [min(len(e.ids) for e in eps), max(len(e.ids) for e in eps)]}
+            return {"accuracy": acc, "n": n, "wilson95": wilson(sum(ok), n),
+                    "tokens": [min(len(e.ids) for e in eps), max(len(e.ids) for e in eps)]}
 
         results["kvlist_train_family"] = family("kvlist", lambda: maker.kvlist(target, rng, digits=5))
         results["multikey_train_family"] = family("multikey", lambda: maker.multikey(held_src, target, rng, n_needles=4, digits=5))
@@ -501,6 +618,17 @@ def write_golden(args, tok, hflat) -> None:
     grass = E.RepeatedLine(E.GRASS_LINE, maker.enc)
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     model = load_model(args.out, torch.float32, "eager", "cpu")
+    model_kv16 = None
+    try:  # the same forward with K and V rounded to fp16 (what kvslim's fp16 cache stores)
+        from transformers import AttentionInterface
+        from transformers.models.llama.modeling_llama import eager_attention_forward
+
+        def fp16kv_eager(module, query, key, value, attention_mask, **kw):
+            return eager_attention_forward(module, query, key.half().float(), value.half().float(), attention_mask, **kw)
+        AttentionInterface.register("fp16kv_eager", fp16kv_eager)
+        model_kv16 = load_model(args.out, torch.float32, "fp16kv_eager", "cpu")
+    except Exception as exc:  # noqa: BLE001 - the plain golden files still get written
+        log(f"fp16-KV reference unavailable: {exc!r}")
     gdir = args.golden
     gdir.mkdir(parents=True, exist_ok=True)
     n_last = 8
@@ -512,10 +640,18 @@ def write_golden(args, tok, hflat) -> None:
         sel = logits[-n_last:].contiguous().numpy().astype("<f4")
         fname = f"window_{n}.logits.f32"
         sel.tofile(gdir / fname)
-        windows.append({"name": f"window_{n}", "n_tokens": n, "heldout_token_offset": start,
-                        "input_ids": ids, "logit_positions": list(range(n - n_last, n)),
-                        "logits_file": fname, "logits_shape": [n_last, int(logits.size(-1))],
-                        "argmax_all_positions": logits.argmax(-1).tolist()})
+        entry = {"name": f"window_{n}", "n_tokens": n, "heldout_token_offset": start,
+                 "input_ids": ids, "logit_positions": list(range(n - n_last, n)),
+                 "logits_file": fname, "logits_shape": [n_last, int(logits.size(-1))],
+                 "argmax_all_positions": logits.argmax(-1).tolist()}
+        if model_kv16 is not None:
+            l16 = model_kv16(input_ids=x).logits[0].float()
+            f16 = f"window_{n}.logits_fp16kv.f32"
+            l16[-n_last:].contiguous().numpy().astype("<f4").tofile(gdir / f16)
+            entry["logits_fp16kv_file"] = f16
+            entry["fp16kv_vs_fp32_max_abs"] = float((l16[-n_last:] - logits[-n_last:]).abs().max())
+            entry["argmax_all_positions_fp16kv"] = l16.argmax(-1).tolist()
+        windows.append(entry)
     prompts = []
     rng = random.Random(99)
     pk = maker.passkey(grass, 200, rng, template=0, digits=5, depth=0.5)
