@@ -60,6 +60,9 @@ collect)
     sleep 5
   done
   tail -n 60 "$WORK/main.log"
+  if ! kill -0 "$(cat "$WORK/main.pid")" 2>/dev/null && [ -f tests/golden/tiny/golden.json ]; then
+    timeout 120 python3 training/golden_fp16kv.py && tar czf "$OUT/golden.tgz" tests/golden/tiny
+  fi
   copy_out
   ;;
 *)
