@@ -19,6 +19,7 @@ What goes where:
     "hidden_cosine") get the residual stream before and after attention during prefill.
 Limits: batches without padding (one sequence, or equal lengths), no beam search (reorder), no
 sliding-window layers; tensors on a GPU are copied to the CPU cache and the view back every step.
+Needs torch >= 2.0 (layer hooks with keyword arguments) and transformers >= 5.
 """
 from __future__ import annotations
 
@@ -108,7 +109,7 @@ class KVSlimCache(Cache):
         heads = hf.num_attention_heads
         kv_heads = getattr(hf, "num_key_value_heads", None) or heads
         head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // heads
-        self.config = config
+        self.kvslim_config = config  # (not `config`: transformers' Cache may use that name)
         self.kvslim = CacheSet(config, num_layers=len(layer_types), kv_heads=kv_heads, head_dim=head_dim)
         super().__init__(layers=[KVSlimLayer(LayerState(c)) for c in self.kvslim])
 
