@@ -12,5 +12,14 @@ from ._kvslim import ConfigError, InputError, simd_target
 from ._config import Config, methods
 from ._cache import Cache, CacheSet, View
 
-__all__ = ["Config", "ConfigError", "InputError", "Cache", "CacheSet", "View", "methods", "simd_target"]
+
+
+def has_attend() -> bool:
+    """Whether this build has the attend contract (Cache.append/attend/rows: attention computed by
+    each cache over its own, compressed, storage)."""
+    from ._kvslim import has_attend as flag
+    return bool(flag)
+
+
+__all__ = ["Config", "ConfigError", "InputError", "Cache", "CacheSet", "View", "has_attend", "methods", "simd_target"]
 __version__ = "0.1.0"

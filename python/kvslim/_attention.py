@@ -1,15 +1,22 @@
 """Attention over a kvslim cache's view, in torch, with the engine-side signals fed back.
 
 Kept free of transformers so it is tested in CI (Debian's torch, no transformers); kvslim.hf wires
-it into a model. Today's contract: the cache absorbs the step's keys/values and hands back the view
-(update_and_fetch); the layer attends over that view here. When the attend contract lands, the
-cache runs attention over its own storage and LayerState.attend becomes one call into it.
+it into a model. Two ways to attend (LayerState's `attention`):
+  "kvslim": the cache absorbs the step (append) and computes attention over its own storage
+            (attend: fp16 slots, packed groups) -- nothing is materialised. Needs the attend
+            contract (kvslim.has_attend()); the default where it exists.
+  "torch":  the cache absorbs the step and hands back its fp16 view (update_and_fetch); attention
+            runs here in torch, step for step as transformers' eager attention (so method "full"
+            reproduces it bit for bit). Works with every build.
 """
 from __future__ import annotations
 
 import torch
 
 from ._cache import Cache
+from ._kvslim import has_attend
+
+MODES = ("kvslim", "torch")
 
 
 def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
@@ -23,7 +30,14 @@ def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
 class LayerState:
     """One layer: its kvslim cache plus what the attention of the current step needs."""
 
-    def __init__(self, cache: Cache):
+    def __init__(self, cache: Cache, attention: str | None = None):
+        if attention is None:
+            attention = "kvslim" if has_attend else "torch"
+        if attention not in MODES:
+            raise ValueError(f"attention: {attention!r} is not one of {MODES}")
+        if attention == "kvslim" and not has_attend:
+            raise ValueError('attention="kvslim" needs the attend contract, which this kvslim build lacks; use "torch"')
+        self.mode = attention
         self.cache = cache
         self.seen = 0                 # next absolute position (tokens absorbed)
         self.view_positions = None    # [B, H_kv, T] int64 on the model's device, rows of the last view
@@ -33,13 +47,19 @@ class LayerState:
         self.wants_hidden = needs["hidden_states"]
 
     def update(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor | None = None):
-        """Absorbs the step's [B, H_kv, S, D] keys/values at `positions` (S ints; None: continue) and
-        returns the view as (keys, values) tensors on the inputs' device and dtype (owned copies:
-        the cache's storage is not handed to the model)."""
+        """Absorbs the step's [B, H_kv, S, D] keys/values at `positions` (S ints; None: continue).
+        "torch": returns the view as (keys, values) tensors on the inputs' device and dtype (owned
+        copies: the cache's storage is not handed to the model). "kvslim": returns the inputs
+        unchanged (attend reads the cache, not them)."""
         s = keys.shape[-2]
         if positions is None:
             positions = torch.arange(self.seen, self.seen + s, dtype=torch.int64)
         positions = positions.detach().to(device="cpu", dtype=torch.int64).reshape(-1)
+        if self.mode == "kvslim":
+            self.cache.append(keys, values, positions.numpy())
+            self.seen = int(positions[-1]) + 1
+            self.query_positions = positions
+            return keys, values
         view = self.cache.update(keys, values, positions.numpy(), copy=True)
         self.seen = int(positions[-1]) + 1
         self.query_positions = positions.to(keys.device)
@@ -53,6 +73,8 @@ class LayerState:
         update). The arithmetic follows transformers' eager attention step for step (so method "full"
         reproduces it exactly); the causal mask comes from absolute positions because a compressed
         view's rows are not in position order. Returns (output [B, S, H_q, D], weights [B, H_q, S, T])."""
+        if self.mode == "kvslim":
+            return self._attend_in_cache(query, scaling)
         b, hq, s, d = query.shape
         hkv, t = key.shape[1], key.shape[2]
         if self.view_positions is None or self.view_positions.shape[-1] != t:
@@ -74,6 +96,16 @@ class LayerState:
         weights = torch.nn.functional.dropout(weights, p=dropout, training=training)
         out = torch.matmul(weights, repeat_kv(value, groups)).transpose(1, 2).contiguous()
         return out, weights
+
+    def _attend_in_cache(self, query: torch.Tensor, scaling: float | None):
+        # The cache's own kernels (fp32 arithmetic over its fp16/packed storage), on the CPU.
+        if self.query_positions is None or query.shape[2] != self.query_positions.shape[0]:
+            raise RuntimeError("kvslim attention: the queries are not those of this layer's last append")
+        q = query.detach().transpose(1, 2).to(device="cpu", dtype=torch.float32).contiguous()  # [B, S, H_q, D]
+        out, probs = self.cache.attend(q, self.query_positions, scaling, probs=self.wants_attention)
+        if self.wants_attention:
+            self.cache.observe_attention(probs, self.query_positions)
+        return torch.from_numpy(out).to(device=query.device, dtype=query.dtype), None
 
     def reset(self) -> None:
         self.cache.reset()

@@ -79,6 +79,34 @@ class Cache:
             raise _kvslim.InputError(f"values: element type {v.dtype}/{vd or v.dtype} differs from keys' {k.dtype}/{kd or k.dtype}")
         return _view(self._core.update_and_fetch(k, v, as_positions(positions), kd), copy)
 
+    # -- the attend contract (issue 11), when the library has it: kvslim.has_attend() --
+    def append(self, keys, values, positions=None) -> None:
+        """Absorbs a block [B, H_kv, S, D] (as update) without materialising anything."""
+        self._need_attend("append")
+        k, kd = as_block(keys, "keys")
+        v, vd = as_block(values, "values")
+        if kd != vd:
+            raise _kvslim.InputError(f"values: element type {v.dtype}/{vd or v.dtype} differs from keys' {k.dtype}/{kd or k.dtype}")
+        self._core.append(k, v, as_positions(positions), kd)
+
+    def attend(self, queries, query_positions, scale: float | None = None, probs: bool = False):
+        """Attention of queries [B, S, H_q, D] (fp32; GQA: H_q a multiple of H_kv) over what the cache
+        keeps, computed from its own storage, causal by absolute position. Returns (out fp32
+        [B, S, H_q, D], probs fp32 [B, H_kv, S, rows()] summed over each KV group, or None); probs can
+        be passed straight to observe_attention."""
+        self._need_attend("attend")
+        return self._core.attend(as_float32(queries, "queries"), as_positions(query_positions, "query_positions"),
+                                 0.0 if scale is None else float(scale), bool(probs))
+
+    def rows(self) -> int:
+        """Rows kept per (batch, KV head)."""
+        self._need_attend("rows")
+        return self._core.rows()
+
+    def _need_attend(self, what: str) -> None:
+        if not _kvslim.has_attend:
+            raise NotImplementedError(f"Cache.{what}: this kvslim build has the update_and_fetch contract only")
+
     def view(self, *, copy: bool = True) -> View:
         """The current view without absorbing anything."""
         return _view(self._core.view(), copy)

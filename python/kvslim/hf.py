@@ -11,10 +11,13 @@ What goes where:
     layers share their coordinator). Its layers absorb each step's RoPE'd keys/values at their
     absolute positions; the kept state lives in kvslim's CPU memory (resident_bytes()), the model
     never holds a copy between steps.
-  * The attention function registered as "kvslim" (AttentionInterface) attends over the layer's view
-    with a causal mask built from absolute positions (a compressed view's rows are not in position
-    order), and reports attention probabilities to the caches that score with them (h2o/squeeze/
-    pyramidkv with evict_scoring="attention*", zipcache with zipcache_saliency="attention_normalized").
+  * The attention function registered as "kvslim" (AttentionInterface) runs the layer's attention
+    through its cache, causal by absolute position (a compressed cache's rows are not in position
+    order): attention="kvslim" (default when the library has the attend contract) lets the cache
+    compute it over its own compressed storage; attention="torch" attends in torch over the fp16
+    view (eager arithmetic: "full" reproduces DynamicCache bit for bit). Either way attention
+    probabilities reach the caches that score with them (h2o/squeeze/pyramidkv with
+    evict_scoring="attention*", zipcache with zipcache_saliency="attention_normalized").
   * prepare() also hooks every decoder layer so caches that use hidden states (squeeze_signal=
     "hidden_cosine") get the residual stream before and after attention during prefill.
 Limits: batches without padding (one sequence, or equal lengths), no beam search (reorder), no
@@ -99,9 +102,11 @@ def _text_config(config):
 
 
 class KVSlimCache(Cache):
-    """A transformers Cache whose layers are kvslim caches, built for `model` (or its config)."""
+    """A transformers Cache whose layers are kvslim caches, built for `model` (or its config).
+    attention: "kvslim" (the caches' own attention over compressed storage) or "torch" (over the
+    materialised fp16 view); None picks "kvslim" where the library has it."""
 
-    def __init__(self, model_or_config, config: Config):
+    def __init__(self, model_or_config, config: Config, attention: str | None = None):
         hf = _text_config(getattr(model_or_config, "config", model_or_config))
         layer_types = getattr(hf, "layer_types", None) or ["full_attention"] * hf.num_hidden_layers
         if any(t != "full_attention" for t in layer_types):
@@ -111,7 +116,9 @@ class KVSlimCache(Cache):
         head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // heads
         self.kvslim_config = config  # (not `config`: transformers' Cache may use that name)
         self.kvslim = CacheSet(config, num_layers=len(layer_types), kv_heads=kv_heads, head_dim=head_dim)
-        super().__init__(layers=[KVSlimLayer(LayerState(c)) for c in self.kvslim])
+        states = [LayerState(c, attention) for c in self.kvslim]
+        self.attention = states[0].mode if states else attention
+        super().__init__(layers=[KVSlimLayer(st) for st in states])
 
     def update(self, key_states, value_states, layer_idx: int, cache_kwargs=None, *args, **kwargs):
         return self.layers[layer_idx].update(key_states, value_states, cache_kwargs)

@@ -1,9 +1,11 @@
 // kvslim._kvslim: the C++ library as a Python extension module (pybind11). The Python package
 // (python/kvslim) wraps it: torch tensors in, config typing, the HF integration.
 //
-// Contract bound here: today's update_and_fetch (absorb a block, return the view to attend over)
-// plus the observation hooks. When the append/attend contract lands, Cache gains append() and
-// attend() next to these; the array helpers in arrays.h stay as they are.
+// Contract bound here: update_and_fetch (absorb a block, return the fp16 view) and view(), the
+// observation hooks, and -- when the library has the attend contract (issue 11: append + attend over
+// the cache's own storage) -- append(), attend() and rows(). That contract is detected at compile
+// time (bind_attend below) so this file builds against the library before and after it lands;
+// once it is merged the detection can go.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -14,6 +16,10 @@
 
 #include "arrays.h"
 #include "kvslim/kvslim.h"
+
+namespace kvslim {
+struct QueryBlock;  // defined by the attend contract's cache.h; only named in templates here
+}
 
 namespace py = pybind11;
 using namespace kvslim;
@@ -84,6 +90,63 @@ void observe_hidden(KVCache& cache, const py::array_t<float, py::array::c_style 
                                          static_cast<std::size_t>(before.shape(2))});
 }
 
+using Float32Array = py::array_t<float, py::array::c_style | py::array::forcecast>;
+
+// append / attend / rows of the attend contract. Q is QueryBlock: a template parameter so that
+// nothing here is checked unless the contract exists (see bind_attend).
+template <class C, class Q>
+void bind_attend_methods(py::class_<C>& cls) {
+  cls.def(
+      "append",
+      [](C& c, const py::array& keys, const py::array& values, const std::optional<PositionsArray>& positions,
+         const std::string& dtype) {
+        const KVBlock k = as_block(keys, dtype, "keys");
+        const KVBlock v = as_block(values, dtype, "values");
+        if (k.dtype != v.dtype) throw InputError("values: element type differs from keys'");
+        c.append(k, v, as_positions(positions, "positions"));
+      },
+      py::arg("keys"), py::arg("values"), py::arg("positions") = py::none(), py::arg("dtype") = "");
+  cls.def("rows", [](const C& c) { return c.rows(); });
+  // queries fp32 [B, S, H_q, D] -> (out fp32 [B, S, H_q, D], probs fp32 [B, H_kv, S, rows] or None).
+  cls.def(
+      "attend",
+      [](const C& c, const Float32Array& queries, const PositionsArray& query_positions, float scale, bool want_probs) {
+        if (queries.ndim() != 4) throw InputError("queries: expected 4 dimensions [batch, tokens, heads, head_dim]");
+        if (query_positions.ndim() != 1) throw InputError("query_positions: expected a 1-D array of int64 positions");
+        const auto B = queries.shape(0), S = queries.shape(1), H = queries.shape(2), D = queries.shape(3);
+        Q q{queries.data(), static_cast<std::size_t>(B), static_cast<std::size_t>(S), static_cast<std::size_t>(H),
+            static_cast<std::size_t>(D), scale};
+        py::array_t<float> out(std::vector<py::ssize_t>{B, S, H, D});
+        py::object probs = py::none();
+        float* probs_ptr = nullptr;
+        if (want_probs) {
+          // Sized from the cache itself (never from the caller): [B, H_kv, S, rows].
+          const auto kv_heads = static_cast<py::ssize_t>(c.stats().heads);
+          py::array_t<float> p(std::vector<py::ssize_t>{B, kv_heads, S, static_cast<py::ssize_t>(c.rows())});
+          probs_ptr = p.mutable_data();
+          probs = p;
+        }
+        c.attend(q, std::span<const std::int64_t>(query_positions.data(), static_cast<std::size_t>(query_positions.shape(0))),
+                 out.mutable_data(), probs_ptr);
+        return py::make_tuple(out, probs);
+      },
+      py::arg("queries"), py::arg("query_positions"), py::arg("scale") = 0.0f, py::arg("want_probs") = false);
+}
+
+template <class C, class Q>
+bool bind_attend(py::class_<C>& cls) {
+  if constexpr (requires(C& c, const C& cc, const Q& q, float* out) {
+                  cc.rows();
+                  cc.attend(q, std::span<const std::int64_t>{}, out, out);
+                  c.append(KVBlock{}, KVBlock{}, std::span<const std::int64_t>{});
+                }) {
+    bind_attend_methods<C, Q>(cls);
+    return true;
+  } else {
+    return false;
+  }
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_kvslim, m) {
@@ -103,7 +166,8 @@ PYBIND11_MODULE(_kvslim, m) {
       .def("validate", &KVCacheConfig::validate)
       .def("copy", [](const KVCacheConfig& c) { return KVCacheConfig(c); });
 
-  py::class_<KVCache>(m, "Cache")
+  py::class_<KVCache> cache_class(m, "Cache");
+  cache_class
       .def(
           "update_and_fetch",
           [](py::object self, const py::array& keys, const py::array& values, const std::optional<PositionsArray>& positions,
@@ -132,6 +196,7 @@ PYBIND11_MODULE(_kvslim, m) {
       .def("observe_hidden", &observe_hidden, py::arg("before"), py::arg("after"))
       .def_property_readonly("method", [](const KVCache& c) { return std::string(c.method()); })
       .def_property_readonly("layer_id", &KVCache::layer_id);
+  m.attr("has_attend") = bind_attend<KVCache, QueryBlock>(cache_class);
 
   m.def("create_cache", &KVCacheFactory::create, py::arg("config"),
         "A lone cache (no coordinator: squeeze behaves as uniform-budget H2O).");
