@@ -10,6 +10,9 @@ import kvslim
 from kvslim._attention import LayerState, repeat_kv
 
 B, HQ, HKV, D = 1, 4, 2, 16
+# "torch" (attention over the fp16 view here) always; "kvslim" (the cache's own attention) where
+# the library has the attend contract.
+MODES = ["torch"] + (["kvslim"] if kvslim.has_attend() else [])
 
 
 def qkv(s, seed):
@@ -25,8 +28,9 @@ def reference(q, k, v, q_pos, k_pos):
     return torch.matmul(torch.softmax(w, dim=-1), repeat_kv(v, HQ // HKV)).transpose(1, 2)
 
 
-def test_full_method_is_plain_causal_attention():
-    state = LayerState(kvslim.Cache(kvslim.Config(method="full")))
+@pytest.mark.parametrize("mode", MODES)
+def test_full_method_is_plain_causal_attention(mode):
+    state = LayerState(kvslim.Cache(kvslim.Config(method="full")), mode)
     keys, values = [], []
     for step, s in enumerate([9, 1, 1, 5, 1]):
         q, k, v = qkv(s, step)
@@ -45,7 +49,7 @@ def test_mask_follows_positions_after_eviction():
     # A prompt longer than the budget: the view is evicted during prefill and its rows are out of
     # order; every query must still see exactly the kept rows at positions <= its own.
     cache = kvslim.Cache(kvslim.Config(method="h2o", h2o_budget=6, h2o_n_sink=2))
-    state = LayerState(cache)
+    state = LayerState(cache, "torch")
     q, k, v = qkv(12, 1)
     vk, vv = state.update(k, v, torch.arange(100, 112))
     assert vk.shape[2] == 6
@@ -69,7 +73,7 @@ class Spy(kvslim.Cache):
         self.observed = []
 
     def observe_attention(self, probs, query_positions):
-        self.observed.append((probs.clone(), query_positions.clone()))
+        self.observed.append((torch.as_tensor(np.array(probs)), torch.as_tensor(np.array(query_positions))))
         super().observe_attention(probs, query_positions)
 
 
@@ -78,9 +82,10 @@ class Spy(kvslim.Cache):
     {"method": "squeeze", "squeeze_budget": 8, "evict_scoring": "attention_normalized"},
     {"method": "zipcache", "zipcache_saliency": "attention_normalized", "zipcache_staging": 32},
 ])
-def test_attention_probabilities_reach_the_cache(fields):
+@pytest.mark.parametrize("mode", MODES)
+def test_attention_probabilities_reach_the_cache(fields, mode):
     spy = Spy(kvslim.Config(**fields))
-    state = LayerState(spy)
+    state = LayerState(spy, mode)
     assert state.wants_attention
     steps = [10, 1, 1, 1, 4]
     for step, s in enumerate(steps):
@@ -88,7 +93,7 @@ def test_attention_probabilities_reach_the_cache(fields):
         out, _ = state.attend(q, *state.update(k, v))
     assert len(spy.observed) == len(steps)
     probs, qpos = spy.observed[-1]
-    assert probs.shape == (B, HKV, 4, state.view_positions.shape[-1])
+    assert probs.shape[:3] == (B, HKV, 4)  # [B, H_kv, queries, rows the step attended over]
     # Summed over the 2 query heads of each group: every query row sums to 2.
     torch.testing.assert_close(probs.sum(-1), torch.full((B, HKV, 4), 2.0))
     assert qpos.tolist() == [13, 14, 15, 16]
@@ -115,7 +120,15 @@ def test_attention_scoring_changes_what_is_kept():
 
 
 def test_attend_rejects_keys_that_are_not_the_view():
-    state = LayerState(kvslim.Cache(kvslim.Config()))
+    state = LayerState(kvslim.Cache(kvslim.Config()), "torch")
     q, k, v = qkv(3, 0)
     with pytest.raises(RuntimeError, match="view"):
         state.attend(q, k, v)
+
+
+def test_attention_mode_is_checked():
+    with pytest.raises(ValueError, match="attention"):
+        LayerState(kvslim.Cache(kvslim.Config()), "flash")
+    if not kvslim.has_attend():
+        with pytest.raises(ValueError, match="attend contract"):
+            LayerState(kvslim.Cache(kvslim.Config()), "kvslim")
