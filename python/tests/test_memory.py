@@ -22,12 +22,17 @@ PROBE = textwrap.dedent(f"""
             return int(f.read().split()[1]) * 4096
 
     k = np.random.default_rng(0).standard_normal((1, {HEADS}, {CHUNK}, {DIM}), dtype=np.float32)
-    cfg = kvslim.Config(**json.loads(sys.argv[1]))
+    fields = json.loads(sys.argv[1])
+    append = fields.pop("append", False)  # the attend contract: absorb without materialising
+    cfg = kvslim.Config(**fields)
     cs = kvslim.CacheSet(cfg, num_layers=1, kv_heads={HEADS}, head_dim={DIM})
     cs[0].update(k[:, :, :1], k[:, :, :1])  # first allocations, module set-up
     before = rss()
     for _ in range({CHUNKS}):
-        cs[0].update(k, k, copy=False)
+        if append:
+            cs[0].append(k, k)
+        else:
+            cs[0].update(k, k, copy=False)
     st = cs[0].stats()
     print(json.dumps(dict(rss_growth=rss() - before, resident=st.resident_bytes, view=st.view_bytes,
                           seen=st.seen_fp16_bytes, kept=st.tokens_kept)))
@@ -70,3 +75,12 @@ def test_compressed_caches_allocate_a_fraction(full, fields):
         # Under update_and_fetch a quantized cache also keeps the fp16 view it hands out (view_bytes,
         # as large as a full cache); the attend contract (issue 11) removes that scratch.
         assert r["view"] >= 0.9 * full["resident"], r
+
+
+@pytest.mark.skipif(not kvslim.has_attend(), reason="this kvslim build has the update_and_fetch contract only")
+@pytest.mark.parametrize("fields", [{"method": "kivi", "kivi_bits": 2}, {"method": "zipcache"}])
+def test_quantized_caches_under_append_hold_only_their_state(full, fields):
+    # append + attend never materialises: the process grows by the packed state, not by a view.
+    r = probe(dict(fields, append=True))
+    assert r["rss_growth"] <= r["resident"] + r["view"] + (4 << 20), r
+    assert r["rss_growth"] < 0.5 * full["rss_growth"], (r, full)
