@@ -78,11 +78,11 @@ def dynamic_cache_bytes(cache) -> int:
 
 
 def generate(model, ids, new_tokens, sample, cache=None, seed=1234):
-    from transformers import DynamicCache
-    if cache is None:
-        cache = DynamicCache()
-    kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, past_key_values=cache,
-                  return_dict_in_generate=True, pad_token_id=0)
+    """(new token ids, the cache generate used): `cache` None lets transformers make its default
+    DynamicCache (the reference)."""
+    kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, return_dict_in_generate=True, pad_token_id=0)
+    if cache is not None:
+        kwargs["past_key_values"] = cache
     if sample:
         kwargs.update(do_sample=True, temperature=0.8, top_k=50, top_p=0.95)
     else:
@@ -91,7 +91,7 @@ def generate(model, ids, new_tokens, sample, cache=None, seed=1234):
     input_ids = torch.tensor([ids], device=model.device)
     with torch.no_grad():
         out = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **kwargs)
-    return out.sequences[0, len(ids):].tolist(), cache
+    return out.sequences[0, len(ids):].tolist(), (cache if cache is not None else out.past_key_values)
 
 
 def check_model(name, model_dir, ids, device, dtype, new_tokens=32, prompt_len=128, log=print):
