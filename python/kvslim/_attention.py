@@ -45,6 +45,7 @@ class LayerState:
         needs = cache.needs()
         self.wants_attention = needs["attention"]
         self.wants_hidden = needs["hidden_states"]
+        self.attention_reports = self.hidden_reports = 0  # signals handed to the cache (diagnostics)
 
     def update(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor | None = None):
         """Absorbs the step's [B, H_kv, S, D] keys/values at `positions` (S ints; None: continue).
@@ -92,6 +93,7 @@ class LayerState:
             # Summed over the query heads of each KV group: [B, H_kv, S, T], rows of the view.
             observed = probs.reshape(b, hkv, groups, s, t).sum(dim=2)
             self.cache.observe_attention(observed, self.query_positions)
+            self.attention_reports += 1
         weights = probs.to(query.dtype)
         weights = torch.nn.functional.dropout(weights, p=dropout, training=training)
         out = torch.matmul(weights, repeat_kv(value, groups)).transpose(1, 2).contiguous()
@@ -105,7 +107,13 @@ class LayerState:
         out, probs = self.cache.attend(q, self.query_positions, scaling, probs=self.wants_attention)
         if self.wants_attention:
             self.cache.observe_attention(probs, self.query_positions)
+            self.attention_reports += 1
         return torch.from_numpy(out).to(device=query.device, dtype=query.dtype), None
+
+    def observe_hidden(self, before: torch.Tensor, after: torch.Tensor) -> None:
+        """Hidden states [B, T, hidden] before attention and after attention plus the residual."""
+        self.cache.observe_hidden(before, after)
+        self.hidden_reports += 1
 
     def reset(self) -> None:
         self.cache.reset()

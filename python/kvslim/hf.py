@@ -146,6 +146,11 @@ class KVSlimCache(Cache):
     def stats(self) -> list:
         return self.kvslim.stats()
 
+    def signal_reports(self) -> dict:
+        """How many attention / hidden-state observations reached the caches (summed over layers)."""
+        return {"attention": sum(l.state.attention_reports for l in self.layers),
+                "hidden_states": sum(l.state.hidden_reports for l in self.layers)}
+
 
 def kvslim_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """The "kvslim" attention implementation: attention over the layer's kvslim view.
@@ -244,7 +249,7 @@ def _hook_hidden_states(layer, idx):
         if state is None or x.shape[1] < 2:  # decode steps: the engine observes prefill only
             return
         attn = output[0] if isinstance(output, tuple) else output
-        state.cache.observe_hidden(x.float(), (x + attn).float())
+        state.observe_hidden(x.float(), (x + attn).float())
 
     return [layer.register_forward_pre_hook(before, with_kwargs=True),
             layer.self_attn.register_forward_hook(after, with_kwargs=True)]

@@ -128,6 +128,12 @@ def check_model(name, model_dir, ids, device, dtype, new_tokens=32, prompt_len=1
             stats = cache.stats()
             rec["kept_per_layer"] = [s["tokens_kept"] if s else None for s in stats]
             rec["tokens_seen"] = stats[0]["tokens_seen"]
+            rec["signal_reports"] = cache.signal_reports()
+            rec["rebudgeted_layers"] = [s["figures"].get("rebudgeted") for s in stats if s]
+            # The engine-side signals must have reached the caches that asked for them.
+            needs = cache.layers[0].state
+            rec["signals_ok"] = ((not needs.wants_attention or rec["signal_reports"]["attention"] > 0) and
+                                 (not needs.wants_hidden or rec["signal_reports"]["hidden_states"] > 0))
             sampled, _ = generate(model, ids, new_tokens, sample=True,
                                   cache=kvslim.hf.KVSlimCache(model, kvslim.Config(**fields), attention=attention))
             rec["greedy"], rec["sampled"] = greedy, sampled
@@ -140,7 +146,7 @@ def check_model(name, model_dir, ids, device, dtype, new_tokens=32, prompt_len=1
                 # kernels (attention="kvslim") differ from fp16 eager by rounding, so reported only.
                 rec["pass"] = rec["generated"] and (rec["greedy_equal_dynamic"] or cache.attention != "torch")
             else:
-                rec["pass"] = rec["generated"] and rec["resident_bytes"] > 0
+                rec["pass"] = rec["generated"] and rec["resident_bytes"] > 0 and rec["signals_ok"]
         except Exception as e:  # report and go on with the other variants
             rec["pass"] = False
             rec["error"] = f"{type(e).__name__}: {e}"
@@ -154,7 +160,7 @@ def check_model(name, model_dir, ids, device, dtype, new_tokens=32, prompt_len=1
                      if label.startswith("full") else f" greedy agreement with DynamicCache {rec['greedy_agreement']:.2f}")
             log(f"   {label:26s} {'ok  ' if rec['pass'] else 'FAIL'} [{rec['attention']}] resident {rec['resident_bytes']:>9d} B "
                 f"(fp16 of all seen {rec['seen_fp16_bytes']:>9d} B, DynamicCache {ref_bytes:>9d} B), "
-                f"kept/layer {rec['kept_per_layer']}, {rec['greedy_seconds']:.2f} s;{extra}")
+                f"kept/layer {rec['kept_per_layer']}, signals {rec['signal_reports']}, {rec['greedy_seconds']:.2f} s;{extra}")
     kvslim.hf.restore(model)
     return records, ok
 

@@ -91,7 +91,7 @@ def test_attention_probabilities_reach_the_cache(fields, mode):
     for step, s in enumerate(steps):
         q, k, v = qkv(s, 10 + step)
         out, _ = state.attend(q, *state.update(k, v))
-    assert len(spy.observed) == len(steps)
+    assert len(spy.observed) == len(steps) == state.attention_reports
     probs, qpos = spy.observed[-1]
     assert probs.shape[:3] == (B, HKV, 4)  # [B, H_kv, queries, rows the step attended over]
     # Summed over the 2 query heads of each group: every query row sums to 2.
