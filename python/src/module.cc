@@ -157,6 +157,10 @@ PYBIND11_MODULE(_kvslim, m) {
   py::register_exception<InputError>(m, "InputError", PyExc_ValueError);
 
   m.def("methods", &method_names, "Method ids, in the library's order.");
+  // Where a KVBlock made from this array points (tests: inputs are read in place, not copied).
+  m.def("_block_address", [](const py::array& a, const std::string& dtype) {
+    return reinterpret_cast<std::uintptr_t>(as_block(a, dtype, "array").data);
+  });
   m.def("simd_target", &simd_target_name, "Instruction set the run-time dispatcher picked.");
 
   py::class_<KVCacheConfig>(m, "Config")

@@ -151,3 +151,19 @@ def test_view_without_copy_aliases_the_cache():
     assert cache.view(copy=False).keys.__array_interface__["data"][0] == view.keys.__array_interface__["data"][0]
     owned = cache.view()
     assert owned.keys.flags.writeable and owned.keys.__array_interface__["data"][0] != view.keys.__array_interface__["data"][0]
+
+
+def test_inputs_are_read_in_place():
+    # The block the C++ cache reads points at the caller's own memory when the layout allows.
+    from kvslim import _kvslim
+    from kvslim._arrays import as_block
+    a = np.zeros((1, 2, 3, 8), np.float32)
+    assert _kvslim._block_address(*as_block(a, "keys")) == a.ctypes.data
+    h = a.astype(np.float16)
+    assert _kvslim._block_address(*as_block(h, "keys")) == h.ctypes.data
+    torch = pytest.importorskip("torch")
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        t = torch.zeros(1, 2, 3, 8, dtype=dtype)
+        assert _kvslim._block_address(*as_block(t, "keys")) == t.data_ptr(), dtype
+    strided = torch.zeros(1, 3, 2, 8).transpose(1, 2)  # needs one contiguous copy
+    assert _kvslim._block_address(*as_block(strided, "keys")) != strided.data_ptr()
