@@ -1,0 +1,25 @@
+"""kvslim: bounded, compressed KV caches for LLM inference (Python binding of the C++ library).
+
+    import kvslim
+    cfg = kvslim.Config(method="squeeze", squeeze_budget=128)
+    caches = kvslim.CacheSet(cfg, num_layers=4, kv_heads=2, head_dim=64)
+    view = caches[0].update(keys, values)      # numpy arrays or torch tensors, [B, H_kv, S, D]
+    caches.resident_bytes()
+
+HF transformers models: see kvslim.hf.
+"""
+from ._kvslim import ConfigError, InputError, simd_target
+from ._config import Config, methods
+from ._cache import Cache, CacheSet, View
+
+
+
+def has_attend() -> bool:
+    """Whether this build has the attend contract (Cache.append/attend/rows: attention computed by
+    each cache over its own, compressed, storage)."""
+    from ._kvslim import has_attend as flag
+    return bool(flag)
+
+
+__all__ = ["Config", "ConfigError", "InputError", "Cache", "CacheSet", "View", "has_attend", "methods", "simd_target"]
+__version__ = "0.1.0"

@@ -1,0 +1,60 @@
+"""numpy arrays and torch tensors in, as the C++ side takes them, copying only when the layout needs it."""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from ._kvslim import InputError
+
+
+def _torch():
+    # torch is optional: only consulted when the caller already imported it.
+    return sys.modules.get("torch")
+
+
+def as_block(x, name: str):
+    """(array, dtype hint) over the same memory as `x` when it is a C-contiguous CPU fp32/fp16/bf16
+    tensor or array; a contiguous CPU copy otherwise (other device, strided layout)."""
+    torch = _torch()
+    if torch is not None and isinstance(x, torch.Tensor):
+        t = x.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        if not t.is_contiguous():
+            t = t.contiguous()
+        if t.dtype == torch.float32:
+            return t.numpy(), "f32"
+        if t.dtype == torch.float16:
+            return t.numpy(), "f16"
+        if t.dtype == torch.bfloat16:
+            return t.view(torch.int16).numpy(), "bf16"  # numpy has no bf16: raw bits
+        raise InputError(f"{name}: torch dtype {t.dtype} is not float32, float16 or bfloat16")
+    if isinstance(x, np.ndarray):
+        if x.dtype not in (np.float32, np.float16):
+            raise InputError(f"{name}: numpy dtype {x.dtype} is not float32 or float16 "
+                             "(bf16 bits: pass a torch bfloat16 tensor)")
+        return np.ascontiguousarray(x), ""
+    raise InputError(f"{name}: expected a numpy array or torch tensor, got {type(x).__name__}")
+
+
+def as_positions(p, name: str = "positions"):
+    if p is None:
+        return None
+    torch = _torch()
+    if torch is not None and isinstance(p, torch.Tensor):
+        p = p.detach().cpu().numpy()
+    a = np.asarray(p)
+    if a.dtype.kind not in "iu":
+        raise InputError(f"{name}: positions must be integers, got {a.dtype}")
+    return np.ascontiguousarray(a, dtype=np.int64)
+
+
+def as_float32(x, name: str):
+    """fp32 C-contiguous numpy array (observation inputs)."""
+    torch = _torch()
+    if torch is not None and isinstance(x, torch.Tensor):
+        x = x.detach().to(device="cpu", dtype=torch.float32).contiguous().numpy()
+    if not isinstance(x, np.ndarray):
+        raise InputError(f"{name}: expected a numpy array or torch tensor, got {type(x).__name__}")
+    return np.ascontiguousarray(x, dtype=np.float32)

@@ -1,0 +1,121 @@
+"""Attention over a kvslim cache's view, in torch, with the engine-side signals fed back.
+
+Kept free of transformers so it is tested in CI (Debian's torch, no transformers); kvslim.hf wires
+it into a model. Two ways to attend (LayerState's `attention`):
+  "kvslim": the cache absorbs the step (append) and computes attention over its own storage
+            (attend: fp16 slots, packed groups) -- nothing is materialised. Needs the attend
+            contract (kvslim.has_attend()); the default where it exists.
+  "torch":  the cache absorbs the step and hands back its fp16 view (update_and_fetch); attention
+            runs here in torch, step for step as transformers' eager attention (so method "full"
+            reproduces it bit for bit). Works with every build.
+"""
+from __future__ import annotations
+
+import torch
+
+from ._cache import Cache
+from ._kvslim import has_attend
+
+MODES = ("kvslim", "torch")
+
+
+def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """[B, H_kv, T, D] -> [B, H_kv * groups, T, D], query head h reading KV head h // groups."""
+    if groups == 1:
+        return x
+    b, h, t, d = x.shape
+    return x[:, :, None].expand(b, h, groups, t, d).reshape(b, h * groups, t, d)
+
+
+class LayerState:
+    """One layer: its kvslim cache plus what the attention of the current step needs."""
+
+    def __init__(self, cache: Cache, attention: str | None = None):
+        if attention is None:
+            attention = "kvslim" if has_attend else "torch"
+        if attention not in MODES:
+            raise ValueError(f"attention: {attention!r} is not one of {MODES}")
+        if attention == "kvslim" and not has_attend:
+            raise ValueError('attention="kvslim" needs the attend contract, which this kvslim build lacks; use "torch"')
+        self.mode = attention
+        self.cache = cache
+        self.seen = 0                 # next absolute position (tokens absorbed)
+        self.view_positions = None    # [B, H_kv, T] int64 on the model's device, rows of the last view
+        self.query_positions = None   # [S] int64: positions of the step's queries (= its new tokens)
+        needs = cache.needs()
+        self.wants_attention = needs["attention"]
+        self.wants_hidden = needs["hidden_states"]
+        self.attention_reports = self.hidden_reports = 0  # signals handed to the cache (diagnostics)
+
+    def update(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor | None = None):
+        """Absorbs the step's [B, H_kv, S, D] keys/values at `positions` (S ints; None: continue).
+        "torch": returns the view as (keys, values) tensors on the inputs' device and dtype (owned
+        copies: the cache's storage is not handed to the model). "kvslim": returns the inputs
+        unchanged (attend reads the cache, not them)."""
+        s = keys.shape[-2]
+        if positions is None:
+            positions = torch.arange(self.seen, self.seen + s, dtype=torch.int64)
+        positions = positions.detach().to(device="cpu", dtype=torch.int64).reshape(-1)
+        if self.mode == "kvslim":
+            self.cache.append(keys, values, positions.numpy())
+            self.seen = int(positions[-1]) + 1
+            self.query_positions = positions
+            return keys, values
+        view = self.cache.update(keys, values, positions.numpy(), copy=True)
+        self.seen = int(positions[-1]) + 1
+        self.query_positions = positions.to(keys.device)
+        k, v, p = view.torch()
+        self.view_positions = p.to(keys.device)
+        return k.to(device=keys.device, dtype=keys.dtype), v.to(device=values.device, dtype=values.dtype)
+
+    def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float | None = None,
+               dropout: float = 0.0, training: bool = False):
+        """Causal attention of query [B, H_q, S, D] over the view (key/value [B, H_kv, T, D] from
+        update). The arithmetic follows transformers' eager attention step for step (so method "full"
+        reproduces it exactly); the causal mask comes from absolute positions because a compressed
+        view's rows are not in position order. Returns (output [B, S, H_q, D], weights [B, H_q, S, T])."""
+        if self.mode == "kvslim":
+            return self._attend_in_cache(query, scaling)
+        b, hq, s, d = query.shape
+        hkv, t = key.shape[1], key.shape[2]
+        if self.view_positions is None or self.view_positions.shape[-1] != t:
+            raise RuntimeError("kvslim attention: key/value are not the view of this layer's last update")
+        groups = hq // hkv
+        scaling = d ** -0.5 if scaling is None else scaling
+        weights = torch.matmul(query, repeat_kv(key, groups).transpose(2, 3)) * scaling
+        allowed = self.view_positions[:, :, None, :] <= self.query_positions[None, None, :, None]  # [B, H_kv, S, T]
+        if not bool(allowed.all()):
+            mask = torch.zeros(allowed.shape, dtype=weights.dtype, device=weights.device)
+            mask.masked_fill_(~allowed, torch.finfo(weights.dtype).min)
+            weights = weights + repeat_kv(mask, groups)
+        probs = torch.nn.functional.softmax(weights, dim=-1, dtype=torch.float32)
+        if self.wants_attention:
+            # Summed over the query heads of each KV group: [B, H_kv, S, T], rows of the view.
+            observed = probs.reshape(b, hkv, groups, s, t).sum(dim=2)
+            self.cache.observe_attention(observed, self.query_positions)
+            self.attention_reports += 1
+        weights = probs.to(query.dtype)
+        weights = torch.nn.functional.dropout(weights, p=dropout, training=training)
+        out = torch.matmul(weights, repeat_kv(value, groups)).transpose(1, 2).contiguous()
+        return out, weights
+
+    def _attend_in_cache(self, query: torch.Tensor, scaling: float | None):
+        # The cache's own kernels (fp32 arithmetic over its fp16/packed storage), on the CPU.
+        if self.query_positions is None or query.shape[2] != self.query_positions.shape[0]:
+            raise RuntimeError("kvslim attention: the queries are not those of this layer's last append")
+        q = query.detach().transpose(1, 2).to(device="cpu", dtype=torch.float32).contiguous()  # [B, S, H_q, D]
+        out, probs = self.cache.attend(q, self.query_positions, scaling, probs=self.wants_attention)
+        if self.wants_attention:
+            self.cache.observe_attention(probs, self.query_positions)
+            self.attention_reports += 1
+        return torch.from_numpy(out).to(device=query.device, dtype=query.dtype), None
+
+    def observe_hidden(self, before: torch.Tensor, after: torch.Tensor) -> None:
+        """Hidden states [B, T, hidden] before attention and after attention plus the residual."""
+        self.cache.observe_hidden(before, after)
+        self.hidden_reports += 1
+
+    def reset(self) -> None:
+        self.cache.reset()
+        self.seen = 0
+        self.view_positions = self.query_positions = None

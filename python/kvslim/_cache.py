@@ -1,0 +1,196 @@
+"""Cache (one layer) and CacheSet (every layer of a model) over the C++ caches."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import _kvslim
+from ._arrays import as_block, as_float32, as_positions
+from ._config import Config
+
+
+@dataclass
+class View:
+    """What a layer attends over: `tokens` rows per (batch, head), fp16.
+
+    keys, values: [B, H_kv, T, D] float16; positions: [B, H_kv, T] int64 (the absolute position of
+    every row; rows are NOT in position order after evictions). With copy=False the arrays alias
+    the cache's storage: read-only, and valid only until the next update/observe/reset of this
+    cache or of another cache of the same CacheSet.
+    """
+    keys: np.ndarray
+    values: np.ndarray
+    positions: np.ndarray
+
+    @property
+    def tokens(self) -> int:
+        return self.keys.shape[2]
+
+    def torch(self, device=None, dtype=None):
+        """(keys, values, positions) as torch tensors (a copy when device or dtype changes)."""
+        import torch
+        k, v, p = (torch.from_numpy(np.ascontiguousarray(a)) for a in (self.keys, self.values, self.positions))
+        if device is not None or dtype is not None:
+            k, v = k.to(device=device, dtype=dtype), v.to(device=device, dtype=dtype)
+            p = p.to(device=device)
+        return k, v, p
+
+
+def _view(arrays, copy: bool) -> View:
+    k, v, p = arrays
+    if copy:
+        k, v, p = k.copy(), v.copy(), p.copy()
+    return View(k, v, p)
+
+
+class Stats(dict):
+    """CacheStats as a dict with attribute access (stats.resident_bytes, stats["figures"])."""
+
+    def __getattr__(self, name):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def figure(self, name: str) -> float:
+        if name not in self["figures"]:
+            raise KeyError(f'{self["method"]} cache has no figure "{name}"')
+        return self["figures"][name]
+
+
+class Cache:
+    """One layer's cache. Cache(config) builds a lone cache; CacheSet[i] gives a model's layer i."""
+
+    def __init__(self, config: Config | None = None, *, _core=None, _owner=None):
+        if _core is None:
+            _core = _kvslim.create_cache((config or Config())._c)
+        self._core = _core
+        self._owner = _owner  # the CacheSet a layer belongs to (keeps it alive)
+
+    # -- the contract (today: update_and_fetch; see README "Python" for the append/attend move) --
+    def update(self, keys, values, positions=None, *, copy: bool = True) -> View:
+        """Absorbs a block [B, H_kv, S, D] of keys and values (numpy or torch; fp32, fp16 or bf16;
+        a C-contiguous CPU input is read in place) at absolute `positions` (S increasing ints;
+        None: continue after the last position) and returns the view to attend over."""
+        k, kd = as_block(keys, "keys")
+        v, vd = as_block(values, "values")
+        if kd != vd:
+            raise _kvslim.InputError(f"values: element type {v.dtype}/{vd or v.dtype} differs from keys' {k.dtype}/{kd or k.dtype}")
+        return _view(self._core.update_and_fetch(k, v, as_positions(positions), kd), copy)
+
+    # -- the attend contract (issue 11), when the library has it: kvslim.has_attend() --
+    def append(self, keys, values, positions=None) -> None:
+        """Absorbs a block [B, H_kv, S, D] (as update) without materialising anything."""
+        self._need_attend("append")
+        k, kd = as_block(keys, "keys")
+        v, vd = as_block(values, "values")
+        if kd != vd:
+            raise _kvslim.InputError(f"values: element type {v.dtype}/{vd or v.dtype} differs from keys' {k.dtype}/{kd or k.dtype}")
+        self._core.append(k, v, as_positions(positions), kd)
+
+    def attend(self, queries, query_positions, scale: float | None = None, probs: bool = False):
+        """Attention of queries [B, S, H_q, D] (fp32; GQA: H_q a multiple of H_kv) over what the cache
+        keeps, computed from its own storage, causal by absolute position. Returns (out fp32
+        [B, S, H_q, D], probs fp32 [B, H_kv, S, rows()] summed over each KV group, or None); probs can
+        be passed straight to observe_attention."""
+        self._need_attend("attend")
+        return self._core.attend(as_float32(queries, "queries"), as_positions(query_positions, "query_positions"),
+                                 0.0 if scale is None else float(scale), bool(probs))
+
+    def rows(self) -> int:
+        """Rows kept per (batch, KV head)."""
+        self._need_attend("rows")
+        return self._core.rows()
+
+    def _need_attend(self, what: str) -> None:
+        if not _kvslim.has_attend:
+            raise NotImplementedError(f"Cache.{what}: this kvslim build has the update_and_fetch contract only")
+
+    def view(self, *, copy: bool = True) -> View:
+        """The current view without absorbing anything."""
+        return _view(self._core.view(), copy)
+
+    materialize = view
+
+    def stats(self) -> Stats:
+        return Stats(self._core.stats())
+
+    def reset(self) -> None:
+        self._core.reset()
+
+    def needs(self) -> dict:
+        """Which engine signals this cache uses: {"attention": bool, "hidden_states": bool}."""
+        return self._core.needs()
+
+    def observe_attention(self, probs, query_positions) -> None:
+        """Attention of the last step over the view the last update returned: probs [B, H_kv, Q, T]
+        (summed over the query heads of each KV group), query_positions [Q]."""
+        self._core.observe_attention(as_float32(probs, "probs"), as_positions(query_positions, "query_positions"))
+
+    def observe_hidden(self, before, after) -> None:
+        """Hidden states before and after the attention block (plus residual), [B, T, hidden]."""
+        self._core.observe_hidden(as_float32(before, "before"), as_float32(after, "after"))
+
+    @property
+    def method(self) -> str:
+        return self._core.method
+
+    @property
+    def layer_id(self) -> int:
+        return self._core.layer_id
+
+    def __repr__(self) -> str:
+        s = self._core.stats()
+        return f"kvslim.Cache({s['method']}, layer {self.layer_id}, {s['tokens_kept']} kept of {s['tokens_seen']})"
+
+
+class CacheSet:
+    """The caches of one model, one per layer (KVCacheBuilder::for_model): squeeze layers share a
+    coordinator, pyramidkv layers get their taper, head_dim and seed are set per layer.
+
+    CacheSet(config, num_layers=..., kv_heads=..., head_dim=...) for a uniform model, or
+    CacheSet(config, layers=[(attention, kv_heads, head_dim), ...]); cs[i] is None for a layer
+    without attention."""
+
+    def __init__(self, config: Config, num_layers: int | None = None, kv_heads: int | None = None,
+                 head_dim: int | None = None, *, layers=None):
+        if layers is None:
+            if None in (num_layers, kv_heads, head_dim):
+                raise TypeError("CacheSet needs num_layers, kv_heads and head_dim, or layers=[...]")
+            layers = [(True, kv_heads, head_dim)] * num_layers
+        spec = []
+        for i, layer in enumerate(layers):
+            attention, heads, dim = layer
+            for what, value in (("kv_heads", heads), ("head_dim", dim)):
+                if attention and (not isinstance(value, int) or value <= 0):
+                    raise _kvslim.InputError(f"layers[{i}]: {what} must be a positive integer, got {value!r}")
+            spec.append((bool(attention), int(heads), int(dim)))
+        self._core = _kvslim.CacheSet(config._c, spec)
+        self._layers = []
+        for i in range(len(self._core)):
+            core = self._core.layer(i)
+            self._layers.append(None if core is None else Cache(_core=core, _owner=self))
+
+    def __len__(self) -> int:
+        return len(self._layers)
+
+    def __getitem__(self, i: int) -> Cache | None:
+        return self._layers[i]
+
+    def __iter__(self):
+        return iter(self._layers)
+
+    def reset(self) -> None:
+        self._core.reset()
+
+    def resident_bytes(self) -> int:
+        """Bytes really allocated for the retained state, summed over layers."""
+        return self._core.resident_bytes()
+
+    def seen_fp16_bytes(self) -> int:
+        """What every token seen would take as fp16 K+V, summed over layers."""
+        return self._core.seen_fp16_bytes()
+
+    def stats(self) -> list:
+        return [None if c is None else c.stats() for c in self._layers]

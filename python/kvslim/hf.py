@@ -1,0 +1,255 @@
+"""kvslim.hf: Hugging Face transformers (5.x) Llama-family models generating through kvslim caches.
+
+    import kvslim, kvslim.hf
+    kvslim.hf.prepare(model)                                   # attention runs over kvslim's views
+    cache = kvslim.hf.KVSlimCache(model, kvslim.Config(method="squeeze", squeeze_budget=128))
+    out = model.generate(**inputs, past_key_values=cache, max_new_tokens=64)
+    cache.resident_bytes()
+
+What goes where:
+  * KVSlimCache (a transformers Cache) holds one kvslim cache per layer (kvslim.CacheSet, so squeeze
+    layers share their coordinator). Its layers absorb each step's RoPE'd keys/values at their
+    absolute positions; the kept state lives in kvslim's CPU memory (resident_bytes()), the model
+    never holds a copy between steps.
+  * The attention function registered as "kvslim" (AttentionInterface) runs the layer's attention
+    through its cache, causal by absolute position (a compressed cache's rows are not in position
+    order): attention="kvslim" (default when the library has the attend contract) lets the cache
+    compute it over its own compressed storage; attention="torch" attends in torch over the fp16
+    view (eager arithmetic: "full" reproduces DynamicCache bit for bit). Either way attention
+    probabilities reach the caches that score with them (h2o/squeeze/pyramidkv with
+    evict_scoring="attention*", zipcache with zipcache_saliency="attention_normalized").
+  * prepare() also hooks every decoder layer so caches that use hidden states (squeeze_signal=
+    "hidden_cosine") get the residual stream before and after attention during prefill.
+Limits: batches without padding (one sequence, or equal lengths), no beam search (reorder), no
+sliding-window layers; tensors on a GPU are copied to the CPU cache and the view back every step.
+Needs torch >= 2.0 (layer hooks with keyword arguments) and transformers >= 5.
+"""
+from __future__ import annotations
+
+import torch
+
+from ._attention import LayerState
+from ._cache import CacheSet
+from ._config import Config
+
+try:
+    from transformers.cache_utils import Cache, CacheLayerMixin
+except ImportError as e:  # pragma: no cover - the message is the point
+    raise ImportError("kvslim.hf needs transformers >= 5 (transformers.cache_utils.CacheLayerMixin)") from e
+
+ATTENTION_NAME = "kvslim"
+
+
+class KVSlimLayer(CacheLayerMixin):
+    """One layer of a KVSlimCache: a kvslim cache behind transformers' layer interface."""
+
+    is_compileable = False
+    is_sliding = False
+
+    def __init__(self, state: LayerState):
+        super().__init__()
+        self.state = state
+        # keys/values stay None: the kept state is kvslim's; views are handed out per step only.
+
+    def lazy_initialization(self, key_states, *args, **kwargs):
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, cache_kwargs=None, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states)
+        positions = (cache_kwargs or {}).get("cache_position")
+        keys, values = self.state.update(key_states, value_states, positions)
+        keys._kvslim_state = self.state  # how the attention function finds the layer
+        return keys, values
+
+    def get_seq_length(self, *args) -> int:
+        return self.state.seen
+
+    def get_mask_sizes(self, query, *args) -> tuple[int, int]:
+        # query: the query length (transformers >= 5) or the cache_position tensor (4.5x).
+        q = query if isinstance(query, int) else int(query.shape[0])
+        return self.state.seen + q, 0
+
+    def get_max_cache_shape(self, *args) -> int:
+        return -1
+
+    def reset(self) -> None:
+        self.state.reset()
+
+    def offload(self):  # the state is in host memory already
+        pass
+
+    def prefetch(self):
+        pass
+
+    def crop(self, max_length: int) -> None:
+        raise NotImplementedError("kvslim caches cannot be cropped (assisted decoding / contrastive search)")
+
+    def reorder_cache(self, beam_idx) -> None:
+        raise NotImplementedError("kvslim caches do not support beam search")
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if repeats != 1:
+            raise NotImplementedError("kvslim caches cannot be expanded along the batch (num_return_sequences > 1)")
+
+    def batch_select_indices(self, indices) -> None:
+        raise NotImplementedError("kvslim caches cannot select batch rows")
+
+
+def _text_config(config):
+    return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+
+
+class KVSlimCache(Cache):
+    """A transformers Cache whose layers are kvslim caches, built for `model` (or its config).
+    attention: "kvslim" (the caches' own attention over compressed storage) or "torch" (over the
+    materialised fp16 view); None picks "kvslim" where the library has it."""
+
+    def __init__(self, model_or_config, config: Config, attention: str | None = None):
+        hf = _text_config(getattr(model_or_config, "config", model_or_config))
+        layer_types = getattr(hf, "layer_types", None) or ["full_attention"] * hf.num_hidden_layers
+        if any(t != "full_attention" for t in layer_types):
+            raise NotImplementedError(f"kvslim.hf supports full-attention layers only, got {sorted(set(layer_types))}")
+        heads = hf.num_attention_heads
+        kv_heads = getattr(hf, "num_key_value_heads", None) or heads
+        head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // heads
+        self.kvslim_config = config  # (not `config`: transformers' Cache may use that name)
+        self.kvslim = CacheSet(config, num_layers=len(layer_types), kv_heads=kv_heads, head_dim=head_dim)
+        states = [LayerState(c, attention) for c in self.kvslim]
+        self.attention = states[0].mode if states else attention
+        super().__init__(layers=[KVSlimLayer(st) for st in states])
+
+    def update(self, key_states, value_states, layer_idx: int, cache_kwargs=None, *args, **kwargs):
+        return self.layers[layer_idx].update(key_states, value_states, cache_kwargs)
+
+    def get_seq_length(self, layer_idx: int = 0, *args) -> int:
+        return self.layers[layer_idx].get_seq_length() if layer_idx < len(self.layers) else 0
+
+    def get_mask_sizes(self, query, layer_idx: int = 0, *args) -> tuple[int, int]:
+        return self.layers[layer_idx].get_mask_sizes(query)
+
+    def reset(self) -> None:
+        self.kvslim.reset()
+        for layer in self.layers:
+            layer.state.seen = 0
+            layer.state.view_positions = layer.state.query_positions = None
+
+    def resident_bytes(self) -> int:
+        """Bytes kvslim really holds for the kept K/V of every layer."""
+        return self.kvslim.resident_bytes()
+
+    def seen_fp16_bytes(self) -> int:
+        """What a full fp16 cache of every token seen would take."""
+        return self.kvslim.seen_fp16_bytes()
+
+    def stats(self) -> list:
+        return self.kvslim.stats()
+
+    def signal_reports(self) -> dict:
+        """How many attention / hidden-state observations reached the caches (summed over layers)."""
+        return {"attention": sum(l.state.attention_reports for l in self.layers),
+                "hidden_states": sum(l.state.hidden_reports for l in self.layers)}
+
+
+def kvslim_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """The "kvslim" attention implementation: attention over the layer's kvslim view.
+
+    Signature of transformers' attention interface; returns (output [B, S, H, D], weights)."""
+    state = getattr(key, "_kvslim_state", None)
+    if state is None:
+        raise RuntimeError("kvslim attention runs over a kvslim.hf.KVSlimCache: pass past_key_values="
+                           "KVSlimCache(model, config) (or kvslim.hf.restore(model) for the model's own attention)")
+    return state.attend(query, key, value, scaling=scaling, dropout=dropout, training=module.training)
+
+
+def _kvslim_mask(*args, attention_mask=None, **kwargs):
+    # The causal mask is built from absolute positions inside kvslim_attention; only padding would
+    # need one from here, and padded batches are not supported.
+    if attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.all()):
+        raise NotImplementedError("kvslim.hf: padded batches are not supported (one sequence or equal lengths)")
+    return None
+
+
+def register() -> None:
+    """Registers the "kvslim" attention (and its mask hook) with transformers. Idempotent."""
+    from transformers import AttentionInterface
+    AttentionInterface.register(ATTENTION_NAME, kvslim_attention)
+    try:
+        from transformers.masking_utils import AttentionMaskInterface
+    except ImportError:  # older layouts build masks without a registry
+        return
+    AttentionMaskInterface.register(ATTENTION_NAME, _kvslim_mask)
+
+
+def _set_attention(model, name: str) -> None:
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(name)
+    else:
+        model.config._attn_implementation = name
+
+
+def _decoder_layers(model):
+    for path in ("model.layers", "model.model.layers", "model.decoder.layers"):
+        obj = model
+        try:
+            for part in path.split("."):
+                obj = getattr(obj, part)
+        except AttributeError:
+            continue
+        return list(obj)
+    raise NotImplementedError(f"kvslim.hf: cannot find the decoder layers of {type(model).__name__}")
+
+
+def _layer_cache(kwargs, idx):
+    cache = kwargs.get("past_key_values", kwargs.get("past_key_value"))
+    if isinstance(cache, KVSlimCache) and idx < len(cache.layers):
+        return cache.layers[idx].state
+    return None
+
+
+def prepare(model):
+    """Makes `model` attend through kvslim caches: registers the attention, switches the model to it
+    and hooks its decoder layers for the hidden-state signal. Returns the model. Undo: restore()."""
+    register()
+    if not hasattr(model, "_kvslim_previous_attention"):
+        model._kvslim_previous_attention = model.config._attn_implementation
+        model._kvslim_hooks = []
+        for idx, layer in enumerate(_decoder_layers(model)):
+            model._kvslim_hooks += _hook_hidden_states(layer, idx)
+    _set_attention(model, ATTENTION_NAME)
+    return model
+
+
+def restore(model):
+    """Undoes prepare(): the model's previous attention implementation, hooks removed."""
+    if hasattr(model, "_kvslim_previous_attention"):
+        _set_attention(model, model._kvslim_previous_attention)
+        for h in model._kvslim_hooks:
+            h.remove()
+        del model._kvslim_previous_attention, model._kvslim_hooks
+    return model
+
+
+def _hook_hidden_states(layer, idx):
+    # The residual stream entering the decoder layer, and after attention plus the residual add
+    # (= input + self_attn output), as the engine reports them; prefill steps only.
+    captured = {}
+
+    def before(module, args, kwargs):
+        state = _layer_cache(kwargs, idx)
+        captured.clear()
+        if state is not None and state.wants_hidden:
+            captured["x"] = args[0] if args else kwargs["hidden_states"]
+            captured["state"] = state
+
+    def after(module, args, kwargs, output):
+        state = captured.pop("state", None)
+        x = captured.pop("x", None)
+        if state is None or x.shape[1] < 2:  # decode steps: the engine observes prefill only
+            return
+        attn = output[0] if isinstance(output, tuple) else output
+        state.observe_hidden(x.float(), (x + attn).float())
+
+    return [layer.register_forward_pre_hook(before, with_kwargs=True),
+            layer.self_attn.register_forward_hook(after, with_kwargs=True)]

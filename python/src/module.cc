@@ -1,0 +1,226 @@
+// kvslim._kvslim: the C++ library as a Python extension module (pybind11). The Python package
+// (python/kvslim) wraps it: torch tensors in, config typing, the HF integration.
+//
+// Contract bound here: update_and_fetch (absorb a block, return the fp16 view) and view(), the
+// observation hooks, and -- when the library has the attend contract (issue 11: append + attend over
+// the cache's own storage) -- append(), attend() and rows(). That contract is detected at compile
+// time (bind_attend below) so this file builds against the library before and after it lands;
+// once it is merged the detection can go.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "arrays.h"
+#include "kvslim/kvslim.h"
+
+namespace kvslim {
+struct QueryBlock;  // defined by the attend contract's cache.h; only named in templates here
+}
+
+namespace py = pybind11;
+using namespace kvslim;
+using kvslim::python::as_block;
+using kvslim::python::view_arrays;
+
+namespace {
+
+using PositionsArray = py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>;
+
+std::span<const std::int64_t> as_positions(const std::optional<PositionsArray>& p, const char* name) {
+  if (!p) return {};
+  if (p->ndim() != 1) throw InputError(std::string(name) + ": expected a 1-D array of int64 positions");
+  return {p->data(), static_cast<std::size_t>(p->shape(0))};
+}
+
+py::dict stats_dict(const CacheStats& s) {
+  py::dict d;
+  d["method"] = s.method;
+  d["batch"] = s.batch;
+  d["heads"] = s.heads;
+  d["head_dim"] = s.head_dim;
+  d["tokens_seen"] = s.tokens_seen;
+  d["kept_per_head"] = s.kept_per_head;
+  d["tokens_kept"] = s.tokens_kept;
+  d["resident_bytes"] = s.resident_bytes;
+  d["view_bytes"] = s.view_bytes;
+  d["kept_fp16_bytes"] = s.kept_fp16_bytes;
+  d["seen_fp16_bytes"] = s.seen_fp16_bytes;
+  d["accounted_bytes"] = s.accounted_bytes < 0 ? py::object(py::none()) : py::object(py::float_(s.accounted_bytes));
+  d["compression_ratio"] = s.compression_ratio;
+  py::dict figures;
+  for (const auto& [name, value] : s.figures) figures[py::str(name)] = value;
+  d["figures"] = figures;
+  return d;
+}
+
+// Attention probabilities of the last step, [B, H_kv, Q, T] fp32, summed over each KV group's
+// query heads; T must be the tokens of the view the last update returned.
+void observe_attention(KVCache& cache, const py::array_t<float, py::array::c_style | py::array::forcecast>& probs,
+                       const PositionsArray& query_positions) {
+  if (probs.ndim() != 4) throw InputError("probs: expected 4 dimensions [batch, kv_heads, queries, tokens]");
+  const CacheView v = cache.view();
+  const auto B = static_cast<std::size_t>(probs.shape(0)), H = static_cast<std::size_t>(probs.shape(1));
+  const auto Q = static_cast<std::size_t>(probs.shape(2)), T = static_cast<std::size_t>(probs.shape(3));
+  if (B != v.batch || H != v.heads || T != v.tokens) {
+    throw InputError("probs: shape [" + std::to_string(B) + ", " + std::to_string(H) + ", " + std::to_string(Q) + ", " +
+                     std::to_string(T) + "] does not match the cache's view [" + std::to_string(v.batch) + ", " +
+                     std::to_string(v.heads) + ", queries, " + std::to_string(v.tokens) + "]");
+  }
+  if (query_positions.ndim() != 1 || static_cast<std::size_t>(query_positions.shape(0)) != Q) {
+    throw InputError("query_positions: expected " + std::to_string(Q) + " positions (one per query)");
+  }
+  cache.observe_attention(AttentionObservation{probs.data(), B, H, Q, T, T,
+                                               std::span<const std::int64_t>(query_positions.data(), Q)});
+}
+
+// Hidden states before and after the attention block (plus residual), [B, T, hidden] fp32.
+void observe_hidden(KVCache& cache, const py::array_t<float, py::array::c_style | py::array::forcecast>& before,
+                    const py::array_t<float, py::array::c_style | py::array::forcecast>& after) {
+  if (before.ndim() != 3) throw InputError("before: expected 3 dimensions [batch, tokens, hidden]");
+  if (after.ndim() != 3 || after.shape(0) != before.shape(0) || after.shape(1) != before.shape(1) ||
+      after.shape(2) != before.shape(2)) {
+    throw InputError("after: shape must equal before's [batch, tokens, hidden]");
+  }
+  cache.observe_hidden(HiddenObservation{before.data(), after.data(), static_cast<std::size_t>(before.shape(0)),
+                                         static_cast<std::size_t>(before.shape(1)),
+                                         static_cast<std::size_t>(before.shape(2))});
+}
+
+using Float32Array = py::array_t<float, py::array::c_style | py::array::forcecast>;
+
+// append / attend / rows of the attend contract. Q is QueryBlock: a template parameter so that
+// nothing here is checked unless the contract exists (see bind_attend).
+template <class C, class Q>
+void bind_attend_methods(py::class_<C>& cls) {
+  cls.def(
+      "append",
+      [](C& c, const py::array& keys, const py::array& values, const std::optional<PositionsArray>& positions,
+         const std::string& dtype) {
+        const KVBlock k = as_block(keys, dtype, "keys");
+        const KVBlock v = as_block(values, dtype, "values");
+        if (k.dtype != v.dtype) throw InputError("values: element type differs from keys'");
+        c.append(k, v, as_positions(positions, "positions"));
+      },
+      py::arg("keys"), py::arg("values"), py::arg("positions") = py::none(), py::arg("dtype") = "");
+  cls.def("rows", [](const C& c) { return c.rows(); });
+  // queries fp32 [B, S, H_q, D] -> (out fp32 [B, S, H_q, D], probs fp32 [B, H_kv, S, rows] or None).
+  cls.def(
+      "attend",
+      [](const C& c, const Float32Array& queries, const PositionsArray& query_positions, float scale, bool want_probs) {
+        if (queries.ndim() != 4) throw InputError("queries: expected 4 dimensions [batch, tokens, heads, head_dim]");
+        if (query_positions.ndim() != 1) throw InputError("query_positions: expected a 1-D array of int64 positions");
+        const auto B = queries.shape(0), S = queries.shape(1), H = queries.shape(2), D = queries.shape(3);
+        Q q{queries.data(), static_cast<std::size_t>(B), static_cast<std::size_t>(S), static_cast<std::size_t>(H),
+            static_cast<std::size_t>(D), scale};
+        py::array_t<float> out(std::vector<py::ssize_t>{B, S, H, D});
+        py::object probs = py::none();
+        float* probs_ptr = nullptr;
+        if (want_probs) {
+          // Sized from the cache itself (never from the caller): [B, H_kv, S, rows].
+          const auto kv_heads = static_cast<py::ssize_t>(c.stats().heads);
+          py::array_t<float> p(std::vector<py::ssize_t>{B, kv_heads, S, static_cast<py::ssize_t>(c.rows())});
+          probs_ptr = p.mutable_data();
+          probs = p;
+        }
+        c.attend(q, std::span<const std::int64_t>(query_positions.data(), static_cast<std::size_t>(query_positions.shape(0))),
+                 out.mutable_data(), probs_ptr);
+        return py::make_tuple(out, probs);
+      },
+      py::arg("queries"), py::arg("query_positions"), py::arg("scale") = 0.0f, py::arg("want_probs") = false);
+}
+
+template <class C, class Q>
+bool bind_attend(py::class_<C>& cls) {
+  if constexpr (requires(C& c, const C& cc, const Q& q, float* out) {
+                  cc.rows();
+                  cc.attend(q, std::span<const std::int64_t>{}, out, out);
+                  c.append(KVBlock{}, KVBlock{}, std::span<const std::int64_t>{});
+                }) {
+    bind_attend_methods<C, Q>(cls);
+    return true;
+  } else {
+    return false;
+  }
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_kvslim, m) {
+  m.doc() = "kvslim C++ core (use the kvslim package, not this module directly)";
+
+  // Library errors become Python exceptions; both are ValueErrors (bad values, named in the text).
+  py::register_exception<ConfigError>(m, "ConfigError", PyExc_ValueError);
+  py::register_exception<InputError>(m, "InputError", PyExc_ValueError);
+
+  m.def("methods", &method_names, "Method ids, in the library's order.");
+  // Where a KVBlock made from this array points (tests: inputs are read in place, not copied).
+  m.def("_block_address", [](const py::array& a, const std::string& dtype) {
+    return reinterpret_cast<std::uintptr_t>(as_block(a, dtype, "array").data);
+  });
+  m.def("simd_target", &simd_target_name, "Instruction set the run-time dispatcher picked.");
+
+  py::class_<KVCacheConfig>(m, "Config")
+      .def(py::init<>())
+      .def("set", [](KVCacheConfig& c, const std::string& f, const std::string& v) { c.set(f, v); })
+      .def("fields", &KVCacheConfig::fields)
+      .def("validate", &KVCacheConfig::validate)
+      .def("copy", [](const KVCacheConfig& c) { return KVCacheConfig(c); });
+
+  py::class_<KVCache> cache_class(m, "Cache");
+  cache_class
+      .def(
+          "update_and_fetch",
+          [](py::object self, const py::array& keys, const py::array& values, const std::optional<PositionsArray>& positions,
+             const std::string& dtype) {
+            KVCache& c = self.cast<KVCache&>();
+            const KVBlock k = as_block(keys, dtype, "keys");
+            const KVBlock v = as_block(values, dtype, "values");
+            if (k.dtype != v.dtype) throw InputError("values: element type differs from keys'");
+            // The GIL stays held: a cache is not thread-safe, and the GIL serialises callers.
+            const CacheView view = c.update_and_fetch(k, v, as_positions(positions, "positions"));
+            return view_arrays(view, self);
+          },
+          py::arg("keys"), py::arg("values"), py::arg("positions") = py::none(), py::arg("dtype") = "")
+      .def("view", [](py::object self) { return view_arrays(self.cast<KVCache&>().view(), self); })
+      .def("stats", [](const KVCache& c) { return stats_dict(c.stats()); })
+      .def("reset", &KVCache::reset)
+      .def("needs",
+           [](const KVCache& c) {
+             const ObservationNeeds n = c.needs();
+             py::dict d;
+             d["attention"] = n.attention;
+             d["hidden_states"] = n.hidden_states;
+             return d;
+           })
+      .def("observe_attention", &observe_attention, py::arg("probs"), py::arg("query_positions"))
+      .def("observe_hidden", &observe_hidden, py::arg("before"), py::arg("after"))
+      .def_property_readonly("method", [](const KVCache& c) { return std::string(c.method()); })
+      .def_property_readonly("layer_id", &KVCache::layer_id);
+  m.attr("has_attend") = bind_attend<KVCache, QueryBlock>(cache_class);
+
+  m.def("create_cache", &KVCacheFactory::create, py::arg("config"),
+        "A lone cache (no coordinator: squeeze behaves as uniform-budget H2O).");
+
+  py::class_<CacheSet>(m, "CacheSet")
+      .def(py::init([](const KVCacheConfig& config, const std::vector<std::tuple<bool, int, int>>& layers) {
+             ModelSpec spec;
+             for (const auto& [attention, kv_heads, head_dim] : layers) spec.layers.push_back({attention, kv_heads, head_dim});
+             return KVCacheBuilder::for_model(spec, config);
+           }),
+           py::arg("config"), py::arg("layers"))
+      .def("__len__", &CacheSet::size)
+      .def(
+          "layer",
+          [](const CacheSet& s, std::size_t i) -> KVCache* {
+            if (i >= s.size()) throw py::index_error("CacheSet has " + std::to_string(s.size()) + " layers, not " + std::to_string(i + 1));
+            return s[i];  // null (None) for a layer without attention
+          },
+          py::return_value_policy::reference_internal)
+      .def("reset", &CacheSet::reset)
+      .def("resident_bytes", &CacheSet::resident_bytes)
+      .def("seen_fp16_bytes", &CacheSet::seen_fp16_bytes);
+}

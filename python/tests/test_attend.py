@@ -1,0 +1,58 @@
+"""The attend contract from Python (issue 11's append + attend over the cache's own storage):
+skipped by builds without it (kvslim.has_attend()). The caches' own attention must agree with the
+torch attention over the materialised view for every method, feed the same signals back, and
+reject bad queries."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import kvslim
+
+if not kvslim.has_attend():
+    pytest.skip("this kvslim build has the update_and_fetch contract only", allow_module_level=True)
+
+from kvslim._attention import LayerState  # noqa: E402
+from test_binding_vs_cpp import CONFIGS, config_of  # noqa: E402
+
+B, HQ, HKV, D = 1, 4, 2, 16
+
+
+def qkv(s, seed):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(B, HQ, s, D, generator=g), torch.randn(B, HKV, s, D, generator=g),
+            torch.randn(B, HKV, s, D, generator=g))
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_cache_attention_matches_torch_over_the_view(name):
+    fields = config_of(name)
+    fields.update({k: 12 for k in ("h2o_budget", "squeeze_budget", "pyramidkv_budget", "streaming_budget")
+                   if k.split("_")[0] == fields["method"]})
+    states = {mode: LayerState(kvslim.Cache(kvslim.Config(**fields)), mode) for mode in ("kvslim", "torch")}
+    for step, s in enumerate([20, 1, 1, 9, 1, 1, 40, 1]):
+        q, k, v = qkv(s, step)
+        outs = {mode: st.attend(q, *st.update(k, v)) [0] for mode, st in states.items()}
+        # attend: fp32 over the stored rows; torch: fp32 over the same rows as fp16 -- equal to rounding.
+        torch.testing.assert_close(outs["kvslim"], outs["torch"], rtol=2e-3, atol=2e-3)
+    a, b = (states[m].cache.view() for m in ("kvslim", "torch"))
+    np.testing.assert_array_equal(a.positions, b.positions)  # same signals fed back: same rows kept
+
+
+def test_append_attend_rows_and_errors():
+    cache = kvslim.Cache(kvslim.Config(method="h2o", h2o_budget=8))
+    _, k, v = qkv(12, 0)
+    cache.append(k, v)
+    assert cache.rows() == 8
+    q = np.zeros((1, 1, HQ, D), np.float32)
+    out, probs = cache.attend(q, [12], probs=True)
+    assert out.shape == (1, 1, HQ, D) and probs.shape == (1, HKV, 1, 8)
+    np.testing.assert_allclose(probs.sum(-1), HQ // HKV, rtol=1e-5)
+    with pytest.raises(kvslim.InputError, match="queries"):
+        cache.attend(np.zeros((1, HQ, D), np.float32), [12])
+    with pytest.raises(kvslim.InputError):
+        cache.attend(np.zeros((1, 1, 3, D), np.float32), [12])  # 3 heads: not a multiple of 2
+    with pytest.raises(kvslim.InputError):
+        cache.attend(q, [12, 13])  # two positions for one query
+    with pytest.raises(kvslim.InputError, match="keys"):
+        cache.append(np.zeros((1, 2, 3), np.float32), np.zeros((1, 2, 3), np.float32))
