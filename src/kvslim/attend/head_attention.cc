@@ -113,25 +113,20 @@ void HeadAttention::packed_block(const ZipCompressed& keys, const GroupQuantized
       idx = index_.data();
     }
     const std::size_t rb = packed_row_bytes(D_, set->bits);
-    codes_.resize(set->group_size * D_);
+    const bool direct = packed_direct(D_, set->bits);
+    if (!direct) codes_.resize(set->group_size * D_);
     for (std::size_t gi = 0; gi < set->groups(); ++gi) {
       const std::size_t r0 = gi * set->group_size, cnt = std::min(set->group_size, set->rows - r0);
-      k.unpack_rows(set->codes.data() + r0 * rb, cnt, D_, set->bits, codes_.data());
+      const std::uint8_t* packed = set->codes.data() + r0 * rb;
+      if (!direct) k.unpack_rows(packed, cnt, D_, set->bits, codes_.data());
       k.params_to_f32(set->scale.data() + gi * D_, set->zero.data() + gi * D_, D_, scale_.data(), zero_.data());
-      for (std::size_t m = 0; m < M_; ++m) {
-        const float* q = q_.data() + m * D_;
-        float* qs = qs_.data() + m * D_;
-        float bias = 0.0f;
-        for (std::size_t c = 0; c < D_; ++c) {
-          qs[c] = q[c] * scale_[c];
-          bias += q[c] * zero_[c];
-        }
-        bias_[m] = bias;
-      }
-      if (idx != nullptr) {
-        logits_codes(qs_.data(), M_, D_, codes_.data(), cnt, bias_.data(), idx + r0, scores_.data(), n);
+      scale_queries(q_.data(), M_, D_, scale_.data(), zero_.data(), qs_.data(), bias_.data());
+      const std::uint32_t* cols = idx != nullptr ? idx + r0 : nullptr;
+      float* dst = idx != nullptr ? scores_.data() : scores_.data() + r0;
+      if (direct) {
+        logits_packed(qs_.data(), M_, D_, packed, set->bits, cnt, bias_.data(), cols, dst, n);
       } else {
-        logits_codes(qs_.data(), M_, D_, codes_.data(), cnt, bias_.data(), nullptr, scores_.data() + r0, n);
+        logits_codes(qs_.data(), M_, D_, codes_.data(), cnt, bias_.data(), cols, dst, n);
       }
     }
   }
@@ -147,23 +142,28 @@ void HeadAttention::packed_block(const ZipCompressed& keys, const GroupQuantized
 void HeadAttention::grouped_values(const GroupQuantized& set, const float* p, std::size_t ld) {
   const auto& k = quant::simd_kernels();
   const std::size_t rb = packed_row_bytes(D_, set.bits);
-  codes_.resize(set.group_size * D_);
+  const bool direct = packed_direct(D_, set.bits);
+  if (!direct) codes_.resize(set.group_size * D_);
   gacc_.resize(M_ * D_);
   gsum_.resize(M_);
   for (std::size_t gi = 0; gi < set.groups(); ++gi) {
     const std::size_t r0 = gi * set.group_size, cnt = std::min(set.group_size, set.rows - r0);
-    k.unpack_rows(set.codes.data() + r0 * rb, cnt, D_, set.bits, codes_.data());
+    const std::uint8_t* packed = set.codes.data() + r0 * rb;
     k.params_to_f32(set.scale.data() + gi * D_, set.zero.data() + gi * D_, D_, scale_.data(), zero_.data());
     std::fill(gacc_.begin(), gacc_.end(), 0.0f);
-    accumulate_codes(p + r0, ld, M_, codes_.data(), cnt, D_, gacc_.data());
+    if (direct) {
+      accumulate_packed(p + r0, ld, M_, packed, set.bits, cnt, D_, gacc_.data());
+    } else {
+      k.unpack_rows(packed, cnt, D_, set.bits, codes_.data());
+      accumulate_codes(p + r0, ld, M_, codes_.data(), cnt, D_, gacc_.data());
+    }
     for (std::size_t m = 0; m < M_; ++m) {
       const float* pm = p + m * ld + r0;
       float ps = 0.0f;
       for (std::size_t r = 0; r < cnt; ++r) ps += pm[r];
-      const float* ga = gacc_.data() + m * D_;
-      float* a = acc_.data() + m * D_;
-      for (std::size_t c = 0; c < D_; ++c) a[c] += scale_[c] * ga[c] + zero_[c] * ps;
+      gsum_[m] = ps;
     }
+    combine_group(gacc_.data(), gsum_.data(), M_, D_, scale_.data(), zero_.data(), acc_.data());
   }
 }
 
