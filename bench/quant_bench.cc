@@ -213,10 +213,10 @@ void BM_LongGeneration(benchmark::State& state) {
   for (auto _ : state) {
     ZipCacheOptions o;
     o.staging = staging;
-    ZipCacheCache cache(o, std::make_shared<ViewScratch>());
+    ZipCacheCache cache(o);
     cache.update_and_fetch(make_block_fp16(pk.data(), 1, heads, prompt, kDim), make_block_fp16(pv.data(), 1, heads, prompt, kDim));
     for (std::size_t i = 0; i < steps; ++i) {
-      cache.update_and_fetch(make_block_fp16(dk[i].data(), 1, heads, 1, kDim), make_block_fp16(dv[i].data(), 1, heads, 1, kDim));
+      cache.append(make_block_fp16(dk[i].data(), 1, heads, 1, kDim), make_block_fp16(dv[i].data(), 1, heads, 1, kDim));
     }
     st = cache.stats();
   }

@@ -1,7 +1,26 @@
-// The per-layer cache contract: the C++ shape of the original update_and_fetch.
+// The per-layer cache contract. A cache stores what a layer has seen (in whatever form its method
+// keeps: fp16 slots, bit-packed groups) and computes attention over that storage itself:
+//
+//   cache.append(keys, values, positions);            // absorb a block of new K/V
+//   cache.attend(queries, query_positions, out, probs);  // attention over what is kept
+//
+// so a compressed cache is read compressed (storage type and attention kernel belong together, as
+// in llama.cpp). The fp16 rows are still available through `materialize()` (tests, debugging,
+// integrators who want rows), which decodes into the layer's own scratch and is off the decode path;
+// `update_and_fetch` = append + materialize is the original system's call shape.
+//
+// Threading rule: the layers of one CacheSet are independent objects. Different layers may be used
+// at the same time from different threads (engines that run layers of different sequences in
+// parallel); a layer changes only inside calls on that layer (a squeeze layer adopts the schedule
+// another layer finalised at its own next append/observe). Calls on ONE layer must not overlap,
+// except attend, stats, rows and needs, which may run concurrently with each other (never with
+// another call on that layer). materialize()/view() write the layer's scratch: they count as
+// mutating calls of that layer.
+// CacheSet::reset() touches every layer: nothing else of that set may run during it.
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -12,10 +31,12 @@
 
 namespace kvslim {
 
-// What a layer attends over after an update: `tokens` rows per (batch, head), as fp16.
-// Rows are NOT in position order after evictions (an evicted slot is reused); `positions` gives
-// the absolute position of every row. The view stays valid until the next mutating call on the
-// cache (update_and_fetch, observe_*, reset) or on another cache of the same CacheSet.
+// The kept rows as fp16 (materialize): `tokens` rows per (batch, head), in the cache's row order --
+// the order attend's probabilities and the attention observation use. Rows are NOT in position
+// order after evictions (an evicted slot is reused); `positions` gives the absolute position of
+// every row. The view stays valid until the next non-const call on the same cache (append,
+// update_and_fetch, materialize/view of a compressed cache, observe_*, reset); other layers never
+// invalidate it.
 struct CacheView {
   std::size_t batch = 0, heads = 0, tokens = 0, head_dim = 0;
   std::size_t head_stride = 0;              // rows between consecutive (b, h) heads
@@ -63,8 +84,10 @@ struct ObservationNeeds {
 };
 
 // Attention probabilities of one step of one layer, summed over the query heads of each KV group:
-// probs[((b * heads + h) * queries + q) * stride + i] is the weight query q gave row i of the view
-// returned by the last update_and_fetch (tokens = that view's tokens).
+// probs[((b * heads + h) * queries + q) * stride + i] is the weight query q gave row i of the cache
+// (its row order: materialize(), attend's probs) as it was after the last append (tokens = rows()).
+// attend(..., probs) writes exactly this layout with stride = rows(), so its output can be passed
+// straight back.
 struct AttentionObservation {
   const float* probs = nullptr;
   std::size_t batch = 0, heads = 0, queries = 0, tokens = 0, stride = 0;
@@ -79,23 +102,68 @@ struct HiddenObservation {
   std::size_t batch = 0, tokens = 0, hidden = 0;
 };
 
+// Queries of one attention call: fp32 [batch, tokens, heads, head_dim] (the token-major layout of
+// a Q projection). `heads` must be a multiple of the cache's KV heads: query head j uses KV head
+// j / (heads / kv_heads) (grouped-query attention; heads == kv_heads is plain multi-head).
+struct QueryBlock {
+  const float* data = nullptr;
+  std::size_t batch = 0, tokens = 0, heads = 0, head_dim = 0;
+  float scale = 0.0f;  // logit scale; 0 = 1 / sqrt(head_dim)
+};
+
+// Runs task(i) for every i < n, in any order, possibly on several threads, and returns when all
+// are done. attend splits its work into independent (batch, KV head) tasks; without one it runs
+// them on the calling thread.
+using ParallelFor = std::function<void(std::size_t n, const std::function<void(std::size_t)>& task)>;
+
 class KVCache {
  public:
   virtual ~KVCache() = default;
 
   // Absorbs a block of new keys and values, [B, H_kv, S, D] each (same shape and dtype), whose
   // absolute positions are `positions` (S values, increasing; empty: continue after the last
-  // position seen, starting at 0). Returns the view the layer attends over. Throws InputError on
-  // a wrong shape, a change of B/H/D, NaN or infinite values, or positions that go backwards.
-  virtual CacheView update_and_fetch(const KVBlock& keys, const KVBlock& values,
-                                     std::span<const std::int64_t> positions = {}) = 0;
-  // The current view without absorbing anything (empty before the first update).
-  virtual CacheView view() const = 0;
+  // position seen, starting at 0). Throws InputError on a wrong shape, a change of B/H/D, NaN or
+  // infinite values, or positions that go backwards; on error nothing is changed.
+  virtual void append(const KVBlock& keys, const KVBlock& values, std::span<const std::int64_t> positions = {}) = 0;
+
+  // Attention of `queries` over the rows this cache keeps, computed from its own storage:
+  //   out[b, s, j, :] = sum_i softmax_i(scale * q[b,s,j] . K[b,g,i]) V[b,g,i],  g = j / group,
+  // over the rows i whose position is <= query_positions[s] (causal by true position; evicted
+  // rows are simply absent). out: fp32 [batch, tokens, heads, head_dim]. A query that sees no row
+  // gets zeros. When `probs` is non-null it receives the probabilities summed over the query heads
+  // of each KV head, fp32 [batch, kv_heads, tokens, rows()] in the cache's row order (the
+  // AttentionObservation layout with stride rows(); zeros for masked rows). Results equal fp32
+  // attention over materialize()'s rows to fp16 rounding. Throws InputError when batch/head_dim
+  // differ from the stored ones, heads is not a multiple of the KV heads, or the position count is
+  // not tokens. Before the first append, out is zero-filled.
+  virtual void attend(const QueryBlock& queries, std::span<const std::int64_t> query_positions, float* out,
+                      float* probs = nullptr, const ParallelFor* parallel = nullptr) const = 0;
+
+  // Rows kept per (batch, KV head): what attend covers and materialize returns.
+  virtual std::size_t rows() const = 0;
+
+  // The kept rows as fp16 (an adapter for tests, tools and integrators; not used by attend).
+  // Compressed caches decode into this layer's own scratch (counted in stats().view_bytes), so
+  // the call is not free and invalidates this layer's previous view.
+  virtual CacheView materialize() const = 0;
+
+  // The original system's call: append, then the fp16 view of what is kept.
+  CacheView update_and_fetch(const KVBlock& keys, const KVBlock& values,
+                             std::span<const std::int64_t> positions = {}) {
+    append(keys, values, positions);
+    return materialize();
+  }
+  // materialize() under its old name (empty before the first append).
+  CacheView view() const { return materialize(); }
+
   virtual CacheStats stats() const = 0;
-  // Forgets every token (a new sequence).
+  // Forgets every token (a new sequence). A squeeze layer keeps the schedule its set finalised
+  // (the set's CacheSet::reset() clears that too).
   virtual void reset() = 0;
 
   virtual ObservationNeeds needs() const { return {}; }
+  // Attention-scored methods evict here. If an engine forgets to call it, the next append still
+  // holds the budget (it evicts by the scores observed so far), so memory stays bounded.
   virtual void observe_attention(const AttentionObservation&) {}
   virtual void observe_hidden(const HiddenObservation&) {}
 

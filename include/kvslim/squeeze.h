@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <vector>
@@ -25,14 +26,15 @@ std::vector<int> squeeze_budgets(std::span<const double> concentrations, int avg
 std::vector<int> pyramid_budgets(int n_layers, int avg_budget, int n_sink, double beta);
 
 // Collects one concentration per attention layer during prefill; when every layer has reported it
-// computes the schedule once and tells every registered layer its budget.
+// computes the schedule once. Layers read their budget from it (resolved_budget) at their next
+// call. Thread-safe: layers of one set may report and read from different threads.
 class SqueezeCoordinator {
  public:
   SqueezeCoordinator(int n_layers, int avg_budget, int n_sink, double strength);
 
   // First report per layer wins; reports after finalisation are ignored.
   void report_concentration(int layer_id, double concentration);
-  bool is_finalized() const { return finalized_; }
+  bool is_finalized() const;
   std::optional<int> resolved_budget(int layer_id) const;
   std::optional<double> concentration(int layer_id) const;
   void reset();
@@ -44,13 +46,15 @@ class SqueezeCoordinator {
   // The largest budget the schedule can give any layer (its weight is at most n_layers).
   int max_possible_budget() const;
 
-  // Called with (layer_id, budget) for every layer at finalisation, in layer order.
+  // Called with (layer_id, budget) for every layer at finalisation, in layer order, on the thread of
+  // the report that completed the schedule (outside the coordinator's lock).
   using Listener = std::function<void(int layer_id, int budget)>;
   void set_listener(Listener listener) { listener_ = std::move(listener); }
 
  private:
   int n_layers_, avg_budget_, n_sink_;
   double strength_;
+  mutable std::mutex mutex_;  // guards the maps and finalized_
   std::map<int, double> concentrations_;
   std::map<int, int> resolved_;
   bool finalized_ = false;

@@ -1,6 +1,7 @@
 #include "engine/model.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -13,6 +14,18 @@ namespace {
 
 // Weight rows converted per sgemm tile in prefill: 256 rows x up to ~16K columns = 16 MiB.
 constexpr std::size_t kTileRows = 256;
+// Prefill queries (tokens x query heads per KV head) from which attention runs as sgemm over the
+// materialised rows instead of the cache's own kernel.
+constexpr std::size_t kBlasMinQueries = 64;
+
+// KVSLIM_PREFILL_ATTEND=1 runs prefill attention through KVCache::attend too (for measurements).
+bool prefill_with_attend() {
+  static const bool on = [] {
+    const char* v = std::getenv("KVSLIM_PREFILL_ATTEND");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return on;
+}
 
 Matrix matrix_of(const WeightStore& store, const std::string& name, std::int64_t rows, std::int64_t cols) {
   const TensorInfo& t = store.get(name, {rows, cols});
@@ -133,6 +146,10 @@ Transformer::Transformer(const Model& model, CacheSet& caches, ForwardOptions op
       caches_(caches),
       options_(options),
       pool_(options.threads),
+      parallel_([this](std::size_t n, const std::function<void(std::size_t)>& task) {
+        auto each = [&task](int i) { task(static_cast<std::size_t>(i)); };
+        pool_.for_each(static_cast<int>(n), each);
+      }),
       rope_(model.config()),
       attention_(model.config().num_heads, model.config().num_kv_heads, model.config().head_dim,
                  std::max<std::size_t>(options.max_chunk, 1), std::max<std::size_t>(options.max_context, 1)) {
@@ -307,12 +324,23 @@ void Transformer::attention_block(std::size_t layer, std::size_t s, std::span<co
                                                    positions});
     }
   } else {
-    const CacheView view = cache.update_and_fetch(keys, values, positions);
-    if (observe) grow(observation_, attention_.observation_size(s, view.tokens));
-    attention_.attend(view, q_.data(), positions, attn_.data(), observe ? observation_.data() : nullptr, &pool_);
+    // The cache attends over its own storage (compressed caches read their codes); its
+    // probabilities are in its own row order, so they go straight back to the observation hook.
+    cache.append(keys, values, positions);
+    const std::size_t rows = cache.rows();
+    if (observe) grow(observation_, attention_.observation_size(s, rows));
+    float* probs = observe ? observation_.data() : nullptr;
+    if (prefill && s * (heads / kv_heads) >= kBlasMinQueries && !prefill_with_attend()) {
+      // Long prompts: sgemm over the materialised rows is faster than the row kernel
+      // (see README, "prefill: attend vs sgemm"); materialize() is the fp16 adapter.
+      attention_.attend(cache.materialize(), q_.data(), positions, attn_.data(), probs, &pool_);
+    } else {
+      const QueryBlock queries{q_.data(), 1, s, heads, d};
+      const bool threaded = rows * d * kv_heads * s >= (1u << 15);  // below this the pool costs more
+      cache.attend(queries, positions, attn_.data(), probs, threaded ? &parallel_ : nullptr);
+    }
     if (observe) {
-      cache.observe_attention(AttentionObservation{observation_.data(), 1, kv_heads, s, view.tokens, view.tokens,
-                                                   positions});
+      cache.observe_attention(AttentionObservation{observation_.data(), 1, kv_heads, s, rows, rows, positions});
     }
   }
   matmul(L.wo, attn_.data(), s, xb_.data(), tile_.data(), kTileRows, &pool_);  // [S, hidden]

@@ -107,6 +107,7 @@ class Transformer {
   CacheSet& caches_;
   ForwardOptions options_;
   ThreadPool pool_;
+  ParallelFor parallel_;  // pool_ as KVCache::attend's task runner
   RopeTable rope_;
   Attention attention_;
   std::int64_t next_position_ = 0;

@@ -6,7 +6,6 @@
 
 #include "cache/eviction_cache.h"
 #include "cache/squeeze_cache.h"
-#include "cache/view_scratch.h"
 #include "cache/zipcache_cache.h"
 #include "kvslim/errors.h"
 #include "kvslim/squeeze.h"
@@ -19,7 +18,6 @@ struct LayerContext {
   int layer_id = -1;
   std::optional<int> budget;  // per-layer budget (pyramidkv taper)
   std::shared_ptr<SqueezeCoordinator> coordinator;
-  std::shared_ptr<ViewScratch> scratch;
 };
 
 EvictionPolicy h2o_policy(const KVCacheConfig& c, int n_sink) {
@@ -52,9 +50,9 @@ std::unique_ptr<KVCache> make_method_cache(const KVCacheConfig& c, const LayerCo
   } else if (m == "squeeze") {
     cache = std::make_unique<SqueezeCache>(c, ctx.coordinator, ctx.layer_id);
   } else if (m == "zipcache") {
-    cache = make_zipcache_cache(c, ctx.scratch);
+    cache = make_zipcache_cache(c);
   } else if (m == "kivi") {
-    cache = make_kivi_cache(c, ctx.scratch);
+    cache = make_kivi_cache(c);
   }
   if (!cache) throw ConfigError("KVCacheConfig.method = \"" + m + "\": no cache is built for this method");
   cache->set_layer_id(ctx.layer_id);
@@ -71,9 +69,7 @@ ModelSpec ModelSpec::uniform(int n_layers, int kv_heads, int head_dim) {
 
 std::unique_ptr<KVCache> KVCacheFactory::create(const KVCacheConfig& config) {
   config.validate();
-  LayerContext ctx;
-  ctx.scratch = std::make_shared<ViewScratch>();
-  return make_method_cache(config, ctx);
+  return make_method_cache(config, LayerContext{});
 }
 
 CacheSet KVCacheBuilder::for_model(const ModelSpec& model, const KVCacheConfig& config) {
@@ -90,16 +86,19 @@ CacheSet KVCacheBuilder::for_model(const ModelSpec& model, const KVCacheConfig& 
   }
 
   CacheSet set;
-  auto scratch = std::make_shared<ViewScratch>();
+  // Per-layer schedules floor every layer at protected + 1 rows, where protected = n_sink plus the
+  // recent window: validate() holds the average budget to that rule, and a layer the taper or the
+  // schedule pushed below it could not evict (it threw mid-generation before).
+  const int window = config.evict_recent_window;
   std::vector<int> pyramid;
   if (config.method == "pyramidkv") {
     pyramid = pyramid_budgets(static_cast<int>(attention_layers.size()), config.pyramidkv_budget,
-                              config.pyramidkv_n_sink, config.pyramidkv_beta);
+                              config.pyramidkv_n_sink + window, config.pyramidkv_beta);
   }
   // An explicit squeeze_resolved_budget fixes every layer: no schedule to wait for.
   if (config.method == "squeeze" && !config.squeeze_resolved_budget && !attention_layers.empty()) {
     set.coordinator_ = std::make_shared<SqueezeCoordinator>(static_cast<int>(attention_layers.size()), config.squeeze_budget,
-                                                            config.squeeze_n_sink, config.squeeze_strength);
+                                                            config.squeeze_n_sink + window, config.squeeze_strength);
   }
   set.caches_.resize(model.layers.size());
   for (std::size_t a = 0; a < attention_layers.size(); ++a) {
@@ -110,21 +109,11 @@ CacheSet KVCacheBuilder::for_model(const ModelSpec& model, const KVCacheConfig& 
     LayerContext ctx;
     ctx.layer_id = i;  // the raw model layer index, as the original
     ctx.coordinator = set.coordinator_;
-    ctx.scratch = scratch;
     if (!pyramid.empty()) ctx.budget = pyramid[a];
     set.caches_[static_cast<std::size_t>(i)] = make_method_cache(layer_config, ctx);
   }
-  if (set.coordinator_) {
-    // The coordinator tells every layer its budget the moment it finalises. Raw pointers are safe:
-    // the caches live exactly as long as the set that owns the coordinator's last reference.
-    std::vector<std::pair<int, SqueezeCache*>> layers;
-    for (int i : attention_layers) layers.emplace_back(i, static_cast<SqueezeCache*>(set.caches_[static_cast<std::size_t>(i)].get()));
-    set.coordinator_->set_listener([layers](int layer_id, int budget) {
-      for (const auto& [id, cache] : layers) {
-        if (id == layer_id) cache->on_schedule(budget);
-      }
-    });
-  }
+  // Squeeze layers read the schedule from the coordinator at their own next call (a layer changes
+  // only inside calls on it: see the threading rule in kvslim/cache.h).
   return set;
 }
 

@@ -1,4 +1,5 @@
-// Uses the installed library: squeeze over two layers of identical keys (uniform fallback: 8 kept).
+// Uses the installed library: squeeze over two layers of identical keys (uniform fallback: 8 kept
+// once every layer has adopted the schedule, i.e. after one decode step), then attend.
 #include <kvslim/kvslim.h>
 #include <cstdio>
 #include <vector>
@@ -6,7 +7,11 @@ int main() {
   kvslim::KVCacheConfig c; c.method = "squeeze"; c.squeeze_budget = 8; c.squeeze_n_sink = 2;
   auto set = kvslim::KVCacheBuilder::for_model(kvslim::ModelSpec::uniform(2, 1, 4), c);
   std::vector<float> k(20 * 4, 0.5f);
-  for (int l = 0; l < 2; ++l) set.at(l).update_and_fetch(kvslim::make_block(k.data(), 1, 1, 20, 4), kvslim::make_block(k.data(), 1, 1, 20, 4));
-  std::printf("kept %zu\n", set.at(0).stats().tokens_kept);
-  return set.at(0).stats().tokens_kept == 8 ? 0 : 1;
+  for (int l = 0; l < 2; ++l) set.at(l).append(kvslim::make_block(k.data(), 1, 1, 20, 4), kvslim::make_block(k.data(), 1, 1, 20, 4));
+  for (int l = 0; l < 2; ++l) set.at(l).append(kvslim::make_block(k.data(), 1, 1, 1, 4), kvslim::make_block(k.data(), 1, 1, 1, 4));
+  std::vector<float> q(2 * 4, 1.0f), out(2 * 4);
+  const std::vector<std::int64_t> pos{20};
+  set.at(0).attend(kvslim::QueryBlock{q.data(), 1, 1, 2, 4}, pos, out.data());
+  std::printf("kept %zu, out[0] %.3f\n", set.at(0).stats().tokens_kept, out[0]);
+  return set.at(0).stats().tokens_kept == 8 && out[0] > 0.49f && out[0] < 0.51f ? 0 : 1;
 }

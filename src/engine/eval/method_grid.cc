@@ -1,5 +1,7 @@
 #include "engine/eval/method_grid.h"
 
+#include "kvslim/squeeze.h"
+
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -247,6 +249,19 @@ std::size_t probe_resident_bytes(const KVCacheConfig& config, const ModelSpec& s
       for (auto& x : before) x = normal(rng);
       for (std::size_t i = 0; i < after.size(); ++i) after[i] = before[i] + 0.5f * normal(rng);
       cache->observe_hidden(HiddenObservation{before.data(), after.data(), 1, context, kHidden});
+    }
+  }
+  // Squeeze layers adopt the schedule the last layer finalised at their own next call (the
+  // threading rule in kvslim/cache.h): one decode token settles a layer still above its budget.
+  if (const SqueezeCoordinator* coordinator = caches.coordinator()) {
+    const std::vector<std::int64_t> next{static_cast<std::int64_t>(context)};
+    for (std::size_t l = 0; l < caches.size(); ++l) {
+      KVCache* cache = caches[l];
+      const auto budget = coordinator->resolved_budget(static_cast<int>(l));
+      if (cache == nullptr || !budget || cache->rows() <= static_cast<std::size_t>(*budget)) continue;
+      const std::size_t heads = static_cast<std::size_t>(spec.layers[l].kv_heads), dim = static_cast<std::size_t>(spec.layers[l].head_dim);
+      keys.assign(heads * dim, 0.5f);
+      cache->append(make_block(keys.data(), 1, heads, 1, dim), make_block(keys.data(), 1, heads, 1, dim), next);
     }
   }
   return caches.resident_bytes();

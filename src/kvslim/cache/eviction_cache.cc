@@ -1,5 +1,7 @@
 #include "eviction_cache.h"
 
+#include "attend/head_attention.h"
+
 namespace kvslim {
 
 EvictionCache::EvictionCache(std::string method, EvictionPolicy policy, std::size_t budget)
@@ -10,14 +12,22 @@ bool EvictionCache::attention_scored() const {
   return s == Scoring::attention || s == Scoring::attention_normalized;
 }
 
-CacheView EvictionCache::update_and_fetch(const KVBlock& keys, const KVBlock& values,
-                                          std::span<const std::int64_t> positions) {
+void EvictionCache::append(const KVBlock& keys, const KVBlock& values, std::span<const std::int64_t> positions) {
   intake_.take(keys, values, positions);
   before_absorb(intake_);
   core_.absorb(intake_.batch(), intake_.heads(), intake_.head_dim(), intake_.keys(), intake_.values(),
                intake_.positions(), intake_.tokens(), eviction_limit());
   if (!attention_scored()) after_step();
-  return core_.view();
+}
+
+void EvictionCache::attend(const QueryBlock& queries, std::span<const std::int64_t> query_positions, float* out,
+                           float* probs, const ParallelFor* parallel) const {
+  const CacheView v = core_.view();
+  attend::run(method_, v.batch, v.heads, v.head_dim, v.tokens, queries, query_positions, out, probs, parallel,
+              [&](attend::HeadAttention& head, std::size_t b, std::size_t g) {
+                head.fp16_rows(v.key_row(b, g, 0), v.value_row(b, g, 0), v.head_dim,
+                               v.positions + v.head_index(b, g) * v.head_stride, v.tokens, 0);
+              });
 }
 
 void EvictionCache::observe_attention(const AttentionObservation& obs) {

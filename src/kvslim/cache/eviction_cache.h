@@ -13,9 +13,12 @@ class EvictionCache : public KVCache {
  public:
   EvictionCache(std::string method, EvictionPolicy policy, std::size_t budget);
 
-  CacheView update_and_fetch(const KVBlock& keys, const KVBlock& values,
-                             std::span<const std::int64_t> positions = {}) override;
-  CacheView view() const override { return core_.view(); }
+  void append(const KVBlock& keys, const KVBlock& values, std::span<const std::int64_t> positions = {}) override;
+  // fp16 slots: the online-softmax kernel reads each kept row once, in slot order.
+  void attend(const QueryBlock& queries, std::span<const std::int64_t> query_positions, float* out,
+              float* probs = nullptr, const ParallelFor* parallel = nullptr) const override;
+  std::size_t rows() const override { return core_.rows(); }
+  CacheView materialize() const override { return core_.view(); }  // the slots themselves, no copy
   CacheStats stats() const override;
   void reset() override;
   ObservationNeeds needs() const override;

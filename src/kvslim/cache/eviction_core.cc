@@ -39,8 +39,15 @@ void EvictionCore::absorb(std::size_t batch, std::size_t heads, std::size_t dim,
     dim_ = dim;
   }
   const bool append_only = attention_scored(policy_.scoring);
+  // Attention scorings evict in observe(). An engine that skipped it left more than `limit` rows:
+  // evict by the scores observed so far, so the budget holds whatever the caller forgets.
+  if (append_only && limit != EvictionPolicy::kUnbounded && rows_ > limit) drop_lowest(rows_ - limit);
   const std::size_t needed = append_only ? rows_ + S : std::min(rows_ + S, limit);
-  reserve_rows(needed, append_only || limit == EvictionPolicy::kUnbounded ? needed : std::max(needed, limit));
+  // Growth bound: geometric without a limit (full: amortised O(1) copies per row), the budget plus
+  // the one row a decode step appends before observe() for attention scorings, else the budget.
+  std::size_t bound = EvictionPolicy::kUnbounded;
+  if (limit != EvictionPolicy::kUnbounded) bound = std::max(needed, append_only ? limit + 1 : limit);
+  reserve_rows(needed, bound);
 
   // The recent-window threshold after each token: rows at or above it are protected.
   thresholds_.resize(S);
@@ -230,7 +237,8 @@ void EvictionCore::trim(std::size_t budget) {
 
 void EvictionCore::reserve_rows(std::size_t needed, std::size_t bound) {
   if (needed <= capacity_) return;
-  std::size_t grown = std::max<std::size_t>(16, capacity_ * 2);
+  // x1.5: O(log n) moves over n appended rows, at most half the kept rows allocated and unused.
+  std::size_t grown = std::max<std::size_t>(16, capacity_ + capacity_ / 2);
   relayout(std::max(needed, std::min(grown, bound)));
 }
 

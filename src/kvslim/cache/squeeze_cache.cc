@@ -61,9 +61,13 @@ void SqueezeCache::before_absorb(const BlockIntake& block) {
     // Documented order: report on the first call, then adopt as soon as the schedule exists --
     // the last layer to report adopts before its own eviction, every other layer at its next call.
     if (!reported_ && !hidden_signal_) report(measure_key_dispersion(block));
-    if (scheduled_) adopt(*scheduled_);
+    poll_schedule();
     return;
   }
+  // Deferred: a schedule finalised by another layer since this layer's last call is adopted (and
+  // the layer trimmed to it) now, before the new tokens.
+  poll_schedule();
+  if (adopted_) return;
   if (!reported_ && !hidden_signal_ && !has_pending_) {
     pending_concentration_ = measure_key_dispersion(block);
     has_pending_ = true;
@@ -73,7 +77,8 @@ void SqueezeCache::before_absorb(const BlockIntake& block) {
 void SqueezeCache::after_step() {
   if (has_pending_ && !reported_) {
     has_pending_ = false;
-    report(pending_concentration_);  // may finalise: then on_schedule trims every layer now
+    report(pending_concentration_);
+    if (!eager_) poll_schedule();  // this report may have finalised: the last layer trims now
   }
 }
 
@@ -94,6 +99,7 @@ void SqueezeCache::observe_hidden(const HiddenObservation& obs) {
     sum += ab / (std::sqrt(aa) * std::sqrt(bb) + 1e-8);
   }
   report(sum / static_cast<double>(n));
+  if (!eager_) poll_schedule();
 }
 
 void SqueezeCache::report(double concentration) {
@@ -102,9 +108,9 @@ void SqueezeCache::report(double concentration) {
   coordinator_->report_concentration(layer_id(), concentration);
 }
 
-void SqueezeCache::on_schedule(int budget) {
-  scheduled_ = budget;
-  if (!eager_) adopt(budget);  // deferred: every layer holds its resolved budget from now on
+void SqueezeCache::poll_schedule() {
+  if (adopted_ || !coordinator_) return;
+  if (const auto budget = coordinator_->resolved_budget(layer_id())) adopt(*budget);
 }
 
 void SqueezeCache::adopt(int budget) {
@@ -114,12 +120,19 @@ void SqueezeCache::adopt(int budget) {
 
 void SqueezeCache::reset() {
   EvictionCache::reset();
-  if (coordinator_) {
-    reported_ = adopted_ = has_pending_ = false;
-    scheduled_.reset();
-    budget_ = static_cast<std::size_t>(coordinator_->avg_budget());
-  }
   concentration_ = 0.0;
+  if (!coordinator_) return;
+  has_pending_ = false;
+  // The schedule belongs to the set: a layer reset on its own keeps it (it was never re-scheduled
+  // before, since the coordinator ignores reports once final); CacheSet::reset() clears both.
+  if (const auto budget = coordinator_->resolved_budget(layer_id())) {
+    reported_ = adopted_ = true;
+    budget_ = static_cast<std::size_t>(*budget);
+    concentration_ = coordinator_->concentration(layer_id()).value_or(0.0);
+    return;
+  }
+  reported_ = adopted_ = false;
+  budget_ = static_cast<std::size_t>(coordinator_->avg_budget());
 }
 
 void SqueezeCache::add_figures(CacheStats& st) const {

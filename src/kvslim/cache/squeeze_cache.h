@@ -14,9 +14,6 @@ class SqueezeCache : public EvictionCache {
   // Without a coordinator (KVCacheFactory::create) this is a fixed-budget H2O layer.
   SqueezeCache(const KVCacheConfig& config, std::shared_ptr<SqueezeCoordinator> coordinator, int layer_id);
 
-  // The coordinator calls this for every layer when it finalises.
-  void on_schedule(int budget);
-
   ObservationNeeds needs() const override;
   void observe_hidden(const HiddenObservation& obs) override;
   void reset() override;
@@ -33,6 +30,8 @@ class SqueezeCache : public EvictionCache {
  private:
   double measure_key_dispersion(const BlockIntake& block) const;
   void report(double concentration);
+  // Adopts the budget the coordinator finalised, once it has (at this layer's own calls only).
+  void poll_schedule();
   void adopt(int budget);
 
   std::shared_ptr<SqueezeCoordinator> coordinator_;
@@ -43,7 +42,6 @@ class SqueezeCache : public EvictionCache {
   double concentration_ = 0.0;
   double pending_concentration_ = 0.0;  // measured before absorbing, reported after (deferred)
   bool has_pending_ = false;
-  std::optional<int> scheduled_;  // the coordinator's budget for this layer, once known
 };
 
 }  // namespace kvslim

@@ -1,6 +1,6 @@
-// Scratch that holds the fp16 view of a compressed cache. One instance is shared by every layer of
-// a CacheSet (a view is valid only until the next mutating call on any cache of the set), so a
-// model holds its compressed state plus ONE layer's worth of decoded fp16, not a full fp16 copy.
+// Scratch that holds the fp16 rows a compressed cache decodes for materialize(). Each layer owns
+// its own (layers may run on different threads, and one layer's view must not be overwritten by
+// another's); it is allocated only when someone asks for rows -- attend never uses it.
 #pragma once
 #include <cstdint>
 #include <memory>

@@ -5,16 +5,15 @@
 #include <cstring>
 #include <string>
 
+#include "attend/head_attention.h"
 #include "kvslim/errors.h"
 #include "quant/group_quant.h"
 #include "quant/quant_kernels.h"
 
 namespace kvslim {
 
-ZipCacheCache::ZipCacheCache(ZipCacheOptions options, std::shared_ptr<ViewScratch> scratch)
-    : options_(std::move(options)), scratch_(std::move(scratch)), intake_(options_.method) {
+ZipCacheCache::ZipCacheCache(ZipCacheOptions options) : options_(std::move(options)), intake_(options_.method) {
   const std::string& m = options_.method;
-  if (!scratch_) throw std::invalid_argument(m + " cache: no view scratch given");
   if (options_.hi_bits < 1 || options_.hi_bits > 8 || options_.lo_bits < 1 || options_.lo_bits > options_.hi_bits) {
     throw ConfigError(m + " cache: bits must satisfy 1 <= lo_bits <= hi_bits <= 8 (got lo " +
                       std::to_string(options_.lo_bits) + ", hi " + std::to_string(options_.hi_bits) + ")");
@@ -39,8 +38,7 @@ void ZipCacheCache::reset() {
   accounted_key_bytes_ = accounted_value_bytes_ = baseline_key_bytes_ = fp16_key_bytes_ = 0;
 }
 
-CacheView ZipCacheCache::update_and_fetch(const KVBlock& keys, const KVBlock& values,
-                                          std::span<const std::int64_t> positions) {
+void ZipCacheCache::append(const KVBlock& keys, const KVBlock& values, std::span<const std::int64_t> positions) {
   intake_.take(keys, values, positions);  // validates everything before any state changes
   if (heads_.empty()) heads_.resize(intake_.batch() * intake_.heads());
   if (keys.dtype != DType::f16) max_block_elements_ = std::max(max_block_elements_, keys.elements());
@@ -48,7 +46,25 @@ CacheView ZipCacheCache::update_and_fetch(const KVBlock& keys, const KVBlock& va
   if (options_.attention_saliency) compress_ready();
   absorb_intake();
   if (!options_.attention_saliency) compress_ready();
-  return decode_view();
+}
+
+void ZipCacheCache::attend(const QueryBlock& queries, std::span<const std::int64_t> query_positions, float* out,
+                           float* probs, const ParallelFor* parallel) const {
+  const std::size_t D = intake_.head_dim(), heads = intake_.heads();
+  attend::run(options_.method, heads_.empty() ? 0 : intake_.batch(), heads, D, kept_tokens(), queries,
+              query_positions, out, probs, parallel, [&](attend::HeadAttention& ha, std::size_t b, std::size_t g) {
+                const Head& head = heads_[b * heads + g];
+                std::size_t row = 0;
+                for (const Block& block : head.blocks) {
+                  ha.packed_block(block.keys, options_.quantize_values ? &block.values : nullptr,
+                                  block.raw_values.data(), positions_.data() + row, block.tokens, row);
+                  row += block.tokens;
+                }
+                if (staged_ != 0) {
+                  ha.fp16_rows(head.stage_keys.data(), head.stage_values.data(), D, positions_.data() + row, staged_,
+                               row);
+                }
+              });
 }
 
 void ZipCacheCache::absorb_intake() {
@@ -150,7 +166,7 @@ CacheView ZipCacheCache::decode_view() const {
   const std::size_t N = kept_tokens();
   if (N == 0 || heads_.empty()) return CacheView{};
   const std::size_t D = intake_.head_dim(), n_heads = heads_.size();
-  ViewScratch& sc = *scratch_;
+  ViewScratch& sc = scratch_;
   sc.keys.resize(n_heads * N * D);
   sc.values.resize(n_heads * N * D);
   sc.positions.resize(n_heads * N);
@@ -190,7 +206,7 @@ CacheView ZipCacheCache::decode_view() const {
   return v;
 }
 
-CacheView ZipCacheCache::view() const { return decode_view(); }
+CacheView ZipCacheCache::materialize() const { return decode_view(); }
 
 void ZipCacheCache::observe_attention(const AttentionObservation& obs) {
   if (!options_.attention_saliency || staged_ == 0) return;
@@ -252,7 +268,7 @@ CacheStats ZipCacheCache::stats() const {
   other += heads_.capacity() * sizeof(Head) + positions_.capacity() * sizeof(std::int64_t);
   st.resident_bytes = key_bytes + value_bytes + other;
   // Scratch: the shared fp16 view and the intake's fp16 copy of the largest non-fp16 block.
-  st.view_bytes = scratch_->bytes() + 2 * max_block_elements_ * sizeof(std::uint16_t);
+  st.view_bytes = scratch_.bytes() + 2 * max_block_elements_ * sizeof(std::uint16_t);
   const std::size_t kept_fp16_per_tensor = n_heads * N * D * 2;
   st.kept_fp16_bytes = 2 * kept_fp16_per_tensor;
   st.seen_fp16_bytes = static_cast<std::size_t>(st.tokens_seen) * n_heads * D * 2 * 2;
@@ -283,7 +299,7 @@ CacheStats ZipCacheCache::stats() const {
   return st;
 }
 
-std::unique_ptr<KVCache> make_zipcache_cache(const KVCacheConfig& c, std::shared_ptr<ViewScratch> scratch) {
+std::unique_ptr<KVCache> make_zipcache_cache(const KVCacheConfig& c) {
   ZipCacheOptions o;
   o.method = "zipcache";
   o.hi_bits = c.zipcache_hi_bits;
@@ -299,10 +315,10 @@ std::unique_ptr<KVCache> make_zipcache_cache(const KVCacheConfig& c, std::shared
     throw ConfigError("KVCacheConfig.zipcache_saliency = \"" + c.zipcache_saliency +
                       "\": expected \"key_norm\" or \"attention_normalized\"");
   }
-  return std::make_unique<ZipCacheCache>(o, std::move(scratch));
+  return std::make_unique<ZipCacheCache>(o);
 }
 
-std::unique_ptr<KVCache> make_kivi_cache(const KVCacheConfig& c, std::shared_ptr<ViewScratch> scratch) {
+std::unique_ptr<KVCache> make_kivi_cache(const KVCacheConfig& c) {
   ZipCacheOptions o;
   o.method = "kivi";
   o.hi_bits = o.lo_bits = c.kivi_bits;
@@ -311,7 +327,7 @@ std::unique_ptr<KVCache> make_kivi_cache(const KVCacheConfig& c, std::shared_ptr
   o.quantize_values = true;
   if (c.kivi_staging < 0) throw ConfigError("KVCacheConfig.kivi_staging must be >= 0");
   o.staging = static_cast<std::size_t>(c.kivi_staging);
-  return std::make_unique<ZipCacheCache>(o, std::move(scratch));
+  return std::make_unique<ZipCacheCache>(o);
 }
 
 }  // namespace kvslim

@@ -12,8 +12,9 @@
 // - saliency "attention_normalized": staged tokens collect the attention they receive (divided by
 //   the number of queries that could see them); the window is compressed at the start of the next
 //   update, after that step's attention was observed, ranking by that score instead of key norm.
-// The view is decoded from the compressed state into the ViewScratch shared by the layers of a
-// CacheSet on every update (nothing decoded is kept: that would undo the saving).
+// attend reads the packed codes directly (attend/head_attention.h) and the staging window as fp16.
+// materialize() decodes into this layer's own scratch, only when asked (nothing decoded is kept on
+// the decode path: that would undo the saving).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -52,11 +53,14 @@ class ZipCacheCache final : public KVCache {
     std::vector<double> attention_sum, attention_queries; // [staged] (attention saliency only)
   };
 
-  ZipCacheCache(ZipCacheOptions options, std::shared_ptr<ViewScratch> scratch);
+  explicit ZipCacheCache(ZipCacheOptions options);
 
-  CacheView update_and_fetch(const KVBlock& keys, const KVBlock& values,
-                             std::span<const std::int64_t> positions = {}) override;
-  CacheView view() const override;
+  void append(const KVBlock& keys, const KVBlock& values, std::span<const std::int64_t> positions = {}) override;
+  // Blocks in order (scores and value sums from the codes), then the staging window as fp16.
+  void attend(const QueryBlock& queries, std::span<const std::int64_t> query_positions, float* out,
+              float* probs = nullptr, const ParallelFor* parallel = nullptr) const override;
+  std::size_t rows() const override { return kept_tokens(); }
+  CacheView materialize() const override;
   CacheStats stats() const override;
   void reset() override;
   ObservationNeeds needs() const override { return {options_.attention_saliency, false}; }
@@ -76,7 +80,7 @@ class ZipCacheCache final : public KVCache {
   std::size_t kept_tokens() const { return positions_.size(); }
 
   ZipCacheOptions options_;
-  std::shared_ptr<ViewScratch> scratch_;
+  mutable ViewScratch scratch_;  // materialize() only: this layer's fp16 rows, decoded on request
   BlockIntake intake_;
   std::vector<Head> heads_;             // [batch * heads]
   std::vector<std::int64_t> positions_; // [kept] absolute positions, the same for every head
@@ -86,7 +90,7 @@ class ZipCacheCache final : public KVCache {
   double accounted_key_bytes_ = 0, accounted_value_bytes_ = 0, baseline_key_bytes_ = 0, fp16_key_bytes_ = 0;
 };
 
-std::unique_ptr<KVCache> make_zipcache_cache(const KVCacheConfig& config, std::shared_ptr<ViewScratch> scratch);
-std::unique_ptr<KVCache> make_kivi_cache(const KVCacheConfig& config, std::shared_ptr<ViewScratch> scratch);
+std::unique_ptr<KVCache> make_zipcache_cache(const KVCacheConfig& config);
+std::unique_ptr<KVCache> make_kivi_cache(const KVCacheConfig& config);
 
 }  // namespace kvslim

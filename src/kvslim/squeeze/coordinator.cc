@@ -11,25 +11,34 @@ SqueezeCoordinator::SqueezeCoordinator(int n_layers, int avg_budget, int n_sink,
     : n_layers_(n_layers), avg_budget_(avg_budget), n_sink_(n_sink), strength_(strength) {}
 
 void SqueezeCoordinator::report_concentration(int layer_id, double concentration) {
-  if (finalized_ || concentrations_.count(layer_id) != 0) return;  // first report wins
-  concentrations_[layer_id] = concentration;
-  if (static_cast<int>(concentrations_.size()) < n_layers_) return;
+  std::vector<int> ids, budgets;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (finalized_ || concentrations_.count(layer_id) != 0) return;  // first report wins
+    concentrations_[layer_id] = concentration;
+    if (static_cast<int>(concentrations_.size()) < n_layers_) return;
 
-  std::vector<int> ids;
-  std::vector<double> values;
-  for (const auto& [id, c] : concentrations_) {  // std::map: ascending layer id
-    ids.push_back(id);
-    values.push_back(c);
+    std::vector<double> values;
+    for (const auto& [id, c] : concentrations_) {  // std::map: ascending layer id
+      ids.push_back(id);
+      values.push_back(c);
+    }
+    budgets = squeeze_budgets(values, avg_budget_, n_sink_, strength_);
+    for (std::size_t i = 0; i < ids.size(); ++i) resolved_[ids[i]] = budgets[i];
+    finalized_ = true;
   }
-  const std::vector<int> budgets = squeeze_budgets(values, avg_budget_, n_sink_, strength_);
-  for (std::size_t i = 0; i < ids.size(); ++i) resolved_[ids[i]] = budgets[i];
-  finalized_ = true;
   if (listener_) {
     for (std::size_t i = 0; i < ids.size(); ++i) listener_(ids[i], budgets[i]);
   }
 }
 
+bool SqueezeCoordinator::is_finalized() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return finalized_;
+}
+
 std::optional<int> SqueezeCoordinator::resolved_budget(int layer_id) const {
+  std::lock_guard<std::mutex> lock(mutex_);
   if (!finalized_) return std::nullopt;
   const auto it = resolved_.find(layer_id);
   if (it == resolved_.end()) return std::nullopt;
@@ -37,12 +46,14 @@ std::optional<int> SqueezeCoordinator::resolved_budget(int layer_id) const {
 }
 
 std::optional<double> SqueezeCoordinator::concentration(int layer_id) const {
+  std::lock_guard<std::mutex> lock(mutex_);
   const auto it = concentrations_.find(layer_id);
   if (it == concentrations_.end()) return std::nullopt;
   return it->second;
 }
 
 void SqueezeCoordinator::reset() {
+  std::lock_guard<std::mutex> lock(mutex_);
   concentrations_.clear();
   resolved_.clear();
   finalized_ = false;

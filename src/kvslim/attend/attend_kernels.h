@@ -1,0 +1,46 @@
+// SIMD kernels of the attention a cache computes over its own storage (run-time dispatched through
+// Highway, attend_simd.cc). Each reads the stored rows once and never widens a whole row set: fp16
+// rows are promoted in registers, packed codes are unpacked a quantization group at a time into a
+// small u8 tile (L1) and promoted in registers.
+//
+// Shapes: M query vectors q [M, D] fp32 (already multiplied by the logit scale); a score matrix
+// [M, ld] fp32 with one column per row of the segment.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace kvslim::attend {
+
+// logits[m * ld + r] = q[m] . float(keys[r * stride, :D]) for m < M, r < n.
+void logits_f16(const float* q, std::size_t M, std::size_t D, const std::uint16_t* keys, std::size_t stride,
+                std::size_t n, float* logits, std::size_t ld);
+// logits[m * ld + col(r)] = q[m] . float(codes[r * D, :D]) + bias[m], col(r) = idx ? idx[r] : r.
+void logits_codes(const float* q, std::size_t M, std::size_t D, const std::uint8_t* codes, std::size_t n,
+                  const float* bias, const std::uint32_t* idx, float* logits, std::size_t ld);
+// acc[m * D + c] += sum_r p[m * ld + r] * float(values[r * stride + c]).
+void accumulate_f16(const float* p, std::size_t ld, std::size_t M, const std::uint16_t* values, std::size_t stride,
+                    std::size_t n, std::size_t D, float* acc);
+// acc[m * D + c] += sum_r p[m * ld + r] * float(codes[r * D + c]).
+void accumulate_codes(const float* p, std::size_t ld, std::size_t M, const std::uint8_t* codes, std::size_t n,
+                      std::size_t D, float* acc);
+// Per quantization group (scale, zero [D]): qs[m] = q[m] * scale, bias[m] = q[m] . zero.
+void scale_queries(const float* q, std::size_t M, std::size_t D, const float* scale, const float* zero, float* qs,
+                   float* bias);
+// acc[m] += scale * gacc[m] + zero * psum[m] (a group's value sum from its code sums).
+void combine_group(const float* gacc, const float* psum, std::size_t M, std::size_t D, const float* scale,
+                   const float* zero, float* acc);
+// Packed codes read in place (no u8 tile): true when this target can do it for rows of D codes at
+// `bits` (every bit plane a whole number of vectors long); else unpack + the *_codes kernels.
+bool packed_direct(std::size_t D, int bits);
+// As logits_codes / accumulate_codes, from packed rows (packed_row_bytes(D, bits) bytes each).
+void logits_packed(const float* q, std::size_t M, std::size_t D, const std::uint8_t* packed, int bits, std::size_t n,
+                   const float* bias, const std::uint32_t* idx, float* logits, std::size_t ld);
+void accumulate_packed(const float* p, std::size_t ld, std::size_t M, const std::uint8_t* packed, int bits,
+                       std::size_t n, std::size_t D, float* acc);
+// x[i] = exp(x[i] - shift) (exactly 0 where x[i] is -inf); returns the sum. shift is finite.
+float exp_shift(float* x, std::size_t n, float shift);
+
+// The instruction set the kernels dispatch to now.
+const char* target_name();
+
+}  // namespace kvslim::attend
