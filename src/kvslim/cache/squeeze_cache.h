@@ -19,6 +19,7 @@ class SqueezeCache : public EvictionCache {
 
   ObservationNeeds needs() const override;
   void observe_hidden(const HiddenObservation& obs) override;
+  void observe_attention(const AttentionObservation& obs) override;
   void reset() override;
 
   bool rebudgeted() const { return adopted_; }
@@ -32,12 +33,15 @@ class SqueezeCache : public EvictionCache {
 
  private:
   double measure_key_dispersion(const BlockIntake& block) const;
+  double measure_attention_signal(const AttentionObservation& obs) const;
   void report(double concentration);
   void adopt(int budget);
 
   std::shared_ptr<SqueezeCoordinator> coordinator_;
   bool eager_;          // documented order: evict to the average until finalised, adopt next call
   bool hidden_signal_;  // layer signal from hidden states instead of key dispersion
+  bool entropy_signal_;   // layer signal from the entropy of the observed attention
+  bool coverage_signal_;  // layer signal: attention mass the top avg_budget rows hold
   bool first_head_only_;
   bool reported_ = false, adopted_ = false;
   double concentration_ = 0.0;
