@@ -86,6 +86,15 @@ int run(const Options& o, CLI::App& app) {
   in.model_dir = o.model;
   in.text_source = text_path.string();
   in.text_tokens = tokenizer.encode(text, /*add_special_tokens=*/false);
+  // In-distribution held-out text (a split of the training corpus), when the model ships one.
+  const std::filesystem::path indist_path = dir / "heldout_indist_sample.txt";
+  if (std::filesystem::exists(indist_path)) {
+    in.indist_source = indist_path.string();
+    in.indist_tokens = tokenizer.encode(read_text(indist_path), /*add_special_tokens=*/false);
+  } else {
+    std::fprintf(stderr, "note: %s not found; text fidelity on the out-of-domain held-out text only\n",
+                 indist_path.string().c_str());
+  }
   in.bos = tokenizer.bos_id();
   if (!in.bos) in.bos = model.config().bos_token_id;
   std::vector<std::string> lines;

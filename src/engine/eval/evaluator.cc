@@ -82,6 +82,7 @@ void record(std::vector<TaskScore>& scores, const EvalOptions& o, const EpisodeS
   RetrievalCell& cell = it->cells[e.length_index * o.depths.size() + e.depth_index];
   cell.total += 1;
   cell.correct += correct ? 1 : 0;
+  it->outcomes.push_back(correct ? 1 : 0);
 }
 
 // The budget of a variant at a level for a prompt of `tokens` (0 for quantized methods).
@@ -181,6 +182,8 @@ EvalResults run_eval(const Model& model, const EvalInputs& inputs, const EvalOpt
   R.model = model.config();
   R.parameters = model.parameter_count();
   R.text_tokens = inputs.text_tokens.size();
+  R.indist_tokens = inputs.indist_tokens.size();
+  R.indist_source = inputs.indist_tokens.empty() ? std::string() : inputs.indist_source;
   R.hardware_threads = static_cast<int>(std::thread::hardware_concurrency());
   const std::size_t vocab = static_cast<std::size_t>(model.config().vocab_size);
   const int workers = options.threads;
@@ -189,10 +192,19 @@ EvalResults run_eval(const Model& model, const EvalInputs& inputs, const EvalOpt
   MemoryMatcher matcher(model.cache_spec());
   matcher.prepare(variants);  // every probe now: the workers below only read the matcher
 
-  // Inputs shared by every point: text windows per context and the retrieval episodes.
+  // Inputs shared by every point: text windows per (source, context) and the retrieval episodes.
+  // windows[k] belongs to text source text_source[k] and context text_context[k].
   std::vector<std::vector<TextWindow>> windows;
-  for (std::size_t c : options.text_contexts) {
-    windows.push_back(make_windows(inputs.text_tokens, inputs.bos, c, options.continuation, options.windows));
+  std::vector<std::string> text_source;
+  std::vector<std::size_t> text_context;
+  for (const auto& [name, tokens] : {std::pair<std::string, const std::vector<int>*>{"heldout", &inputs.text_tokens},
+                                     std::pair<std::string, const std::vector<int>*>{"indist", &inputs.indist_tokens}}) {
+    if (name == "indist" && tokens->empty()) continue;
+    for (std::size_t c : options.text_contexts) {
+      windows.push_back(make_windows(*tokens, inputs.bos, c, options.continuation, options.windows));
+      text_source.push_back(name);
+      text_context.push_back(c);
+    }
   }
   std::vector<EpisodeSpec> episodes;
   if (inputs.episodes != nullptr) {
@@ -270,9 +282,11 @@ EvalResults run_eval(const Model& model, const EvalInputs& inputs, const EvalOpt
   });
   for (std::size_t c = 0; c < windows.size(); ++c) {
     TextPoint tp;
-    tp.context = options.text_contexts[c];
+    tp.source = text_source[c];
+    tp.context = text_context[c];
     for (std::size_t w = 0; w < windows[c].size(); ++w) {
-      tp.totals.add(compare_runs(windows[c][w], reference[c][w], reference[c][w], vocab));
+      tp.per_window.push_back(compare_runs(windows[c][w], reference[c][w], reference[c][w], vocab));
+      tp.totals.add(tp.per_window.back());
     }
     R.full_text.push_back(tp);
   }
@@ -309,12 +323,14 @@ EvalResults run_eval(const Model& model, const EvalInputs& inputs, const EvalOpt
     try {
       for (std::size_t c = 0; c < windows.size(); ++c) {
         TextPoint tp;
-        tp.context = options.text_contexts[c];
+        tp.source = text_source[c];
+        tp.context = text_context[c];
         tp.budget = budget_of(matcher, v, level, tp.context);
         Engine e(model, config_with_budget(v, tp.budget), v.prefill, tp.context + options.continuation, 1);
         for (std::size_t w = 0; w < windows[c].size(); ++w) {
           const WindowRun run = run_window(*e.transformer, e.caches, windows[c][w]);
-          tp.totals.add(compare_runs(windows[c][w], reference[c][w], run, vocab));
+          tp.per_window.push_back(compare_runs(windows[c][w], reference[c][w], run, vocab));
+          tp.totals.add(tp.per_window.back());
           bar.advance(static_cast<double>(windows[c][w].tokens.size()), note);
           done += static_cast<double>(windows[c][w].tokens.size());
         }
