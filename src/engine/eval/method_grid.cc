@@ -111,6 +111,13 @@ std::vector<MethodVariant> build_catalogue() {
     all.push_back(v);
   }
   all.push_back(make("pyramidkv", "pyramidkv", "PyramidKV: default h2o scorer with a fixed linear per-layer taper (beta 20)", true));
+  for (double beta : {2.0, 5.0}) {
+    const std::string b = std::to_string(static_cast<int>(beta));
+    auto v = make("pyramidkv_b" + b, "pyramidkv", "pyramidkv with a gentler taper (beta " + b + ": last layer avg/" + b + ")", false);
+    v.config.pyramidkv_beta = beta;
+    v.compares_to = "pyramidkv";
+    all.push_back(v);
+  }
   all.push_back(original(make("pyramidkv_original", "pyramidkv", "PyramidKV over the documented key-proxy core", false)));
 
   for (int bits : {2, 4}) {
