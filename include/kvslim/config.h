@@ -33,7 +33,9 @@ struct KVCacheConfig {
   // an engine that reports hidden states through the observation hook) or "attention_entropy"
   // (1 - the normalised entropy of the attention of the prompt's last queries, observed during the
   // first call; needs an engine that reports attention) or "attention_coverage" (the share of
-  // those queries' attention mass that the layer's top squeeze_budget tokens hold).
+  // those queries' attention mass that the layer's top squeeze_budget tokens hold) or
+  // "global_topk" (KVzip-style: no per-layer signal; one threshold over the token scores of every
+  // layer after the first call, so each layer keeps its share of the model-wide top tokens).
   std::string squeeze_signal = "key_dispersion";
   // Which heads of the first call the key-dispersion proxy averages: "all" (kvslim default: mean
   // over every (batch, head)) or "first" (the original: batch 0, head 0 only).

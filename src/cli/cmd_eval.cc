@@ -30,7 +30,7 @@ struct Options {
   std::size_t windows = 0, continuation = 0, trials = 0;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::uint64_t seed = 7;
-  bool no_progress = false, list = false;
+  bool no_progress = false, list = false, no_speed = false;
 };
 
 std::string read_text(const std::filesystem::path& path) {
@@ -76,6 +76,7 @@ int run(const Options& o, CLI::App& app) {
   e.threads = o.threads;
   e.seed = o.seed;
   e.progress = !o.no_progress;
+  e.speed = !o.no_speed;
   e.validate();
 
   const Tokenizer tokenizer = Tokenizer::load(dir / "tokenizer.json");
@@ -155,6 +156,7 @@ const CommandRegistrar registrar(
       app.add_option("--trials", o->trials, "episodes per (task, length, depth) (preset's when 0)");
       app.add_option("--seed", o->seed, "episode seed")->capture_default_str();
       app.add_flag("--no-progress", o->no_progress, "no progress bar on stderr");
+      app.add_flag("--no-speed", o->no_speed, "skip the decode-speed phase (quality figures only)");
       app.add_flag("--list-methods", o->list, "list the method variants and exit");
       CLI::App* self = &app;
       return [o, self] { return run(*o, *self); };

@@ -139,7 +139,7 @@ void KVCacheConfig::validate() const {
                  method == "squeeze" ? recent : 0);
   }
   check_choice("squeeze_prefill", squeeze_prefill, {"deferred", "eager"});
-  check_choice("squeeze_signal", squeeze_signal, {"key_dispersion", "hidden_cosine", "attention_entropy", "attention_coverage"});
+  check_choice("squeeze_signal", squeeze_signal, {"key_dispersion", "hidden_cosine", "attention_entropy", "attention_coverage", "global_topk"});
   check_choice("squeeze_concentration_heads", squeeze_concentration_heads, {"all", "first"});
   check_budget("pyramidkv_budget", pyramidkv_budget, "pyramidkv_n_sink", pyramidkv_n_sink,
                method == "pyramidkv" ? recent : 0);

@@ -260,7 +260,8 @@ EvalResults run_eval(const Model& model, const EvalInputs& inputs, const EvalOpt
     for (const auto& w : ws) units_per_point += static_cast<double>(w.tokens.size());
   }
   for (const auto& e : episodes) units_per_point += static_cast<double>(e.episode.length());
-  const double speed_units = static_cast<double>(options.speed_context + options.speed_tokens) * 4;  // decode weighs more
+  const double speed_units =
+      options.speed ? static_cast<double>(options.speed_context + options.speed_tokens) * 4 : 0.0;  // decode weighs more
   const double total_units = units_per_point * static_cast<double>(jobs.size() + 1) +
                              speed_units * static_cast<double>(variants.size() + 2);
   ProgressBar bar("kvslim eval", total_units, options.progress);
@@ -368,6 +369,14 @@ EvalResults run_eval(const Model& model, const EvalInputs& inputs, const EvalOpt
   });
 
   // 3. Decode speed at the longest context, alone on the machine: full, each variant, full again.
+  if (!options.speed) {
+    bar.finish();
+    rusage usage{};
+    getrusage(RUSAGE_SELF, &usage);
+    R.peak_rss_bytes = static_cast<std::size_t>(usage.ru_maxrss) * 1024;
+    R.elapsed_seconds = seconds_since(t_start);
+    return R;
+  }
   openblas_set_num_threads(options.threads);
   std::vector<int> speed_tokens;
   {

@@ -33,6 +33,7 @@ struct EvalOptions {
   int threads = 2;                             // parallel points; engine threads in the speed phase
   std::uint64_t seed = 7;
   bool progress = true;
+  bool speed = true;                           // run the decode-speed phase
 
   // "quick" (make run: a few minutes on 2 cores) or "full" (docs/results.md), for a model trained
   // at `model_context` tokens (its max_position_embeddings, capped at 2048): text contexts at 1/4

@@ -98,6 +98,16 @@ std::vector<MethodVariant> build_catalogue() {
     v.compares_to = "squeeze_s1";
     all.push_back(v);
   }
+  for (double s : {0.5, 1.0}) {
+    std::ostringstream name;
+    name << "squeeze_global_s" << s;
+    auto v = make(name.str(), "squeeze", "squeeze, budgets from a global top-k of every layer's token scores (KVzip-style), strength " +
+                                             name.str().substr(16), false);
+    v.config.squeeze_strength = s;
+    v.config.squeeze_signal = "global_topk";
+    v.compares_to = "squeeze_s1";
+    all.push_back(v);
+  }
   {
     auto v = original(make("squeeze_original", "squeeze", "squeeze strength 1, key dispersion, documented H2O core (evict_profile=original)", false));
     v.config.squeeze_signal = "key_dispersion";

@@ -322,10 +322,11 @@ void print_table(std::FILE* out, const EvalResults& R) {
     }
   }
 
-  std::fprintf(out, "\ndecode speed at context %zu (%zu steps, %d thread(s)); full cache %.1f tok/s (runs %.1f, %.1f)\n",
+  if (R.speed.empty()) std::fprintf(out, "\ndecode speed: not measured (--no-speed)\n");
+  if (!R.speed.empty()) std::fprintf(out, "\ndecode speed at context %zu (%zu steps, %d thread(s)); full cache %.1f tok/s (runs %.1f, %.1f)\n",
                o.speed_context, o.speed_tokens, o.threads, R.speed.empty() ? 0.0 : R.speed.front().tokens_per_second,
                R.full_speed_runs.size() > 0 ? R.full_speed_runs[0] : 0.0, R.full_speed_runs.size() > 1 ? R.full_speed_runs[1] : 0.0);
-  std::fprintf(out, "  %-22s %5s %8s %12s %9s %7s\n", "variant", "level", "B/tok", "KV bytes", "tok/s", "x full");
+  if (!R.speed.empty()) std::fprintf(out, "  %-22s %5s %8s %12s %9s %7s\n", "variant", "level", "B/tok", "KV bytes", "tok/s", "x full");
   for (const auto& s : R.speed) {
     std::fprintf(out, "  %-22s %5s %8.0f %12zu %9.1f %7.2f\n", s.variant.c_str(),
                  s.level_target > 0 ? level_label(s.level_target).c_str() : "-",

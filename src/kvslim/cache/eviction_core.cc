@@ -320,6 +320,23 @@ void EvictionCore::drop_lowest(std::size_t drop) {
   rows_ -= drop;
 }
 
+std::vector<float> EvictionCore::evictable_scores(std::size_t limit, std::size_t& protected_rows) const {
+  const std::int64_t threshold = recent_threshold(limit);
+  std::vector<float> out;
+  std::size_t evictable = 0;
+  for (std::size_t head = 0; head < heads_total(); ++head) {
+    const std::int64_t* pos = positions_.data() + head * capacity_;
+    evictable = 0;
+    for (std::size_t j = policy_.n_sink; j < rows_; ++j) {
+      if (pos[j] >= threshold) continue;
+      out.push_back(effective_score(head, j));
+      ++evictable;
+    }
+  }
+  protected_rows = rows_ - evictable;
+  return out;
+}
+
 void EvictionCore::trim(std::size_t budget) {
   if (rows_ > budget) drop_lowest(rows_ - budget);
   // Give back what the kept rows do not need (a deferred prefill may have held the whole prompt).

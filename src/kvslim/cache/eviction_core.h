@@ -75,6 +75,10 @@ class EvictionCore {
   const float* scores(std::size_t head) const { return scores_.data() + head * capacity_; }
   const std::int64_t* positions(std::size_t head) const { return positions_.data() + head * capacity_; }
   const EvictionPolicy& policy() const { return policy_; }
+  // The effective scores of every head's rows that eviction to `limit` could drop (not sinks, not
+  // in the recent window), heads one after another; `protected_rows` gets the rows per head that
+  // stay whatever the scores (squeeze's global top-k budget rule).
+  std::vector<float> evictable_scores(std::size_t limit, std::size_t& protected_rows) const;
 
  private:
   struct Scratch {

@@ -20,6 +20,7 @@ SqueezeCache::SqueezeCache(const KVCacheConfig& config, std::shared_ptr<SqueezeC
       hidden_signal_(config.squeeze_signal == "hidden_cosine"),
       entropy_signal_(config.squeeze_signal == "attention_entropy"),
       coverage_signal_(config.squeeze_signal == "attention_coverage"),
+      global_signal_(config.squeeze_signal == "global_topk"),
       first_head_only_(config.squeeze_concentration_heads == "first") {
   set_layer_id(layer_id);
   if (!coordinator_) adopted_ = true;  // a lone layer: fixed budget forever
@@ -55,17 +56,26 @@ void SqueezeCache::before_absorb(const BlockIntake& block) {
   if (eager_) {
     // Documented order: report on the first call, then adopt as soon as the schedule exists --
     // the last layer to report adopts before its own eviction, every other layer at its next call.
-    if (!reported_ && !hidden_signal_ && !entropy_signal_ && !coverage_signal_) report(measure_key_dispersion(block));
+    if (!reported_ && !hidden_signal_ && !entropy_signal_ && !coverage_signal_ && !global_signal_) report(measure_key_dispersion(block));
     if (scheduled_) adopt(*scheduled_);
     return;
   }
-  if (!reported_ && !hidden_signal_ && !entropy_signal_ && !coverage_signal_ && !has_pending_) {
+  if (!reported_ && !hidden_signal_ && !entropy_signal_ && !coverage_signal_ && !global_signal_ && !has_pending_) {
     pending_concentration_ = measure_key_dispersion(block);
     has_pending_ = true;
   }
 }
 
 void SqueezeCache::after_step() {
+  if (global_signal_ && coordinator_ && !reported_) {
+    // Global top-k: this layer's evictable rows' scores (what eviction to the average would
+    // choose among) go to the coordinator, which sets every budget from one threshold.
+    reported_ = true;
+    std::size_t protected_rows = 0;
+    auto scores = core_.evictable_scores(static_cast<std::size_t>(coordinator_->avg_budget()), protected_rows);
+    coordinator_->report_scores(layer_id(), std::move(scores), core_.heads_total(), protected_rows);
+    return;
+  }
   if (has_pending_ && !reported_) {
     has_pending_ = false;
     report(pending_concentration_);  // may finalise: then on_schedule trims every layer now
@@ -161,6 +171,7 @@ void SqueezeCache::report(double concentration) {
 
 void SqueezeCache::on_schedule(int budget) {
   scheduled_ = budget;
+  if (global_signal_) concentration_ = coordinator_->concentration(layer_id()).value_or(0.0);
   if (!eager_) adopt(budget);  // deferred: every layer holds its resolved budget from now on
 }
 

@@ -42,6 +42,7 @@ class SqueezeCache : public EvictionCache {
   bool hidden_signal_;  // layer signal from hidden states instead of key dispersion
   bool entropy_signal_;   // layer signal from the entropy of the observed attention
   bool coverage_signal_;  // layer signal: attention mass the top avg_budget rows hold
+  bool global_signal_;    // no layer signal: budgets from a global top-k of every layer's scores
   bool first_head_only_;
   bool reported_ = false, adopted_ = false;
   double concentration_ = 0.0;

@@ -21,7 +21,31 @@ void SqueezeCoordinator::report_concentration(int layer_id, double concentration
     ids.push_back(id);
     values.push_back(c);
   }
-  const std::vector<int> budgets = squeeze_budgets(values, avg_budget_, n_sink_, strength_);
+  publish(ids, squeeze_budgets(values, avg_budget_, n_sink_, strength_));
+}
+
+void SqueezeCoordinator::report_scores(int layer_id, std::vector<float> scores, std::size_t heads,
+                                       std::size_t protected_rows) {
+  if (finalized_ || scores_.count(layer_id) != 0) return;  // first report wins
+  scores_[layer_id] = LayerScores{std::move(scores), heads, protected_rows};
+  if (static_cast<int>(scores_.size()) < n_layers_) return;
+  std::vector<int> ids;
+  std::vector<std::vector<float>> all;
+  std::vector<std::size_t> heads_of, protected_of;
+  for (auto& [id, ls] : scores_) {
+    ids.push_back(id);
+    all.push_back(std::move(ls.scores));
+    heads_of.push_back(ls.heads);
+    protected_of.push_back(ls.protected_rows);
+  }
+  const std::vector<int> budgets = global_topk_budgets(all, heads_of, protected_of, avg_budget_, n_sink_, strength_);
+  double total = 0;
+  for (int b : budgets) total += b;
+  for (std::size_t i = 0; i < ids.size(); ++i) concentrations_[ids[i]] = total > 0 ? 1.0 - budgets[i] / total : 0.0;
+  publish(ids, budgets);
+}
+
+void SqueezeCoordinator::publish(const std::vector<int>& ids, const std::vector<int>& budgets) {
   for (std::size_t i = 0; i < ids.size(); ++i) resolved_[ids[i]] = budgets[i];
   finalized_ = true;
   if (listener_) {
@@ -44,6 +68,7 @@ std::optional<double> SqueezeCoordinator::concentration(int layer_id) const {
 
 void SqueezeCoordinator::reset() {
   concentrations_.clear();
+  scores_.clear();
   resolved_.clear();
   finalized_ = false;
 }
