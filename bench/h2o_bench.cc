@@ -36,6 +36,7 @@ void BM_H2OUpdate(benchmark::State& state) {
   c.method = "h2o";
   c.h2o_budget = static_cast<int>(kept);
   c.h2o_n_sink = 4;
+  c.evict_profile = "original";  // the key-proxy update is what this measures
   c.evict_recent_window = 8;  // so newcomers replace old rows instead of being dropped at once
   auto cache = KVCacheFactory::create(c);
   const auto prefill = random_fp16(kept * D, 1);

@@ -30,7 +30,12 @@ struct KVCacheConfig {
   std::string squeeze_prefill = "deferred";
   // Layer signal: "key_dispersion" (documented proxy: mean off-diagonal key cosine) or
   // "hidden_cosine" (the paper's: cosine between hidden states before and after attention; needs
-  // an engine that reports hidden states through the observation hook).
+  // an engine that reports hidden states through the observation hook) or "attention_entropy"
+  // (1 - the normalised entropy of the attention of the prompt's last queries, observed during the
+  // first call; needs an engine that reports attention) or "attention_coverage" (the share of
+  // those queries' attention mass that the layer's top squeeze_budget tokens hold) or
+  // "global_topk" (KVzip-style: no per-layer signal; one threshold over the token scores of every
+  // layer after the first call, so each layer keeps its share of the model-wide top tokens).
   std::string squeeze_signal = "key_dispersion";
   // Which heads of the first call the key-dispersion proxy averages: "all" (kvslim default: mean
   // over every (batch, head)) or "first" (the original: batch 0, head 0 only).
@@ -46,11 +51,23 @@ struct KVCacheConfig {
   double pyramidkv_beta = 20.0;  // last layer gets about 2*avg/beta ... first ~2*avg - that
 
   // --- options shared by every H2O-core method (h2o, squeeze, pyramidkv) ---
-  int evict_recent_window = 0;  // newest tokens protected from eviction (0 = documented behaviour)
+  // "query_aware" (default): the settings measured to keep a real model working (docs/results.md)
+  // -- a recent window of 32 (at most half the room above the sinks of each layer's budget), a
+  // SnapKV-style prefill (the prompt scored by the attention of its last 32 queries, max-pooled
+  // over 5 positions) and attention normalised by how many queries could see each token.
+  // "original": the documented H2O-adapted core (key proxy, no window, no decay), which freezes
+  // on the first tokens of the prompt (seed-behaviour.md section 2). The fields below override
+  // the profile one by one; their "auto" values (-1, "auto") take the profile's.
+  std::string evict_profile = "query_aware";
+  int evict_recent_window = -1;  // newest tokens protected from eviction (original: 0)
   // Score: "key_proxy" (documented: the incoming key is the query), "attention" (the real
   // attention each token receives, summed over the query heads of its KV group, reported by the
   // engine), "attention_normalized" (that sum divided by how many queries could see the token).
-  std::string evict_scoring = "key_proxy";
+  // An attention scoring falls back to the key proxy when an update is never observed.
+  std::string evict_scoring = "auto";
+  int evict_obs_window = -1;  // prefill: score by the last N queries only (0 = all; original: 0)
+  int evict_pool_kernel = -1;  // prefill: max-pool the scores over N positions (odd; original: 1)
+  double evict_decay = -1;     // per observed query, older scores x decay, in (0, 1] (auto: 1)
 
   // --- streaming (StreamingLLM: sinks + recent window) ---
   int streaming_budget = 512;

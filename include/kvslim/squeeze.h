@@ -25,6 +25,15 @@ std::vector<int> squeeze_budgets(std::span<const double> concentrations, int avg
 // PyramidKV's fixed linear taper (kvpress's schedule) for comparison: layer 0 gets the most.
 std::vector<int> pyramid_budgets(int n_layers, int avg_budget, int n_sink, double beta);
 
+// KVzip-style global top-k: the rows whose scores are among the top sum_l heads_l * (avg -
+// protected_l) of ALL layers stay, so a layer's budget is its protected rows plus its share of
+// the global top (per head); then blended toward avg by strength, floor n_sink + 1. scores[l]
+// holds layer l's evictable rows' scores (every head), heads[l] its heads, protected_rows[l] the
+// rows per head it keeps anyway (sinks, recent window).
+std::vector<int> global_topk_budgets(const std::vector<std::vector<float>>& scores, const std::vector<std::size_t>& heads,
+                                     const std::vector<std::size_t>& protected_rows, int avg_budget, int n_sink,
+                                     double strength);
+
 // Collects one concentration per attention layer during prefill; when every layer has reported it
 // computes the schedule once. Layers read their budget from it (resolved_budget) at their next
 // call. Thread-safe: layers of one set may report and read from different threads.
@@ -34,6 +43,10 @@ class SqueezeCoordinator {
 
   // First report per layer wins; reports after finalisation are ignored.
   void report_concentration(int layer_id, double concentration);
+  // The global top-k rule instead of the concentration split: a layer reports its evictable
+  // rows' scores (see global_topk_budgets); when every layer has reported, the schedule is the
+  // global top-k one. Its concentration figure is 1 - its budget share (for reports).
+  void report_scores(int layer_id, std::vector<float> scores, std::size_t heads, std::size_t protected_rows);
   bool is_finalized() const;
   std::optional<int> resolved_budget(int layer_id) const;
   std::optional<double> concentration(int layer_id) const;
@@ -56,9 +69,17 @@ class SqueezeCoordinator {
   double strength_;
   mutable std::mutex mutex_;  // guards the maps and finalized_
   std::map<int, double> concentrations_;
+  struct LayerScores {
+    std::vector<float> scores;
+    std::size_t heads = 0, protected_rows = 0;
+  };
+  std::map<int, LayerScores> scores_;
   std::map<int, int> resolved_;
   bool finalized_ = false;
   Listener listener_;
+  // Sets the schedule (caller holds mutex_); notify() calls the listener outside the lock.
+  void publish_locked(const std::vector<int>& ids, const std::vector<int>& budgets);
+  void notify(const std::vector<int>& ids, const std::vector<int>& budgets) const;
 };
 
 }  // namespace kvslim

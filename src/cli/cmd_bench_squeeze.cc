@@ -110,6 +110,7 @@ double run_once(const Workload& w, int L, std::size_t S, int avg, double strengt
   c.squeeze_n_sink = kSink;
   c.squeeze_strength = strength;
   c.squeeze_prefill = prefill;
+  c.evict_profile = "original";  // the original's H2O core: the figures it published
   // The documented order is reproduced with the documented measure too (batch 0, head 0 only);
   // kvslim's default averages the concentration over every head.
   c.squeeze_concentration_heads = prefill == "eager" ? "first" : "all";

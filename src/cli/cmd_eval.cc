@@ -30,7 +30,7 @@ struct Options {
   std::size_t windows = 0, continuation = 0, trials = 0;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::uint64_t seed = 7;
-  bool no_progress = false, list = false;
+  bool no_progress = false, list = false, no_speed = false;
 };
 
 std::string read_text(const std::filesystem::path& path) {
@@ -76,6 +76,7 @@ int run(const Options& o, CLI::App& app) {
   e.threads = o.threads;
   e.seed = o.seed;
   e.progress = !o.no_progress;
+  e.speed = !o.no_speed;
   e.validate();
 
   const Tokenizer tokenizer = Tokenizer::load(dir / "tokenizer.json");
@@ -86,6 +87,15 @@ int run(const Options& o, CLI::App& app) {
   in.model_dir = o.model;
   in.text_source = text_path.string();
   in.text_tokens = tokenizer.encode(text, /*add_special_tokens=*/false);
+  // In-distribution held-out text (a split of the training corpus), when the model ships one.
+  const std::filesystem::path indist_path = dir / "heldout_indist_sample.txt";
+  if (std::filesystem::exists(indist_path)) {
+    in.indist_source = indist_path.string();
+    in.indist_tokens = tokenizer.encode(read_text(indist_path), /*add_special_tokens=*/false);
+  } else {
+    std::fprintf(stderr, "note: %s not found; text fidelity on the out-of-domain held-out text only\n",
+                 indist_path.string().c_str());
+  }
   in.bos = tokenizer.bos_id();
   if (!in.bos) in.bos = model.config().bos_token_id;
   std::vector<std::string> lines;
@@ -146,6 +156,7 @@ const CommandRegistrar registrar(
       app.add_option("--trials", o->trials, "episodes per (task, length, depth) (preset's when 0)");
       app.add_option("--seed", o->seed, "episode seed")->capture_default_str();
       app.add_flag("--no-progress", o->no_progress, "no progress bar on stderr");
+      app.add_flag("--no-speed", o->no_speed, "skip the decode-speed phase (quality figures only)");
       app.add_flag("--list-methods", o->list, "list the method variants and exit");
       CLI::App* self = &app;
       return [o, self] { return run(*o, *self); };

@@ -1,6 +1,7 @@
 // KVCacheConfig: validation (every field, named in the error) and text access for --set.
 #include "kvslim/config.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <sstream>
@@ -43,8 +44,12 @@ const std::vector<Field>& field_table() {
       {"pyramidkv_budget", &C::pyramidkv_budget},
       {"pyramidkv_n_sink", &C::pyramidkv_n_sink},
       {"pyramidkv_beta", &C::pyramidkv_beta},
+      {"evict_profile", &C::evict_profile},
       {"evict_recent_window", &C::evict_recent_window},
       {"evict_scoring", &C::evict_scoring},
+      {"evict_obs_window", &C::evict_obs_window},
+      {"evict_pool_kernel", &C::evict_pool_kernel},
+      {"evict_decay", &C::evict_decay},
       {"streaming_budget", &C::streaming_budget},
       {"streaming_n_sink", &C::streaming_n_sink},
       {"zipcache_hi_bits", &C::zipcache_hi_bits},
@@ -110,24 +115,34 @@ void KVCacheConfig::validate() const {
     fail("method", "\"" + method + "\"", "must be one of " + list);
   }
   check_min("head_dim", head_dim, 1);
-  check_min("evict_recent_window", evict_recent_window, 0);
-  check_choice("evict_scoring", evict_scoring, {"key_proxy", "attention", "attention_normalized"});
+  check_choice("evict_profile", evict_profile, {"query_aware", "original"});
+  check_min("evict_recent_window", evict_recent_window, -1);
+  check_choice("evict_scoring", evict_scoring, {"auto", "key_proxy", "attention", "attention_normalized"});
+  check_min("evict_obs_window", evict_obs_window, -1);
+  if (evict_pool_kernel != -1 && (evict_pool_kernel < 1 || evict_pool_kernel % 2 == 0)) {
+    fail("evict_pool_kernel", std::to_string(evict_pool_kernel), "must be -1 (auto) or an odd number >= 1");
+  }
+  if (evict_decay != -1.0 && !(evict_decay > 0.0 && evict_decay <= 1.0)) {
+    fail("evict_decay", str(evict_decay), "must be -1 (auto) or in (0, 1]");
+  }
+  // An explicit recent window must leave room to evict; "auto" fits itself to every budget.
+  const int recent = std::max(evict_recent_window, 0);
 
   // Every method's own fields are range-checked whatever the method, so a typo never waits until
   // the day that method is picked; cross-field rules apply to each method's own budget.
-  check_budget("h2o_budget", h2o_budget, "h2o_n_sink", h2o_n_sink, method == "h2o" ? evict_recent_window : 0);
+  check_budget("h2o_budget", h2o_budget, "h2o_n_sink", h2o_n_sink, method == "h2o" ? recent : 0);
   check_budget("squeeze_budget", squeeze_budget, "squeeze_n_sink", squeeze_n_sink,
-               method == "squeeze" ? evict_recent_window : 0);
+               method == "squeeze" ? recent : 0);
   check_unit("squeeze_strength", squeeze_strength);
   if (squeeze_resolved_budget) {
     check_budget("squeeze_resolved_budget", *squeeze_resolved_budget, "squeeze_n_sink", squeeze_n_sink,
-                 method == "squeeze" ? evict_recent_window : 0);
+                 method == "squeeze" ? recent : 0);
   }
   check_choice("squeeze_prefill", squeeze_prefill, {"deferred", "eager"});
-  check_choice("squeeze_signal", squeeze_signal, {"key_dispersion", "hidden_cosine"});
+  check_choice("squeeze_signal", squeeze_signal, {"key_dispersion", "hidden_cosine", "attention_entropy", "attention_coverage", "global_topk"});
   check_choice("squeeze_concentration_heads", squeeze_concentration_heads, {"all", "first"});
   check_budget("pyramidkv_budget", pyramidkv_budget, "pyramidkv_n_sink", pyramidkv_n_sink,
-               method == "pyramidkv" ? evict_recent_window : 0);
+               method == "pyramidkv" ? recent : 0);
   if (!(pyramidkv_beta >= 1.0) || !std::isfinite(pyramidkv_beta)) fail("pyramidkv_beta", str(pyramidkv_beta), "must be a finite number >= 1");
   check_budget("streaming_budget", streaming_budget, "streaming_n_sink", streaming_n_sink, 0);
 

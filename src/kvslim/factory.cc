@@ -20,13 +20,6 @@ struct LayerContext {
   std::shared_ptr<SqueezeCoordinator> coordinator;
 };
 
-EvictionPolicy h2o_policy(const KVCacheConfig& c, int n_sink) {
-  EvictionPolicy p;
-  p.n_sink = static_cast<std::size_t>(n_sink);
-  p.recent_window = static_cast<std::size_t>(c.evict_recent_window);
-  p.scoring = parse_scoring(c.evict_scoring);
-  return p;
-}
 
 // One cache per method id. Methods in other files add their branch here.
 std::unique_ptr<KVCache> make_method_cache(const KVCacheConfig& c, const LayerContext& ctx) {
@@ -43,10 +36,10 @@ std::unique_ptr<KVCache> make_method_cache(const KVCacheConfig& c, const LayerCo
     p.recent_window = static_cast<std::size_t>(c.streaming_budget - c.streaming_n_sink);
     cache = std::make_unique<EvictionCache>("streaming", p, static_cast<std::size_t>(c.streaming_budget));
   } else if (m == "h2o") {
-    cache = std::make_unique<EvictionCache>("h2o", h2o_policy(c, c.h2o_n_sink), static_cast<std::size_t>(c.h2o_budget));
+    cache = std::make_unique<EvictionCache>("h2o", make_eviction_policy(c, c.h2o_n_sink), static_cast<std::size_t>(c.h2o_budget));
   } else if (m == "pyramidkv") {
     const int budget = ctx.budget.value_or(c.pyramidkv_budget);
-    cache = std::make_unique<EvictionCache>("pyramidkv", h2o_policy(c, c.pyramidkv_n_sink), static_cast<std::size_t>(budget));
+    cache = std::make_unique<EvictionCache>("pyramidkv", make_eviction_policy(c, c.pyramidkv_n_sink), static_cast<std::size_t>(budget));
   } else if (m == "squeeze") {
     cache = std::make_unique<SqueezeCache>(c, ctx.coordinator, ctx.layer_id);
   } else if (m == "zipcache") {

@@ -23,8 +23,8 @@ TEST(EvalMethodGrid, MatchedBudgetsHitTheTargetBytes) {
   full.method = "full";
   for (std::size_t context : {384u, 768u}) {
     EXPECT_EQ(matcher.full_bytes(context), probe_resident_bytes(full, spec, context));
-    for (const char* name : {"streaming", "h2o", "h2o_recent", "squeeze_s0", "squeeze_s1", "squeeze_s1_eager", "pyramidkv",
-                             "squeeze_s1_attn_norm"}) {
+    for (const char* name : {"streaming", "h2o", "h2o_original", "h2o_recent", "squeeze_s0.5", "squeeze_s1",
+                             "squeeze_original_eager", "squeeze_entropy_s1", "pyramidkv", "h2o_attn_norm"}) {
       const MethodVariant& v = variant(name);
       for (double level : {0.5, 0.25, 0.125}) {
         const int budget = matcher.budget_for(v, level, context);
@@ -40,11 +40,12 @@ TEST(EvalMethodGrid, MatchedBudgetsHitTheTargetBytes) {
 
 TEST(EvalMethodGrid, BudgetScalesWithContextAndLevel) {
   MemoryMatcher matcher(ModelSpec::uniform(2, 2, 16));
-  const MethodVariant& h2o = variant("h2o");
+  const MethodVariant& h2o = variant("h2o_original");
   EXPECT_NEAR(matcher.budget_for(h2o, 0.25, 1024), 256, 1);
   EXPECT_NEAR(matcher.budget_for(h2o, 0.5, 512), 256, 1);
   // Normalised attention keeps one more float per row, so the same bytes buy slightly fewer rows.
   EXPECT_LT(matcher.budget_for(variant("h2o_attn_norm"), 0.5, 1024), matcher.budget_for(h2o, 0.5, 1024));
+  EXPECT_EQ(matcher.budget_for(variant("h2o"), 0.5, 1024), matcher.budget_for(variant("h2o_attn_norm"), 0.5, 1024));
   EXPECT_THROW(matcher.budget_for(h2o, 0.0, 512), std::invalid_argument);
   EXPECT_THROW(matcher.budget_for(h2o, 1.5, 512), std::invalid_argument);
   EXPECT_THROW(matcher.budget_for(h2o, 0.001, 512), std::invalid_argument);  // below sinks + 1
@@ -55,7 +56,7 @@ TEST(EvalMethodGrid, RecentWindowFollowsTheBudget) {
   const KVCacheConfig c = config_with_budget(variant("h2o_recent"), 100);
   EXPECT_EQ(c.h2o_budget, 100);
   EXPECT_EQ(c.evict_recent_window, 50);
-  EXPECT_EQ(config_with_budget(variant("h2o"), 100).evict_recent_window, 0);
+  EXPECT_EQ(config_with_budget(variant("h2o"), 100).evict_recent_window, -1);  // auto: the profile's window
   EXPECT_THROW(config_with_budget(variant("h2o_recent"), 6), std::invalid_argument);
   const KVCacheConfig q = config_with_budget(variant("kivi4"), 100);  // no budget field: unchanged
   EXPECT_EQ(q.kivi_bits, 4);

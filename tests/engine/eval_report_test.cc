@@ -61,19 +61,19 @@ TEST(EvalReport, JsonHasTheDocumentedKeys) {
     EXPECT_FALSE(p.contains("error")) << p["error"];
     ASSERT_EQ(p["text"].size(), 2u);
     for (const char* key : {"context", "budget", "level", "retained_level", "bytes_per_token", "ppl", "ppl_full", "delta_ppl",
-                            "kl", "top1"}) {
+                            "kl", "top1", "kl_ci95", "top1_ci95", "delta_ppl_ci95", "source"}) {
       EXPECT_TRUE(p["text"][0].contains(key)) << key;
     }
     // min_full_accuracy 0 reports the task even for a random model, so the methods run it.
     ASSERT_EQ(p["retrieval"].size(), 1u);
-    for (const char* key : {"task", "accuracy", "full_accuracy", "reported", "cells", "correct", "total"}) {
+    for (const char* key : {"task", "accuracy", "accuracy_ci95", "full_accuracy", "reported", "cells", "correct", "total"}) {
       EXPECT_TRUE(p["retrieval"][0].contains(key)) << key;
     }
     EXPECT_EQ(p["retrieval"][0]["total"], 1);
   }
   ASSERT_EQ(j["full"]["retrieval"].size(), 1u);
   EXPECT_TRUE(j["full"]["retrieval"][0]["reported"].get<bool>());
-  EXPECT_EQ(j["points"][1]["compares_to"], "h2o");
+  EXPECT_EQ(j["points"][1]["compares_to"], "h2o_original");
   EXPECT_TRUE(j["points"][2]["level_target"].is_null());  // kivi sits at its own bytes
   ASSERT_EQ(j["speed"]["rows"].size(), 4u);              // full + 3 variants
   EXPECT_EQ(j["speed"]["rows"][0]["variant"], "full");

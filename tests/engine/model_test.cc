@@ -140,7 +140,7 @@ TEST_F(SmallModel, FullPromptDiffersFromCacheViewWhenTheCacheEvicts) {
   // full_prompt queries still see, so the last logits differ.
   const Model model = Model::load(dir_);
   const auto tokens = some_tokens(20, 61);
-  const std::vector<std::pair<std::string, std::string>> h2o = {{"h2o_budget", "6"}, {"h2o_n_sink", "2"}};
+  const std::vector<std::pair<std::string, std::string>> h2o = {{"h2o_budget", "6"}, {"h2o_n_sink", "2"}, {"evict_profile", "original"}};
   CacheSet a = caches_for(model, "h2o", h2o), b = caches_for(model, "h2o", h2o);
   Transformer view(model, a);
   Transformer full(model, b, {.prefill_attention = PrefillAttention::full_prompt});

@@ -316,6 +316,42 @@ TEST(SqueezeForModel, HiddenCosineSignalComesFromTheObservationHook) {
   EXPECT_EQ(set.at(1).view().tokens, 3u);
 }
 
+// The attention signals: layer 0's last queries spread their attention evenly (entropy high,
+// coverage of the top avg rows low: it needs tokens), layer 1's all look at one row (concentrated).
+TEST(SqueezeForModel, AttentionSignalsComeFromTheObservedPrefill) {
+  for (const char* signal : {"attention_entropy", "attention_coverage", "global_topk"}) {
+    const bool global = std::string(signal) == "global_topk";
+    KVCacheConfig c = squeeze_config(8, 2);
+    c.evict_profile = "query_aware";
+    c.squeeze_signal = signal;
+    CacheSet set = KVCacheBuilder::for_model(ModelSpec::uniform(2, 1, 8), c);
+    ASSERT_TRUE(set.at(0).needs().attention) << signal;
+    const std::size_t S = 40;
+    std::vector<std::int64_t> pos(S);
+    for (std::size_t i = 0; i < S; ++i) pos[i] = static_cast<std::int64_t>(i);
+    for (int li = 0; li < 2; ++li) {
+      const KV kv(1, 1, S, 8, 11 + li);
+      set.at(li).update_and_fetch(kv.keys(), kv.values(), pos);
+      std::vector<float> probs(S * S, 0.0f);  // [queries, rows], causal
+      for (std::size_t q = 0; q < S; ++q) {
+        if (li == 0) {
+          for (std::size_t i = 0; i <= q; ++i) probs[q * S + i] = 1.0f / static_cast<float>(q + 1);
+        } else {
+          probs[q * S] = 1.0f;
+        }
+      }
+      EXPECT_FALSE(set.coordinator()->is_finalized());
+      set.at(li).observe_attention(AttentionObservation{probs.data(), 1, 1, S, S, S, pos});
+    }
+    ASSERT_TRUE(set.coordinator()->is_finalized()) << signal;
+    EXPECT_LT(set.at(0).stats().figure("concentration"), 0.5) << signal;
+    // Global top-k: layer 1's attention sits on its sink, so its evictable rows score nothing.
+    EXPECT_NEAR(set.at(1).stats().figure("concentration"), global ? 0.8 : 1.0, global ? 0.2 : 1e-6) << signal;
+    EXPECT_GT(*set.coordinator()->resolved_budget(0), *set.coordinator()->resolved_budget(1)) << signal;
+    EXPECT_EQ(set.at(1).view().tokens, static_cast<std::size_t>(*set.coordinator()->resolved_budget(1)));
+  }
+}
+
 TEST(SqueezeForModel, DeterministicAcrossRuns) {
   const ModelRun a = build_and_run(5, 0.7), b = build_and_run(5, 0.7);
   EXPECT_EQ(a.budgets, b.budgets);

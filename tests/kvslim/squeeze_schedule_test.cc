@@ -227,5 +227,35 @@ TEST(Coordinator, MaxPossibleBudgetBoundsEverySchedule) {
   EXPECT_LE(*std::max_element(b.begin(), b.end()), c.max_possible_budget());
 }
 
+TEST(GlobalTopk, OneThresholdOverEveryLayer) {
+  // avg 6, 2 protected rows per head: 2 layers x 1 head x 4 slots = the top 8 of all scores.
+  const std::vector<std::vector<float>> scores = {{0.9f, 0.8f, 0.7f, 0.6f, 0.5f, 0.4f}, {0.1f, 0.05f, 0.3f, 0.2f}};
+  EXPECT_EQ(global_topk_budgets(scores, {1, 1}, {2, 2}, 6, 1, 1.0), (std::vector<int>{8, 4}));
+  EXPECT_EQ(global_topk_budgets(scores, {1, 1}, {2, 2}, 6, 1, 0.5), (std::vector<int>{7, 5}));
+  EXPECT_EQ(global_topk_budgets(scores, {1, 1}, {2, 2}, 6, 1, 0.0), (std::vector<int>{6, 6}));
+  // Two heads per layer: counts are per head.
+  EXPECT_EQ(global_topk_budgets({{0.9f, 0.8f, 0.1f, 0.1f}, {0.5f, 0.4f, 0.3f, 0.2f}}, {2, 2}, {1, 1}, 2, 0, 1.0),
+            (std::vector<int>{2, 2}));
+  // More slots than rows: every layer keeps all it has; the floor holds.
+  EXPECT_EQ(global_topk_budgets({{0.5f}, {}}, {1, 1}, {1, 1}, 10, 0, 1.0), (std::vector<int>{2, 1}));
+  EXPECT_EQ(global_topk_budgets({{0.5f}, {}}, {1, 1}, {1, 1}, 10, 3, 1.0), (std::vector<int>{4, 4}));
+  EXPECT_THROW(global_topk_budgets(scores, {1}, {2, 2}, 6, 1, 1.0), std::invalid_argument);
+  EXPECT_THROW(global_topk_budgets(scores, {1, 1}, {2, 2}, 6, 1, 1.5), ConfigError);
+}
+
+TEST(GlobalTopk, CoordinatorFinalisesOnTheLastLayersScores) {
+  SqueezeCoordinator c(2, 6, 1, 1.0);
+  std::vector<std::pair<int, int>> heard;
+  c.set_listener([&](int id, int b) { heard.emplace_back(id, b); });
+  c.report_scores(0, {0.9f, 0.8f, 0.7f, 0.6f, 0.5f, 0.4f}, 1, 2);
+  EXPECT_FALSE(c.is_finalized());
+  c.report_scores(1, {0.1f, 0.05f, 0.3f, 0.2f}, 1, 2);
+  ASSERT_TRUE(c.is_finalized());
+  EXPECT_EQ(heard, (std::vector<std::pair<int, int>>{{0, 8}, {1, 4}}));
+  EXPECT_NEAR(*c.concentration(0), 1.0 - 8.0 / 12.0, 1e-12);
+  c.reset();
+  EXPECT_FALSE(c.is_finalized());
+}
+
 }  // namespace
 }  // namespace kvslim

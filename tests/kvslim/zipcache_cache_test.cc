@@ -341,6 +341,10 @@ TEST(ZipCacheCache, AttentionSaliencyPicksTheAttendedTokens) {
   }
   AttentionObservation obs{probs.data(), 1, 1, 32, v.tokens, 32, qpos};
   cache->observe_attention(obs);
+  // Compressed as soon as its attention is known, not held in fp16 until the next update
+  // (regression: the prompt stayed staged, and a model held 1.03x the full cache's bytes).
+  EXPECT_EQ(cache->stats().figure("staging_tokens"), 0.0);
+  EXPECT_LT(cache->stats().resident_bytes, cache->stats().seen_fp16_bytes);
   Io tok(1, 1, 1, 16, 22);
   cache->update_and_fetch(tok.kb, tok.vb);
   const auto& zc = dynamic_cast<const ZipCacheCache&>(*cache);

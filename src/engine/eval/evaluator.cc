@@ -82,6 +82,7 @@ void record(std::vector<TaskScore>& scores, const EvalOptions& o, const EpisodeS
   RetrievalCell& cell = it->cells[e.length_index * o.depths.size() + e.depth_index];
   cell.total += 1;
   cell.correct += correct ? 1 : 0;
+  it->outcomes.push_back(correct ? 1 : 0);
 }
 
 // The budget of a variant at a level for a prompt of `tokens` (0 for quantized methods).
@@ -111,12 +112,16 @@ EvalOptions EvalOptions::for_preset(const std::string& name, std::size_t model_c
     o.trials = 1;
     o.speed_tokens = 48;
   } else if (name == "full") {
+    // Sized so the 95 % intervals separate the methods it ranks (docs/results.md): 10 windows per
+    // context and text, 50 episodes per task (the needle at 10-90 % of the prompt, as in the HF
+    // reference run), and the 6.25 % level where layer-adaptive budgets should matter most.
+    o.levels = {0.5, 0.25, 0.125, 0.0625};
     o.continuation = std::min<std::size_t>(128, M / 4);
-    o.windows = 6;
+    o.windows = 10;
     o.tasks = {"passkey", "kvlist"};
-    o.retrieval_lengths = {M / 4, M / 2, 3 * M / 4, M - 8};  // M - 8: the answer and a margin fit
-    o.depths = {0.0, 0.25, 0.5, 0.75, 1.0};
-    o.trials = 3;
+    o.retrieval_lengths = {M / 2, M - 8};  // M - 8: the answer and a margin fit
+    o.depths = {0.1, 0.3, 0.5, 0.7, 0.9};
+    o.trials = 5;
     o.speed_tokens = 128;
   } else {
     throw std::invalid_argument("--preset \"" + name + "\": expected quick or full");
@@ -181,6 +186,8 @@ EvalResults run_eval(const Model& model, const EvalInputs& inputs, const EvalOpt
   R.model = model.config();
   R.parameters = model.parameter_count();
   R.text_tokens = inputs.text_tokens.size();
+  R.indist_tokens = inputs.indist_tokens.size();
+  R.indist_source = inputs.indist_tokens.empty() ? std::string() : inputs.indist_source;
   R.hardware_threads = static_cast<int>(std::thread::hardware_concurrency());
   const std::size_t vocab = static_cast<std::size_t>(model.config().vocab_size);
   const int workers = options.threads;
@@ -189,10 +196,26 @@ EvalResults run_eval(const Model& model, const EvalInputs& inputs, const EvalOpt
   MemoryMatcher matcher(model.cache_spec());
   matcher.prepare(variants);  // every probe now: the workers below only read the matcher
 
-  // Inputs shared by every point: text windows per context and the retrieval episodes.
+  // Inputs shared by every point: text windows per (source, context) and the retrieval episodes.
+  // windows[k] belongs to text source text_source[k] and context text_context[k].
   std::vector<std::vector<TextWindow>> windows;
-  for (std::size_t c : options.text_contexts) {
-    windows.push_back(make_windows(inputs.text_tokens, inputs.bos, c, options.continuation, options.windows));
+  std::vector<std::string> text_source;
+  std::vector<std::size_t> text_context;
+  for (const auto& [name, tokens] : {std::pair<std::string, const std::vector<int>*>{"heldout", &inputs.text_tokens},
+                                     std::pair<std::string, const std::vector<int>*>{"indist", &inputs.indist_tokens}}) {
+    if (name == "indist" && tokens->empty()) continue;
+    for (std::size_t c : options.text_contexts) {
+      std::size_t count = options.windows;
+      if (name == "indist") {
+        // A short in-distribution sample gives what windows it can (the JSON counts them).
+        const std::size_t per = c + options.continuation;
+        count = std::min(count, per > 0 ? tokens->size() / per : 0);
+        if (count == 0) continue;
+      }
+      windows.push_back(make_windows(*tokens, inputs.bos, c, options.continuation, count));
+      text_source.push_back(name);
+      text_context.push_back(c);
+    }
   }
   std::vector<EpisodeSpec> episodes;
   if (inputs.episodes != nullptr) {
@@ -237,7 +260,8 @@ EvalResults run_eval(const Model& model, const EvalInputs& inputs, const EvalOpt
     for (const auto& w : ws) units_per_point += static_cast<double>(w.tokens.size());
   }
   for (const auto& e : episodes) units_per_point += static_cast<double>(e.episode.length());
-  const double speed_units = static_cast<double>(options.speed_context + options.speed_tokens) * 4;  // decode weighs more
+  const double speed_units =
+      options.speed ? static_cast<double>(options.speed_context + options.speed_tokens) * 4 : 0.0;  // decode weighs more
   const double total_units = units_per_point * static_cast<double>(jobs.size() + 1) +
                              speed_units * static_cast<double>(variants.size() + 2);
   ProgressBar bar("kvslim eval", total_units, options.progress);
@@ -270,9 +294,11 @@ EvalResults run_eval(const Model& model, const EvalInputs& inputs, const EvalOpt
   });
   for (std::size_t c = 0; c < windows.size(); ++c) {
     TextPoint tp;
-    tp.context = options.text_contexts[c];
+    tp.source = text_source[c];
+    tp.context = text_context[c];
     for (std::size_t w = 0; w < windows[c].size(); ++w) {
-      tp.totals.add(compare_runs(windows[c][w], reference[c][w], reference[c][w], vocab));
+      tp.per_window.push_back(compare_runs(windows[c][w], reference[c][w], reference[c][w], vocab));
+      tp.totals.add(tp.per_window.back());
     }
     R.full_text.push_back(tp);
   }
@@ -309,12 +335,14 @@ EvalResults run_eval(const Model& model, const EvalInputs& inputs, const EvalOpt
     try {
       for (std::size_t c = 0; c < windows.size(); ++c) {
         TextPoint tp;
-        tp.context = options.text_contexts[c];
+        tp.source = text_source[c];
+        tp.context = text_context[c];
         tp.budget = budget_of(matcher, v, level, tp.context);
         Engine e(model, config_with_budget(v, tp.budget), v.prefill, tp.context + options.continuation, 1);
         for (std::size_t w = 0; w < windows[c].size(); ++w) {
           const WindowRun run = run_window(*e.transformer, e.caches, windows[c][w]);
-          tp.totals.add(compare_runs(windows[c][w], reference[c][w], run, vocab));
+          tp.per_window.push_back(compare_runs(windows[c][w], reference[c][w], run, vocab));
+          tp.totals.add(tp.per_window.back());
           bar.advance(static_cast<double>(windows[c][w].tokens.size()), note);
           done += static_cast<double>(windows[c][w].tokens.size());
         }
@@ -341,6 +369,14 @@ EvalResults run_eval(const Model& model, const EvalInputs& inputs, const EvalOpt
   });
 
   // 3. Decode speed at the longest context, alone on the machine: full, each variant, full again.
+  if (!options.speed) {
+    bar.finish();
+    rusage usage{};
+    getrusage(RUSAGE_SELF, &usage);
+    R.peak_rss_bytes = static_cast<std::size_t>(usage.ru_maxrss) * 1024;
+    R.elapsed_seconds = seconds_since(t_start);
+    return R;
+  }
   openblas_set_num_threads(options.threads);
   std::vector<int> speed_tokens;
   {

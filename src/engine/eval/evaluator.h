@@ -33,6 +33,7 @@ struct EvalOptions {
   int threads = 2;                             // parallel points; engine threads in the speed phase
   std::uint64_t seed = 7;
   bool progress = true;
+  bool speed = true;                           // run the decode-speed phase
 
   // "quick" (make run: a few minutes on 2 cores) or "full" (docs/results.md), for a model trained
   // at `model_context` tokens (its max_position_embeddings, capped at 2048): text contexts at 1/4
@@ -43,9 +44,11 @@ struct EvalOptions {
 };
 
 struct TextPoint {
+  std::string source = "heldout";  // which held-out text: "heldout" (out of domain) or "indist"
   std::size_t context = 0;
   int budget = 0;  // tokens per head (0: not an eviction method)
   FidelityTotals totals;
+  std::vector<FidelityTotals> per_window;  // the same figures window by window (for the intervals)
   // Bytes of the kept tokens (kept tokens x the variant's bytes per kept token) over the full
   // cache's, after the prefill: the level the budget gives. totals.level() is the allocation's
   // level; the two differ only when a cache keeps memory it no longer uses.
@@ -61,6 +64,7 @@ struct RetrievalCell {
 struct TaskScore {
   std::string task;
   std::vector<RetrievalCell> cells;
+  std::vector<char> outcomes;  // every episode's verdict, in run order (for the intervals)
   std::size_t correct() const;
   std::size_t total() const;
   double accuracy() const;
@@ -86,9 +90,11 @@ struct PointResult {
 struct EvalResults {
   EvalOptions options;
   std::string model_dir, text_source;
+  std::string indist_source;                  // empty: no in-distribution held-out text
   ModelConfig model;
   std::uint64_t parameters = 0;
   std::size_t text_tokens = 0;                // held-out tokens available
+  std::size_t indist_tokens = 0;              // in-distribution held-out tokens available
   std::vector<TextPoint> full_text;           // reference: ppl and resident bytes per context
   std::vector<TaskScore> full_retrieval;
   std::vector<PointResult> points;
@@ -104,6 +110,10 @@ struct EvalResults {
 
 struct EvalInputs {
   std::vector<int> text_tokens;   // held-out text, no special tokens
+  // In-distribution held-out text (a split of the training corpus the model never saw), scored
+  // like the out-of-domain text under the source "indist"; empty: none.
+  std::vector<int> indist_tokens;
+  std::string indist_source;
   std::optional<int> bos;
   const EpisodeMaker* episodes = nullptr;  // null: no retrieval
   std::string model_dir, text_source;

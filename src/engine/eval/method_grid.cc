@@ -26,59 +26,111 @@ std::vector<MethodVariant> build_catalogue() {
   std::vector<MethodVariant> all;
   all.push_back(make("streaming", "streaming", "StreamingLLM: 4 sinks + the newest tokens", true));
 
-  all.push_back(make("h2o", "h2o", "H2O, documented key-proxy score, no recent window", true));
+  // The H2O-core methods at their defaults (evict_profile = query_aware), then the documented
+  // behaviour (evict_profile = original) and the variants that chose the defaults.
+  auto original = [](MethodVariant v) {
+    v.config.evict_profile = "original";
+    return v;
+  };
+  all.push_back(make("h2o", "h2o", "H2O at its default: SnapKV-style prefill (last 32 queries, pool 5), normalised attention, recent 32", true));
   {
-    auto v = make("h2o_recent", "h2o", "H2O key proxy, newest half of the budget protected", true);
+    auto v = make("h2o_nopool", "h2o", "h2o default without the prefill pooling (kernel 1)", false);
+    v.config.evict_pool_kernel = 1;
+    v.compares_to = "h2o";
+    all.push_back(v);
+  }
+  {
+    auto v = make("h2o_nowindow", "h2o", "h2o default without the observation window (every prompt query scores)", false);
+    v.config.evict_obs_window = 0;
+    v.compares_to = "h2o";
+    all.push_back(v);
+  }
+  {
+    auto v = make("h2o_sum_decay", "h2o", "h2o default, raw attention sum with decay 0.98 instead of normalisation", false);
+    v.config.evict_scoring = "attention";
+    v.config.evict_decay = 0.98;
+    v.compares_to = "h2o";
+    all.push_back(v);
+  }
+  all.push_back(original(make("h2o_original", "h2o", "H2O, documented key-proxy score, no recent window (evict_profile=original)", true)));
+  {
+    auto v = original(make("h2o_recent", "h2o", "H2O key proxy, newest half of the budget protected", false));
     v.recent_window_fraction = 0.5;
     all.push_back(v);
   }
   {
-    auto v = make("h2o_attn", "h2o", "H2O scored by the real attention (sum over the KV group's query heads)", false);
-    v.config.evict_scoring = "attention";
-    v.compares_to = "h2o";
-    all.push_back(v);
-  }
-  {
-    auto v = make("h2o_attn_norm", "h2o", "H2O scored by attention / number of queries that could see the token", true);
+    auto v = original(make("h2o_attn_norm", "h2o", "H2O scored by accumulated attention / queries that could see the token, no window", false));
     v.config.evict_scoring = "attention_normalized";
-    v.compares_to = "h2o";
-    all.push_back(v);
-  }
-  {
-    auto v = make("h2o_full_prefill", "h2o", "H2O key proxy; the prompt attends over every prompt token before eviction", false);
-    v.prefill = PrefillAttention::full_prompt;
-    v.compares_to = "h2o";
+    v.compares_to = "h2o_original";
     all.push_back(v);
   }
 
-  for (double s : {0.0, 0.5, 1.0}) {
+  for (double s : {0.5, 1.0}) {
     std::ostringstream name;
     name << "squeeze_s" << s;
-    auto v = make(name.str(), "squeeze",
-                  "SqueezeAttention budgets over H2O (key dispersion, deferred prefill), strength " + name.str().substr(9),
-                  s == 1.0);
+    auto v = make(name.str(), "squeeze", "SqueezeAttention budgets (key dispersion) over the default h2o scorer, strength " +
+                                             name.str().substr(9), s == 1.0);
     v.config.squeeze_strength = s;
+    v.config.squeeze_signal = "key_dispersion";
     all.push_back(v);
   }
   {
-    auto v = make("squeeze_s1_eager", "squeeze", "squeeze strength 1 with the documented eager prefill order", false);
-    v.config.squeeze_prefill = "eager";
-    v.compares_to = "squeeze_s1";
-    all.push_back(v);
-  }
-  {
-    auto v = make("squeeze_s1_hidden", "squeeze", "squeeze strength 1, layer signal = hidden-state cosine (the paper's)", true);
+    auto v = make("squeeze_s1_hidden", "squeeze", "squeeze strength 1, layer signal = hidden-state cosine (the paper's)", false);
     v.config.squeeze_signal = "hidden_cosine";
     v.compares_to = "squeeze_s1";
     all.push_back(v);
   }
-  {
-    auto v = make("squeeze_s1_attn_norm", "squeeze", "squeeze strength 1, tokens scored by normalised attention", false);
-    v.config.evict_scoring = "attention_normalized";
+  for (double s : {0.5, 1.0}) {
+    std::ostringstream name;
+    name << "squeeze_entropy_s" << s;
+    auto v = make(name.str(), "squeeze", "squeeze, layer signal = attention entropy of the prompt's last queries, strength " +
+                                             name.str().substr(17), s == 1.0);
+    v.config.squeeze_strength = s;
+    v.config.squeeze_signal = "attention_entropy";
     v.compares_to = "squeeze_s1";
     all.push_back(v);
   }
-  all.push_back(make("pyramidkv", "pyramidkv", "PyramidKV: H2O key proxy with a fixed linear per-layer taper (beta 20)", true));
+  for (double s : {0.5, 1.0}) {
+    std::ostringstream name;
+    name << "squeeze_coverage_s" << s;
+    auto v = make(name.str(), "squeeze", "squeeze, layer signal = attention mass the top average-budget tokens hold, strength " +
+                                             name.str().substr(18), false);
+    v.config.squeeze_strength = s;
+    v.config.squeeze_signal = "attention_coverage";
+    v.compares_to = "squeeze_s1";
+    all.push_back(v);
+  }
+  for (double s : {0.5, 1.0}) {
+    std::ostringstream name;
+    name << "squeeze_global_s" << s;
+    auto v = make(name.str(), "squeeze", "squeeze, budgets from a global top-k of every layer's token scores (KVzip-style), strength " +
+                                             name.str().substr(16), false);
+    v.config.squeeze_strength = s;
+    v.config.squeeze_signal = "global_topk";
+    v.compares_to = "squeeze_s1";
+    all.push_back(v);
+  }
+  {
+    auto v = original(make("squeeze_original", "squeeze", "squeeze strength 1, key dispersion, documented H2O core (evict_profile=original)", false));
+    v.config.squeeze_signal = "key_dispersion";
+    all.push_back(v);
+  }
+  {
+    auto v = original(make("squeeze_original_eager", "squeeze", "squeeze_original with the documented eager prefill order", false));
+    v.config.squeeze_signal = "key_dispersion";
+    v.config.squeeze_prefill = "eager";
+    v.compares_to = "squeeze_original";
+    all.push_back(v);
+  }
+  all.push_back(make("pyramidkv", "pyramidkv", "PyramidKV: default h2o scorer with a fixed linear per-layer taper (beta 20)", true));
+  for (double beta : {2.0, 5.0}) {
+    const std::string b = std::to_string(static_cast<int>(beta));
+    auto v = make("pyramidkv_b" + b, "pyramidkv", "pyramidkv with a gentler taper (beta " + b + ": last layer avg/" + b + ")", false);
+    v.config.pyramidkv_beta = beta;
+    v.compares_to = "pyramidkv";
+    all.push_back(v);
+  }
+  all.push_back(original(make("pyramidkv_original", "pyramidkv", "PyramidKV over the documented key-proxy core", false)));
 
   for (int bits : {2, 4}) {
     auto v = make("kivi" + std::to_string(bits), "kivi",
@@ -199,7 +251,9 @@ KVCacheConfig config_with_budget(const MethodVariant& variant, int budget) {
                                 " (sinks + recent window + 1); use a larger --levels value or a longer context");
   }
   *field = budget;
-  c.evict_recent_window = static_cast<int>(std::floor(variant.recent_window_fraction * budget));
+  if (variant.recent_window_fraction > 0) {
+    c.evict_recent_window = static_cast<int>(std::floor(variant.recent_window_fraction * budget));
+  }
   c.validate();
   return c;
 }

@@ -1,5 +1,7 @@
 #include "engine/eval/report.h"
 
+#include "engine/eval/bootstrap.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,12 +30,21 @@ json config_json(const KVCacheConfig& c) {
   return j;
 }
 
-const TextPoint* find_text(const std::vector<TextPoint>& text, std::size_t context) {
+const TextPoint* find_text(const std::vector<TextPoint>& text, const std::string& source, std::size_t context) {
   for (const auto& t : text) {
-    if (t.context == context) return &t;
+    if (t.source == source && t.context == context) return &t;
   }
   return nullptr;
 }
+
+// The (source, context) columns of the text tables, in run order.
+std::vector<std::pair<std::string, std::size_t>> text_columns(const EvalResults& R) {
+  std::vector<std::pair<std::string, std::size_t>> cols;
+  for (const auto& t : R.full_text) cols.emplace_back(t.source, t.context);
+  return cols;
+}
+
+json interval_json(const Interval& i) { return json::array({i.lo, i.hi}); }
 
 const TaskScore* find_task(const std::vector<TaskScore>& scores, const std::string& task) {
   for (const auto& s : scores) {
@@ -50,6 +61,7 @@ json retrieval_json(const TaskScore& s, const EvalResults& R) {
   const TaskScore* full = find_task(R.full_retrieval, s.task);
   return {{"task", s.task},
           {"accuracy", s.accuracy()},
+          {"accuracy_ci95", interval_json(accuracy_interval(s.outcomes))},
           {"full_accuracy", full ? full->accuracy() : 0.0},
           {"correct", s.correct()},
           {"total", s.total()},
@@ -104,6 +116,10 @@ json to_json(const EvalResults& R) {
       {"text",
        {{"source", R.text_source},
         {"tokens_available", R.text_tokens},
+        {"indist_source", R.indist_source},
+        {"indist_tokens_available", R.indist_tokens},
+        {"intervals", "95 % percentile bootstrap, " + std::to_string(kBootstrapResamples) +
+                          " resamples of the windows (text) or episodes (retrieval)"},
         {"contexts", o.text_contexts},
         {"continuation", o.continuation},
         {"windows", o.windows}}},
@@ -117,7 +133,8 @@ json to_json(const EvalResults& R) {
 
   json full_text = json::array();
   for (const auto& t : R.full_text) {
-    full_text.push_back({{"context", t.context},
+    full_text.push_back({{"source", t.source},
+                         {"context", t.context},
                          {"ppl", t.totals.ref_ppl()},
                          {"resident_bytes", t.totals.windows ? t.totals.ref_resident_bytes_sum / t.totals.windows : 0.0},
                          {"bytes_per_token", bytes_per_token(t.totals, t.context)}});
@@ -139,7 +156,8 @@ json to_json(const EvalResults& R) {
     if (!P.error.empty()) p["error"] = P.error;
     json text = json::array();
     for (const auto& t : P.text) {
-      text.push_back({{"context", t.context},
+      text.push_back({{"source", t.source},
+                      {"context", t.context},
                       {"budget", t.budget},
                       {"level", t.totals.level()},
                       {"retained_level", t.retained_level},
@@ -148,8 +166,11 @@ json to_json(const EvalResults& R) {
                       {"ppl", t.totals.ppl()},
                       {"ppl_full", t.totals.ref_ppl()},
                       {"delta_ppl", t.totals.ppl() - t.totals.ref_ppl()},
+                      {"delta_ppl_ci95", interval_json(text_interval(t.per_window, TextFigure::delta_ppl))},
                       {"kl", t.totals.kl()},
+                      {"kl_ci95", interval_json(text_interval(t.per_window, TextFigure::kl))},
                       {"top1", t.totals.top1()},
+                      {"top1_ci95", interval_json(text_interval(t.per_window, TextFigure::top1))},
                       {"steps", t.totals.steps},
                       {"windows", t.totals.windows}});
     }
@@ -194,14 +215,18 @@ void print_table(std::FILE* out, const EvalResults& R) {
   std::fprintf(out, "\nkvslim eval: %s (%s, %d layers, %d/%d heads x %d, %.1fM params), preset %s\n", R.model_dir.c_str(),
                R.model.architecture.c_str(), R.model.num_layers, R.model.num_heads, R.model.num_kv_heads, R.model.head_dim,
                static_cast<double>(R.parameters) / 1e6, o.preset.c_str());
-  std::fprintf(out, "text: %zu window(s) per context from %s, %zu teacher-forced tokens each; level = resident KV bytes / full cache's\n",
-               o.windows, R.text_source.c_str(), o.continuation);
+  std::fprintf(out, "text: %zu window(s) per context from %s (ood)%s%s, %zu teacher-forced tokens each; level = resident KV bytes / full cache's\n",
+               o.windows, R.text_source.c_str(), R.indist_source.empty() ? "" : " and ", R.indist_source.empty() ? "" : (R.indist_source + " (ind)").c_str(),
+               o.continuation);
+  std::fprintf(out, "[lo hi]: 95 %% bootstrap interval over windows (text) and episodes (retrieval)\n");
+  const auto columns = text_columns(R);
 
   // Header.
   std::string head = "variant                level   real  B/tok |";
-  for (std::size_t c : o.text_contexts) {
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "  ctx %-5zu  dPPL      KL  top1 |", c);
+  for (const auto& [src, c] : columns) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "  %s %-5zu   dPPL      KL [lo     hi    ]  top1 [lo    hi   ] |",
+                  src == "heldout" ? "ood" : "ind", c);
     head += buf;
   }
   std::vector<std::string> shown_tasks;
@@ -210,7 +235,7 @@ void print_table(std::FILE* out, const EvalResults& R) {
   }
   for (const auto& t : shown_tasks) {
     char buf[32];
-    std::snprintf(buf, sizeof buf, " %7s", t.c_str());
+    std::snprintf(buf, sizeof buf, " %7s [lo   hi  ]", t.c_str());
     head += buf;
   }
   std::fprintf(out, "%s\n%s\n", head.c_str(), std::string(head.size(), '-').c_str());
@@ -218,13 +243,17 @@ void print_table(std::FILE* out, const EvalResults& R) {
   // The full cache: its perplexity and retrieval accuracy.
   {
     const std::size_t longest = o.text_contexts.back();
-    const TextPoint* lt = find_text(R.full_text, longest);
+    const TextPoint* lt = find_text(R.full_text, "heldout", longest);
     std::fprintf(out, "%-22s %5s  %5.3f %6.0f |", "full", "1", 1.0, lt ? bytes_per_token(lt->totals, longest) : 0.0);
-    for (std::size_t c : o.text_contexts) {
-      const TextPoint* t = find_text(R.full_text, c);
-      std::fprintf(out, "  ppl %8.3f %19s |", t ? t->totals.ref_ppl() : 0.0, "");
+    for (const auto& [src, c] : columns) {
+      const TextPoint* t = find_text(R.full_text, src, c);
+      std::fprintf(out, "  ppl %8.3f %51s |", t ? t->totals.ref_ppl() : 0.0, "");
     }
-    for (const auto& task : shown_tasks) std::fprintf(out, " %7.2f", find_task(R.full_retrieval, task)->accuracy());
+    for (const auto& task : shown_tasks) {
+      const TaskScore* s = find_task(R.full_retrieval, task);
+      const Interval ci = accuracy_interval(s->outcomes);
+      std::fprintf(out, " %7.2f [%4.2f %4.2f]", s->accuracy(), ci.lo, ci.hi);
+    }
     std::fprintf(out, "\n");
   }
   bool any_loose = false;
@@ -234,23 +263,25 @@ void print_table(std::FILE* out, const EvalResults& R) {
       std::fprintf(out, "%-22s %5s  failed: %s\n", P.variant.name.c_str(), level.c_str(), P.error.c_str());
       continue;
     }
-    const TextPoint* lt = P.text.empty() ? nullptr : &P.text.back();
+    const TextPoint* lt = find_text(P.text, "heldout", o.text_contexts.back());
     std::fprintf(out, "%-22s %5s  %5.3f %6.0f |", P.variant.name.c_str(), level.c_str(), lt ? lt->totals.level() : 0.0,
                  lt ? bytes_per_token(lt->totals, lt->context) : 0.0);
-    for (std::size_t c : o.text_contexts) {
-      const TextPoint* t = find_text(P.text, c);
+    for (const auto& [src, c] : columns) {
+      const TextPoint* t = find_text(P.text, src, c);
       if (t == nullptr) {
-        std::fprintf(out, "%33s |", "");
+        std::fprintf(out, "%65s |", "");
         continue;
       }
       const bool loose = t->totals.level() > t->retained_level * 1.05;
       any_loose = any_loose || loose;
-      std::fprintf(out, " %c%5.3f %+8.3f %7.4f %5.3f |", loose ? '*' : ' ', t->totals.level(),
-                   t->totals.ppl() - t->totals.ref_ppl(), t->totals.kl(), t->totals.top1());
+      const Interval kl = text_interval(t->per_window, TextFigure::kl), top1 = text_interval(t->per_window, TextFigure::top1);
+      std::fprintf(out, " %c%5.3f %+8.3f %7.4f [%6.4f %6.4f] %5.3f [%5.3f %5.3f] |", loose ? '*' : ' ', t->totals.level(),
+                   t->totals.ppl() - t->totals.ref_ppl(), t->totals.kl(), kl.lo, kl.hi, t->totals.top1(), top1.lo, top1.hi);
     }
     for (const auto& task : shown_tasks) {
       const TaskScore* s = find_task(P.retrieval, task);
-      std::fprintf(out, " %7.2f", s ? s->accuracy() : 0.0);
+      const Interval ci = s ? accuracy_interval(s->outcomes) : Interval{};
+      std::fprintf(out, " %7.2f [%4.2f %4.2f]", s ? s->accuracy() : 0.0, ci.lo, ci.hi);
     }
     std::fprintf(out, "\n");
   }
@@ -277,8 +308,11 @@ void print_table(std::FILE* out, const EvalResults& R) {
         std::fprintf(out, "\nfaithful variant vs its proxy (longest context; KL lower is better, top-1 and retrieval higher)\n");
         any = true;
       }
-      const FidelityTotals& a = P.text.back().totals;
-      const FidelityTotals& b = Q.text.back().totals;
+      const TextPoint* pa = find_text(P.text, "heldout", o.text_contexts.back());
+      const TextPoint* pb = find_text(Q.text, "heldout", o.text_contexts.back());
+      if (pa == nullptr || pb == nullptr) continue;
+      const FidelityTotals& a = pa->totals;
+      const FidelityTotals& b = pb->totals;
       std::fprintf(out, "  %-22s vs %-18s @%-5s KL %.4f vs %.4f, top-1 %.3f vs %.3f", P.variant.name.c_str(),
                    Q.variant.name.c_str(), P.variant.budgeted() ? level_label(P.level_target).c_str() : "-", a.kl(), b.kl(),
                    a.top1(), b.top1());
@@ -288,10 +322,11 @@ void print_table(std::FILE* out, const EvalResults& R) {
     }
   }
 
-  std::fprintf(out, "\ndecode speed at context %zu (%zu steps, %d thread(s)); full cache %.1f tok/s (runs %.1f, %.1f)\n",
+  if (R.speed.empty()) std::fprintf(out, "\ndecode speed: not measured (--no-speed)\n");
+  if (!R.speed.empty()) std::fprintf(out, "\ndecode speed at context %zu (%zu steps, %d thread(s)); full cache %.1f tok/s (runs %.1f, %.1f)\n",
                o.speed_context, o.speed_tokens, o.threads, R.speed.empty() ? 0.0 : R.speed.front().tokens_per_second,
                R.full_speed_runs.size() > 0 ? R.full_speed_runs[0] : 0.0, R.full_speed_runs.size() > 1 ? R.full_speed_runs[1] : 0.0);
-  std::fprintf(out, "  %-22s %5s %8s %12s %9s %7s\n", "variant", "level", "B/tok", "KV bytes", "tok/s", "x full");
+  if (!R.speed.empty()) std::fprintf(out, "  %-22s %5s %8s %12s %9s %7s\n", "variant", "level", "B/tok", "KV bytes", "tok/s", "x full");
   for (const auto& s : R.speed) {
     std::fprintf(out, "  %-22s %5s %8.0f %12zu %9.1f %7.2f\n", s.variant.c_str(),
                  s.level_target > 0 ? level_label(s.level_target).c_str() : "-",
@@ -313,13 +348,13 @@ bool write_plot(const std::filesystem::path& path, const EvalResults& R, std::st
   std::vector<std::string> order;
   for (const auto& P : R.points) {
     if (!P.error.empty()) continue;
-    const TextPoint* t = find_text(P.text, longest);
+    const TextPoint* t = find_text(P.text, "heldout", longest);
     if (t == nullptr) continue;
     if (!lines.count(P.variant.name)) order.push_back(P.variant.name);
     lines[P.variant.name].push_back({bytes_per_token(t->totals, longest), t->totals.top1(), std::max(t->totals.kl(), 1e-6),
                                      reported_retrieval(P.retrieval, R)});
   }
-  const TextPoint* ft = find_text(R.full_text, longest);
+  const TextPoint* ft = find_text(R.full_text, "heldout", longest);
   const double full_bpt = ft ? bytes_per_token(ft->totals, longest) : 0.0;
 
   std::ostringstream s;

@@ -8,6 +8,7 @@
 
 #include "kernels.h"
 #include "kvslim/convert.h"
+#include "kvslim/config.h"
 #include "kvslim/errors.h"
 
 namespace kvslim {
@@ -20,14 +21,41 @@ Scoring parse_scoring(const std::string& name) {
   throw ConfigError("evict_scoring = \"" + name + "\": must be one of key_proxy, attention, attention_normalized");
 }
 
+EvictionPolicy make_eviction_policy(const KVCacheConfig& c, int n_sink) {
+  // evict_profile gives every "auto" field its value: "original" is the documented H2O core (key
+  // proxy, no window, no decay); "query_aware" is what measurement on a real model supports
+  // (docs/methods.md, docs/results.md): a recent window, and a SnapKV-style prefill that scores
+  // the prompt by the attention of its last queries, pooled, then normalised accumulation.
+  const bool original = c.evict_profile == "original";
+  EvictionPolicy p;
+  p.n_sink = static_cast<std::size_t>(n_sink);
+  p.recent_fits_budget = !original && c.evict_recent_window < 0;
+  p.recent_window = static_cast<std::size_t>(c.evict_recent_window >= 0 ? c.evict_recent_window : original ? 0 : 32);
+  p.scoring = parse_scoring(c.evict_scoring != "auto" ? c.evict_scoring : original ? "key_proxy" : "attention_normalized");
+  p.obs_window = static_cast<std::size_t>(c.evict_obs_window >= 0 ? c.evict_obs_window : original ? 0 : 32);
+  p.pool_kernel = static_cast<std::size_t>(c.evict_pool_kernel >= 1 ? c.evict_pool_kernel : original ? 1 : 5);
+  p.decay = static_cast<float>(c.evict_decay >= 0.0 ? c.evict_decay : 1.0);
+  return p;
+}
+
 namespace {
 bool attention_scored(Scoring s) { return s == Scoring::attention || s == Scoring::attention_normalized; }
 // Below this much scoring work per call (multiply-adds) a second thread costs more than it saves.
 constexpr double kThreadWork = 4e6;
 }  // namespace
 
-std::int64_t EvictionCore::recent_threshold() const {
-  return recent_.empty() ? std::numeric_limits<std::int64_t>::max() : recent_.front();
+std::size_t EvictionCore::recent_count(std::size_t limit) const {
+  std::size_t r = policy_.recent_window;
+  if (policy_.recent_fits_budget && limit != EvictionPolicy::kUnbounded) {
+    const std::size_t room = limit > policy_.n_sink ? limit - policy_.n_sink : 0;
+    r = std::min(r, room / 2);
+  }
+  return std::min(r, recent_.size());
+}
+
+std::int64_t EvictionCore::recent_threshold(std::size_t limit) const {
+  const std::size_t r = recent_count(limit);
+  return r == 0 ? std::numeric_limits<std::int64_t>::max() : recent_[recent_.size() - r];
 }
 
 void EvictionCore::absorb(std::size_t batch, std::size_t heads, std::size_t dim, const std::uint16_t* keys16,
@@ -38,10 +66,14 @@ void EvictionCore::absorb(std::size_t batch, std::size_t heads, std::size_t dim,
     heads_ = heads;
     dim_ = dim;
   }
-  const bool append_only = attention_scored(policy_.scoring);
-  // Attention scorings evict in observe(). An engine that skipped it left more than `limit` rows:
-  // evict by the scores observed so far, so the budget holds whatever the caller forgets.
-  if (append_only && limit != EvictionPolicy::kUnbounded && rows_ > limit) drop_lowest(rows_ - limit);
+  if (attention_scored(scoring()) && awaiting_observation_) {
+    // The last update's attention never came: this integrator does not report attention. Score by
+    // the key proxy from now on, and bring the rows the last update appended back to its limit.
+    fallback_ = true;
+    if (last_limit_ != kNone && rows_ > last_limit_) drop_lowest(rows_ - last_limit_);
+  }
+  last_limit_ = limit;
+  const bool append_only = attention_scored(scoring());
   const std::size_t needed = append_only ? rows_ + S : std::min(rows_ + S, limit);
   // Growth bound: geometric without a limit (full: amortised O(1) copies per row), the budget plus
   // the one row a decode step appends before observe() for attention scorings, else the budget.
@@ -56,13 +88,13 @@ void EvictionCore::absorb(std::size_t batch, std::size_t heads, std::size_t dim,
       recent_.push_back(positions[s]);
       if (recent_.size() > policy_.recent_window) recent_.pop_front();
     }
-    thresholds_[s] = recent_threshold();
+    thresholds_[s] = recent_threshold(limit);
   }
 
   const std::size_t total = heads_total();
   const double work = static_cast<double>(S) * static_cast<double>(needed) * static_cast<double>(dim) *
                       static_cast<double>(total);
-  if (policy_.scoring == Scoring::key_proxy && total >= 2 && work >= kThreadWork) {
+  if (scoring() == Scoring::key_proxy && total >= 2 && work >= kThreadWork) {
     const std::size_t half = total / 2;
     Scratch other;
     std::thread worker([&] { absorb_heads(half, total, keys16, values16, positions, S, limit, thresholds_.data(), other); });
@@ -72,6 +104,7 @@ void EvictionCore::absorb(std::size_t batch, std::size_t heads, std::size_t dim,
     absorb_heads(0, total, keys16, values16, positions, S, limit, thresholds_.data(), scratch_);
   }
   rows_ = head_rows_;
+  awaiting_observation_ = append_only;
 }
 
 void EvictionCore::absorb_heads(std::size_t head_begin, std::size_t head_end, const std::uint16_t* keys16,
@@ -81,7 +114,9 @@ void EvictionCore::absorb_heads(std::size_t head_begin, std::size_t head_end, co
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   scratch.query.resize(D);
   if (scratch.logits.size() < capacity_) scratch.logits.resize(capacity_);
-  const bool newcomer_protected = policy_.recent_window > 0;
+  // A newcomer is inside the recent window (so never the victim) whenever the window is non-empty.
+  const bool newcomer_protected = policy_.recent_window > 0 && recent_count(limit) > 0;
+  const Scoring scoring_now = scoring();
   std::size_t final_rows = rows_;
   for (std::size_t head = head_begin; head < head_end; ++head) {
     std::size_t n = rows_;
@@ -89,7 +124,7 @@ void EvictionCore::absorb_heads(std::size_t head_begin, std::size_t head_end, co
     for (std::size_t s = 0; s < S; ++s) {
       const std::uint16_t* k = keys16 + (head * S + s) * D;
       const std::uint16_t* v = values16 + (head * S + s) * D;
-      if (attention_scored(policy_.scoring)) {
+      if (attention_scored(scoring_now)) {
         write_row(head, n++, k, v, positions[s], 0.0f);
         continue;
       }
@@ -98,7 +133,10 @@ void EvictionCore::absorb_heads(std::size_t head_begin, std::size_t head_end, co
         n = 1;
         continue;
       }
-      if (policy_.scoring == Scoring::key_proxy) {
+      if (scoring_now == Scoring::key_proxy) {
+        if (policy_.decay != 1.0f) {
+          for (std::size_t j = 0; j < n; ++j) scores[j] *= policy_.decay;
+        }
         // The fp16-rounded incoming key is the query; softmax in fp32 over the stored rows.
         convert_fp16_to_f32(k, scratch.query.data(), D);
         dot_fp16_rows(keys_.data() + head * capacity_ * D, n, D, D, scratch.query.data(), scratch.logits.data());
@@ -141,7 +179,7 @@ void EvictionCore::move_row(std::size_t head, std::size_t from, std::size_t to) 
 
 float EvictionCore::effective_score(std::size_t head, std::size_t slot) const {
   const std::size_t row = head * capacity_ + slot;
-  if (policy_.scoring == Scoring::attention_normalized) {
+  if (scoring() == Scoring::attention_normalized) {
     return exposure_[row] > 0.0f ? scores_[row] / exposure_[row] : 0.0f;
   }
   return scores_[row];
@@ -163,6 +201,7 @@ std::size_t EvictionCore::pick_victim(std::size_t head, std::size_t n, std::int6
 }
 
 void EvictionCore::observe(const AttentionObservation& obs, std::size_t limit) {
+  if (fallback_) return;  // scored by the key proxy since an update went unobserved
   if (obs.batch != batch_ || obs.heads != heads_ || obs.tokens != rows_ || obs.probs == nullptr ||
       obs.stride < obs.tokens || (!obs.query_positions.empty() && obs.query_positions.size() != obs.queries)) {
     throw InputError("attention observation [" + std::to_string(obs.batch) + ", " + std::to_string(obs.heads) + ", " +
@@ -170,17 +209,19 @@ void EvictionCore::observe(const AttentionObservation& obs, std::size_t limit) {
                      std::to_string(batch_) + ", " + std::to_string(heads_) + ", q, " + std::to_string(rows_) +
                      "] of the last update_and_fetch");
   }
+  awaiting_observation_ = false;
+  last_limit_ = limit;
   const bool normalized = policy_.scoring == Scoring::attention_normalized;
   for (std::size_t head = 0; head < heads_total(); ++head) {
+    const float factor = observation_contribution(obs, head);
     float* scores = scores_.data() + head * capacity_;
-    const std::int64_t* pos = positions_.data() + head * capacity_;
-    for (std::size_t q = 0; q < obs.queries; ++q) {
-      kernels::add_f32(obs.probs + (head * obs.queries + q) * obs.stride, rows_, scores);
-      if (!normalized) continue;
-      float* exposure = exposure_.data() + head * capacity_;
-      const std::int64_t qpos = obs.query_positions.empty() ? std::numeric_limits<std::int64_t>::max() : obs.query_positions[q];
-      for (std::size_t i = 0; i < rows_; ++i) exposure[i] += pos[i] <= qpos ? 1.0f : 0.0f;
+    if (factor != 1.0f) {
+      for (std::size_t i = 0; i < rows_; ++i) scores[i] *= factor;
     }
+    kernels::add_f32(pooled_.data(), rows_, scores);
+    if (!normalized) continue;
+    float* exposure = exposure_.data() + head * capacity_;
+    for (std::size_t i = 0; i < rows_; ++i) exposure[i] = exposure[i] * factor + contribution_exposure_[i];
   }
   if (rows_ > limit) drop_lowest(rows_ - limit);
   // A prefill appended the whole prompt before this eviction: give back what the budget (plus the
@@ -188,8 +229,63 @@ void EvictionCore::observe(const AttentionObservation& obs, std::size_t limit) {
   if (limit != EvictionPolicy::kUnbounded && capacity_ > limit + 1 + limit / 8) relayout(std::max(rows_, limit + 1));
 }
 
+float EvictionCore::observation_contribution(const AttentionObservation& obs, std::size_t head) {
+  const bool normalized = policy_.scoring == Scoring::attention_normalized;
+  const std::size_t n = rows_, Q = obs.queries;
+  // Observation window: only the last obs_window queries of a long observation (the end of a
+  // prompt, where the question is) score the rows.
+  const std::size_t first = policy_.obs_window > 0 && Q > policy_.obs_window ? Q - policy_.obs_window : 0;
+  contribution_.assign(n, 0.0f);
+  if (normalized) contribution_exposure_.assign(n, 0.0f);
+  const std::int64_t* pos = positions_.data() + head * capacity_;
+  float weight = 1.0f;  // decay^(queries after q)
+  for (std::size_t q = Q; q-- > first;) {
+    const float* p = obs.probs + (head * Q + q) * obs.stride;
+    if (weight == 1.0f) {
+      kernels::add_f32(p, n, contribution_.data());
+    } else {
+      for (std::size_t i = 0; i < n; ++i) contribution_[i] += weight * p[i];
+    }
+    if (normalized) {
+      const std::int64_t qpos = obs.query_positions.empty() ? std::numeric_limits<std::int64_t>::max() : obs.query_positions[q];
+      for (std::size_t i = 0; i < n; ++i) contribution_exposure_[i] += pos[i] <= qpos ? weight : 0.0f;
+    }
+    weight *= policy_.decay;
+  }
+  // Pooling over position neighbours, for multi-query observations (a prefill) only: a decode
+  // step's single query scores exactly what it attended (and stays O(rows) per step).
+  const std::size_t half = policy_.pool_kernel / 2;
+  if (half == 0 || Q < 2 || n < 2) {
+    pooled_.swap(contribution_);
+    return weight;
+  }
+  order_.resize(n);
+  for (std::size_t i = 0; i < n; ++i) order_[i] = i;
+  // Rows are in position order unless an eviction reused a slot: sort only then.
+  if (!std::is_sorted(order_.begin(), order_.end(), [&](std::size_t a, std::size_t b) { return pos[a] < pos[b]; })) {
+    std::sort(order_.begin(), order_.end(), [&](std::size_t a, std::size_t b) { return pos[a] < pos[b]; });
+  }
+  // Normalised scoring pools the mean attention per query that saw the row (so a token right
+  // after a hot one is not inflated by its smaller exposure), then weighs it back by the exposure.
+  if (normalized) {
+    for (std::size_t i = 0; i < n; ++i) {
+      contribution_[i] = contribution_exposure_[i] > 0.0f ? contribution_[i] / contribution_exposure_[i] : 0.0f;
+    }
+  }
+  pooled_.resize(n);
+  for (std::size_t j = 0; j < n; ++j) {
+    float m = 0.0f;
+    for (std::size_t t = j > half ? j - half : 0; t <= std::min(n - 1, j + half); ++t) m = std::max(m, contribution_[order_[t]]);
+    pooled_[order_[j]] = m;
+  }
+  if (normalized) {
+    for (std::size_t i = 0; i < n; ++i) pooled_[i] *= contribution_exposure_[i];
+  }
+  return weight;
+}
+
 void EvictionCore::drop_lowest(std::size_t drop) {
-  const std::int64_t threshold = recent_threshold();
+  const std::int64_t threshold = recent_threshold(rows_ - drop);
   for (std::size_t head = 0; head < heads_total(); ++head) {
     const std::int64_t* pos = positions_.data() + head * capacity_;
     holes_.clear();
@@ -228,6 +324,23 @@ void EvictionCore::drop_lowest(std::size_t drop) {
   rows_ -= drop;
 }
 
+std::vector<float> EvictionCore::evictable_scores(std::size_t limit, std::size_t& protected_rows) const {
+  const std::int64_t threshold = recent_threshold(limit);
+  std::vector<float> out;
+  std::size_t evictable = 0;
+  for (std::size_t head = 0; head < heads_total(); ++head) {
+    const std::int64_t* pos = positions_.data() + head * capacity_;
+    evictable = 0;
+    for (std::size_t j = policy_.n_sink; j < rows_; ++j) {
+      if (pos[j] >= threshold) continue;
+      out.push_back(effective_score(head, j));
+      ++evictable;
+    }
+  }
+  protected_rows = rows_ - evictable;
+  return out;
+}
+
 void EvictionCore::trim(std::size_t budget) {
   if (rows_ > budget) drop_lowest(rows_ - budget);
   // Give back what the kept rows do not need (a deferred prefill may have held the whole prompt).
@@ -244,7 +357,7 @@ void EvictionCore::reserve_rows(std::size_t needed, std::size_t bound) {
 
 void EvictionCore::relayout(std::size_t new_capacity) {
   const std::size_t total = heads_total();
-  const bool normalized = policy_.scoring == Scoring::attention_normalized;
+  const bool normalized = scoring() == Scoring::attention_normalized;
   UninitBuffer<std::uint16_t> keys(total * new_capacity * dim_), values(total * new_capacity * dim_);
   UninitBuffer<float> scores(total * new_capacity);
   UninitBuffer<float> exposure(normalized ? total * new_capacity : 0);
@@ -276,6 +389,8 @@ void EvictionCore::reset() {
   exposure_.release();
   positions_.release();
   recent_.clear();
+  last_limit_ = kNone;
+  awaiting_observation_ = fallback_ = false;
 }
 
 CacheView EvictionCore::view() const {

@@ -26,8 +26,25 @@ struct EvictionPolicy {
   static constexpr std::size_t kUnbounded = std::numeric_limits<std::size_t>::max();
   std::size_t n_sink = 0;         // the first n_sink rows ever absorbed are never evicted
   std::size_t recent_window = 0;  // the newest recent_window positions are never evicted
+  // The recent window shrinks to half of (limit - n_sink) when the limit is small (the
+  // query-aware profile: one window size for every layer budget); false: exactly recent_window.
+  bool recent_fits_budget = false;
   Scoring scoring = Scoring::key_proxy;
+  // Observation window (SnapKV): an observation of many queries (a prefill) scores the rows by
+  // its last obs_window queries only; 0 = every query counts (the documented accumulation).
+  std::size_t obs_window = 0;
+  // Each observation's contribution is max-pooled over this many position neighbours (odd; 1 =
+  // none), so a token next to an attended one (the rest of a number, a name) stays with it.
+  std::size_t pool_kernel = 1;
+  // Older attention counts less: every observed query multiplies the stored scores (and, for
+  // attention_normalized, the exposure) by decay first; 1 = plain sum (the documented H2O).
+  float decay = 1.0f;
 };
+
+struct KVCacheConfig;
+// The eviction policy of an H2O-core method (h2o, squeeze, pyramidkv) from its config: the
+// evict_* fields, with "auto" values filled in from evict_profile.
+EvictionPolicy make_eviction_policy(const KVCacheConfig& config, int n_sink);
 
 class EvictionCore {
  public:
@@ -39,8 +56,12 @@ class EvictionCore {
   // only append (they evict in observe()). Pass EvictionPolicy::kUnbounded for no limit.
   void absorb(std::size_t batch, std::size_t heads, std::size_t dim, const std::uint16_t* keys16,
               const std::uint16_t* values16, const std::int64_t* positions, std::size_t S, std::size_t limit);
-  // Adds the attention each row received, then evicts down to `limit` rows per head.
+  // Adds the attention each row received (the policy's window, pooling and decay), then evicts
+  // down to `limit` rows per head.
   void observe(const AttentionObservation& obs, std::size_t limit);
+  // True after an attention-scored core saw an update that was never observed: it scores by the
+  // key proxy from then on (an integrator that does not report attention still gets a bounded cache).
+  bool fell_back() const { return fallback_; }
   // Keeps at most `budget` rows per head: lowest scores leave first (ties: lower position first);
   // sinks and the recent window always stay. Shrinks the allocation to what is kept.
   void trim(std::size_t budget);
@@ -54,6 +75,10 @@ class EvictionCore {
   const float* scores(std::size_t head) const { return scores_.data() + head * capacity_; }
   const std::int64_t* positions(std::size_t head) const { return positions_.data() + head * capacity_; }
   const EvictionPolicy& policy() const { return policy_; }
+  // The effective scores of every head's rows that eviction to `limit` could drop (not sinks, not
+  // in the recent window), heads one after another; `protected_rows` gets the rows per head that
+  // stay whatever the scores (squeeze's global top-k budget rule).
+  std::vector<float> evictable_scores(std::size_t limit, std::size_t& protected_rows) const;
 
  private:
   struct Scratch {
@@ -73,7 +98,13 @@ class EvictionCore {
   float effective_score(std::size_t head, std::size_t slot) const;
   // Drops `drop` evictable rows of every head (lowest effective score first), compacting.
   void drop_lowest(std::size_t drop);
-  std::int64_t recent_threshold() const;
+  // Positions at or above this are in the protected recent window, for a row limit `limit`.
+  std::int64_t recent_threshold(std::size_t limit) const;
+  std::size_t recent_count(std::size_t limit) const;
+  Scoring scoring() const { return fallback_ ? Scoring::key_proxy : policy_.scoring; }
+  // One observation's contribution of head `head` into contribution_ (window, decay weights,
+  // pooling); returns the decay factor the stored scores take first.
+  float observation_contribution(const AttentionObservation& obs, std::size_t head);
 
   static constexpr std::size_t kNone = std::numeric_limits<std::size_t>::max();
   EvictionPolicy policy_;
@@ -90,6 +121,11 @@ class EvictionCore {
   std::vector<std::int64_t> thresholds_;  // [S] recent-window threshold after each incoming token
   std::vector<std::size_t> candidates_, holes_;  // drop_lowest scratch
   std::size_t head_rows_ = 0;            // rows per head after absorb_heads
+  std::size_t last_limit_ = kNone;       // the limit of the last absorb / observe
+  bool awaiting_observation_ = false;    // attention scoring: absorbed rows not yet observed
+  bool fallback_ = false;                // see fell_back()
+  std::vector<float> contribution_, contribution_exposure_, pooled_;  // observe scratch [rows]
+  std::vector<std::size_t> order_;       // observe scratch: slots in position order
 };
 
 }  // namespace kvslim

@@ -16,6 +16,7 @@ class SqueezeCache : public EvictionCache {
 
   ObservationNeeds needs() const override;
   void observe_hidden(const HiddenObservation& obs) override;
+  void observe_attention(const AttentionObservation& obs) override;
   void reset() override;
 
   bool rebudgeted() const { return adopted_; }
@@ -29,6 +30,7 @@ class SqueezeCache : public EvictionCache {
 
  private:
   double measure_key_dispersion(const BlockIntake& block) const;
+  double measure_attention_signal(const AttentionObservation& obs) const;
   void report(double concentration);
   // Adopts the budget the coordinator finalised, once it has (at this layer's own calls only).
   void poll_schedule();
@@ -37,6 +39,9 @@ class SqueezeCache : public EvictionCache {
   std::shared_ptr<SqueezeCoordinator> coordinator_;
   bool eager_;          // documented order: evict to the average until finalised, adopt next call
   bool hidden_signal_;  // layer signal from hidden states instead of key dispersion
+  bool entropy_signal_;   // layer signal from the entropy of the observed attention
+  bool coverage_signal_;  // layer signal: attention mass the top avg_budget rows hold
+  bool global_signal_;    // no layer signal: budgets from a global top-k of every layer's scores
   bool first_head_only_;
   bool reported_ = false, adopted_ = false;
   double concentration_ = 0.0;

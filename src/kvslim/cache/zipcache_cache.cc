@@ -76,8 +76,8 @@ void ZipCacheCache::absorb_intake() {
     head.stage_keys.insert(head.stage_keys.end(), k, k + S * D);
     head.stage_values.insert(head.stage_values.end(), v, v + S * D);
     if (options_.attention_saliency) {
-      head.attention_sum.resize(staged_ + S, 0.0);
-      head.attention_queries.resize(staged_ + S, 0.0);
+      head.attention_sum.resize(staged_ + S, 0.0f);
+      head.attention_queries.resize(staged_ + S, 0.0f);
     }
   }
   positions_.insert(positions_.end(), intake_.positions(), intake_.positions() + S);
@@ -126,7 +126,7 @@ void ZipCacheCache::compress_oldest(std::size_t count) {
     }
     if (options_.attention_saliency) {
       for (std::size_t s = 0; s < count; ++s) {
-        score[s] = head.attention_queries[s] > 0 ? head.attention_sum[s] / head.attention_queries[s] : 0.0;
+        score[s] = head.attention_queries[s] > 0 ? static_cast<double>(head.attention_sum[s]) / head.attention_queries[s] : 0.0;
       }
     } else {
       score = quant::row_norms_f16(key_rows.data(), count, D, k);
@@ -226,11 +226,11 @@ void ZipCacheCache::observe_attention(const AttentionObservation& obs) {
   }
   const std::size_t first = N - staged_;  // the window is the tail of the view
   // How many queries could see each staged token (causal: query position >= token position).
-  std::vector<double> visible(staged_, static_cast<double>(obs.queries));
+  std::vector<float> visible(staged_, static_cast<float>(obs.queries));
   if (!obs.query_positions.empty()) {
     for (std::size_t j = 0; j < staged_; ++j) {
       const std::int64_t p = positions_[first + j];
-      visible[j] = static_cast<double>(
+      visible[j] = static_cast<float>(
           std::count_if(obs.query_positions.begin(), obs.query_positions.end(), [p](std::int64_t q) { return q >= p; }));
     }
   }
@@ -242,6 +242,9 @@ void ZipCacheCache::observe_attention(const AttentionObservation& obs) {
     }
     for (std::size_t j = 0; j < staged_; ++j) head.attention_queries[j] += visible[j];
   }
+  // The staged tokens are scored now: compress what is ready instead of holding it in fp16 until
+  // the next update (a prompt would otherwise stay uncompressed between prefill and first decode).
+  compress_ready();
 }
 
 CacheStats ZipCacheCache::stats() const {
@@ -263,7 +266,7 @@ CacheStats ZipCacheCache::stats() const {
     other += head.blocks.capacity() * sizeof(Block);
     key_bytes += head.stage_keys.capacity() * sizeof(std::uint16_t);
     value_bytes += head.stage_values.capacity() * sizeof(std::uint16_t);
-    other += (head.attention_sum.capacity() + head.attention_queries.capacity()) * sizeof(double);
+    other += (head.attention_sum.capacity() + head.attention_queries.capacity()) * sizeof(float);
   }
   other += heads_.capacity() * sizeof(Head) + positions_.capacity() * sizeof(std::int64_t);
   st.resident_bytes = key_bytes + value_bytes + other;

@@ -10,8 +10,10 @@
 //   (the original charges 577 bytes per decode head-token against 256 for fp16).
 // - staging 0: every call is compressed alone as one block, the documented behaviour.
 // - saliency "attention_normalized": staged tokens collect the attention they receive (divided by
-//   the number of queries that could see them); the window is compressed at the start of the next
-//   update, after that step's attention was observed, ranking by that score instead of key norm.
+//   the number of queries that could see them); the window is compressed as soon as that step's
+//   attention has been observed (so a prompt is compressed right after its prefill, never held
+//   in fp16 until the next call), ranking by that score instead of key norm. Without an
+//   observation it is compressed at the start of the next update, by the scores it has.
 // attend reads the packed codes directly (attend/head_attention.h) and the staging window as fp16.
 // materialize() decodes into this layer's own scratch, only when asked (nothing decoded is kept on
 // the decode path: that would undo the saving).
@@ -50,7 +52,7 @@ class ZipCacheCache final : public KVCache {
   struct Head {
     std::vector<Block> blocks;
     std::vector<std::uint16_t> stage_keys, stage_values;  // fp16 [staged, D]
-    std::vector<double> attention_sum, attention_queries; // [staged] (attention saliency only)
+    std::vector<float> attention_sum, attention_queries;  // [staged] (attention saliency only)
   };
 
   explicit ZipCacheCache(ZipCacheOptions options);

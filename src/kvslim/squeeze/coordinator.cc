@@ -24,9 +24,42 @@ void SqueezeCoordinator::report_concentration(int layer_id, double concentration
       values.push_back(c);
     }
     budgets = squeeze_budgets(values, avg_budget_, n_sink_, strength_);
-    for (std::size_t i = 0; i < ids.size(); ++i) resolved_[ids[i]] = budgets[i];
-    finalized_ = true;
+    publish_locked(ids, budgets);
   }
+  notify(ids, budgets);
+}
+
+void SqueezeCoordinator::report_scores(int layer_id, std::vector<float> scores, std::size_t heads,
+                                       std::size_t protected_rows) {
+  std::vector<int> ids, budgets;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (finalized_ || scores_.count(layer_id) != 0) return;  // first report wins
+    scores_[layer_id] = LayerScores{std::move(scores), heads, protected_rows};
+    if (static_cast<int>(scores_.size()) < n_layers_) return;
+    std::vector<std::vector<float>> all;
+    std::vector<std::size_t> heads_of, protected_of;
+    for (auto& [id, ls] : scores_) {
+      ids.push_back(id);
+      all.push_back(std::move(ls.scores));
+      heads_of.push_back(ls.heads);
+      protected_of.push_back(ls.protected_rows);
+    }
+    budgets = global_topk_budgets(all, heads_of, protected_of, avg_budget_, n_sink_, strength_);
+    double total = 0;
+    for (int b : budgets) total += b;
+    for (std::size_t i = 0; i < ids.size(); ++i) concentrations_[ids[i]] = total > 0 ? 1.0 - budgets[i] / total : 0.0;
+    publish_locked(ids, budgets);
+  }
+  notify(ids, budgets);
+}
+
+void SqueezeCoordinator::publish_locked(const std::vector<int>& ids, const std::vector<int>& budgets) {
+  for (std::size_t i = 0; i < ids.size(); ++i) resolved_[ids[i]] = budgets[i];
+  finalized_ = true;
+}
+
+void SqueezeCoordinator::notify(const std::vector<int>& ids, const std::vector<int>& budgets) const {
   if (listener_) {
     for (std::size_t i = 0; i < ids.size(); ++i) listener_(ids[i], budgets[i]);
   }
@@ -55,6 +88,7 @@ std::optional<double> SqueezeCoordinator::concentration(int layer_id) const {
 void SqueezeCoordinator::reset() {
   std::lock_guard<std::mutex> lock(mutex_);
   concentrations_.clear();
+  scores_.clear();
   resolved_.clear();
   finalized_ = false;
 }
