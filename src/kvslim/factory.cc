@@ -1,6 +1,7 @@
 // Building caches: validate first, then one cache per attention layer with what it shares.
 #include "kvslim/factory.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -82,7 +83,8 @@ CacheSet KVCacheBuilder::for_model(const ModelSpec& model, const KVCacheConfig& 
   // Per-layer schedules floor every layer at protected + 1 rows, where protected = n_sink plus the
   // recent window: validate() holds the average budget to that rule, and a layer the taper or the
   // schedule pushed below it could not evict (it threw mid-generation before).
-  const int window = config.evict_recent_window;
+  // An explicit window counts; "auto" (-1) fits itself to every budget (recent_fits_budget).
+  const int window = std::max(config.evict_recent_window, 0);
   std::vector<int> pyramid;
   if (config.method == "pyramidkv") {
     pyramid = pyramid_budgets(static_cast<int>(attention_layers.size()), config.pyramidkv_budget,
