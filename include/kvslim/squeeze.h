@@ -18,11 +18,13 @@ double concentration_score(const float* rows, std::size_t n, std::size_t d);
 // Per-layer budgets: weight_i = (1 - clamp(c_i, 0, 1)) normalised to mean 1 (uniform if all are 1),
 // budget_i = max(round_half_even(avg * ((1 - s) + s * weight_i)), n_sink + 1).
 // Empty input gives {} (before the strength check, as the original); one layer gives
-// {max(avg, n_sink + 1)}; strength outside [0, 1] throws ConfigError.
+// {max(avg, n_sink + 1)}; strength outside [0, 1] throws ConfigError, a NaN concentration
+// std::invalid_argument. A budget above INT_MAX saturates at INT_MAX (no sequence reaches it).
 std::vector<int> squeeze_budgets(std::span<const double> concentrations, int avg_budget, int n_sink,
                                  double strength = 1.0);
 
-// PyramidKV's fixed linear taper (kvpress's schedule) for comparison: layer 0 gets the most.
+// PyramidKV's fixed linear taper (kvpress's schedule) for comparison: layer 0 gets the most
+// (up to 2 x avg_budget, saturating at INT_MAX like squeeze_budgets).
 std::vector<int> pyramid_budgets(int n_layers, int avg_budget, int n_sink, double beta);
 
 // KVzip-style global top-k: the rows whose scores are among the top sum_l heads_l * (avg -

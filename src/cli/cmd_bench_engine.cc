@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/option_checks.h"
 #include "engine/model.h"
 #include "engine/ops.h"
 #include "engine/sampler.h"
@@ -29,6 +30,7 @@ struct Options {
   std::vector<std::string> methods{"full", "h2o"};
   std::vector<std::string> sets{"h2o_budget=128", "evict_recent_window=32"};
   int decode_tokens = 32, threads = 2, repeats = 3;
+  bool allow_long_context = false;
 };
 
 double seconds(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
@@ -78,6 +80,7 @@ std::pair<double, double> bandwidth(const Model& model, ThreadPool& pool, int re
 }
 
 int run(const Options& o) {
+  if (!o.json.empty()) check_output_path(o.json, "--json");
   const Model model = Model::load(o.model);
   const ModelConfig& c = model.config();
   ThreadPool pool(o.threads);
@@ -105,7 +108,8 @@ int run(const Options& o) {
       std::size_t resident = 0, fp16 = 0;
       for (int r = 0; r < o.repeats; ++r) {
         CacheSet caches = KVCacheBuilder::for_model(model.cache_spec(), cfg);
-        Transformer t(model, caches, {.threads = o.threads, .max_chunk = ctx, .max_context = ctx + o.decode_tokens});
+        Transformer t(model, caches, {.threads = o.threads, .max_chunk = ctx, .max_context = ctx + o.decode_tokens,
+                                               .allow_past_max_positions = o.allow_long_context});
         auto t0 = Clock::now();
         std::span<const float> logits = t.prefill(prompt);
         best_prefill = std::max(best_prefill, ctx / seconds(t0));
@@ -142,6 +146,8 @@ const CommandRegistrar registrar("bench engine", "engine prefill/decode tokens/s
   app.add_option("--threads", o->threads, "decode threads")->capture_default_str()->check(CLI::Range(1, 256));
   app.add_option("--repeats", o->repeats, "runs per point (best reported)")->capture_default_str()->check(CLI::Range(1, 100));
   app.add_option("--json", o->json, "also write the figures to this JSON file");
+  app.add_flag("--allow-long-context", o->allow_long_context,
+               "run contexts past the model's max_position_embeddings (refused by default)");
   return [o] { return run(*o); };
 });
 

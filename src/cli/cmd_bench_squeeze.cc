@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
+#include "cli/option_checks.h"
 #include "kvslim/kvslim.h"
 
 namespace kvslim::cli {
@@ -152,6 +153,7 @@ double run_once(const Workload& w, int L, std::size_t S, int avg, double strengt
 int run_bench(const std::vector<int>& layers, const std::vector<int>& seqs, const std::vector<int>& avgs,
               const std::vector<double>& strengths, const std::vector<std::string>& prefills, int repeats,
               const std::string& json_path) {
+  if (!json_path.empty()) check_output_path(json_path, "--json");
   std::vector<Result> results;
   std::printf("kvslim bench squeeze: %zu heads x head_dim %zu, n_sink %d, batch 1; SIMD %s; latency = median of %d runs\n",
               kHeads, kHeadDim, kSink, simd_target_name(), repeats);

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
+#include "cli/option_checks.h"
 #include "kvslim/kvslim.h"
 
 namespace kvslim::cli {
@@ -26,6 +27,10 @@ using Clock = std::chrono::steady_clock;
 
 // The original recipe: normal rows, max(1, int(S * hf)) distinct rows scaled by 5 (outliers).
 std::vector<float> outlier_rows(std::size_t S, std::size_t D, double hf, unsigned seed) {
+  if (S == 0 || !(hf >= 0.0 && hf <= 1.0)) {  // n_out below would index past the S rows
+    throw std::invalid_argument("outlier_rows: need S >= 1 and hi_fraction in [0, 1], got S " + std::to_string(S) +
+                                ", hi_fraction " + std::to_string(hf));
+  }
   std::mt19937 rng(seed);
   std::normal_distribution<float> dist(0.0f, 1.0f);
   std::vector<float> x(S * D);
@@ -92,6 +97,7 @@ struct Options {
 };
 
 int run(const Options& o) {
+  if (!o.json.empty()) check_output_path(o.json, "--json");
   const std::size_t D = static_cast<std::size_t>(o.dim), gs = static_cast<std::size_t>(o.group);
   nlohmann::json out = nlohmann::json::array();
   std::printf("kvslim bench zipcache: D %zu, hi %d, lo %d, group %zu; SIMD %s\n", D, o.hi_bits, o.lo_bits, gs, simd_target_name());
@@ -179,8 +185,8 @@ int run(const Options& o) {
 const CommandRegistrar registrar("bench zipcache", "the original zipcache benchmark sweep, throughput vs memcpy, long generation",
                                  [](CLI::App& app) {
                                    auto o = std::make_shared<Options>();
-                                   app.add_option("--seq", o->seqs, "block lengths S")->capture_default_str();
-                                   app.add_option("--hi-fraction", o->fractions, "hi_fraction values")->capture_default_str();
+                                   app.add_option("--seq", o->seqs, "block lengths S")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+                                   app.add_option("--hi-fraction", o->fractions, "hi_fraction values")->capture_default_str()->check(finite_range(0.0, 1.0));
                                    app.add_option("--dim", o->dim, "head_dim")->capture_default_str()->check(CLI::Range(1, 4096));
                                    app.add_option("--gen-steps", o->gen_steps, "single-token steps of the long generation")
                                        ->capture_default_str()

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/option_checks.h"
 #include "engine/eval/evaluator.h"
 #include "engine/eval/report.h"
 #include "engine/model.h"
@@ -56,6 +57,9 @@ int list_variants() {
 int run(const Options& o, CLI::App& app) {
   if (o.list) return list_variants();
   if (o.model.empty()) throw std::invalid_argument("--model DIR is required");
+  // Output paths before the evaluation, not after it.
+  if (!o.json.empty()) check_output_path(o.json, "--json");
+  if (!o.plot.empty()) check_output_path(o.plot, "--plot");
   const std::filesystem::path dir(o.model);
   const Model model = Model::load(dir);
   EvalOptions e = EvalOptions::for_preset(o.preset, static_cast<std::size_t>(model.config().max_position_embeddings));
@@ -117,11 +121,11 @@ int run(const Options& o, CLI::App& app) {
   }
   if (!o.plot.empty()) {
     std::string why;
-    if (write_plot(o.plot, results, why)) {
-      std::printf("wrote %s\n", o.plot.c_str());
-    } else {
-      std::printf("no plot: %s\n", why.c_str());
+    if (!write_plot(o.plot, results, why)) {
+      std::fprintf(stderr, "kvslim: error: --plot %s: %s\n", o.plot.c_str(), why.c_str());
+      return 1;  // asked for a plot and got none: not a success
     }
+    std::printf("wrote %s\n", o.plot.c_str());
   }
   for (const auto& p : results.points) {
     if (!p.error.empty()) return 2;  // the table says which point failed and why

@@ -1,6 +1,9 @@
 // `kvslim generate`: a prompt through the engine with any kvslim method; streams the text, then
 // reports throughput and each layer's resident KV bytes against the full fp16 equivalent.
 #include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -19,14 +22,29 @@ namespace {
 using namespace kvslim::engine;
 
 struct Options {
-  std::string model, prompt, method = "full", prefill_attention = "cache_view";
+  std::string model, prompt, prompt_file, method = "full", prefill_attention = "cache_view";
   std::vector<std::string> sets;
   int max_tokens = 128, top_k = 0, threads = 2;
   std::size_t prefill_chunk = 0;
   float temperature = 0.0f, top_p = 1.0f;
   std::uint64_t seed = 0;
-  bool json = false;
+  bool json = false, allow_long_context = false;
 };
+
+// --prompt-file: the whole file, or standard input for "-" (prompts too long for a command line).
+std::string read_prompt_file(const std::string& path) {
+  std::ostringstream text;
+  if (path == "-") {
+    text << std::cin.rdbuf();
+    if (std::cin.bad()) throw std::runtime_error("--prompt-file -: cannot read standard input");
+  } else {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw std::runtime_error("--prompt-file " + path + ": cannot open the file");
+    text << in.rdbuf();
+    if (in.bad()) throw std::runtime_error("--prompt-file " + path + ": read error");
+  }
+  return std::move(text).str();
+}
 
 KVCacheConfig cache_config(const std::string& method, const std::vector<std::string>& sets) {
   KVCacheConfig cfg;
@@ -42,7 +60,10 @@ KVCacheConfig cache_config(const std::string& method, const std::vector<std::str
   return cfg;
 }
 
-int run(const Options& o) {
+int run(const Options& o_in) {
+  Options o = o_in;
+  if (!o.prompt_file.empty()) o.prompt = read_prompt_file(o.prompt_file);
+  if (o.prompt.empty()) throw std::invalid_argument("the prompt is empty (pass --prompt TEXT or --prompt-file FILE)");
   const Model model = Model::load(o.model);
   const Tokenizer tokenizer = Tokenizer::load(std::filesystem::path(o.model) / "tokenizer.json");
   const KVCacheConfig cfg = cache_config(o.method, o.sets);
@@ -51,6 +72,7 @@ int run(const Options& o) {
   fwd.prefill_attention = parse_prefill_attention(o.prefill_attention);
   fwd.prefill_chunk = o.prefill_chunk;
   fwd.threads = o.threads;
+  fwd.allow_past_max_positions = o.allow_long_context;
   Transformer transformer(model, caches, fwd);
 
   GenerateOptions gen;
@@ -109,7 +131,9 @@ int run(const Options& o) {
 const CommandRegistrar registrar("generate", "generate text with a model through a kvslim cache", [](CLI::App& app) {
   auto o = std::make_shared<Options>();
   app.add_option("--model", o->model, "model directory (config.json, *.safetensors, tokenizer.json)")->required();
-  app.add_option("--prompt", o->prompt, "prompt text")->required();
+  auto* prompt = app.add_option("--prompt", o->prompt, "prompt text");
+  auto* prompt_file = app.add_option("--prompt-file", o->prompt_file, "read the prompt from this file ('-': standard input)");
+  prompt->excludes(prompt_file);
   app.add_option("--max-tokens", o->max_tokens, "new tokens at most")->capture_default_str()->check(CLI::Range(0, 1 << 20));
   app.add_option("--method", o->method, "KV cache method")->capture_default_str()->check(CLI::IsMember(method_names()));
   app.add_option("--set", o->sets, "cache option key=value (any KVCacheConfig field; repeatable)");
@@ -125,6 +149,8 @@ const CommandRegistrar registrar("generate", "generate text with a model through
       ->check(CLI::IsMember({"cache_view", "full_prompt"}));
   app.add_option("--threads", o->threads, "decode threads")->capture_default_str()->check(CLI::Range(1, 256));
   app.add_flag("--json", o->json, "print one JSON object instead of streaming text");
+  app.add_flag("--allow-long-context", o->allow_long_context,
+               "run positions past the model's max_position_embeddings (refused by default: untrained there)");
   return [o] { return run(*o); };
 });
 

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "cli/command.h"
+#include "cli/option_checks.h"
 
 namespace kvslim::cli {
 namespace {
@@ -49,10 +50,14 @@ int main(int argc, char** argv) {
     CLI::App* sub = parent->add_subcommand(name, entry.help);
     runners.emplace_back(sub, entry.setup(*sub));
   }
+  refuse_negative_unsigned(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    // One line, like every other error, naming the flag (CLI11's own format takes two).
+    std::fprintf(stderr, "kvslim: error: %s (see --help)\n", e.what());
+    return e.get_exit_code();
   }
   try {
     for (auto& [sub, run] : runners) {

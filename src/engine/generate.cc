@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <stdexcept>
 
 namespace kvslim::engine {
@@ -27,6 +28,14 @@ GenerateResult generate_tokens(Transformer& transformer, std::span<const int> pr
   if (options.max_tokens < 0) {
     throw std::invalid_argument("max_tokens must be >= 0, got " + std::to_string(options.max_tokens));
   }
+  // Every position the run may use, before any work: the last sampled token is never fed back.
+  const std::int64_t span = static_cast<std::int64_t>(prompt_ids.size()) - 1 + std::max(options.max_tokens - 1, 0);
+  const std::int64_t last = transformer.next_position() > std::numeric_limits<std::int64_t>::max() - span
+                                ? std::numeric_limits<std::int64_t>::max()
+                                : transformer.next_position() + span;
+  check_context_length(transformer.model().config(), transformer.options(), last,
+                       "prompt of " + std::to_string(prompt_ids.size()) + " tokens + max_tokens " +
+                           std::to_string(options.max_tokens));
   Sampler sampler(options.sampler, transformer.model().config().vocab_size);
   GenerateResult result;
   result.prompt_ids.assign(prompt_ids.begin(), prompt_ids.end());

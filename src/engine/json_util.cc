@@ -1,17 +1,55 @@
 #include "engine/json_util.h"
 
-#include <fstream>
-#include <sstream>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
 
 namespace kvslim::engine::json_util {
 
-std::string read_text_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ModelFileError(path.string() + ": cannot open file");
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  if (in.bad()) throw ModelFileError(path.string() + ": read error");
-  return std::move(buffer).str();
+std::string read_text_file(const std::filesystem::path& path, std::uint64_t max_bytes) {
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever. The type
+  // and size are checked on the open descriptor, so a file swapped after a stat cannot slip by.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) throw ModelFileError(path.string() + ": cannot open file (" + std::strerror(errno) + ")");
+  struct FdCloser {
+    int fd;
+    ~FdCloser() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw ModelFileError(path.string() + ": cannot stat (" + std::strerror(errno) + ")");
+  if (!S_ISREG(st.st_mode)) {
+    const char* kind = S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO"
+                       : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device" : "not a regular file";
+    throw ModelFileError(path.string() + ": is " + kind + ", expected a regular file");
+  }
+  auto too_large = [&](std::uint64_t size) {
+    return ModelFileError(path.string() + ": " + std::to_string(size) + " bytes is larger than the limit of " +
+                          std::to_string(max_bytes) + " bytes for this file");
+  };
+  if (static_cast<std::uint64_t>(st.st_size) > max_bytes) throw too_large(static_cast<std::uint64_t>(st.st_size));
+  // Read at most max_bytes + 1 whatever the size said (a file that grows while read, /proc files).
+  std::string text;
+  text.resize(static_cast<std::size_t>(st.st_size));
+  std::size_t have = 0;
+  for (;;) {
+    if (have == text.size()) {
+      if (text.size() > max_bytes) throw too_large(text.size());
+      text.resize(std::min<std::uint64_t>(max_bytes + 1, std::max<std::size_t>(text.size() * 2, 4096)));
+    }
+    const ssize_t n = ::read(fd, text.data() + have, text.size() - have);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw ModelFileError(path.string() + ": read error (" + std::strerror(errno) + ")");
+    }
+    if (n == 0) break;
+    have += static_cast<std::size_t>(n);
+  }
+  text.resize(have);
+  return text;
 }
 
 Json parse(std::string_view text, std::string_view source) {

@@ -15,8 +15,10 @@ namespace kvslim::engine::json_util {
 
 using Json = nlohmann::json;
 
-// Reads a whole file; throws ModelFileError naming it when it cannot be read.
-std::string read_text_file(const std::filesystem::path& path);
+// Reads a whole regular file of at most `max_bytes` (engine/model_file_limits.h); throws
+// ModelFileError naming it when it cannot be read, is not a regular file (a FIFO, a device such as
+// /dev/zero, a directory; links are followed) or is larger. Never blocks on a FIFO.
+std::string read_text_file(const std::filesystem::path& path, std::uint64_t max_bytes);
 
 // Parses JSON text; `source` names the file in the error message.
 Json parse(std::string_view text, std::string_view source);

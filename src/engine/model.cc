@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
+#include "engine/finite_check.h"
 #include "kvslim/block.h"
 
 namespace kvslim::engine {
@@ -50,6 +52,9 @@ void check_config(const ModelConfig& c) {
   positive(c.num_kv_heads, "num_key_value_heads");
   positive(c.head_dim, "head_dim");
   positive(c.vocab_size, "vocab_size");
+  if (c.head_dim % 2 != 0) {
+    throw ModelFileError("config.json: head_dim " + std::to_string(c.head_dim) + " must be even (RoPE rotates pairs)");
+  }
   if (c.num_heads % c.num_kv_heads != 0) {
     throw ModelFileError("config.json: num_attention_heads " + std::to_string(c.num_heads) +
                          " is not a multiple of num_key_value_heads " + std::to_string(c.num_kv_heads));
@@ -91,10 +96,17 @@ Model Model::from(ModelConfig config, WeightStore store) {
   // A tied model may still ship lm_head.weight (a copy); an untied one must.
   w.lm_head = c.tie_word_embeddings && !s.has("lm_head.weight") ? w.embed
                                                                 : matrix_of(s, "lm_head.weight", vocab, hidden);
-  w.layers.resize(c.num_layers);
+  // The config is checked against the tensors before anything is allocated per layer: the last
+  // layer must exist, and layers are appended only once their tensors are found, so a config
+  // claiming millions of layers costs nothing before it is refused.
+  const std::string last_layer = "model.layers." + std::to_string(c.num_layers - 1) + ".input_layernorm.weight";
+  if (!s.has(last_layer)) {
+    throw ModelFileError("config.json: num_hidden_layers is " + std::to_string(c.num_layers) +
+                         " but the weights have no tensor '" + last_layer + "'");
+  }
   for (int l = 0; l < c.num_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    LayerWeights& L = w.layers[l];
+    LayerWeights& L = w.layers.emplace_back();
     L.attn_norm = vector_of(s, p + "input_layernorm.weight", hidden);
     L.mlp_norm = vector_of(s, p + "post_attention_layernorm.weight", hidden);
     L.wq = matrix_of(s, p + "self_attn.q_proj.weight", q_dim, hidden);
@@ -141,6 +153,16 @@ std::uint64_t Model::decode_weight_bytes() const {
 // ------------------------------------------------------------------------------------------------
 // Transformer
 
+void check_context_length(const ModelConfig& config, const ForwardOptions& options, std::int64_t last_position,
+                          const std::string& what) {
+  if (options.allow_past_max_positions || last_position < config.max_position_embeddings) return;
+  throw ContextLengthError(what + " reaches position " + std::to_string(last_position) +
+                           ", past the model's max_position_embeddings " +
+                           std::to_string(config.max_position_embeddings) +
+                           " (config.json); the model was not trained there. Shorten the input, or allow it "
+                           "explicitly (ForwardOptions::allow_past_max_positions, CLI --allow-long-context)");
+}
+
 Transformer::Transformer(const Model& model, CacheSet& caches, ForwardOptions options)
     : model_(model),
       caches_(caches),
@@ -162,7 +184,11 @@ Transformer::Transformer(const Model& model, CacheSet& caches, ForwardOptions op
   for (std::size_t l = 0; l < caches.size(); ++l) {
     if (caches[l] == nullptr) throw std::invalid_argument("cache set has no cache for layer " + std::to_string(l));
   }
-  tile_.resize(kTileRows * static_cast<std::size_t>(std::max(c.hidden_size, c.intermediate_size)));
+  // The tile holds kTileRows rows of the widest matrix: o_proj's rows are heads x head_dim long,
+  // which exceeds hidden_size in real models (Qwen3, Gemma), down_proj's are intermediate_size.
+  const std::size_t q_dim = static_cast<std::size_t>(c.num_heads) * c.head_dim;
+  tile_.resize(kTileRows * std::max({static_cast<std::size_t>(c.hidden_size),
+                                     static_cast<std::size_t>(c.intermediate_size), q_dim}));
   ensure_tokens(std::max<std::size_t>(options.max_chunk, 1));
 }
 
@@ -191,6 +217,13 @@ void Transformer::reset() {
 
 std::span<const float> Transformer::prefill(std::span<const int> tokens, const LogitsCallback& on_logits) {
   if (tokens.empty()) throw std::invalid_argument("prefill: empty prompt");
+  // The whole prompt up front, so a chunked prefill does not run half of it first.
+  const std::int64_t room = std::numeric_limits<std::int64_t>::max() - next_position_;
+  check_context_length(model_.config(), options_,
+                       static_cast<std::uint64_t>(room) < tokens.size()
+                           ? std::numeric_limits<std::int64_t>::max()
+                           : next_position_ + static_cast<std::int64_t>(tokens.size()) - 1,
+                       "prompt of " + std::to_string(tokens.size()) + " tokens");
   const std::size_t chunk = options_.prefill_chunk == 0 ? tokens.size() : options_.prefill_chunk;
   std::span<const float> last;
   for (std::size_t first = 0; first < tokens.size(); first += chunk) {
@@ -212,6 +245,13 @@ std::span<const float> Transformer::forward(std::span<const int> tokens, std::sp
     throw std::invalid_argument("forward: " + std::to_string(positions.size()) + " positions for " +
                                 std::to_string(s) + " tokens");
   }
+  // Positions never wrap: the last one must leave room for a next one.
+  const std::int64_t room = std::numeric_limits<std::int64_t>::max() - next_position_;
+  if ((positions.empty() && static_cast<std::uint64_t>(room) < s) ||
+      (!positions.empty() && positions[s - 1] == std::numeric_limits<std::int64_t>::max())) {
+    throw std::invalid_argument("forward: positions would pass INT64_MAX (next position " +
+                                std::to_string(next_position_) + ", " + std::to_string(s) + " tokens)");
+  }
   ensure_tokens(s);
   if (positions.empty()) {
     for (std::size_t i = 0; i < s; ++i) positions_[i] = next_position_ + static_cast<std::int64_t>(i);
@@ -222,6 +262,7 @@ std::span<const float> Transformer::forward(std::span<const int> tokens, std::sp
       throw std::invalid_argument("forward: positions must be non-negative and increasing");
     }
   }
+  check_context_length(c, options_, positions[s - 1], "forward: " + std::to_string(s) + " token(s)");
 
   // Embedding rows, RoPE angles of every token (shared by all layers and heads).
   for (std::size_t i = 0; i < s; ++i) {
@@ -232,6 +273,9 @@ std::span<const float> Transformer::forward(std::span<const int> tokens, std::sp
     convert_weights(w.embed.row(tokens[i]), w.embed.type, x_.data() + i * hidden, hidden);
     rope_.angles(positions[i], cos_.data() + i * half, sin_.data() + i * half);
   }
+  // NaN/Inf checks (embedding, each layer's K/V and output, logits): each costs one pass over
+  // values that took thousands of multiply-adds each to produce, and names where they appeared.
+  if (!all_finite(x_.data(), s * hidden)) throw_non_finite(model_, -1);
 
   for (std::size_t l = 0; l < w.layers.size(); ++l) {
     const LayerWeights& L = w.layers[l];
@@ -255,6 +299,7 @@ std::span<const float> Transformer::forward(std::span<const int> tokens, std::sp
     swiglu(gate_.data(), up_.data(), s * c.intermediate_size);
     matmul(L.w_down, gate_.data(), s, xb_.data(), tile_.data(), kTileRows, &pool_);
     for (std::size_t i = 0; i < s * hidden; ++i) x_[i] += xb_[i];
+    if (!all_finite(x_.data(), s * hidden)) throw_non_finite(model_, static_cast<int>(l));
   }
   next_position_ = positions[s - 1] + 1;
 
@@ -266,6 +311,7 @@ std::span<const float> Transformer::forward(std::span<const int> tokens, std::sp
   }
   grow(logits_, n_out * vocab);
   matmul(w.lm_head, xb_.data() + first * hidden, n_out, logits_.data(), tile_.data(), kTileRows, &pool_);
+  if (!all_finite(logits_.data(), n_out * vocab)) throw_non_finite(model_, c.num_layers);
   return std::span<const float>(logits_.data(), n_out * vocab);
 }
 
@@ -306,6 +352,10 @@ void Transformer::attention_block(std::size_t layer, std::size_t s, std::span<co
       std::copy_n(k, d, k_block_.data() + (h * s + i) * d);
       std::copy_n(v_.data() + i * kv_dim + h * d, d, v_block_.data() + (h * s + i) * d);
     }
+  }
+  // Before the cache sees them: its own NaN check cannot name the layer.
+  if (!all_finite(k_block_.data(), s * kv_dim) || !all_finite(v_block_.data(), s * kv_dim)) {
+    throw_non_finite(model_, static_cast<int>(layer));
   }
   const KVBlock keys = make_block(k_block_.data(), 1, kv_heads, s, d);
   const KVBlock values = make_block(v_block_.data(), 1, kv_heads, s, d);

@@ -11,6 +11,8 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "engine/attention.h"
@@ -69,7 +71,20 @@ struct ForwardOptions {
   std::size_t prefill_chunk = 0;     // tokens per prefill forward call; 0 = the whole prompt
   std::size_t max_chunk = 256;       // scratch sized for this many tokens up front (grows if needed)
   std::size_t max_context = 2048;    // attention scratch sized for this many cached rows up front
+  // Positions >= config max_position_embeddings are refused (ContextLengthError): the model was
+  // not trained there and its output degrades without a sign. true runs them anyway.
+  bool allow_past_max_positions = false;
 };
+
+// A position at or past the model's max_position_embeddings without allow_past_max_positions.
+class ContextLengthError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+// Throws ContextLengthError unless positions up to `last_position` fit the model or are allowed;
+// `what` says what needs them ("prompt of 3000 tokens").
+void check_context_length(const ModelConfig& config, const ForwardOptions& options, std::int64_t last_position,
+                          const std::string& what);
 
 class Transformer {
  public:
@@ -126,7 +141,7 @@ class Transformer {
   std::vector<float> logits_;    // [S or 1, vocab]
   std::vector<float> observation_, observation_cat_;  // [kv_heads, S, rows] (attention hook only)
   std::vector<std::int64_t> positions_;  // [S] when the caller passes none
-  std::vector<float> tile_;      // [kTileRows, max(hidden, intermediate)] weight tile for sgemm
+  std::vector<float> tile_;      // [kTileRows, max(hidden, intermediate, heads * head_dim)] weight tile for sgemm
 };
 
 }  // namespace kvslim::engine

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "engine/json_util.h"
+#include "engine/model_file_limits.h"
 
 namespace kvslim::engine {
 namespace {
@@ -184,11 +185,11 @@ ModelConfig ModelConfig::from_json_text(std::string_view config_json, std::strin
 
 ModelConfig ModelConfig::load(const std::filesystem::path& model_dir) {
   const std::filesystem::path config_path = model_dir / "config.json";
-  const std::string text = json_util::read_text_file(config_path);
+  const std::string text = json_util::read_text_file(config_path, limits::kConfigJsonBytes);
   const std::filesystem::path gen_path = model_dir / "generation_config.json";
   std::error_code ec;
   if (std::filesystem::exists(gen_path, ec)) {
-    const std::string gen_text = json_util::read_text_file(gen_path);
+    const std::string gen_text = json_util::read_text_file(gen_path, limits::kConfigJsonBytes);
     return parse_config(text, config_path.string(), gen_text, gen_path.string());
   }
   return parse_config(text, config_path.string(), std::nullopt, "");

@@ -70,6 +70,27 @@ void write_byte_tokenizer(const std::filesystem::path& path) {
 }  // namespace
 
 void write_random_model(const std::filesystem::path& dir, const RandomModelSpec& spec) {
+  // Only models the loader and engine accept: a written model that `generate` then refuses helps
+  // no one.
+  auto positive = [](int v, const char* field) {
+    if (v <= 0) throw std::invalid_argument("random model: " + std::string(field) + " must be > 0, got " + std::to_string(v));
+  };
+  positive(spec.hidden_size, "hidden_size");
+  positive(spec.intermediate_size, "intermediate_size");
+  positive(spec.num_layers, "num_layers");
+  positive(spec.num_heads, "num_heads");
+  positive(spec.num_kv_heads, "num_kv_heads");
+  positive(spec.head_dim, "head_dim");
+  positive(spec.vocab_size, "vocab_size");
+  positive(spec.max_position_embeddings, "max_position_embeddings");
+  if (spec.head_dim % 2 != 0) {
+    throw std::invalid_argument("random model: head_dim must be even (RoPE rotates pairs of dimensions), got " +
+                                std::to_string(spec.head_dim));
+  }
+  if (spec.num_heads % spec.num_kv_heads != 0) {
+    throw std::invalid_argument("random model: num_heads " + std::to_string(spec.num_heads) +
+                                " must be a multiple of num_kv_heads " + std::to_string(spec.num_kv_heads));
+  }
   if (spec.byte_tokenizer && spec.vocab_size < 258) {
     throw std::invalid_argument("random model: byte_tokenizer needs vocab_size >= 258, got " +
                                 std::to_string(spec.vocab_size));

@@ -11,6 +11,7 @@
 #include <set>
 
 #include "engine/json_util.h"
+#include "engine/model_file_limits.h"
 
 namespace kvslim::engine {
 namespace {
@@ -42,7 +43,9 @@ bool parse_dtype(std::string_view name, WeightType& type) {
 class MappedFile {
  public:
   explicit MappedFile(const std::filesystem::path& path) : path_(path.string()) {
-    const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: a FIFO in place of a shard fails the regular-file check below instead of
+    // blocking the open until a writer appears.
+    const int fd = ::open(path_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) throw ModelFileError(path_ + ": cannot open (" + std::strerror(errno) + ")");
     struct stat st {};
     if (::fstat(fd, &st) != 0) {
@@ -52,7 +55,7 @@ class MappedFile {
     }
     if (!S_ISREG(st.st_mode)) {
       ::close(fd);
-      throw ModelFileError(path_ + ": not a regular file");
+      throw ModelFileError(path_ + ": not a regular file (a FIFO, device or directory)");
     }
     size_ = static_cast<std::size_t>(st.st_size);
     if (size_ > 0) {
@@ -137,6 +140,10 @@ SafetensorsHeader parse_safetensors_header(std::span<const std::byte> file_bytes
     throw ModelFileError(file_name + ": header length " + std::to_string(header_len) +
                          " runs past the end of the file (" + std::to_string(available) +
                          " bytes after the length field)");
+  }
+  if (header_len > limits::kSafetensorsHeaderBytes) {
+    throw ModelFileError(file_name + ": header length " + std::to_string(header_len) + " is larger than the limit of " +
+                         std::to_string(limits::kSafetensorsHeaderBytes) + " bytes");
   }
   const auto* header_begin = reinterpret_cast<const char*>(file_bytes.data() + 8);
   const std::string_view header_text(header_begin, static_cast<std::size_t>(header_len));
@@ -299,7 +306,7 @@ WeightStore WeightStore::open(const std::filesystem::path& model_dir) {
                          std::string(kIndexFile) + " found");
   }
   const std::string index_name = index.string();
-  const Json doc = json_util::parse(json_util::read_text_file(index), index_name);
+  const Json doc = json_util::parse(json_util::read_text_file(index, limits::kIndexJsonBytes), index_name);
   const Where root{index_name, ""};
   const Json& weight_map = json_util::as_object(json_util::require(doc, "weight_map", root), root.field("weight_map"));
   std::map<std::string, std::set<std::string>> by_shard;  // shard file -> tensors it must hold

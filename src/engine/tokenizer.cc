@@ -10,6 +10,7 @@
 
 #include "engine/bpe.h"
 #include "engine/json_util.h"
+#include "engine/model_file_limits.h"
 #include "engine/pretokenizer.h"
 #include "engine/utf8.h"
 #include "kvslim/errors.h"
@@ -330,7 +331,7 @@ Tokenizer Tokenizer::from_json_text(std::string_view json, std::string_view sour
 }
 
 Tokenizer Tokenizer::load(const std::filesystem::path& tokenizer_json) {
-  return from_json_text(json_util::read_text_file(tokenizer_json), tokenizer_json.string());
+  return from_json_text(json_util::read_text_file(tokenizer_json, limits::kTokenizerJsonBytes), tokenizer_json.string());
 }
 
 std::vector<int> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {

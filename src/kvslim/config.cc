@@ -97,7 +97,7 @@ void check_choice(std::string_view field, const std::string& v, std::initializer
 void check_budget(std::string_view budget_name, int budget, std::string_view sink_name, int n_sink, int recent) {
   check_min(budget_name, budget, 1);
   check_min(sink_name, n_sink, 0);
-  if (n_sink + recent >= budget) {
+  if (static_cast<long long>(n_sink) + recent >= budget) {  // in 64 bits: n_sink may be INT_MAX
     fail(budget_name, std::to_string(budget),
          "must exceed " + std::string(sink_name) + " + evict_recent_window = " + std::to_string(n_sink) + " + " +
              std::to_string(recent));

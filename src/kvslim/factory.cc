@@ -100,7 +100,8 @@ CacheSet KVCacheBuilder::for_model(const ModelSpec& model, const KVCacheConfig& 
     const int i = attention_layers[a];
     KVCacheConfig layer_config = config;
     layer_config.head_dim = model.layers[static_cast<std::size_t>(i)].head_dim;
-    layer_config.seed = config.seed + i;
+    // Wraps instead of overflowing at seed = INT_MAX: a seed is bits, not a count.
+    layer_config.seed = static_cast<int>(static_cast<unsigned>(config.seed) + static_cast<unsigned>(i));
     LayerContext ctx;
     ctx.layer_id = i;  // the raw model layer index, as the original
     ctx.coordinator = set.coordinator_;

@@ -213,9 +213,11 @@ std::vector<MethodVariant> select_variants(const std::string& list, bool quick_p
   std::vector<bool> taken(all.size(), false);
   std::stringstream in(list);
   std::string item;
+  bool named_any = false;
   while (std::getline(in, item, ',')) {
     item.erase(0, item.find_first_not_of(" \t"));
     item.erase(item.find_last_not_of(" \t") + 1);
+    named_any = named_any || !item.empty();
     if (item.empty() || item == "full") continue;  // the full cache is always the reference
     bool matched = false;
     for (std::size_t i = 0; i < all.size(); ++i) {
@@ -235,6 +237,8 @@ std::vector<MethodVariant> select_variants(const std::string& list, bool quick_p
                                   "; or a method id: streaming, h2o, squeeze, pyramidkv, kivi, zipcache)");
     }
   }
+  // "," or " , " names nothing: an evaluation of nothing that exits 0 hides the typo.
+  if (!named_any) throw std::invalid_argument("--methods \"" + list + "\": names no method or variant");
   for (std::size_t i = 0; i < all.size(); ++i) {
     if (taken[i]) out.push_back(all[i]);
   }

@@ -1,5 +1,7 @@
 #include "block_intake.h"
 
+#include <algorithm>
+#include <limits>
 #include <string>
 
 #include "kernels.h"
@@ -49,6 +51,15 @@ void BlockIntake::take(const KVBlock& keys, const KVBlock& values, std::span<con
   const std::size_t S = keys.tokens;
   if (!positions.empty() && positions.size() != S) {
     reject(method_, "positions has " + std::to_string(positions.size()) + " entries for " + std::to_string(S) + " tokens");
+  }
+  // Every position leaves room for a next one, so nothing below (lower bounds, next_position_)
+  // wraps past INT64_MAX.
+  constexpr std::int64_t kMaxPosition = std::numeric_limits<std::int64_t>::max();
+  const bool past_max = positions.empty() ? next_position_ > kMaxPosition - static_cast<std::int64_t>(S)
+                                          : std::find(positions.begin(), positions.end(), kMaxPosition) != positions.end();
+  if (past_max) {
+    reject(method_, "positions would reach INT64_MAX (next position " + std::to_string(next_position_) + ", " +
+                        std::to_string(S) + " tokens); no position may follow it");
   }
   for (std::size_t s = 0; s < positions.size(); ++s) {
     const std::int64_t lower = s == 0 ? next_position_ : positions[s - 1] + 1;

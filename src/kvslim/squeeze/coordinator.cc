@@ -1,6 +1,8 @@
 // SqueezeCoordinator: one shared object per model; collects per-layer concentrations during
 // prefill and publishes the budget schedule exactly once.
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "kvslim/squeeze.h"
@@ -96,8 +98,11 @@ void SqueezeCoordinator::reset() {
 int SqueezeCoordinator::max_possible_budget() const {
   // A layer's weight is at most n_layers (every other layer at concentration 1).
   const double w = std::max(1, n_layers_);
-  const double b = avg_budget_ * ((1.0 - strength_) + strength_ * w);
-  return std::max(static_cast<int>(std::ceil(b)), n_sink_ + 1);
+  double b = std::ceil(avg_budget_ * ((1.0 - strength_) + strength_ * w));
+  // In double and saturated: 6e8 x 4 layers does not fit an int (it wrapped to the floor).
+  const double floor_budget = static_cast<double>(n_sink_) + 1.0;
+  if (!(b >= floor_budget)) b = floor_budget;
+  return static_cast<int>(std::min(b, static_cast<double>(std::numeric_limits<int>::max())));
 }
 
 }  // namespace kvslim
