@@ -8,6 +8,7 @@
 
 #include "cli/command.h"
 #include "engine/generate.h"
+#include "engine/gguf_model.h"
 #include "engine/model.h"
 #include "engine/tokenizer.h"
 #include "kvslim/config.h"
@@ -44,7 +45,7 @@ KVCacheConfig cache_config(const std::string& method, const std::vector<std::str
 
 int run(const Options& o) {
   const Model model = Model::load(o.model);
-  const Tokenizer tokenizer = Tokenizer::load(std::filesystem::path(o.model) / "tokenizer.json");
+  const Tokenizer tokenizer = load_model_tokenizer(o.model);
   const KVCacheConfig cfg = cache_config(o.method, o.sets);
   CacheSet caches = KVCacheBuilder::for_model(model.cache_spec(), cfg);
   ForwardOptions fwd;

@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "engine/gguf_model.h"
 #include "kvslim/block.h"
 
 namespace kvslim::engine {
@@ -57,6 +58,10 @@ void grow(std::vector<T>& v, std::size_t n) {
 // Model
 
 Model Model::load(const std::filesystem::path& model_dir) {
+  if (is_gguf_path(model_dir)) {
+    GgufModel g = read_gguf_model(model_dir);
+    return from(std::move(g.config), std::move(g.store));
+  }
   ModelConfig config = ModelConfig::load(model_dir);
   return from(std::move(config), WeightStore::open(model_dir));
 }
