@@ -151,7 +151,7 @@ std::size_t hf_row_of_gguf_row(std::size_t r, std::size_t head_dim) {
 
 // Memory the store's tensor views point into: the mapped file and converted copies.
 struct Owner {
-  std::shared_ptr<const gguf::File> file;
+  std::shared_ptr<const void> keep_alive;  // the mapped file
   std::vector<std::unique_ptr<std::byte[]>> buffers;
   std::byte* allocate(std::size_t n) {
     buffers.push_back(std::make_unique<std::byte[]>(std::max<std::size_t>(n, 1)));
@@ -191,7 +191,11 @@ GgufModel read_gguf_model(const std::filesystem::path& path) { return read_gguf_
 
 GgufModel read_gguf_model(std::shared_ptr<const gguf::File> file) {
   const gguf::Header& h = file->header();
-  const std::string& fname = file->name();
+  const std::string name = file->name();
+  return read_gguf_model(h, name, std::move(file));
+}
+
+GgufModel read_gguf_model(const gguf::Header& h, const std::string& fname, std::shared_ptr<const void> keep_alive) {
   const Meta meta{h, fname};
 
   // Every tensor type kvslim cannot read, each with its tensors, in one message.
@@ -269,7 +273,7 @@ GgufModel read_gguf_model(std::shared_ptr<const gguf::File> file) {
 
   // Tensors under HF names; q/k of llama-arch files back in HF row order; quantized -> fp32.
   auto owner = std::make_shared<Owner>();
-  owner->file = file;
+  owner->keep_alive = std::move(keep_alive);
   std::vector<TensorInfo> tensors;
   const std::size_t d = static_cast<std::size_t>(c.head_dim);
   for (const gguf::TensorEntry& t : h.tensors) {

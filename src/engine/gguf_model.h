@@ -33,6 +33,8 @@ struct GgufModel {
 // unsupported tensor type in the file.
 GgufModel read_gguf_model(const std::filesystem::path& path);
 GgufModel read_gguf_model(std::shared_ptr<const gguf::File> file);
+// From a parsed header whose views stay valid while `keep_alive` lives (the fuzz entry point).
+GgufModel read_gguf_model(const gguf::Header& header, const std::string& file_name, std::shared_ptr<const void> keep_alive);
 
 // tokenizer.json text for the file's tokenizer (embedded, or rebuilt from tokenizer.ggml.*).
 std::string gguf_tokenizer_json(const gguf::Header& header, const std::string& file_name);
