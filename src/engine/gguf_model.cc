@@ -4,6 +4,7 @@
 #include <climits>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <set>
 
@@ -184,7 +185,11 @@ std::string regex_of_pre(const std::string& pre, bool& ignore_merges, bool& nfc,
 
 bool is_gguf_path(const std::filesystem::path& path) {
   std::error_code ec;
-  return path.extension() == ".gguf" && std::filesystem::is_regular_file(path, ec);
+  if (!std::filesystem::is_regular_file(path, ec)) return false;
+  if (path.extension() == ".gguf") return true;
+  char magic[4] = {};
+  std::ifstream in(path, std::ios::binary);
+  return in.read(magic, 4) && std::memcmp(magic, "GGUF", 4) == 0;  // a GGUF by content
 }
 
 GgufModel read_gguf_model(const std::filesystem::path& path) { return read_gguf_model(gguf::File::open(path)); }

@@ -22,7 +22,7 @@ namespace kvslim::engine {
 class Model;
 class Tokenizer;
 
-// True for a path to a regular file whose name ends in ".gguf".
+// True for a regular file whose name ends in ".gguf" or whose first bytes are "GGUF".
 bool is_gguf_path(const std::filesystem::path& path);
 
 struct GgufModel {

@@ -327,6 +327,16 @@ TEST(GgufErrors, MinimalFileLoads) {
   EXPECT_TRUE(m.config().tie_word_embeddings);
 }
 
+TEST(GgufErrors, AGgufIsRecognisedByContentToo) {
+  TempDir tmp;
+  tiny_writer().write(tmp / "model.bin");
+  EXPECT_TRUE(is_gguf_path(tmp / "model.bin"));
+  EXPECT_EQ(Model::load(tmp / "model.bin").config().hidden_size, 32);
+  testing::write_file(tmp / "other.bin", "GGUX");
+  EXPECT_FALSE(is_gguf_path(tmp / "other.bin"));
+  EXPECT_FALSE(is_gguf_path(tmp.path()));
+}
+
 TEST(GgufErrors, UnsupportedArchitectureIsNamed) {
   TempDir tmp;
   tiny_writer("gemma").write(tmp / "m.gguf");
