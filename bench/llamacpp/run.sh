@@ -51,7 +51,9 @@ half=$((KL_CTX / 2)); quarter=$((KL_CTX / 4))
 METHODS=(
   "full|full|"
   "kivi4|kivi|kivi_bits=4"
+  "kivi4-g128|kivi|kivi_bits=4 kivi_group_size=128 kivi_staging=128"
   "kivi2|kivi|kivi_bits=2"
+  "zipcache8/4|zipcache|zipcache_hi_bits=8 zipcache_lo_bits=4"
   "zipcache4/2|zipcache|zipcache_hi_bits=4 zipcache_lo_bits=2"
   "h2o-50%|h2o|h2o_budget=$half evict_recent_window=$((half / 2))"
   "h2o-25%|h2o|h2o_budget=$quarter evict_recent_window=$((quarter / 2))"
