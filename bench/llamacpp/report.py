@@ -11,7 +11,8 @@ import re
 import subprocess
 import sys
 
-model_dir, raw, out, threads, kl_ctx = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+model_dir, raw, out, kl_ctx = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[5])
+thread_counts = [int(t) for t in sys.argv[4].split()]
 cfg = json.load(open(os.path.join(model_dir, "config.json")))
 layers, kv_heads = cfg["num_hidden_layers"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
 head_dim = cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
@@ -21,34 +22,37 @@ LLAMA_BYTES = {"f32": 4.0, "f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
 
 
 def llama_bench(path):
+    """(n_prompt, n_gen, n_depth) -> [best, mean, sd] tokens/s: best of the repetitions, as kvslim's."""
     rows = json.load(open(path))
-    return {(r["n_prompt"], r["n_gen"], r.get("n_depth", 0)): (r["avg_ts"], r["stddev_ts"]) for r in rows}
+    return {(r["n_prompt"], r["n_gen"], r.get("n_depth", 0)): [max(r["samples_ts"]), r["avg_ts"], r["stddev_ts"]]
+            for r in rows}
 
 
-speed = {"contexts": [], "llama.cpp": {}, "kvslim": {}}
-for kv in ["f16", "q8_0", "q4_0", "f16_nofa"]:
-    p, d = os.path.join(raw, f"llama_prefill_{kv}.json"), os.path.join(raw, f"llama_decode_{kv}.json")
-    if not os.path.exists(p):
-        continue
-    pre, dec = llama_bench(p), llama_bench(d)
-    entry = {}
-    for (n_prompt, n_gen, depth), (ts, sd) in pre.items():
-        if n_gen == 0:
-            entry.setdefault(str(n_prompt), {})["prefill"] = [ts, sd]
-    for (n_prompt, n_gen, depth), (ts, sd) in dec.items():
-        if n_prompt == 0:
-            entry.setdefault(str(depth), {})["decode"] = [ts, sd]
-    name = "f16 (no flash attn)" if kv == "f16_nofa" else f"{kv} (flash attn)"
-    speed["llama.cpp"][name] = entry
-for path in sorted(glob.glob(os.path.join(raw, "kvslim_speed_*.json"))):
-    j = json.load(open(path))
-    label = os.path.basename(path)[len("kvslim_speed_"):-5]
-    entry = {}
-    for r in j["runs"]:
-        entry[str(r["context"])] = {"prefill": [r["prefill_tokens_per_s"], 0], "decode": [r["decode_tokens_per_s"], 0],
-                                    "kv_resident_bytes": r["kv_resident_bytes"]}
-    speed["kvslim"][label] = entry
-    speed["contexts"] = sorted({int(c) for c in entry})
+speed = {}  # threads -> {"contexts", "llama.cpp": {config: {ctx: {prefill, decode}}}, "kvslim": {...}}
+for t in thread_counts:
+    sp = {"contexts": [], "llama.cpp": {}, "kvslim": {}}
+    for kv in ["f16", "q8_0", "q4_0", "f16_nofa"]:
+        p, d = os.path.join(raw, f"llama_prefill_{kv}_t{t}.json"), os.path.join(raw, f"llama_decode_{kv}_t{t}.json")
+        if not os.path.exists(p):
+            continue
+        entry = {}
+        for (n_prompt, n_gen, depth), v in llama_bench(p).items():
+            if n_gen == 0:
+                entry.setdefault(str(n_prompt), {})["prefill"] = v
+        for (n_prompt, n_gen, depth), v in llama_bench(d).items():
+            if n_prompt == 0:
+                entry.setdefault(str(depth), {})["decode"] = v
+        sp["llama.cpp"]["f16 (no flash attn)" if kv == "f16_nofa" else f"{kv} (flash attn)"] = entry
+    for path in sorted(glob.glob(os.path.join(raw, f"kvslim_speed_*_t{t}.json"))):
+        j = json.load(open(path))
+        label = os.path.basename(path)[len("kvslim_speed_"):-len(f"_t{t}.json")]
+        entry = {}
+        for r in j["runs"]:
+            entry[str(r["context"])] = {"prefill": [r["prefill_tokens_per_s"]], "decode": [r["decode_tokens_per_s"]],
+                                        "kv_resident_bytes": r["kv_resident_bytes"]}
+        sp["kvslim"][label] = entry
+        sp["contexts"] = sorted({int(c) for c in entry})
+    speed[str(t)] = sp
 
 fidelity = []
 ref_ppl = None
@@ -74,36 +78,39 @@ for path in sorted(glob.glob(os.path.join(raw, "kvslim_kld_*.json"))):
 fidelity.sort(key=lambda f: (f["engine"], -f["kv_bytes_per_token"]))
 
 result = {"model": model_dir, "config": {"layers": layers, "kv_heads": kv_heads, "head_dim": head_dim},
-          "threads": threads, "kl_ctx": kl_ctx, "reference": "llama.cpp, F32 weights, f32 KV cache (llama-perplexity --kl-divergence-base)",
+          "speed_threads": thread_counts, "kl_ctx": kl_ctx, "reference": "llama.cpp, F32 weights, f32 KV cache (llama-perplexity --kl-divergence-base)",
           "reference_ppl": ref_ppl, "speed": speed, "fidelity": fidelity}
 os.makedirs(out, exist_ok=True)
 json.dump(result, open(os.path.join(out, "results.json"), "w"), indent=2)
 
 # ---- Markdown tables
-lines = [f"Model `{model_dir}` ({layers} layers, {kv_heads} KV heads x {head_dim}), {threads} threads, F16 weights for speed.", ""]
-ctxs = speed["contexts"]
-lines.append("Speed, tokens/s (prefill of C tokens; decode of 32 tokens after C tokens):")
-lines.append("")
-lines.append("| engine / KV | " + " | ".join(f"prefill {c}" for c in ctxs) + " | " + " | ".join(f"decode @{c}" for c in ctxs) + " |")
-lines.append("|---|" + "---|" * (2 * len(ctxs)))
-for engine in ["llama.cpp", "kvslim"]:
-    for label, entry in speed[engine].items():
-        cells = []
-        for kind in ["prefill", "decode"]:
-            for c in ctxs:
-                v = entry.get(str(c), {}).get(kind)
-                cells.append(f"{v[0]:.0f}" + (f" ± {v[1]:.0f}" if v and v[1] else "") if v else "-")
-        lines.append(f"| {engine} {label} | " + " | ".join(cells) + " |")
-best_llama = {}
-for kind in ["prefill", "decode"]:
-    for c in ctxs:
-        vals = [e.get(str(c), {}).get(kind, [0])[0] for k, e in speed["llama.cpp"].items() if k.startswith("f16")]
-        best_llama[(kind, c)] = max(vals) if vals else None
-if "full" in speed["kvslim"] and best_llama:
+lines = [f"Model `{model_dir}` ({layers} layers, {kv_heads} KV heads x {head_dim}), F16 weights for speed.", ""]
+for t, sp in speed.items():
+    ctxs = sp["contexts"]
+    lines.append(f"Speed at {t} thread(s), tokens/s, best of the repetitions (llama.cpp: best, then mean ± sd): "
+                 "prefill of C tokens; decode of the next tokens after C:")
     lines.append("")
-    lines.append("kvslim full / llama.cpp's faster f16 configuration: " + ", ".join(
-        f"{kind} @{c}: {speed['kvslim']['full'][str(c)][kind][0] / best_llama[(kind, c)]:.2f}x"
-        for kind in ["prefill", "decode"] for c in ctxs if best_llama.get((kind, c))))
+    lines.append("| engine / KV | " + " | ".join(f"prefill {c}" for c in ctxs) + " | " + " | ".join(f"decode @{c}" for c in ctxs) + " |")
+    lines.append("|---|" + "---|" * (2 * len(ctxs)))
+    for engine in ["llama.cpp", "kvslim"]:
+        for label, entry in sp[engine].items():
+            cells = []
+            for kind in ["prefill", "decode"]:
+                for c in ctxs:
+                    v = entry.get(str(c), {}).get(kind)
+                    cells.append("-" if not v else f"{v[0]:.0f}" + (f" ({v[1]:.0f} ± {v[2]:.0f})" if len(v) > 1 else ""))
+            lines.append(f"| {engine} {label} | " + " | ".join(cells) + " |")
+    best_llama = {}
+    for kind in ["prefill", "decode"]:
+        for c in ctxs:
+            vals = [e.get(str(c), {}).get(kind, [0])[0] for k, e in sp["llama.cpp"].items() if k.startswith("f16")]
+            best_llama[(kind, c)] = max(vals) if vals else None
+    if "full" in sp["kvslim"] and any(best_llama.values()):
+        lines.append("")
+        lines.append(f"kvslim full / llama.cpp's faster f16 configuration ({t} thread(s)): " + ", ".join(
+            f"{kind} @{c}: {sp['kvslim']['full'][str(c)][kind][0] / best_llama[(kind, c)]:.2f}x"
+            for kind in ["prefill", "decode"] for c in ctxs if best_llama.get((kind, c))))
+    lines.append("")
 lines.append("")
 lines.append(f"Fidelity against the fp32 reference (llama.cpp, F32 weights, f32 KV; reference PPL {ref_ppl}), "
              f"llama-perplexity's protocol: chunks of {kl_ctx} tokens, second half scored:")

@@ -9,7 +9,7 @@
 #   * report: table (Markdown), JSON and a PNG of KL vs KV bytes per token (bench/llamacpp/report.py).
 #
 #   bench/llamacpp/run.sh MODEL_DIR OUT_DIR
-# Environment: THREADS (2), CONTEXTS ("128 512 1024"), KL_CTX (512), KL_CHUNKS (8), REPEATS (3),
+# Environment: THREADS (2: fidelity runs), SPEED_THREADS ("1 $THREADS"), CONTEXTS ("128 512 1024"), KL_CTX (512), KL_CHUNKS (8), REPEATS (3),
 # DECODE_TOKENS (32), KVSLIM (build/bin/kvslim), LLAMACPP_BIN (a directory with llama-bench and
 # llama-perplexity; default: build the pinned llama.cpp with bench/llamacpp/build_llamacpp.sh).
 set -euo pipefail
@@ -17,6 +17,7 @@ cd "$(dirname "$0")/../.."
 MODEL=${1:?usage: run.sh MODEL_DIR OUT_DIR}
 OUT=${2:?usage: run.sh MODEL_DIR OUT_DIR}
 THREADS=${THREADS:-2}
+SPEED_THREADS=${SPEED_THREADS:-"1 $THREADS"}
 CONTEXTS=${CONTEXTS:-"128 512 1024"}
 KL_CTX=${KL_CTX:-512}
 KL_CHUNKS=${KL_CHUNKS:-8}
@@ -33,25 +34,14 @@ log() { echo "[$(date -u +%H:%M:%S)] $*" >&2; }
 "$KVSLIM" convert "$MODEL" "$RAW/model-f32.gguf" --type f32 >&2
 TEXT="$MODEL/heldout_sample.txt"
 
-# ---- speed (F16 weights)
-ctx_list=$(echo $CONTEXTS | tr ' ' ',')
-for kv in f16 q8_0 q4_0; do
-  log "llama-bench KV $kv"
-  "$LLAMACPP_BIN/llama-bench" -m "$RAW/model-f16.gguf" -t "$THREADS" -fa 1 -ctk $kv -ctv $kv -r "$REPEATS" \
-    -p "$ctx_list" -n 0 -o json > "$RAW/llama_prefill_$kv.json"
-  "$LLAMACPP_BIN/llama-bench" -m "$RAW/model-f16.gguf" -t "$THREADS" -fa 1 -ctk $kv -ctv $kv -r "$REPEATS" \
-    -p 0 -n "$DECODE_TOKENS" -d "$ctx_list" -o json > "$RAW/llama_decode_$kv.json"
-done
-log "llama-bench KV f16 without flash attention"
-"$LLAMACPP_BIN/llama-bench" -m "$RAW/model-f16.gguf" -t "$THREADS" -fa 0 -r "$REPEATS" -p "$ctx_list" -n 0 -o json > "$RAW/llama_prefill_f16_nofa.json"
-"$LLAMACPP_BIN/llama-bench" -m "$RAW/model-f16.gguf" -t "$THREADS" -fa 0 -r "$REPEATS" -p 0 -n "$DECODE_TOKENS" -d "$ctx_list" -o json > "$RAW/llama_decode_f16_nofa.json"
-
 # kvslim methods for speed and fidelity: label|method|options (budgets: half and a quarter of KL_CTX)
 half=$((KL_CTX / 2)); quarter=$((KL_CTX / 4))
 METHODS=(
   "full|full|"
+  "kivi8-g256|kivi|kivi_bits=8 kivi_group_size=256 kivi_staging=256"
   "kivi4|kivi|kivi_bits=4"
   "kivi4-g128|kivi|kivi_bits=4 kivi_group_size=128 kivi_staging=128"
+  "kivi3|kivi|kivi_bits=3"
   "kivi2|kivi|kivi_bits=2"
   "zipcache8/4|zipcache|zipcache_hi_bits=8 zipcache_lo_bits=4"
   "zipcache4/2|zipcache|zipcache_hi_bits=4 zipcache_lo_bits=2"
@@ -60,13 +50,27 @@ METHODS=(
   "streaming-50%|streaming|streaming_budget=$half"
   "streaming-25%|streaming|streaming_budget=$quarter"
 )
-for entry in "${METHODS[@]}"; do
-  IFS='|' read -r label method opts <<< "$entry"
-  file=$(echo "$label" | tr '/%' '_p')
-  log "kvslim bench engine $label"
-  "$KVSLIM" bench engine --model "$RAW/model-f16.gguf" --threads "$THREADS" --repeats "$REPEATS" \
-    --decode-tokens "$DECODE_TOKENS" --context $CONTEXTS --method "$method" $(for o in $opts; do echo --set "$o"; done) \
-    --json "$RAW/kvslim_speed_$file.json" > /dev/null
+# ---- speed (F16 weights), at each thread count of SPEED_THREADS
+ctx_list=$(echo $CONTEXTS | tr ' ' ',')
+for t in $SPEED_THREADS; do
+  for kv in f16 q8_0 q4_0; do
+    log "llama-bench $t threads, KV $kv"
+    "$LLAMACPP_BIN/llama-bench" -m "$RAW/model-f16.gguf" -t "$t" -fa 1 -ctk $kv -ctv $kv -r "$REPEATS" \
+      -p "$ctx_list" -n 0 -o json > "$RAW/llama_prefill_${kv}_t$t.json"
+    "$LLAMACPP_BIN/llama-bench" -m "$RAW/model-f16.gguf" -t "$t" -fa 1 -ctk $kv -ctv $kv -r "$REPEATS" \
+      -p 0 -n "$DECODE_TOKENS" -d "$ctx_list" -o json > "$RAW/llama_decode_${kv}_t$t.json"
+  done
+  log "llama-bench $t threads, KV f16 without flash attention"
+  "$LLAMACPP_BIN/llama-bench" -m "$RAW/model-f16.gguf" -t "$t" -fa 0 -r "$REPEATS" -p "$ctx_list" -n 0 -o json > "$RAW/llama_prefill_f16_nofa_t$t.json"
+  "$LLAMACPP_BIN/llama-bench" -m "$RAW/model-f16.gguf" -t "$t" -fa 0 -r "$REPEATS" -p 0 -n "$DECODE_TOKENS" -d "$ctx_list" -o json > "$RAW/llama_decode_f16_nofa_t$t.json"
+  for entry in "${METHODS[@]}"; do
+    IFS='|' read -r label method opts <<< "$entry"
+    file=$(echo "$label" | tr '/%' '_p')
+    log "kvslim bench engine $t threads, $label"
+    OPENBLAS_NUM_THREADS=$t "$KVSLIM" bench engine --model "$RAW/model-f16.gguf" --threads "$t" --repeats "$REPEATS" \
+      --decode-tokens "$DECODE_TOKENS" --context $CONTEXTS --method "$method" $(for o in $opts; do echo --set "$o"; done) \
+      --json "$RAW/kvslim_speed_${file}_t$t.json" > /dev/null
+  done
 done
 
 # ---- fidelity (F32 weights; fp32 reference = llama.cpp with an f32 KV cache)
@@ -91,4 +95,4 @@ for entry in "${METHODS[@]:1}"; do
 done
 rm -f "$RAW"/*.kld "$RAW"/*.gguf  # large and regenerable
 
-python3 bench/llamacpp/report.py "$MODEL" "$RAW" "$OUT" "$THREADS" "$KL_CTX"
+python3 bench/llamacpp/report.py "$MODEL" "$RAW" "$OUT" "$SPEED_THREADS" "$KL_CTX"

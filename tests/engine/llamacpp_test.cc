@@ -47,7 +47,8 @@ TEST(LlamaCpp, LoadsKvslimGgufOfMiniAndReproducesHfGoldenLogits) {
   const std::size_t vocab = hf.config().vocab_size;
   for (const auto& w : golden["windows"]) {
     const auto ids = w["input_ids"].get<std::vector<int>>();
-    std::string cmd = std::string(KVSLIM_LLAMACPP_LOGITS) + " " + (tmp / "mini.gguf").string() + " " + (tmp / "out.f32").string() + " f32";
+    std::string cmd = KVSLIM_LLAMACPP_LOGITS;
+    for (const std::string& arg : {(tmp / "mini.gguf").string(), (tmp / "out.f32").string(), std::string("f32")}) cmd.append(" ").append(arg);
     for (int id : ids) cmd += " " + std::to_string(id);
     ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd.substr(0, 200);
     const std::vector<float> all = read_f32(tmp / "out.f32", ids.size() * vocab);
