@@ -79,8 +79,12 @@ log "llama-perplexity fp32 reference"
   -fa on -ctk f32 -ctv f32 --kl-divergence-base "$RAW/ref_llama_f32.kld" > "$RAW/llama_ppl_f32.txt" 2>&1
 for kv in f16 q8_0 q4_0; do
   log "llama-perplexity KL, KV $kv"
-  "$LLAMACPP_BIN/llama-perplexity" -m "$RAW/model-f32.gguf" -c "$KL_CTX" -t "$THREADS" -fa on -ctk $kv -ctv $kv \
-    --kl-divergence-base "$RAW/ref_llama_f32.kld" --kl-divergence > "$RAW/llama_kld_$kv.txt" 2>&1
+  # llama.cpp logs from a background thread and can exit before the summary is written: retry.
+  for attempt in 1 2 3; do
+    "$LLAMACPP_BIN/llama-perplexity" -m "$RAW/model-f32.gguf" -c "$KL_CTX" -t "$THREADS" -fa on -ctk $kv -ctv $kv \
+      --kl-divergence-base "$RAW/ref_llama_f32.kld" --kl-divergence > "$RAW/llama_kld_$kv.txt" 2>&1
+    grep -q "Same top p" "$RAW/llama_kld_$kv.txt" && break
+  done
 done
 log "kvslim bench kld full (also writes kvslim's own full-cache reference)"
 "$KVSLIM" bench kld --model "$RAW/model-f32.gguf" --threads "$THREADS" --ref llama_f32="$RAW/ref_llama_f32.kld" \
