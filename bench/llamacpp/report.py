@@ -135,7 +135,7 @@ with open(dat, "w") as f:
         f.write("\n\n")
 png = os.path.join(out, "kl_vs_bytes.png")
 script = f"""
-set terminal pngcairo size 900,600
+set terminal pngcairo size 900,600 noenhanced
 set output '{png}'
 set logscale y
 set xlabel 'resident KV bytes per token'
