@@ -76,6 +76,16 @@ TEST(KldFile, RejectsOtherFiles) {
   testing::TempDir tmp;
   testing::write_file(tmp / "x", "not a logits file at all");
   EXPECT_THROW(KldReader(tmp / "x"), std::runtime_error);
+  // A header announcing 2^24-token chunks of a 2^24-token vocabulary: refused before allocating.
+  std::string huge = "_logits_";
+  for (std::uint32_t v : {1u << 24, 1u << 24, 1u}) huge.append(reinterpret_cast<const char*>(&v), 4);
+  testing::write_file(tmp / "huge", huge);
+  try {
+    KldReader r(tmp / "huge");
+    ADD_FAILURE() << "expected an error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("implausible sizes"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

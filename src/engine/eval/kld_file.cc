@@ -26,6 +26,12 @@ KldReader::KldReader(const std::filesystem::path& path) : name_(path.string()), 
     throw std::runtime_error(name_ + ": implausible header (n_ctx " + std::to_string(header_.n_ctx) + ", n_vocab " +
                              std::to_string(header_.n_vocab) + ", n_chunk " + std::to_string(header_.n_chunk) + ")");
   }
+  // One chunk's rows are held in memory: refuse sizes no real run has (n_ctx x n_vocab above 2^31).
+  if (static_cast<std::uint64_t>(header_.rows_per_chunk()) * header_.row_u16() > (std::uint64_t{1} << 31) ||
+      static_cast<std::uint64_t>(header_.n_chunk) * header_.n_ctx > (std::uint64_t{1} << 28)) {
+    throw std::runtime_error(name_ + ": implausible sizes (n_ctx " + std::to_string(header_.n_ctx) + " x n_vocab " +
+                             std::to_string(header_.n_vocab) + ", " + std::to_string(header_.n_chunk) + " chunks)");
+  }
   header_.tokens.resize(static_cast<std::size_t>(header_.n_chunk) * header_.n_ctx);
   in_.read(reinterpret_cast<char*>(header_.tokens.data()), static_cast<std::streamsize>(header_.tokens.size() * 4));
   if (!in_) throw std::runtime_error(name_ + ": truncated token list");
