@@ -10,7 +10,7 @@
 #
 #   bench/llamacpp/run.sh MODEL_DIR OUT_DIR
 # Environment: THREADS (2: fidelity runs), SPEED_THREADS ("1 $THREADS"), CONTEXTS ("128 512 1024"), KL_CTX (512), KL_CHUNKS (8), REPEATS (3),
-# DECODE_TOKENS (32), KVSLIM (build/bin/kvslim), LLAMACPP_BIN (a directory with llama-bench and
+# DECODE_TOKENS (32), SKIP_SPEED (set: fidelity only), KVSLIM (build/bin/kvslim), LLAMACPP_BIN (a directory with llama-bench and
 # llama-perplexity; default: build the pinned llama.cpp with bench/llamacpp/build_llamacpp.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -53,6 +53,7 @@ METHODS=(
 # ---- speed (F16 weights), at each thread count of SPEED_THREADS
 ctx_list=$(echo $CONTEXTS | tr ' ' ',')
 for t in $SPEED_THREADS; do
+  [[ -n "${SKIP_SPEED:-}" ]] && break  # fidelity only (speed files of an earlier run stay in RAW)
   for kv in f16 q8_0 q4_0; do
     log "llama-bench $t threads, KV $kv"
     "$LLAMACPP_BIN/llama-bench" -m "$RAW/model-f16.gguf" -t "$t" -fa 1 -ctk $kv -ctv $kv -r "$REPEATS" \
