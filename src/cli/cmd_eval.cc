@@ -14,6 +14,7 @@
 #include "cli/option_checks.h"
 #include "engine/eval/evaluator.h"
 #include "engine/eval/report.h"
+#include "engine/gguf_model.h"
 #include "engine/model.h"
 #include "engine/tokenizer.h"
 
@@ -83,8 +84,10 @@ int run(const Options& o, CLI::App& app) {
   e.speed = !o.no_speed;
   e.validate();
 
-  const Tokenizer tokenizer = Tokenizer::load(dir / "tokenizer.json");
-  const std::filesystem::path text_path = o.text.empty() ? dir / "heldout_sample.txt" : std::filesystem::path(o.text);
+  const Tokenizer tokenizer = load_model_tokenizer(dir);
+  // A .gguf's held-out text sits beside it; a directory's inside it.
+  const std::filesystem::path text_dir = is_gguf_path(dir) ? dir.parent_path() : dir;
+  const std::filesystem::path text_path = o.text.empty() ? text_dir / "heldout_sample.txt" : std::filesystem::path(o.text);
   const std::string text = read_text(text_path);
 
   EvalInputs in;
@@ -137,7 +140,7 @@ const CommandRegistrar registrar(
     "eval", "quality per byte and decode speed of every KV method at equal memory, on a real model",
     [](CLI::App& app) {
       auto o = std::make_shared<Options>();
-      app.add_option("--model", o->model, "model directory (config.json, *.safetensors, tokenizer.json)");
+      app.add_option("--model", o->model, "model directory (config.json, *.safetensors, tokenizer.json) or .gguf file");
       app.add_option("--preset", o->preset, "quick (make run, a few minutes on 2 cores) or full (docs/results.md)")
           ->capture_default_str()
           ->check(CLI::IsMember({"quick", "full"}));

@@ -11,6 +11,7 @@
 
 #include "cli/command.h"
 #include "engine/generate.h"
+#include "engine/gguf_model.h"
 #include "engine/model.h"
 #include "engine/tokenizer.h"
 #include "kvslim/config.h"
@@ -65,7 +66,7 @@ int run(const Options& o_in) {
   if (!o.prompt_file.empty()) o.prompt = read_prompt_file(o.prompt_file);
   if (o.prompt.empty()) throw std::invalid_argument("the prompt is empty (pass --prompt TEXT or --prompt-file FILE)");
   const Model model = Model::load(o.model);
-  const Tokenizer tokenizer = Tokenizer::load(std::filesystem::path(o.model) / "tokenizer.json");
+  const Tokenizer tokenizer = load_model_tokenizer(o.model);
   const KVCacheConfig cfg = cache_config(o.method, o.sets);
   CacheSet caches = KVCacheBuilder::for_model(model.cache_spec(), cfg);
   ForwardOptions fwd;

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cli/command.h"
+#include "engine/gguf_model.h"
 #include "engine/model.h"
 #include "engine/tokenizer.h"
 
@@ -58,8 +59,8 @@ int run(const Options& o) {
     return t;
   };
   std::unique_ptr<Tokenizer> tok;
-  if (std::filesystem::exists(tok_path)) {
-    tok = std::make_unique<Tokenizer>(Tokenizer::load(tok_path));
+  if (is_gguf_path(o.model) || std::filesystem::exists(tok_path)) {
+    tok = std::make_unique<Tokenizer>(load_model_tokenizer(o.model));
     out["tokenizer_vocab"] = tok->vocab_size();
   } else {
     out["tokenizer_vocab"] = nullptr;  // no tokenizer.json: `generate` needs one

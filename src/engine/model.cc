@@ -8,6 +8,7 @@
 #include <string>
 
 #include "engine/finite_check.h"
+#include "engine/gguf_model.h"
 #include "kvslim/block.h"
 
 namespace kvslim::engine {
@@ -75,6 +76,10 @@ void grow(std::vector<T>& v, std::size_t n) {
 // Model
 
 Model Model::load(const std::filesystem::path& model_dir) {
+  if (is_gguf_path(model_dir)) {
+    GgufModel g = read_gguf_model(model_dir);
+    return from(std::move(g.config), std::move(g.store));
+  }
   ModelConfig config = ModelConfig::load(model_dir);
   return from(std::move(config), WeightStore::open(model_dir));
 }

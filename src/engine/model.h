@@ -44,8 +44,9 @@ struct ModelWeights {
 
 class Model {
  public:
-  // config.json (+ generation_config.json) and the safetensors weights of `model_dir`. Every
-  // tensor's shape is checked against the config; throws ModelFileError naming file and tensor.
+  // config.json (+ generation_config.json) and the safetensors weights of `model_dir`, or a
+  // .gguf file (engine/gguf_model.h). Every tensor's shape is checked against the config;
+  // throws ModelFileError naming file and tensor.
   static Model load(const std::filesystem::path& model_dir);
   static Model from(ModelConfig config, WeightStore store);
 

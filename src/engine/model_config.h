@@ -13,9 +13,12 @@
 namespace kvslim::engine {
 
 struct RopeScaling {
-  std::string type = "none";  // "none", "linear" or "llama3"
+  std::string type = "none";  // "none", "linear", "llama3" or "freq_factors"
   double factor = 1, low_freq_factor = 1, high_freq_factor = 4;
   int original_max_position_embeddings = 0;
+  // "freq_factors" (a GGUF's rope_freqs.weight, llama.cpp's form of llama3 scaling):
+  // inv_freq[i] /= freq_factors[i], one per frequency [head_dim / 2].
+  std::vector<float> freq_factors;
 };
 
 struct ModelConfig {

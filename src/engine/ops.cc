@@ -386,6 +386,19 @@ RopeTable::RopeTable(int head_dim, double theta, const RopeScaling& scaling) : h
     for (float& f : inv_freq_) f = static_cast<float>(f / scaling.factor);
     return;
   }
+  if (type == "freq_factors") {
+    if (scaling.freq_factors.size() != inv_freq_.size()) {
+      throw ModelFileError("rope freq_factors: " + std::to_string(scaling.freq_factors.size()) + " factors for " +
+                           std::to_string(inv_freq_.size()) + " frequencies");
+    }
+    for (std::size_t i = 0; i < inv_freq_.size(); ++i) {
+      if (!(scaling.freq_factors[i] > 0) || !std::isfinite(scaling.freq_factors[i])) {
+        throw ModelFileError("rope freq_factors[" + std::to_string(i) + "] must be a positive number");
+      }
+      inv_freq_[i] /= scaling.freq_factors[i];  // fp32, as ggml's rope divides theta by the factor
+    }
+    return;
+  }
   if (type == "llama3") {
     // Llama 3.1: long wavelengths slowed by `factor`, short ones kept, a smooth blend between.
     const double old_len = scaling.original_max_position_embeddings;

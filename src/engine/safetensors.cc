@@ -241,6 +241,7 @@ struct WeightStore::State {
   std::unordered_map<std::string, TensorInfo> tensors;
   std::map<std::string, std::string> metadata;
   std::vector<std::string> file_names;
+  std::shared_ptr<const void> owner;  // from_tensors: what keeps their data alive
 
   // Maps one file and adds its tensors. `wanted` (if non-null) is the set of tensors the index
   // assigns to this file: each must be present, and only those are taken.
@@ -324,6 +325,22 @@ WeightStore WeightStore::open(const std::filesystem::path& model_dir) {
     }
     state.add_file(shard_path, &names);
   }
+  return store;
+}
+
+WeightStore WeightStore::from_tensors(std::vector<TensorInfo> tensors, std::shared_ptr<const void> owner) {
+  WeightStore store;
+  State& state = *store.state_;
+  state.owner = std::move(owner);
+  std::set<std::string> files;
+  for (TensorInfo& info : tensors) {
+    files.insert(info.file);
+    const std::string name = info.name;
+    if (!state.tensors.emplace(name, std::move(info)).second) {
+      throw ModelFileError("tensor '" + name + "' appears twice");
+    }
+  }
+  state.file_names.assign(files.begin(), files.end());
   return store;
 }
 

@@ -65,6 +65,9 @@ class WeightStore {
   // `model_dir` holds model.safetensors or model.safetensors.index.json; a path to a single
   // .safetensors file is accepted too. Throws ModelFileError.
   static WeightStore open(const std::filesystem::path& model_dir);
+  // A store over tensors from elsewhere (a GGUF file): their data must stay valid while `owner`
+  // lives; the store keeps `owner`. Names must be unique (ModelFileError otherwise).
+  static WeightStore from_tensors(std::vector<TensorInfo> tensors, std::shared_ptr<const void> owner);
 
   bool has(std::string_view name) const;
   // The tensor, checked: throws ModelFileError naming file and tensor when missing or when its

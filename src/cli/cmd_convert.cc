@@ -1,0 +1,58 @@
+// `kvslim convert`: an HF model directory to a GGUF v3 file that llama.cpp and kvslim both load
+// (llama.cpp's tensor names and metadata, q/k rows permuted for llama-arch, gpt2 BPE tokenizer).
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "cli/command.h"
+#include "engine/gguf_model.h"
+#include "engine/json_util.h"
+#include "engine/model.h"
+
+namespace kvslim::cli {
+namespace {
+
+using namespace kvslim::engine;
+
+struct Options {
+  std::string model, out, type = "f16";
+  bool no_hf_tokenizer = false;
+};
+
+int run(const Options& o) {
+  if (is_gguf_path(o.model)) throw std::invalid_argument(o.model + ": already a GGUF file (convert reads an HF model directory)");
+  const Model model = Model::load(o.model);
+  const std::filesystem::path tok_path = std::filesystem::path(o.model) / "tokenizer.json";
+  std::string tokenizer_json;
+  if (std::filesystem::exists(tok_path)) {
+    tokenizer_json = json_util::read_text_file(tok_path);
+  } else {
+    std::fprintf(stderr, "kvslim convert: warning: %s not found; the GGUF has no tokenizer (llama.cpp needs one)\n",
+                 tok_path.string().c_str());
+  }
+  GgufExportOptions options;
+  options.matrix_type = parse_tensor_type(o.type);
+  options.embed_hf_tokenizer = !o.no_hf_tokenizer;
+  write_gguf(model, tokenizer_json, o.out, options);
+  std::printf("wrote %s (%s matrices, %ju bytes)\n", o.out.c_str(), o.type.c_str(),
+              static_cast<std::uintmax_t>(std::filesystem::file_size(o.out)));
+  return 0;
+}
+
+const CommandRegistrar registrar(
+    "convert", "write an HF model directory as a GGUF file (for llama.cpp, and readable by kvslim)",
+    [](CLI::App& app) {
+      auto o = std::make_shared<Options>();
+      app.add_option("model", o->model, "HF model directory (config.json, *.safetensors, tokenizer.json)")->required();
+      app.add_option("out", o->out, "output .gguf file")->required();
+      app.add_option("--type", o->type, "weight matrix type: f32, f16, bf16, q8_0, q4_0 (norms and biases stay f32)")
+          ->capture_default_str()
+          ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0", "q4_0"}));
+      app.add_flag("--no-hf-tokenizer", o->no_hf_tokenizer,
+                   "do not embed tokenizer.json (kvslim then rebuilds the tokenizer from tokenizer.ggml.*)");
+      return [o] { return run(*o); };
+    });
+
+}  // namespace
+}  // namespace kvslim::cli
