@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cli/command.h"
+#include "engine/model_file_limits.h"
 #include "engine/gguf_model.h"
 #include "engine/json_util.h"
 #include "engine/model.h"
@@ -26,7 +27,7 @@ int run(const Options& o) {
   const std::filesystem::path tok_path = std::filesystem::path(o.model) / "tokenizer.json";
   std::string tokenizer_json;
   if (std::filesystem::exists(tok_path)) {
-    tokenizer_json = json_util::read_text_file(tok_path);
+    tokenizer_json = json_util::read_text_file(tok_path, limits::kTokenizerJsonBytes);
   } else {
     std::fprintf(stderr, "kvslim convert: warning: %s not found; the GGUF has no tokenizer (llama.cpp needs one)\n",
                  tok_path.string().c_str());

@@ -12,6 +12,7 @@
 #include <map>
 #include <set>
 
+#include "engine/model_file_limits.h"
 #include "engine/gguf.h"
 #include "engine/gguf_model.h"
 #include "engine/json_util.h"
@@ -57,7 +58,7 @@ std::vector<float> tensor_as_float(const TensorInfo& t) {
   return out;
 }
 
-std::string read_text(const fs::path& p) { return json_util::read_text_file(p); }
+std::string read_text(const fs::path& p) { return json_util::read_text_file(p, limits::kTokenizerJsonBytes); }
 
 // ---------------------------------------------------------------------------------------------
 // Block formats
