@@ -53,8 +53,8 @@ struct KVCacheConfig {
   // --- options shared by every H2O-core method (h2o, squeeze, pyramidkv) ---
   // "query_aware" (default): the settings measured to keep a real model working (docs/results.md)
   // -- a recent window of 32 (at most half the room above the sinks of each layer's budget), a
-  // SnapKV-style prefill (the prompt scored by the attention of its last 32 queries, max-pooled
-  // over 5 positions) and attention normalised by how many queries could see each token.
+  // SnapKV-style prefill (the prompt scored by the attention of its last 8 queries, max-pooled
+  // over 15 positions) and attention normalised by how many queries could see each token.
   // "original": the documented H2O-adapted core (key proxy, no window, no decay), which freezes
   // on the first tokens of the prompt (seed-behaviour.md section 2). The fields below override
   // the profile one by one; their "auto" values (-1, "auto") take the profile's.
@@ -65,8 +65,8 @@ struct KVCacheConfig {
   // engine), "attention_normalized" (that sum divided by how many queries could see the token).
   // An attention scoring falls back to the key proxy when an update is never observed.
   std::string evict_scoring = "auto";
-  int evict_obs_window = -1;  // prefill: score by the last N queries only (0 = all; original: 0)
-  int evict_pool_kernel = -1;  // prefill: max-pool the scores over N positions (odd; original: 1)
+  int evict_obs_window = -1;  // prefill: score by the last N queries only (auto 8; 0 = all; original: 0)
+  int evict_pool_kernel = -1;  // prefill: max-pool the scores over N positions (odd; auto 15; original: 1)
   double evict_decay = -1;     // per observed query, older scores x decay, in (0, 1] (auto: 1)
 
   // --- streaming (StreamingLLM: sinks + recent window) ---

@@ -54,8 +54,8 @@ TEST(QueryAware, DefaultsAreTheQueryAwareProfile) {
   EXPECT_EQ(p.scoring, Scoring::attention_normalized);
   EXPECT_EQ(p.recent_window, 32u);
   EXPECT_TRUE(p.recent_fits_budget);
-  EXPECT_EQ(p.obs_window, 32u);
-  EXPECT_EQ(p.pool_kernel, 5u);
+  EXPECT_EQ(p.obs_window, 8u);
+  EXPECT_EQ(p.pool_kernel, 15u);
   EXPECT_EQ(p.decay, 1.0f);
   KVCacheConfig o;
   o.evict_profile = "original";
@@ -78,6 +78,7 @@ TEST(QueryAware, PrefillKeepsWhatTheLastQueriesAttend) {
   const std::size_t S = 64;
   KVCacheConfig c = query_aware(16);
   c.evict_obs_window = 8;
+  c.evict_pool_kernel = 5;
   auto cache = KVCacheFactory::create(c);
   ASSERT_TRUE(cache->needs().attention);
   KV kv(1, 1, S, 8, 3);
@@ -92,7 +93,7 @@ TEST(QueryAware, PrefillKeepsWhatTheLastQueriesAttend) {
   const CacheView after = cache->view();
   EXPECT_EQ(after.tokens, 16u);
   EXPECT_TRUE(kept(after, 0) && kept(after, 1));  // sinks
-  for (std::int64_t p = 28; p <= 32; ++p) EXPECT_TRUE(kept(after, p)) << p;  // 30 and its pool of 5
+  for (std::int64_t p = 28; p <= 32; ++p) EXPECT_TRUE(kept(after, p)) << p;  // 30 and its neighbours
   EXPECT_FALSE(kept(after, 10));
   for (std::int64_t p = 59; p < 64; ++p) EXPECT_TRUE(kept(after, p)) << p;  // recent window (16 - 2) / 2 = 7
 
@@ -158,6 +159,7 @@ TEST(QueryAware, DecodeKeepsTheNewestTokensAndStaysWithinBudget) {
 TEST(QueryAware, RecentWindowFitsEveryBudget) {
   // Budget 5 with 2 sinks: the auto window shrinks to (5 - 2) / 2 = 1, so eviction still works.
   KVCacheConfig c = query_aware(5);
+  c.evict_pool_kernel = 5;
   auto cache = KVCacheFactory::create(c);
   KV kv(1, 1, 20, 8, 5);
   const auto pos = iota_positions(20);

@@ -45,6 +45,14 @@ std::vector<MethodVariant> build_catalogue() {
     v.compares_to = "h2o";
     all.push_back(v);
   }
+  for (int w : {8, 16}) {
+    auto v = make("h2o_w" + std::to_string(w) + "_p15", "h2o",
+                  "h2o default with an observation window of " + std::to_string(w) + " queries and pooling over 15 positions", false);
+    v.config.evict_obs_window = w;
+    v.config.evict_pool_kernel = 15;
+    v.compares_to = "h2o";
+    all.push_back(v);
+  }
   {
     auto v = make("h2o_sum_decay", "h2o", "h2o default, raw attention sum with decay 0.98 instead of normalisation", false);
     v.config.evict_scoring = "attention";
