@@ -13,6 +13,7 @@
 #include "cli/command.h"
 #include "cli/option_checks.h"
 #include "engine/eval/evaluator.h"
+#include "engine/eval/method_grid.h"
 #include "engine/eval/report.h"
 #include "engine/gguf_model.h"
 #include "engine/model.h"
@@ -83,6 +84,8 @@ int run(const Options& o, CLI::App& app) {
   e.progress = !o.no_progress;
   e.speed = !o.no_speed;
   e.validate();
+  // A bad --methods list is refused before any file is read or any note is printed.
+  (void)select_variants(e.methods, e.preset == "quick");
 
   const Tokenizer tokenizer = load_model_tokenizer(dir);
   // A .gguf's held-out text sits beside it; a directory's inside it.
@@ -100,8 +103,9 @@ int run(const Options& o, CLI::App& app) {
     in.indist_source = indist_path.string();
     in.indist_tokens = tokenizer.encode(read_text(indist_path), /*add_special_tokens=*/false);
   } else {
-    std::fprintf(stderr, "note: %s not found; text fidelity on the out-of-domain held-out text only\n",
-                 indist_path.string().c_str());
+    // Part of the report (stdout): stderr carries progress and the one-line error only.
+    std::printf("note: %s not found; text fidelity on the out-of-domain held-out text only\n",
+                indist_path.string().c_str());
   }
   in.bos = tokenizer.bos_id();
   if (!in.bos) in.bos = model.config().bos_token_id;
