@@ -125,6 +125,9 @@ open(os.path.join(out, "results.md"), "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 
 # ---- PNG: KL vs bytes per token, both engines
+if not fidelity:
+    print("no fidelity points: no plot")
+    sys.exit(0)
 dat = os.path.join(out, "kl_vs_bytes.dat")
 with open(dat, "w") as f:
     for engine in ["llama.cpp", "kvslim"]:
