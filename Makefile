@@ -30,7 +30,7 @@ build: configure
 
 # The main job on the shipped default (see README "Quick start").
 run: build
-	./$(BUILD)/bin/kvslim eval --model models/mini
+	./$(BUILD)/bin/kvslim eval --model models/tiny
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
