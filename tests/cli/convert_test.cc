@@ -1,7 +1,6 @@
 // `kvslim convert` and `--model X.gguf` as a user runs them: a random model written as GGUF
 // generates what the directory generates, `info` reads it, and bad input gives one-line errors.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -12,33 +11,14 @@
 #include <algorithm>
 #include <string>
 
+#include "cli_test_util.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Result {
-  int exit_code = -1;
-  std::string out, err;
-};
-
-Result run(const std::string& args) {
-  const fs::path err_file = fs::temp_directory_path() / ("kvslim_convert_err_" + std::to_string(getpid()));
-  const std::string cmd = std::string(KVSLIM_CLI_PATH) + " " + args + " 2>" + err_file.string();
-  Result r;
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (pipe == nullptr) return r;
-  char buf[4096];
-  std::size_t n;
-  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) r.out.append(buf, n);
-  const int status = pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream in(err_file);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  r.err = ss.str();
-  fs::remove(err_file);
-  return r;
-}
+using kvslim::cli_testing::Result;
+Result run(const std::string& args) { return kvslim::cli_testing::run_cli(args); }
 
 class CliConvert : public ::testing::Test {
  protected:
