@@ -390,13 +390,15 @@ EvalResults run_eval(const Model& model, const EvalInputs& inputs, const EvalOpt
     Engine e(model, config, prefill, speed_tokens.size(), options.threads);
     const std::span<const int> all(speed_tokens);
     e.transformer->prefill(all.first(options.speed_context));
-    // Squeeze layers adopt their schedule at their own next call (the threading rule in
-    // kvslim/cache.h): the bytes are read after the first decode step, when every layer has.
     sp.resident_bytes = e.caches.resident_bytes();
+    // Squeeze layers adopt their schedule at their own next call (the threading rule in
+    // kvslim/cache.h): a set with a coordinator is read after the first decode step, when every
+    // layer has (not the others: full's geometric growth would count its slack).
+    const bool settles_later = e.caches.coordinator() != nullptr;
     const auto t0 = std::chrono::steady_clock::now();
     for (std::size_t t = 0; t < options.speed_tokens; ++t) {
       e.transformer->decode(speed_tokens[options.speed_context + t]);
-      if (t == 0) sp.resident_bytes = e.caches.resident_bytes();
+      if (t == 0 && settles_later) sp.resident_bytes = e.caches.resident_bytes();
     }
     sp.tokens_per_second = static_cast<double>(options.speed_tokens) / seconds_since(t0);
     bar.advance(speed_units, sp.variant + " speed");
