@@ -48,7 +48,7 @@ def test_full_method_is_plain_causal_attention(mode):
 def test_mask_follows_positions_after_eviction():
     # A prompt longer than the budget: the view is evicted during prefill and its rows are out of
     # order; every query must still see exactly the kept rows at positions <= its own.
-    cache = kvslim.Cache(kvslim.Config(method="h2o", h2o_budget=6, h2o_n_sink=2))
+    cache = kvslim.Cache(kvslim.Config(method="h2o", h2o_budget=6, h2o_n_sink=2, evict_profile="original"))
     state = LayerState(cache, "torch")
     q, k, v = qkv(12, 1)
     vk, vv = state.update(k, v, torch.arange(100, 112))
