@@ -13,6 +13,7 @@
 #include "engine/json_util.h"
 #include "engine/model.h"
 #include "engine/tokenizer.h"
+#include "engine/utf8.h"
 #include "kvslim/dtype.h"
 
 namespace kvslim::engine {
@@ -355,6 +356,15 @@ std::string gguf_tokenizer_json(const gguf::Header& h, const std::string& fname)
   }
   const gguf::Value& tokens = meta.array("tokenizer.ggml.tokens", gguf::ValueType::string);
   const gguf::Value& merges = meta.array("tokenizer.ggml.merges", gguf::ValueType::string);
+  // Token and merge strings become JSON text: invalid UTF-8 is refused here, naming the entry.
+  for (const auto* key : {"tokenizer.ggml.tokens", "tokenizer.ggml.merges"}) {
+    const gguf::Value& list = std::string_view(key) == "tokenizer.ggml.tokens" ? tokens : merges;
+    for (std::size_t i = 0; i < list.strings.size(); ++i) {
+      if (utf8::find_invalid(list.strings[i]) != std::string_view::npos) {
+        meta.fail(key, "entry " + std::to_string(i) + " is not valid UTF-8");
+      }
+    }
+  }
   std::vector<std::int64_t> types(tokens.strings.size(), kNormal);
   if (meta.find("tokenizer.ggml.token_type")) {
     const gguf::Value& tt = meta.array("tokenizer.ggml.token_type", gguf::ValueType::i32);
