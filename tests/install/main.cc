@@ -1,10 +1,12 @@
 // Uses the installed library: squeeze over two layers of identical keys (uniform fallback: 8 kept
-// once every layer has adopted the schedule, i.e. after one decode step), then attend.
+// once every layer has adopted the schedule, i.e. after one decode step, with the documented core:
+// the query-aware default reports a layer's signal only after its attention or, without any, one
+// call later), then attend.
 #include <kvslim/kvslim.h>
 #include <cstdio>
 #include <vector>
 int main() {
-  kvslim::KVCacheConfig c; c.method = "squeeze"; c.squeeze_budget = 8; c.squeeze_n_sink = 2;
+  kvslim::KVCacheConfig c; c.method = "squeeze"; c.squeeze_budget = 8; c.squeeze_n_sink = 2; c.evict_profile = "original";
   auto set = kvslim::KVCacheBuilder::for_model(kvslim::ModelSpec::uniform(2, 1, 4), c);
   std::vector<float> k(20 * 4, 0.5f);
   for (int l = 0; l < 2; ++l) set.at(l).append(kvslim::make_block(k.data(), 1, 1, 20, 4), kvslim::make_block(k.data(), 1, 1, 20, 4));
