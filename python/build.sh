@@ -2,7 +2,9 @@
 # Builds the kvslim Python package from this repository with what the machine has.
 #   python/build.sh              -> $BUILD/python/kvslim (use with PYTHONPATH=$BUILD/python)
 #   python/build.sh --install    -> also copies the package into the interpreter's site-packages
-# Env: PYTHON (python3), BUILD (build-python), JOBS (nproc), CXX (c++).
+# Env: PYTHON (python3), BUILD (build-python), JOBS (nproc), CXX (c++),
+#      KVSLIM_STATIC_RUNTIME=OFF (take libstdc++ dynamically; by default the module carries its own,
+#      since pip's torch exports libstdc++ symbols that a dynamic module would bind to: python/CMakeLists.txt).
 # Needs a C++20 compiler and the interpreter's headers (Python.h). pybind11 and Highway come from
 # the system, from pip's pybind11 module, or from python/third_party (python/vendor_deps.sh).
 # With CMake >= 3.25 the build goes through CMake (-DKVSLIM_BUILD_PYTHON=ON); without it, the
@@ -33,7 +35,8 @@ fi
 if [ "$cmake_ok" = 1 ]; then
   echo "build.sh: CMake $ver"
   "$cmake_bin" -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DKVSLIM_BUILD_PYTHON=ON -DKVSLIM_BUILD_ENGINE=OFF \
-    -DKVSLIM_BUILD_TESTS=OFF -DKVSLIM_BUILD_BENCH=OFF -DPython3_EXECUTABLE="$(command -v "$PYTHON")" >/dev/null
+    -DKVSLIM_BUILD_TESTS=OFF -DKVSLIM_BUILD_BENCH=OFF -DPython3_EXECUTABLE="$(command -v "$PYTHON")" \
+    -DKVSLIM_PYTHON_STATIC_RUNTIME="${KVSLIM_STATIC_RUNTIME:-ON}" >/dev/null
   "$cmake_bin" --build "$BUILD" -j "$JOBS" --target kvslim_python
 else
   echo "build.sh: no CMake >= 3.25; compiling directly with ${CXX:-c++}"
@@ -42,6 +45,11 @@ else
   [ -f "$inc/Python.h" ] || { echo "build.sh: $inc/Python.h missing (install the python3-dev package)"; exit 1; }
   suffix=$(py "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
   flags=(-std=c++20 -O2 -DNDEBUG -fPIC -fvisibility=hidden -Iinclude -Isrc/kvslim -isystem "$inc")
+  # Its own C++ runtime and pybind11 internals (see python/CMakeLists.txt: torch exports libstdc++ symbols).
+  runtime=()
+  if [ "${KVSLIM_STATIC_RUNTIME:-ON}" = ON ]; then
+    flags+=('-DPYBIND11_COMPILER_TYPE="_kvslim"'); runtime=(-static-libstdc++ -static-libgcc -Wl,--exclude-libs,ALL)
+  fi
   case "$(uname -m)" in x86_64) flags+=(-march=x86-64-v2) ;; esac
   pyb=$(py "import pybind11; print(pybind11.get_include())" 2>/dev/null || true)
   if [ -n "${KVSLIM_VENDORED:-}" ]; then pyb=""; fi  # force python/third_party (tests the fallback)
@@ -60,7 +68,7 @@ else
   # Compile in parallel, one object per source (path flattened into the object name).
   printf '%s\n' $srcs | xargs -P "$JOBS" -I{} bash -c 'o="$1/$(echo "$2" | tr / _).o"; [ "$o" -nt "$2" ] || { echo "  $2"; $3 "${@:4}" -c "$2" -o "$o"; }' \
     bash "$obj" {} "$CXX" "${flags[@]}"
-  $CXX -shared -o "$PYDIR/_kvslim$suffix" "$obj"/*.o "${hwy_lib[@]}" -lpthread
+  $CXX -shared -o "$PYDIR/_kvslim$suffix" "$obj"/*.o "${hwy_lib[@]}" "${runtime[@]}" -lpthread
   [ -f "$third/lib/libhwy.so.1" ] && [ "${hwy_lib[0]}" != "-lhwy" ] && cp "$third/lib/libhwy.so.1" "$PYDIR/"
 fi
 mkdir -p "$PYDIR"

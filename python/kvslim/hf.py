@@ -72,6 +72,9 @@ class KVSlimLayer(CacheLayerMixin):
         return self.state.seen + q, 0
 
     def get_max_cache_shape(self, *args) -> int:
+        return -1  # no fixed shape: the method decides what stays
+
+    def get_max_length(self, *args) -> int:  # abstract in transformers 5.17
         return -1
 
     def reset(self) -> None:
@@ -95,6 +98,14 @@ class KVSlimLayer(CacheLayerMixin):
 
     def batch_select_indices(self, indices) -> None:
         raise NotImplementedError("kvslim caches cannot select batch rows")
+
+
+_missing = sorted(getattr(KVSlimLayer, "__abstractmethods__", ()))
+if _missing:  # a transformers release that asks more of a cache layer than this file knows
+    import transformers as _tf
+
+    raise ImportError(f"kvslim.hf: transformers {_tf.__version__}'s CacheLayerMixin also requires {', '.join(_missing)}; "
+                      "kvslim.hf does not implement it yet")
 
 
 def _text_config(config):
