@@ -83,6 +83,7 @@ int run(const Options& o, CLI::App& app) {
   e.seed = o.seed;
   e.progress = !o.no_progress;
   e.speed = !o.no_speed;
+  if (!o.json.empty()) e.partial_json = o.json + ".partial";  // removed once the whole run is written
   e.validate();
   // A bad --methods list is refused before any file is read or any note is printed.
   (void)select_variants(e.methods, e.preset == "quick");
@@ -124,6 +125,8 @@ int run(const Options& o, CLI::App& app) {
   print_table(stdout, results);
   if (!o.json.empty()) {
     write_json(o.json, results);
+    std::error_code ignored;
+    std::filesystem::remove(o.json + ".partial", ignored);
     std::printf("wrote %s\n", o.json.c_str());
   }
   if (!o.plot.empty()) {
@@ -152,7 +155,7 @@ const CommandRegistrar registrar(
                      "comma-separated variants or method ids (default: the preset's; --list-methods shows them)");
       app.add_option("--levels", o->levels, "memory levels as fractions of the full cache's resident bytes (default 0.5,0.25,0.125)")
           ->delimiter(',');
-      app.add_option("--json", o->json, "write every figure to this JSON file");
+      app.add_option("--json", o->json, "write every figure to this JSON file (finished points also go to FILE.partial as they complete)");
       app.add_option("--plot", o->plot, "write a PNG of quality vs resident KV bytes per token (gnuplot)");
       app.add_option("--threads", o->threads, "parallel evaluation points, and engine threads for the speed phase")
           ->capture_default_str()

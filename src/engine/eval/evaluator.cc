@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "engine/eval/progress.h"
+#include "engine/eval/report.h"
 
 namespace kvslim::engine::eval {
 namespace {
@@ -324,6 +325,8 @@ EvalResults run_eval(const Model& model, const EvalInputs& inputs, const EvalOpt
 
   // 2. Every (variant, level) point against the reference.
   R.points.resize(jobs.size());
+  EvalResults finished = R;  // the snapshot of --json's .partial: reference + the points done so far
+  std::mutex finished_mutex;
   parallel_for(jobs.size(), workers, [&](std::size_t j) {
     const MethodVariant& v = variants[jobs[j].variant];
     const double level = jobs[j].level;
@@ -343,6 +346,12 @@ EvalResults run_eval(const Model& model, const EvalInputs& inputs, const EvalOpt
           const WindowRun run = run_window(*e.transformer, e.caches, windows[c][w]);
           tp.per_window.push_back(compare_runs(windows[c][w], reference[c][w], run, vocab));
           tp.totals.add(tp.per_window.back());
+          if (w == 0) {
+            for (std::size_t l = 0; l < e.caches.size(); ++l) {
+              tp.layer_figures.push_back(e.caches[l] != nullptr ? e.caches[l]->stats().figures
+                                                                : std::vector<std::pair<std::string, double>>{});
+            }
+          }
           bar.advance(static_cast<double>(windows[c][w].tokens.size()), note);
           done += static_cast<double>(windows[c][w].tokens.size());
         }
@@ -365,6 +374,11 @@ EvalResults run_eval(const Model& model, const EvalInputs& inputs, const EvalOpt
     } catch (const std::exception& ex) {
       P.error = ex.what();
       bar.advance(units_per_point - done, note);
+    }
+    if (!options.partial_json.empty()) {
+      const std::lock_guard<std::mutex> lock(finished_mutex);
+      finished.points.push_back(P);
+      write_json(options.partial_json, finished);
     }
   });
 

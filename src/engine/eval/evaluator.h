@@ -34,6 +34,9 @@ struct EvalOptions {
   std::uint64_t seed = 7;
   bool progress = true;
   bool speed = true;                           // run the decode-speed phase
+  // When set, every finished point is added to a JSON snapshot written here (same schema as
+  // --json, finished points only), so a run cut short still leaves what it measured.
+  std::string partial_json;
 
   // "quick" (make run: a few minutes on 2 cores) or "full" (docs/results.md), for a model trained
   // at `model_context` tokens (its max_position_embeddings, capped at 2048): text contexts at 1/4
@@ -53,6 +56,9 @@ struct TextPoint {
   // cache's, after the prefill: the level the budget gives. totals.level() is the allocation's
   // level; the two differ only when a cache keeps memory it no longer uses.
   double retained_level = 0;
+  // Each layer's own figures (KVCache::stats().figures: layer_budget, squeeze's concentration...)
+  // after the first window, [layer] -> name -> value: what a layer-adaptive method chose.
+  std::vector<std::vector<std::pair<std::string, double>>> layer_figures;
 };
 
 struct RetrievalCell {

@@ -32,7 +32,7 @@ std::vector<MethodVariant> build_catalogue() {
     v.config.evict_profile = "original";
     return v;
   };
-  all.push_back(make("h2o", "h2o", "H2O at its default: SnapKV-style prefill (last 32 queries, pool 5), normalised attention, recent 32", true));
+  all.push_back(make("h2o", "h2o", "H2O at its default: SnapKV-style prefill (last 8 queries, pool 15), normalised attention, recent window", true));
   {
     auto v = make("h2o_nopool", "h2o", "h2o default without the prefill pooling (kernel 1)", false);
     v.config.evict_pool_kernel = 1;

@@ -173,6 +173,13 @@ json to_json(const EvalResults& R) {
                       {"top1_ci95", interval_json(text_interval(t.per_window, TextFigure::top1))},
                       {"steps", t.totals.steps},
                       {"windows", t.totals.windows}});
+      json layers = json::array();
+      for (const auto& figures : t.layer_figures) {
+        json f = json::object();
+        for (const auto& [name, value] : figures) f[name] = value;
+        layers.push_back(f);
+      }
+      text.back()["layer_figures"] = layers;
     }
     p["text"] = text;
     json ret = json::array();
