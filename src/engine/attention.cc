@@ -81,11 +81,42 @@ void Attention::attend(const CacheView& view, const float* q, std::span<const st
     return;
   }
   if (n_q * group_ >= kGemmMinQueries) {
-    ensure(k_f32_, rows * d);
-    ensure(v_f32_, rows * d);
-    ensure(scores_, std::min(n_q, kQueryBlock) * rows);
-    // OpenBLAS threads the products itself, so KV heads run one after another.
-    for (int g = 0; g < kv_heads_; ++g) attend_head_group_gemm(view, g, q, qpos, out, observation);
+    const std::size_t hk = static_cast<std::size_t>(kv_heads_);
+    ensure(k_f32_, hk * rows * d);
+    ensure(v_f32_, hk * rows * d);
+    for (std::size_t g = 0; g < hk; ++g) {
+      convert_fp16_to_f32(view.key_row(0, g, 0), k_f32_.data() + g * rows * d, rows * d);
+      convert_fp16_to_f32(view.value_row(0, g, 0), v_f32_.data() + g * rows * d, rows * d);
+    }
+    const std::size_t blocks = (n_q + kQueryBlock - 1) / kQueryBlock;
+    auto task = [&](int t, float* scores) {
+      const int g = static_cast<int>(static_cast<std::size_t>(t) / blocks);
+      const std::size_t s0 = (static_cast<std::size_t>(t) % blocks) * kQueryBlock;
+      const std::int64_t* row_pos = view.positions + view.head_index(0, g) * view.head_stride;
+      // Rows in position order (a prompt in a full cache, the kept rows of every eviction
+      // cache): a query block sees a prefix of them, so the products stop at its newest query.
+      const bool in_order = std::is_sorted(row_pos, row_pos + rows);
+      attend_block_gemm(view, g, s0, std::min(kQueryBlock, n_q - s0), k_f32_.data() + g * rows * d,
+                        v_f32_.data() + g * rows * d, in_order, q, qpos, out, observation, scores);
+    };
+    const int tasks = static_cast<int>(hk * blocks);
+    if (pool != nullptr && pool->threads() > 1 && tasks > 1) {
+      // One (KV head, query block) product is small: OpenBLAS's own threads cost more than they
+      // give there, so the tasks spread over the engine's pool with a single-threaded BLAS.
+      // A task owns its queries' output and observation rows (every query head of its KV head).
+      const int blas_threads = openblas_get_num_threads();
+      openblas_set_num_threads(1);
+      auto run = [&](int t) {
+        thread_local std::vector<float> scratch;  // [kQueryBlock, rows]
+        ensure(scratch, kQueryBlock * rows);
+        task(t, scratch.data());
+      };
+      pool->for_each(tasks, run);
+      openblas_set_num_threads(blas_threads);
+    } else {
+      ensure(scores_, std::min(n_q, kQueryBlock) * rows);
+      for (int t = 0; t < tasks; ++t) task(t, scores_.data());
+    }
     return;
   }
   ensure(scores_, static_cast<std::size_t>(heads_) * rows * n_q);
@@ -97,39 +128,43 @@ void Attention::attend(const CacheView& view, const float* q, std::span<const st
   }
 }
 
-// Prefill: K and V of KV head g to fp32, then Q·K^T and P·V as sgemm, kQueryBlock queries at a time.
-void Attention::attend_head_group_gemm(const CacheView& view, int g, const float* q,
-                                       std::span<const std::int64_t> qpos, float* out, float* obs) {
+// Prefill: Q·K^T and P·V as sgemm for the query heads of KV head g, queries [s0, s0 + nb).
+void Attention::attend_block_gemm(const CacheView& view, int g, std::size_t s0, std::size_t nb, const float* keys,
+                                  const float* values, bool in_order, const float* q,
+                                  std::span<const std::int64_t> qpos, float* out, float* obs, float* scores) const {
   const std::size_t n_q = qpos.size(), rows = view.tokens, d = head_dim_, hd = heads_ * d;
   const std::int64_t* row_pos = view.positions + view.head_index(0, g) * view.head_stride;
-  convert_fp16_to_f32(view.key_row(0, g, 0), k_f32_.data(), rows * d);
-  convert_fp16_to_f32(view.value_row(0, g, 0), v_f32_.data(), rows * d);
+  std::size_t seen = rows;  // rows any query of the block can see: the columns computed
+  if (in_order) {
+    const std::int64_t newest = *std::max_element(qpos.begin() + s0, qpos.begin() + s0 + nb);
+    seen = static_cast<std::size_t>(std::upper_bound(row_pos, row_pos + rows, newest) - row_pos);
+  }
   for (int j = 0; j < group_; ++j) {
     const std::size_t h = static_cast<std::size_t>(g) * group_ + j;
-    for (std::size_t s0 = 0; s0 < n_q; s0 += kQueryBlock) {
-      const std::size_t nb = std::min(kQueryBlock, n_q - s0);
-      float* scores = scores_.data();  // [nb, rows]
-      // scores = scale * Q[s0:s0+nb, h] · K^T
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(nb), static_cast<int>(rows),
-                  static_cast<int>(d), scale_, q + s0 * hd + h * d, static_cast<int>(hd), k_f32_.data(),
-                  static_cast<int>(d), 0.0f, scores, static_cast<int>(rows));
-      for (std::size_t s = 0; s < nb; ++s) {
-        float* row = scores + s * rows;
-        if (mask_future(row, row_pos, rows, qpos[s0 + s]) == 0) {
-          std::fill_n(row, rows, 0.0f);
-          continue;
-        }
-        softmax(row, rows);
-        if (obs != nullptr) {
-          float* o = obs + (static_cast<std::size_t>(g) * n_q + s0 + s) * rows;
-          for (std::size_t i = 0; i < rows; ++i) o[i] += row[i];
-        }
-      }
-      // out[s0:s0+nb, h] = P · V
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(nb), static_cast<int>(d),
-                  static_cast<int>(rows), 1.0f, scores, static_cast<int>(rows), v_f32_.data(),
-                  static_cast<int>(d), 0.0f, out + s0 * hd + h * d, static_cast<int>(hd));
+    if (seen == 0) {  // the whole block precedes every row
+      for (std::size_t s = 0; s < nb; ++s) std::fill_n(out + (s0 + s) * hd + h * d, d, 0.0f);
+      continue;
     }
+    // scores [nb, seen] = scale * Q[s0:s0+nb, h] · K[:seen]^T
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(nb), static_cast<int>(seen),
+                static_cast<int>(d), scale_, q + s0 * hd + h * d, static_cast<int>(hd), keys, static_cast<int>(d),
+                0.0f, scores, static_cast<int>(seen));
+    for (std::size_t s = 0; s < nb; ++s) {
+      float* row = scores + s * seen;
+      if (mask_future(row, row_pos, seen, qpos[s0 + s]) == 0) {
+        std::fill_n(row, seen, 0.0f);
+        continue;
+      }
+      softmax(row, seen);
+      if (obs != nullptr) {  // columns from `seen` on keep their 0: those rows are unseen
+        float* o = obs + (static_cast<std::size_t>(g) * n_q + s0 + s) * rows;
+        for (std::size_t i = 0; i < seen; ++i) o[i] += row[i];
+      }
+    }
+    // out[s0:s0+nb, h] = P · V[:seen]
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(nb), static_cast<int>(d),
+                static_cast<int>(seen), 1.0f, scores, static_cast<int>(seen), values, static_cast<int>(d), 0.0f,
+                out + s0 * hd + h * d, static_cast<int>(hd));
   }
 }
 

@@ -49,14 +49,17 @@ class Attention {
   }
 
  private:
-  void attend_head_group_gemm(const CacheView& view, int g, const float* q,
-                              std::span<const std::int64_t> qpos, float* out, float* obs);
+  // Prefill (sgemm) path, one task: KV head g, queries [s0, s0 + nb), every query head of g.
+  // keys/values: that head's rows as fp32 [rows, D]; scores: scratch [nb, rows].
+  void attend_block_gemm(const CacheView& view, int g, std::size_t s0, std::size_t nb, const float* keys,
+                         const float* values, bool in_order, const float* q, std::span<const std::int64_t> qpos,
+                         float* out, float* obs, float* scores) const;
   void attend_head_group_rows(const CacheView& view, int g, const float* q,
                               std::span<const std::int64_t> qpos, float* out, float* obs);
 
   int heads_, kv_heads_, head_dim_, group_;
   float scale_;
-  std::vector<float> k_f32_, v_f32_;   // [rows, D]: one KV head converted for the sgemm path
+  std::vector<float> k_f32_, v_f32_;   // [H_kv, rows, D]: the rows converted for the sgemm path
   std::vector<float> scores_;          // [max(H * rows, block * rows)] scores / probabilities
   std::vector<std::uint16_t> cat_k_, cat_v_;  // [H_kv, rows + S, D] fp16: concatenated view
   std::vector<std::int64_t> cat_pos_;         // [H_kv, rows + S]

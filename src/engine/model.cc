@@ -1,5 +1,7 @@
 #include "engine/model.h"
 
+#include <cblas.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -182,6 +184,9 @@ Transformer::Transformer(const Model& model, CacheSet& caches, ForwardOptions op
                  std::max<std::size_t>(options.max_chunk, 1), std::max<std::size_t>(options.max_context, 1)) {
   const ModelConfig& c = model.config();
   if (options.threads < 1) throw std::invalid_argument("threads must be >= 1, got " + std::to_string(options.threads));
+  // The engine's own pool splits every product (ops.h matmul, the prefill attention tasks), so
+  // OpenBLAS runs single-threaded: its workers would otherwise spin beside the pool's threads.
+  openblas_set_num_threads(1);
   if (caches.size() != static_cast<std::size_t>(c.num_layers)) {
     throw std::invalid_argument("cache set has " + std::to_string(caches.size()) + " layers, the model has " +
                                 std::to_string(c.num_layers));

@@ -16,6 +16,7 @@
 
 #include "kvslim/convert.h"
 #include "kvslim/dtype.h"
+#include "kvslim/kernels.h"  // the library's internal SIMD kernels (softmax, SwiGLU)
 
 namespace kvslim::engine {
 
@@ -313,24 +314,53 @@ void gemv(const Matrix& w, const float* x, float* y, ThreadPool* pool) {
   pool->for_each(parts, part);
 }
 
+namespace {
+
+// Y[:, r0:r1] for weight rows [r0, r1): f32 weights straight to sgemm, bf16/f16 converted
+// `tile_rows` rows at a time into `tile`.
+void matmul_rows(const Matrix& w, const float* x, std::size_t n, float* y, float* tile, std::size_t tile_rows,
+                 std::size_t r0, std::size_t r1) {
+  const int rows = static_cast<int>(w.rows), cols = static_cast<int>(w.cols);
+  for (std::size_t t0 = r0; t0 < r1; t0 += tile_rows) {
+    const std::size_t tr = std::min(tile_rows, r1 - t0);
+    const float* b = tile;
+    if (w.type == WeightType::f32) {
+      b = static_cast<const float*>(w.data) + t0 * w.cols;
+    } else {
+      convert_weights(w.row(t0), w.type, tile, tr * w.cols);
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), static_cast<int>(tr), cols, 1.0f, x,
+                cols, b, cols, 0.0f, y + t0, rows);
+  }
+}
+
+}  // namespace
+
 void matmul(const Matrix& w, const float* x, std::size_t n, float* y, float* tile,
             std::size_t tile_rows, ThreadPool* pool) {
-  const int rows = static_cast<int>(w.rows), cols = static_cast<int>(w.cols);
   if (n <= 2) {  // converting the whole matrix costs more than reading it twice
     for (std::size_t s = 0; s < n; ++s) gemv(w, x + s * w.cols, y + s * w.rows, pool);
     return;
   }
-  if (w.type == WeightType::f32) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), rows, cols, 1.0f, x,
-                cols, static_cast<const float*>(w.data), cols, 0.0f, y, rows);
+  const int parts = pool != nullptr ? pool->threads() : 1;
+  if (parts == 1 || w.rows < 32 * static_cast<std::size_t>(parts)) {
+    matmul_rows(w, x, n, y, tile, w.type == WeightType::f32 ? w.rows : tile_rows, 0, w.rows);
     return;
   }
-  for (std::size_t r0 = 0; r0 < w.rows; r0 += tile_rows) {
-    const std::size_t tr = std::min(tile_rows, w.rows - r0);
-    convert_weights(w.row(r0), w.type, tile, tr * w.cols);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), static_cast<int>(tr),
-                cols, 1.0f, x, cols, tile, cols, 0.0f, y + r0, rows);
-  }
+  // The engine's pool splits the weight rows (multiples of 16: no shared cache line of y); each
+  // part converts its own tiles and calls a single-threaded sgemm, so the conversion runs in
+  // parallel too and no BLAS worker threads spin beside the pool's.
+  const std::size_t per = (w.rows + parts - 1) / parts;
+  const std::size_t step = (per + 15) / 16 * 16;
+  const std::size_t part_tile = std::max<std::size_t>(1, tile_rows / static_cast<std::size_t>(parts));
+  auto part = [&](int i) {
+    const std::size_t r0 = std::min(w.rows, static_cast<std::size_t>(i) * step);
+    const std::size_t r1 = std::min(w.rows, r0 + step);
+    if (r0 >= r1) return;
+    // The caller's tile split between the parts: part i owns rows [i * part_tile, (i+1) * part_tile).
+    matmul_rows(w, x, n, y, tile + static_cast<std::size_t>(i) * part_tile * w.cols, part_tile, r0, r1);
+  };
+  pool->for_each(parts, part);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -343,24 +373,9 @@ void rmsnorm(float* out, const float* x, const float* weight, std::size_t n, flo
   for (std::size_t i = 0; i < n; ++i) out[i] = x[i] * inv * weight[i];
 }
 
-void softmax(float* x, std::size_t n) {
-  float max = -INFINITY;
-  for (std::size_t i = 0; i < n; ++i) max = std::max(max, x[i]);
-  float sum = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    x[i] = std::exp(x[i] - max);  // exp(-inf) = 0 for masked entries
-    sum += x[i];
-  }
-  const float inv = 1.0f / sum;
-  for (std::size_t i = 0; i < n; ++i) x[i] *= inv;
-}
+void softmax(float* x, std::size_t n) { kernels::softmax_inplace(x, n); }
 
-void swiglu(float* gate, const float* up, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) {
-    const float g = gate[i];
-    gate[i] = g / (1.0f + std::exp(-g)) * up[i];
-  }
-}
+void swiglu(float* gate, const float* up, std::size_t n) { kernels::swiglu_inplace(gate, up, n); }
 
 // ------------------------------------------------------------------------------------------------
 // RoPE

@@ -79,7 +79,9 @@ void gemv_force_target(const std::string& name);
 
 // Y[s, r] = sum_c X[s, c] * W[r, c]  (X: [n, cols] row stride cols, Y: [n, rows]). f32 weights go
 // straight to sgemm; bf16/f16 weights are converted `tile_rows` rows at a time into `tile`
-// ([tile_rows, cols] floats, caller-owned), so peak memory stays one tile.
+// ([tile_rows, cols] floats, caller-owned), so peak memory stays one tile. With a pool of T
+// threads the weight rows are split T ways, each part converting into its own 1/T of the tile
+// and calling sgemm itself: BLAS is expected to run single-threaded (the Transformer sets it).
 void matmul(const Matrix& w, const float* x, std::size_t n, float* y, float* tile,
             std::size_t tile_rows, ThreadPool* pool = nullptr);
 

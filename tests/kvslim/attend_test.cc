@@ -4,13 +4,13 @@
 // probabilities, and every Highway target this CPU has.
 #include <gtest/gtest.h>
 
-#include <hwy/targets.h>
 
 #include <cmath>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "simd_targets.h"
 #include "attend/attend_kernels.h"
 #include "kvslim/errors.h"
 #include "test_util.h"
@@ -83,15 +83,7 @@ void expect_matches_reference(KVCache& cache, std::size_t Hq, const std::vector<
   for (std::size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out2[i], out[i], 1e-5 * (1.0 + std::fabs(out[i]))) << what;
 }
 
-template <class F>
-void for_each_target(F check) {
-  for (const std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    hwy::SetSupportedTargetsForTest(target);
-    SCOPED_TRACE(hwy::TargetName(target));
-    check();
-  }
-  hwy::SetSupportedTargetsForTest(0);
-}
+using testing::for_each_target;
 
 // A prompt of `prompt` tokens with its own queries (causal within the chunk), then `decode` single
 // steps each checked, for a cache of `config` with B x Hkv heads of D and Hq query heads.

@@ -2,7 +2,6 @@
 // machine supports (Highway targets switched one by one).
 #include <gtest/gtest.h>
 
-#include <hwy/targets.h>
 
 #include <bit>
 #include <cmath>
@@ -10,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "simd_targets.h"
 #include "kvslim/dtype.h"
 #include "kvslim/zipcache.h"
 #include "quant/group_quant.h"
@@ -26,16 +26,7 @@ std::vector<float> gaussian(std::size_t n, unsigned seed) {
   return v;
 }
 
-// Runs `check` once per Highway target this CPU supports, restoring the default afterwards.
-template <class F>
-void for_each_target(F check) {
-  for (const std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    hwy::SetSupportedTargetsForTest(target);
-    SCOPED_TRACE(hwy::TargetName(target));
-    check();
-  }
-  hwy::SetSupportedTargetsForTest(0);
-}
+using testing::for_each_target;
 
 TEST(QuantSimd, EncodePackDecodeBitIdenticalToScalar) {
   const auto& ref = quant::scalar_kernels();

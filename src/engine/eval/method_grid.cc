@@ -130,15 +130,21 @@ std::vector<MethodVariant> build_catalogue() {
     v.compares_to = "squeeze_original";
     all.push_back(v);
   }
-  all.push_back(make("pyramidkv", "pyramidkv", "PyramidKV: default h2o scorer with a fixed linear per-layer taper (beta 20)", true));
-  for (double beta : {2.0, 5.0}) {
+  all.push_back(make("pyramidkv", "pyramidkv", "PyramidKV: default h2o scorer with a fixed linear per-layer taper (beta 2)", true));
+  for (double beta : {5.0, 20.0}) {
     const std::string b = std::to_string(static_cast<int>(beta));
-    auto v = make("pyramidkv_b" + b, "pyramidkv", "pyramidkv with a gentler taper (beta " + b + ": last layer avg/" + b + ")", false);
+    auto v = make("pyramidkv_b" + b, "pyramidkv",
+                  "pyramidkv with a steeper taper (beta " + b + ": last layer avg/" + b + (beta == 20.0 ? ", kvpress's)" : ")"),
+                  false);
     v.config.pyramidkv_beta = beta;
     v.compares_to = "pyramidkv";
     all.push_back(v);
   }
-  all.push_back(original(make("pyramidkv_original", "pyramidkv", "PyramidKV over the documented key-proxy core", false)));
+  {
+    auto v = original(make("pyramidkv_original", "pyramidkv", "PyramidKV (beta 20) over the documented key-proxy core", false));
+    v.config.pyramidkv_beta = 20.0;
+    all.push_back(v);
+  }
 
   for (int bits : {2, 4}) {
     auto v = make("kivi" + std::to_string(bits), "kivi",
