@@ -37,8 +37,22 @@ void logits_packed(const float* q, std::size_t M, std::size_t D, const std::uint
                    const float* bias, const std::uint32_t* idx, float* logits, std::size_t ld);
 void accumulate_packed(const float* p, std::size_t ld, std::size_t M, const std::uint8_t* packed, int bits,
                        std::size_t n, std::size_t D, float* acc);
+// As logits_packed by integer dot products (AVX-512 VNNI; attend_int8.cc): for bits 2, 4 and 8
+// with D * bits / 8 in {16, 32, 64} on a CPU with VNNI. Returns false (writing nothing) otherwise.
+bool logits_packed_int8(const float* q, std::size_t M, std::size_t D, const std::uint8_t* packed, int bits,
+                        std::size_t n, const float* bias, const std::uint32_t* idx, float* logits, std::size_t ld);
+// As accumulate_packed by integer dot products, under the same conditions; false = not done.
+bool accumulate_packed_int8(const float* p, std::size_t ld, std::size_t M, const std::uint8_t* packed, int bits,
+                            std::size_t n, std::size_t D, float* acc);
+// Whether the *_int8 kernels run here; tests turn it off to check the kernels it stands in for.
+bool int8_logits_available();
+void set_int8_logits_enabled(bool enabled);
 // x[i] = exp(x[i] - shift) (exactly 0 where x[i] is -inf); returns the sum. shift is finite.
 float exp_shift(float* x, std::size_t n, float shift);
+
+// Largest of n >= 1 values (-inf for floats when all are -inf).
+float max_f32(const float* x, std::size_t n);
+std::int64_t max_i64(const std::int64_t* x, std::size_t n);
 
 // The instruction set the kernels dispatch to now.
 const char* target_name();

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 #include "attend/attend_kernels.h"
 #include "kvslim/dtype.h"
@@ -335,6 +336,28 @@ float ExpShift(float* x, std::size_t n, float shift) {
   return sum;
 }
 
+float MaxF32(const float* x, std::size_t n) {
+  const DF df;
+  const std::size_t L = hn::Lanes(df);
+  auto vmax = hn::Set(df, -INFINITY);
+  std::size_t i = 0;
+  for (; i + L <= n; i += L) vmax = hn::Max(vmax, hn::LoadU(df, x + i));
+  float mx = hn::GetLane(hn::MaxOfLanes(df, vmax));
+  for (; i < n; ++i) mx = std::max(mx, x[i]);
+  return mx;
+}
+
+std::int64_t MaxI64(const std::int64_t* x, std::size_t n) {
+  const hn::ScalableTag<std::int64_t> di;
+  const std::size_t L = hn::Lanes(di);
+  auto vmax = hn::Set(di, std::numeric_limits<std::int64_t>::min());
+  std::size_t i = 0;
+  for (; i + L <= n; i += L) vmax = hn::Max(vmax, hn::LoadU(di, x + i));
+  std::int64_t mx = hn::GetLane(hn::MaxOfLanes(di, vmax));
+  for (; i < n; ++i) mx = std::max(mx, x[i]);
+  return mx;
+}
+
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
 
 }  // namespace HWY_NAMESPACE
@@ -354,6 +377,8 @@ HWY_EXPORT(ScaleQueries);
 HWY_EXPORT(CombineGroup);
 HWY_EXPORT(LogitsPacked);
 HWY_EXPORT(AccumulatePacked);
+HWY_EXPORT(MaxF32);
+HWY_EXPORT(MaxI64);
 HWY_EXPORT(TargetName);
 
 void logits_f16(const float* q, std::size_t M, std::size_t D, const std::uint16_t* keys, std::size_t stride,
@@ -390,6 +415,8 @@ void accumulate_packed(const float* p, std::size_t ld, std::size_t M, const std:
                        std::size_t n, std::size_t D, float* acc) {
   HWY_DYNAMIC_DISPATCH(AccumulatePacked)(p, ld, M, packed, bits, n, D, acc);
 }
+float max_f32(const float* x, std::size_t n) { return HWY_DYNAMIC_DISPATCH(MaxF32)(x, n); }
+std::int64_t max_i64(const std::int64_t* x, std::size_t n) { return HWY_DYNAMIC_DISPATCH(MaxI64)(x, n); }
 const char* target_name() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
 
 }  // namespace kvslim::attend

@@ -50,7 +50,7 @@ void HeadAttention::begin(const QueryBlock& queries, std::span<const std::int64_
 void HeadAttention::softmax_step(float* scores, std::size_t ld, const std::int64_t* pos, std::size_t n,
                                  std::size_t first) {
   // Causal mask by true position; skipped when every row precedes every query (decode).
-  const std::int64_t newest = *std::max_element(pos, pos + n);
+  const std::int64_t newest = max_i64(pos, n);
   if (newest > min_qpos_) {
     for (std::size_t m = 0; m < M_; ++m) {
       for (std::size_t r = 0; r < n; ++r) {
@@ -61,7 +61,7 @@ void HeadAttention::softmax_step(float* scores, std::size_t ld, const std::int64
   for (std::size_t m = 0; m < M_; ++m) {
     float* row = scores + m * ld;
     if (keep_probs_) std::copy_n(row, n, kept_.data() + m * rows_total_ + first);
-    const float mx = *std::max_element(row, row + n);
+    const float mx = max_f32(row, n);
     if (mx == kNegInf) {  // every row of the segment is in this query's future
       std::fill_n(row, n, 0.0f);
       continue;
@@ -118,14 +118,16 @@ void HeadAttention::packed_block(const ZipCompressed& keys, const GroupQuantized
     for (std::size_t gi = 0; gi < set->groups(); ++gi) {
       const std::size_t r0 = gi * set->group_size, cnt = std::min(set->group_size, set->rows - r0);
       const std::uint8_t* packed = set->codes.data() + r0 * rb;
-      if (!direct) k.unpack_rows(packed, cnt, D_, set->bits, codes_.data());
       k.params_to_f32(set->scale.data() + gi * D_, set->zero.data() + gi * D_, D_, scale_.data(), zero_.data());
       scale_queries(q_.data(), M_, D_, scale_.data(), zero_.data(), qs_.data(), bias_.data());
       const std::uint32_t* cols = idx != nullptr ? idx + r0 : nullptr;
       float* dst = idx != nullptr ? scores_.data() : scores_.data() + r0;
-      if (direct) {
+      if (logits_packed_int8(qs_.data(), M_, D_, packed, set->bits, cnt, bias_.data(), cols, dst, n)) {
+        // integer dot products on the packed bytes
+      } else if (direct) {
         logits_packed(qs_.data(), M_, D_, packed, set->bits, cnt, bias_.data(), cols, dst, n);
       } else {
+        k.unpack_rows(packed, cnt, D_, set->bits, codes_.data());
         logits_codes(qs_.data(), M_, D_, codes_.data(), cnt, bias_.data(), cols, dst, n);
       }
     }
@@ -151,7 +153,9 @@ void HeadAttention::grouped_values(const GroupQuantized& set, const float* p, st
     const std::uint8_t* packed = set.codes.data() + r0 * rb;
     k.params_to_f32(set.scale.data() + gi * D_, set.zero.data() + gi * D_, D_, scale_.data(), zero_.data());
     std::fill(gacc_.begin(), gacc_.end(), 0.0f);
-    if (direct) {
+    if (accumulate_packed_int8(p + r0, ld, M_, packed, set.bits, cnt, D_, gacc_.data())) {
+      // integer dot products on the packed bytes
+    } else if (direct) {
       accumulate_packed(p + r0, ld, M_, packed, set.bits, cnt, D_, gacc_.data());
     } else {
       k.unpack_rows(packed, cnt, D_, set.bits, codes_.data());
