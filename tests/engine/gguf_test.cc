@@ -30,10 +30,7 @@ using gguf::TensorType;
 using testing::expect_error;
 using testing::TempDir;
 
-fs::path source_dir() {
-  const char* env = std::getenv("KVSLIM_SOURCE_DIR");
-  return env != nullptr ? fs::path(env) : fs::path(".");
-}
+using testing::source_dir;
 
 CacheSet full_cache(const Model& m) { return KVCacheBuilder::for_model(m.cache_spec(), KVCacheConfig{}); }
 

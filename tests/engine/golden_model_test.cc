@@ -10,6 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "loader_test_util.h"
 #include "engine/generate.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
@@ -20,10 +21,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-fs::path source_dir() {
-  const char* env = std::getenv("KVSLIM_SOURCE_DIR");
-  return env != nullptr ? fs::path(env) : fs::path(".");
-}
+using testing::source_dir;
 
 nlohmann::json read_json(const fs::path& p) {
   std::ifstream in(p);

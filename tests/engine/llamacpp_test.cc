@@ -20,11 +20,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-fs::path source_dir() {
-  const char* env = std::getenv("KVSLIM_SOURCE_DIR");
-  return env != nullptr ? fs::path(env) : fs::path(".");
-}
+using testing::source_dir;
 
+#ifdef KVSLIM_LLAMACPP_LOGITS
 std::vector<float> read_f32(const fs::path& p, std::size_t n) {
   std::vector<float> v(n);
   std::ifstream in(p, std::ios::binary);
@@ -32,6 +30,7 @@ std::vector<float> read_f32(const fs::path& p, std::size_t n) {
   EXPECT_TRUE(in) << p;
   return v;
 }
+#endif
 
 TEST(LlamaCpp, LoadsKvslimGgufOfMiniAndReproducesHfGoldenLogits) {
 #ifndef KVSLIM_LLAMACPP_LOGITS

@@ -1,5 +1,6 @@
 // Helpers for the model-loader tests: a temporary directory and a safetensors writer.
 #pragma once
+#include <cstdlib>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -48,6 +49,12 @@ class TempDir {
  private:
   std::filesystem::path path_;
 };
+
+// The repository root the tests read shipped files from (ctest sets KVSLIM_SOURCE_DIR).
+inline std::filesystem::path source_dir() {
+  const char* env = std::getenv("KVSLIM_SOURCE_DIR");
+  return env != nullptr ? std::filesystem::path(env) : std::filesystem::path(".");
+}
 
 inline void write_file(const std::filesystem::path& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary);

@@ -153,6 +153,56 @@ TEST(Attend, ZipcacheMixedPrecisionMatchesReference) {
   });
 }
 
+// The integer (VNNI) kernels stand in for the fp32 ones on packed codes where the CPU has them:
+// both must give the same attention (the int8 split of queries and probabilities errs by ~2^-15).
+TEST(Attend, Int8KernelsMatchTheFp32KernelsTheyReplace) {
+  if (!attend::int8_logits_available()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU";
+  for (std::size_t D : {64u, 128u}) {
+    for (int bits : {2, 4, 8}) {
+      for (const std::string method : {"kivi", "zipcache"}) {
+        KVCacheConfig c = testing::config_for(method);
+        c.kivi_bits = bits;
+        c.zipcache_hi_bits = bits;
+        c.zipcache_lo_bits = bits == 8 ? 4 : 2;
+        auto cache = KVCacheFactory::create(c);
+        const std::size_t S = 300, Hkv = 2, Hq = 8;
+        KV kv(1, Hkv, S, D, 31);
+        std::vector<std::int64_t> pos(S);
+        for (std::size_t i = 0; i < S; ++i) pos[i] = static_cast<std::int64_t>(i);
+        cache->append(kv.keys(), kv.values(), pos);
+        const auto q = normal_fp16(Hq * D, 41);
+        const std::vector<std::int64_t> qpos{static_cast<std::int64_t>(S)};
+        const QueryBlock qb{q.data(), 1, 1, Hq, D};
+        std::vector<float> with(Hq * D), without(Hq * D), p_with(Hkv * S), p_without(Hkv * S);
+        cache->attend(qb, qpos, with.data(), p_with.data());
+        attend::set_int8_logits_enabled(false);
+        cache->attend(qb, qpos, without.data(), p_without.data());
+        attend::set_int8_logits_enabled(true);
+        const std::string what = method + " bits " + std::to_string(bits) + " D " + std::to_string(D);
+        for (std::size_t i = 0; i < with.size(); ++i) {
+          ASSERT_NEAR(with[i], without[i], 1e-4 * (1.0 + std::fabs(without[i]))) << what << " out[" << i << "]";
+        }
+        for (std::size_t i = 0; i < p_with.size(); ++i) {
+          ASSERT_NEAR(p_with[i], p_without[i], 1e-6 + 3e-4 * p_without[i]) << what << " probs[" << i << "]";
+        }
+      }
+    }
+  }
+}
+
+// With the integer kernels off, the fp32 kernels over packed codes still match the reference.
+TEST(Attend, PackedFp32KernelsMatchReferenceWithoutInt8) {
+  attend::set_int8_logits_enabled(false);
+  for (int bits : {2, 4, 8}) {
+    KVCacheConfig c = testing::config_for("kivi");
+    c.kivi_bits = bits;
+    run_sequence(c, 1, 2, 8, 64, 77, 5, "kivi" + std::to_string(bits) + " fp32 kernels");
+  }
+  KVCacheConfig z = testing::config_for("zipcache");
+  run_sequence(z, 1, 2, 8, 128, 77, 5, "zipcache fp32 kernels");
+  attend::set_int8_logits_enabled(true);
+}
+
 TEST(Attend, QueriesBeforeEveryRowSeeNothing) {
   auto cache = KVCacheFactory::create(testing::config_for("full"));
   KV kv(1, 1, 4, 8, 1);

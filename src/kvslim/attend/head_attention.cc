@@ -101,17 +101,19 @@ void HeadAttention::packed_block(const ZipCompressed& keys, const GroupQuantized
   scale_.resize(D_);
   zero_.resize(D_);
   // Scores from the codes: q . (code * scale + zero) = (q * scale) . code + q . zero, per group.
+  // A mixed block scatters each set's rows over the tokens: the token of every row, hi then lo.
+  const bool mixed = !keys.mask_bits.empty();
+  if (mixed) {
+    index_.resize(n);
+    std::uint32_t* hi_at = index_.data();
+    std::uint32_t* lo_at = index_.data() + keys.hi.rows;
+    for (std::size_t s = 0; s < n; ++s) {
+      *((keys.mask_bits[s / 8] >> (s % 8)) & 1u ? hi_at++ : lo_at++) = static_cast<std::uint32_t>(s);
+    }
+  }
   for (const GroupQuantized* set : {&keys.hi, &keys.lo}) {
     if (set->rows == 0) continue;
-    const std::uint32_t* idx = nullptr;
-    if (!keys.mask_bits.empty()) {  // a mixed block: the set's rows are scattered over the tokens
-      const bool hi = set == &keys.hi;
-      index_.clear();
-      for (std::size_t s = 0; s < n; ++s) {
-        if (keys.salient(s) == hi) index_.push_back(static_cast<std::uint32_t>(s));
-      }
-      idx = index_.data();
-    }
+    const std::uint32_t* idx = mixed ? index_.data() + (set == &keys.hi ? 0 : keys.hi.rows) : nullptr;
     const std::size_t rb = packed_row_bytes(D_, set->bits);
     const bool direct = packed_direct(D_, set->bits);
     if (!direct) codes_.resize(set->group_size * D_);

@@ -54,7 +54,7 @@ class HeadAttention {
   std::vector<float> qs_, bias_, gacc_, gsum_;  // per quantization group: q * scale [M, D], q . zero [M], [M, D], [M]
   std::vector<float> scale_, zero_;    // [D] group parameters as fp32
   std::vector<std::uint8_t> codes_;    // [group_size, D] unpacked codes of one group
-  std::vector<std::uint32_t> index_;   // [set rows] token of each row of a mixed-precision set
+  std::vector<std::uint32_t> index_;   // [block tokens] token of each row of a mixed block: hi rows, then lo
 };
 
 // Checks the arguments of KVCache::attend against a cache of `batch` x `kv_heads` heads of
