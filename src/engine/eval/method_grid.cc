@@ -45,11 +45,14 @@ std::vector<MethodVariant> build_catalogue() {
     v.compares_to = "h2o";
     all.push_back(v);
   }
-  for (int w : {8, 16}) {
-    auto v = make("h2o_w" + std::to_string(w) + "_p15", "h2o",
-                  "h2o default with an observation window of " + std::to_string(w) + " queries and pooling over 15 positions", false);
+  // The prefill's observation window and pooling around the default (8, 15), which is h2o_w8_p15.
+  for (auto [w, pool] : {std::pair{8, 15}, std::pair{16, 15}, std::pair{4, 15}, std::pair{8, 7}, std::pair{8, 31}}) {
+    auto v = make("h2o_w" + std::to_string(w) + "_p" + std::to_string(pool), "h2o",
+                  "h2o default with an observation window of " + std::to_string(w) + " queries and pooling over " +
+                      std::to_string(pool) + " positions",
+                  false);
     v.config.evict_obs_window = w;
-    v.config.evict_pool_kernel = 15;
+    v.config.evict_pool_kernel = pool;
     v.compares_to = "h2o";
     all.push_back(v);
   }
