@@ -43,29 +43,36 @@ bool cpu_has_vnni() {
 
 constexpr int kQueries = 4;  // query vectors per pass (GQA groups of 1-4 heads; larger ones loop)
 
-// Writes query row q (D floats, D a multiple of 16) as int8 hi and lo parts (q[d] ~ s1 * hi[d] +
-// s2 * lo[d], lo the rounded residual) straight into the replicated chunk layout: element d goes
-// to byte (d % m) of row slot r (r < R) of chunk d / m, for hi at `hi` and lo at `lo`.
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void split_query(const float* q, std::size_t D,
-                                                                                 std::size_t m, int R, std::uint8_t* hi,
-                                                                                 std::uint8_t* lo, float& s1,
-                                                                                 float& s2) {
-  __m512 vmax = _mm512_setzero_ps();
-  for (std::size_t d = 0; d < D; d += 16) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(q + d)));
-  const float amax = _mm512_reduce_max_ps(vmax);
+// Writes query row q * scale (D floats each, D a multiple of 16) as int8 hi and lo parts
+// (q[d] * scale[d] ~ s1 * hi[d] + s2 * lo[d], lo the rounded residual) straight into the replicated
+// chunk layout: element d goes to byte (d % m) of row slot r (r < R) of chunk d / m, for hi at `hi`
+// and lo at `lo`. Returns q . zero (the group's offset term of every score).
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) float split_query(
+    const float* q, const float* scale, const float* zero, std::size_t D, std::size_t m, int R, std::uint8_t* hi,
+    std::uint8_t* lo, float& s1, float& s2) {
+  alignas(64) float qs[256];  // q * scale (D <= 256)
+  __m512 vmax = _mm512_setzero_ps(), vbias = _mm512_setzero_ps();
+  for (std::size_t d = 0; d < D; d += 16) {
+    const __m512 x = _mm512_loadu_ps(q + d);
+    const __m512 y = _mm512_mul_ps(x, _mm512_loadu_ps(scale + d));
+    _mm512_store_ps(qs + d, y);
+    vmax = _mm512_max_ps(vmax, _mm512_abs_ps(y));
+    vbias = _mm512_fmadd_ps(x, _mm512_loadu_ps(zero + d), vbias);
+  }
+  const float amax = _mm512_reduce_max_ps(vmax), bias = _mm512_reduce_add_ps(vbias);
   if (!(amax > 0.0f) || !std::isfinite(amax)) {  // zero (or broken) query: every product 0
     s1 = s2 = 0.0f;
     for (std::size_t k = 0; k * m < D; ++k) {
       std::memset(hi + k * 64, 0, 64);
       std::memset(lo + k * 64, 0, 64);
     }
-    return;
+    return bias;
   }
   s1 = amax / 127.0f;
   s2 = s1 / 254.0f;  // the residual is within s1 / 2 = 127 * s2
   const __m512 inv1 = _mm512_set1_ps(1.0f / s1), inv2 = _mm512_set1_ps(1.0f / s2), vs1 = _mm512_set1_ps(s1);
   for (std::size_t d = 0; d < D; d += 16) {
-    const __m512 x = _mm512_loadu_ps(q + d);
+    const __m512 x = _mm512_load_ps(qs + d);
     const __m512 h = _mm512_roundscale_ps(_mm512_mul_ps(x, inv1), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512i hq = _mm512_cvtps_epi32(h);
     const __m512i lq = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_fnmadd_ps(h, vs1, x), inv2));
@@ -76,6 +83,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void split_query
       _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + chunk * 64 + static_cast<std::size_t>(r) * m + at), l8);
     }
   }
+  return bias;
 }
 
 // [q0, q1, q2, q3] partial sums per 128-bit block of the four accumulators.
@@ -149,8 +157,9 @@ bool int8_logits_available() { return cpu_has_vnni() && g_int8_enabled.load(std:
 
 void set_int8_logits_enabled(bool enabled) { g_int8_enabled.store(enabled, std::memory_order_relaxed); }
 
-bool logits_packed_int8(const float* q, std::size_t M, std::size_t D, const std::uint8_t* packed, int bits,
-                        std::size_t n, const float* bias, const std::uint32_t* idx, float* logits, std::size_t ld) {
+bool logits_packed_int8(const float* q, const float* scale, const float* zero, std::size_t M, std::size_t D,
+                        const std::uint8_t* packed, int bits, std::size_t n, const std::uint32_t* idx, float* logits,
+                        std::size_t ld) {
   if (!int8_logits_available()) return false;
   if (bits != 2 && bits != 4 && bits != 8) return false;  // one bit plane, at most 4 sub-chunks
   const std::size_t m = D * static_cast<std::size_t>(bits) / 8;
@@ -158,10 +167,11 @@ bool logits_packed_int8(const float* q, std::size_t M, std::size_t D, const std:
   const int K = 8 / bits, R = static_cast<int>(64 / m);
   // [2][kQueries][K][64] replicated query chunks, 64-byte aligned.
   alignas(64) std::uint8_t qv[2 * kQueries * 4 * 64];
-  float s[2 * kQueries];
+  float s[2 * kQueries], b[kQueries];
   for (std::size_t m0 = 0; m0 < M; m0 += kQueries) {
     const int nq = static_cast<int>(std::min<std::size_t>(kQueries, M - m0));
     std::fill(s, s + 2 * kQueries, 0.0f);
+    std::fill(b, b + kQueries, 0.0f);
     // split_query writes every byte of a real query's chunks (R row slots of m bytes = 64); the
     // padding queries' chunks are zeroed.
     for (int i = nq; i < kQueries; ++i) {
@@ -172,11 +182,10 @@ bool logits_packed_int8(const float* q, std::size_t M, std::size_t D, const std:
     }
     for (int i = 0; i < nq; ++i) {
       const std::size_t at = static_cast<std::size_t>(i) * static_cast<std::size_t>(K) * 64;
-      split_query(q + (m0 + static_cast<std::size_t>(i)) * D, D, m, R, qv + at,
-                  qv + static_cast<std::size_t>(kQueries) * static_cast<std::size_t>(K) * 64 + at, s[i],
-                  s[kQueries + i]);
+      b[i] = split_query(q + (m0 + static_cast<std::size_t>(i)) * D, scale, zero, D, m, R, qv + at,
+                         qv + static_cast<std::size_t>(kQueries) * static_cast<std::size_t>(K) * 64 + at, s[i],
+                         s[kQueries + i]);
     }
-    const float* b = bias + m0;
     float* out = logits + m0 * ld;
     switch (R * 10 + K) {
       case 14: logits_rows<1, 4>(qv, s, b, nq, packed, n, idx, out, ld); break;   // 2-bit, D = 256
@@ -270,12 +279,17 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void accumulate_
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void split_probs(const float* p, std::size_t n,
                                                                                  std::size_t sets, std::int32_t* hi,
                                                                                  std::int32_t* lo, float& s1,
-                                                                                 float& s2) {
+                                                                                 float& s2, float& sum) {
   const std::size_t bytes = sets * 4;
   auto tail = [](std::size_t left) { return static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1); };
-  __m512 vmax = _mm512_setzero_ps();
-  for (std::size_t r = 0; r < n; r += 16) vmax = _mm512_max_ps(vmax, _mm512_maskz_loadu_ps(tail(n - r), p + r));
+  __m512 vmax = _mm512_setzero_ps(), vsum = _mm512_setzero_ps();
+  for (std::size_t r = 0; r < n; r += 16) {
+    const __m512 x = _mm512_maskz_loadu_ps(tail(n - r), p + r);
+    vmax = _mm512_max_ps(vmax, x);
+    vsum = _mm512_add_ps(vsum, x);
+  }
   const float pmax = _mm512_reduce_max_ps(vmax);
+  sum = _mm512_reduce_add_ps(vsum);
   auto* h8 = reinterpret_cast<std::int8_t*>(hi);
   auto* l8 = reinterpret_cast<std::int8_t*>(lo);
   if (!(pmax > 0.0f) || !std::isfinite(pmax)) {
@@ -301,12 +315,15 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void split_probs
 }  // namespace
 
 bool accumulate_packed_int8(const float* p, std::size_t ld, std::size_t M, const std::uint8_t* packed, int bits,
-                            std::size_t n, std::size_t D, float* acc) {
+                            std::size_t n, std::size_t D, float* acc, float* psum) {
   if (!int8_logits_available()) return false;
   if (bits != 2 && bits != 4 && bits != 8) return false;
   const std::size_t m = D * static_cast<std::size_t>(bits) / 8;
   if (D * static_cast<std::size_t>(bits) % 8 != 0 || (m != 16 && m != 32 && m != 64)) return false;
-  if (n == 0) return true;
+  if (n == 0) {
+    std::fill(psum, psum + M, 0.0f);
+    return true;
+  }
   const std::size_t sets = (n + 3) / 4;
   thread_local std::vector<std::uint8_t> inter;   // [sets][m / 16][64]
   thread_local std::vector<std::int32_t> pk;      // [2][kQueries][sets]
@@ -323,7 +340,8 @@ bool accumulate_packed_int8(const float* p, std::size_t ld, std::size_t M, const
     }
     for (int i = 0; i < nq; ++i) {
       split_probs(p + (m0 + static_cast<std::size_t>(i)) * ld, n, sets, pk.data() + static_cast<std::size_t>(i) * sets,
-                  pk.data() + (kQueries + static_cast<std::size_t>(i)) * sets, s[i], s[kQueries + i]);
+                  pk.data() + (kQueries + static_cast<std::size_t>(i)) * sets, s[i], s[kQueries + i],
+                  psum[m0 + static_cast<std::size_t>(i)]);
     }
     float* a = acc + m0 * D;
     switch (8 / bits) {

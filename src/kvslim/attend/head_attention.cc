@@ -121,12 +121,13 @@ void HeadAttention::packed_block(const ZipCompressed& keys, const GroupQuantized
       const std::size_t r0 = gi * set->group_size, cnt = std::min(set->group_size, set->rows - r0);
       const std::uint8_t* packed = set->codes.data() + r0 * rb;
       k.params_to_f32(set->scale.data() + gi * D_, set->zero.data() + gi * D_, D_, scale_.data(), zero_.data());
-      scale_queries(q_.data(), M_, D_, scale_.data(), zero_.data(), qs_.data(), bias_.data());
       const std::uint32_t* cols = idx != nullptr ? idx + r0 : nullptr;
       float* dst = idx != nullptr ? scores_.data() : scores_.data() + r0;
-      if (logits_packed_int8(qs_.data(), M_, D_, packed, set->bits, cnt, bias_.data(), cols, dst, n)) {
-        // integer dot products on the packed bytes
-      } else if (direct) {
+      if (logits_packed_int8(q_.data(), scale_.data(), zero_.data(), M_, D_, packed, set->bits, cnt, cols, dst, n)) {
+        continue;  // integer dot products on the packed bytes
+      }
+      scale_queries(q_.data(), M_, D_, scale_.data(), zero_.data(), qs_.data(), bias_.data());
+      if (direct) {
         logits_packed(qs_.data(), M_, D_, packed, set->bits, cnt, bias_.data(), cols, dst, n);
       } else {
         k.unpack_rows(packed, cnt, D_, set->bits, codes_.data());
@@ -155,19 +156,20 @@ void HeadAttention::grouped_values(const GroupQuantized& set, const float* p, st
     const std::uint8_t* packed = set.codes.data() + r0 * rb;
     k.params_to_f32(set.scale.data() + gi * D_, set.zero.data() + gi * D_, D_, scale_.data(), zero_.data());
     std::fill(gacc_.begin(), gacc_.end(), 0.0f);
-    if (accumulate_packed_int8(p + r0, ld, M_, packed, set.bits, cnt, D_, gacc_.data())) {
-      // integer dot products on the packed bytes
-    } else if (direct) {
-      accumulate_packed(p + r0, ld, M_, packed, set.bits, cnt, D_, gacc_.data());
-    } else {
-      k.unpack_rows(packed, cnt, D_, set.bits, codes_.data());
-      accumulate_codes(p + r0, ld, M_, codes_.data(), cnt, D_, gacc_.data());
-    }
-    for (std::size_t m = 0; m < M_; ++m) {
-      const float* pm = p + m * ld + r0;
-      float ps = 0.0f;
-      for (std::size_t r = 0; r < cnt; ++r) ps += pm[r];
-      gsum_[m] = ps;
+    // Integer dot products on the packed bytes (with the probability sums), else the fp32 kernels.
+    if (!accumulate_packed_int8(p + r0, ld, M_, packed, set.bits, cnt, D_, gacc_.data(), gsum_.data())) {
+      if (direct) {
+        accumulate_packed(p + r0, ld, M_, packed, set.bits, cnt, D_, gacc_.data());
+      } else {
+        k.unpack_rows(packed, cnt, D_, set.bits, codes_.data());
+        accumulate_codes(p + r0, ld, M_, codes_.data(), cnt, D_, gacc_.data());
+      }
+      for (std::size_t m = 0; m < M_; ++m) {
+        const float* pm = p + m * ld + r0;
+        float ps = 0.0f;
+        for (std::size_t r = 0; r < cnt; ++r) ps += pm[r];
+        gsum_[m] = ps;
+      }
     }
     combine_group(gacc_.data(), gsum_.data(), M_, D_, scale_.data(), zero_.data(), acc_.data());
   }
