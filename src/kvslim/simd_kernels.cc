@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "attend/attend_kernels.h"
 #include "kvslim/convert.h"
 #include "kvslim/dtype.h"
 #include "kernels.h"
@@ -131,35 +132,6 @@ void SoftmaxAccumulate(float* logits, std::size_t n, float scale, float* acc) {
   for (; i < n; ++i) acc[i] += logits[i] * inv;
 }
 
-// In place: x = softmax(x); -inf entries (masked) get exactly 0. The engine's prefill scores.
-void SoftmaxInPlace(float* x, std::size_t n) {
-  const hn::ScalableTag<float> df;
-  const std::size_t L = hn::Lanes(df);
-  std::size_t i = 0;
-  auto vmax = hn::Set(df, -INFINITY);
-  for (; i + L <= n; i += L) vmax = hn::Max(vmax, hn::LoadU(df, x + i));
-  float mx = hn::GetLane(hn::MaxOfLanes(df, vmax));
-  for (; i < n; ++i) mx = std::max(mx, x[i]);
-  const auto vshift = hn::Set(df, mx);
-  const auto floor = hn::Set(df, -100.0f);  // exp(-100) ~ 4e-44: the bottom of Exp's range
-  const auto ninf = hn::Set(df, -INFINITY);
-  auto vsum = hn::Zero(df);
-  for (i = 0; i + L <= n; i += L) {
-    const auto v = hn::LoadU(df, x + i);
-    const auto e = hn::IfThenZeroElse(hn::Eq(v, ninf), hn::Exp(df, hn::Max(hn::Sub(v, vshift), floor)));
-    hn::StoreU(e, df, x + i);
-    vsum = hn::Add(vsum, e);
-  }
-  float sum = hn::GetLane(hn::SumOfLanes(df, vsum));
-  for (; i < n; ++i) {
-    x[i] = x[i] == -INFINITY ? 0.0f : std::exp(x[i] - mx);
-    sum += x[i];
-  }
-  const auto vinv = hn::Set(df, 1.0f / sum);
-  for (i = 0; i + L <= n; i += L) hn::StoreU(hn::Mul(hn::LoadU(df, x + i), vinv), df, x + i);
-  for (; i < n; ++i) x[i] /= sum;
-}
-
 // gate[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)) (the Llama MLP).
 void SwigluInPlace(float* gate, const float* up, std::size_t n) {
   const hn::ScalableTag<float> df;
@@ -224,7 +196,6 @@ HWY_EXPORT(DotFp16Rows);
 HWY_EXPORT(AxpyFp16Row);
 HWY_EXPORT(SoftmaxAccumulate);
 HWY_EXPORT(Fp16HasNonfinite);
-HWY_EXPORT(SoftmaxInPlace);
 HWY_EXPORT(SwigluInPlace);
 HWY_EXPORT(AddF32);
 HWY_EXPORT(DotF32);
@@ -274,7 +245,11 @@ namespace kernels {
 void softmax_accumulate(float* logits, std::size_t n, float scale, float* acc) {
   HWY_DYNAMIC_DISPATCH(SoftmaxAccumulate)(logits, n, scale, acc);
 }
-void softmax_inplace(float* x, std::size_t n) { HWY_DYNAMIC_DISPATCH(SoftmaxInPlace)(x, n); }
+// The attention kernels' max and exp-and-sum, then one scaling pass (no second copy of either).
+void softmax_inplace(float* x, std::size_t n) {
+  const float inv = 1.0f / attend::exp_shift(x, n, attend::max_f32(x, n));
+  for (std::size_t i = 0; i < n; ++i) x[i] *= inv;
+}
 void swiglu_inplace(float* gate, const float* up, std::size_t n) { HWY_DYNAMIC_DISPATCH(SwigluInPlace)(gate, up, n); }
 bool fp16_has_nonfinite(const std::uint16_t* x, std::size_t n) {
   return HWY_DYNAMIC_DISPATCH(Fp16HasNonfinite)(x, n);
