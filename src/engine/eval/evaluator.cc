@@ -326,6 +326,7 @@ EvalResults run_eval(const Model& model, const EvalInputs& inputs, const EvalOpt
   // 2. Every (variant, level) point against the reference.
   R.points.resize(jobs.size());
   EvalResults finished = R;  // the snapshot of --json's .partial: reference + the points done so far
+  finished.points.clear();
   std::mutex finished_mutex;
   parallel_for(jobs.size(), workers, [&](std::size_t j) {
     const MethodVariant& v = variants[jobs[j].variant];
