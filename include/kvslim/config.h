@@ -57,7 +57,8 @@ struct KVCacheConfig {
   // "query_aware" (default): the settings measured to keep a real model working (docs/results.md)
   // -- a recent window of 32 (at most half the room above the sinks of each layer's budget), a
   // SnapKV-style prefill (the prompt scored by the attention of its last 8 queries, max-pooled
-  // over 15 positions) and attention normalised by how many queries could see each token.
+  // over 15 positions), attention normalised by how many queries could see each token, and the
+  // other layers' prefill attention counted in each layer's choice (evict_cross_layer).
   // "original": the documented H2O-adapted core (key proxy, no window, no decay), which freezes
   // on the first tokens of the prompt (seed-behaviour.md section 2). The fields below override
   // the profile one by one; their "auto" values (-1, "auto") take the profile's.
@@ -71,6 +72,12 @@ struct KVCacheConfig {
   int evict_obs_window = -1;  // prefill: score by the last N queries only (auto 8; 0 = all; original: 0)
   int evict_pool_kernel = -1;  // prefill: max-pool the scores over N positions (odd; auto 15; original: 1)
   double evict_decay = -1;     // per observed query, older scores x decay, in (0, 1] (auto: 1)
+  // Cross-layer importance (kvslim's): in a prefill each layer also scores its rows by the
+  // attention the other layers' prompt queries paid to the same positions, times this weight, so a
+  // token one layer's queries need is kept by the layers that will read it while decoding
+  // (docs/methods.md). Needs the layers of one model (KVCacheBuilder::for_model) and an attention
+  // scoring. 0 = off; auto: 0.1 (query_aware), 0 (original).
+  double evict_cross_layer = -1;
 
   // --- streaming (StreamingLLM: sinks + recent window) ---
   int streaming_budget = 512;

@@ -21,6 +21,7 @@ struct ModelSpec {
 };
 
 class SqueezeCoordinator;
+class CrossLayerImportance;
 
 // The caches of one model, one per layer (null for layers without attention), and what they share.
 class CacheSet {
@@ -35,7 +36,8 @@ class CacheSet {
   KVCache& at(std::size_t layer) const;  // throws std::out_of_range for a missing/non-attention layer
   // Forgets every token in every layer and resets the shared coordinator (the original never does).
   void reset();
-  // Sum over layers of stats().resident_bytes / seen_fp16_bytes.
+  // Sum over layers of stats().resident_bytes (plus the cross-layer board while a prefill call
+  // holds it: nothing between calls) / seen_fp16_bytes.
   std::size_t resident_bytes() const;
   std::size_t seen_fp16_bytes() const;
   const SqueezeCoordinator* coordinator() const { return coordinator_.get(); }
@@ -44,6 +46,7 @@ class CacheSet {
   friend class KVCacheBuilder;
   std::vector<std::unique_ptr<KVCache>> caches_;
   std::shared_ptr<SqueezeCoordinator> coordinator_;
+  std::shared_ptr<CrossLayerImportance> importance_;  // h2o / squeeze / pyramidkv with evict_cross_layer > 0
 };
 
 class KVCacheFactory {
@@ -55,7 +58,8 @@ class KVCacheFactory {
 class KVCacheBuilder {
  public:
   // One cache per attention layer with head_dim and seed set per layer; squeeze layers share one
-  // SqueezeCoordinator; pyramidkv layers get their taper. Validates before building anything.
+  // SqueezeCoordinator; pyramidkv layers get their taper; the layers of an H2O-core method with
+  // evict_cross_layer > 0 share one CrossLayerImportance. Validates before building anything.
   static CacheSet for_model(const ModelSpec& model, const KVCacheConfig& config);
 };
 

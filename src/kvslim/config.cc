@@ -50,6 +50,7 @@ const std::vector<Field>& field_table() {
       {"evict_obs_window", &C::evict_obs_window},
       {"evict_pool_kernel", &C::evict_pool_kernel},
       {"evict_decay", &C::evict_decay},
+      {"evict_cross_layer", &C::evict_cross_layer},
       {"streaming_budget", &C::streaming_budget},
       {"streaming_n_sink", &C::streaming_n_sink},
       {"zipcache_hi_bits", &C::zipcache_hi_bits},
@@ -124,6 +125,9 @@ void KVCacheConfig::validate() const {
   }
   if (evict_decay != -1.0 && !(evict_decay > 0.0 && evict_decay <= 1.0)) {
     fail("evict_decay", str(evict_decay), "must be -1 (auto) or in (0, 1]");
+  }
+  if (evict_cross_layer != -1.0 && !(evict_cross_layer >= 0.0 && evict_cross_layer <= 1000.0)) {
+    fail("evict_cross_layer", str(evict_cross_layer), "must be -1 (auto) or in [0, 1000]");
   }
   // An explicit recent window must leave room to evict; "auto" fits itself to every budget.
   const int recent = std::max(evict_recent_window, 0);

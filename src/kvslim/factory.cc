@@ -91,6 +91,14 @@ CacheSet KVCacheBuilder::for_model(const ModelSpec& model, const KVCacheConfig& 
                               config.pyramidkv_n_sink + window, config.pyramidkv_beta);
   }
   // An explicit squeeze_resolved_budget fixes every layer: no schedule to wait for.
+  // Cross-layer importance for the H2O-core methods scored by attention (a lone layer has no one
+  // to share with).
+  const bool h2o_core = config.method == "h2o" || config.method == "squeeze" || config.method == "pyramidkv";
+  if (h2o_core && attention_layers.size() > 1) {
+    const EvictionPolicy policy = make_eviction_policy(config, 0);
+    const bool attention = policy.scoring == Scoring::attention || policy.scoring == Scoring::attention_normalized;
+    if (attention && policy.cross_layer > 0.0f) set.importance_ = std::make_shared<CrossLayerImportance>(attention_layers.size());
+  }
   if (config.method == "squeeze" && !config.squeeze_resolved_budget && !attention_layers.empty()) {
     set.coordinator_ = std::make_shared<SqueezeCoordinator>(static_cast<int>(attention_layers.size()), config.squeeze_budget,
                                                             config.squeeze_n_sink + window, config.squeeze_strength);
@@ -107,6 +115,11 @@ CacheSet KVCacheBuilder::for_model(const ModelSpec& model, const KVCacheConfig& 
     ctx.coordinator = set.coordinator_;
     if (!pyramid.empty()) ctx.budget = pyramid[a];
     set.caches_[static_cast<std::size_t>(i)] = make_method_cache(layer_config, ctx);
+    if (set.importance_) {
+      auto* eviction = dynamic_cast<EvictionCache*>(set.caches_[static_cast<std::size_t>(i)].get());
+      if (eviction == nullptr) throw std::logic_error("KVCacheBuilder: an H2O-core method built a cache without the eviction core");
+      eviction->share_importance(set.importance_, a);
+    }
   }
   // Squeeze layers read the schedule from the coordinator at their own next call (a layer changes
   // only inside calls on it: see the threading rule in kvslim/cache.h).
@@ -124,6 +137,7 @@ KVCache& CacheSet::at(std::size_t layer) const {
 
 void CacheSet::reset() {
   if (coordinator_) coordinator_->reset();
+  if (importance_) importance_->reset();
   for (auto& c : caches_) {
     if (c) c->reset();
   }
@@ -134,7 +148,7 @@ std::size_t CacheSet::resident_bytes() const {
   for (const auto& c : caches_) {
     if (c) total += c->stats().resident_bytes;
   }
-  return total;
+  return total + (importance_ ? importance_->bytes() : 0);
 }
 
 std::size_t CacheSet::seen_fp16_bytes() const {

@@ -324,6 +324,7 @@ TEST(SqueezeForModel, AttentionSignalsComeFromTheObservedPrefill) {
     KVCacheConfig c = squeeze_config(8, 2);
     c.evict_profile = "query_aware";
     c.evict_pool_kernel = 1;  // pooling would spread layer 1's sink attention onto its neighbours
+    c.evict_cross_layer = 0;  // and layer 0's even attention would reach layer 1's scores
     c.squeeze_signal = signal;
     CacheSet set = KVCacheBuilder::for_model(ModelSpec::uniform(2, 1, 8), c);
     ASSERT_TRUE(set.at(0).needs().attention) << signal;

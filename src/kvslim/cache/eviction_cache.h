@@ -26,6 +26,10 @@ class EvictionCache : public KVCache {
   std::string_view method() const override { return method_; }
 
   std::size_t budget() const { return budget_; }
+  // The model's cross-layer board (KVCacheBuilder): this cache is sharing layer number `layer`.
+  void share_importance(std::shared_ptr<CrossLayerImportance> board, std::size_t layer) {
+    core_.share_importance(std::move(board), layer);
+  }
   const EvictionCore& core() const { return core_; }
 
  protected:

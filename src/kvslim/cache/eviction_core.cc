@@ -38,6 +38,10 @@ EvictionPolicy make_eviction_policy(const KVCacheConfig& c, int n_sink) {
   p.obs_window = static_cast<std::size_t>(c.evict_obs_window >= 0 ? c.evict_obs_window : original ? 0 : 8);
   p.pool_kernel = static_cast<std::size_t>(c.evict_pool_kernel >= 1 ? c.evict_pool_kernel : original ? 1 : 15);
   p.decay = static_cast<float>(c.evict_decay >= 0.0 ? c.evict_decay : 1.0);
+  // Cross-layer importance on by default at weight 0.1: on models/tiny it lifts the passkey from
+  // 0.40 to 1.00 at 6.25 % of the bytes; higher weights crowd out what a multi-key question needs
+  // (kvlist 0.72 alone, 0.60 at 0.1, 0.10 at 1; docs/results.md table G).
+  p.cross_layer = static_cast<float>(c.evict_cross_layer >= 0.0 ? c.evict_cross_layer : original ? 0.0 : 0.1);
   return p;
 }
 
@@ -215,6 +219,10 @@ void EvictionCore::observe(const AttentionObservation& obs, std::size_t limit) {
   awaiting_observation_ = false;
   last_limit_ = limit;
   const bool normalized = policy_.scoring == Scoring::attention_normalized;
+  // A multi-query observation (a prefill call) exchanges importance with the other layers.
+  const bool prefill = obs.queries > 1;
+  const bool exchange = prefill && board_ != nullptr && policy_.cross_layer > 0.0f && board_->join(board_layer_, prefill_calls_);
+  if (prefill) ++prefill_calls_;
   for (std::size_t head = 0; head < heads_total(); ++head) {
     const float factor = observation_contribution(obs, head);
     float* scores = scores_.data() + head * capacity_;
@@ -222,10 +230,13 @@ void EvictionCore::observe(const AttentionObservation& obs, std::size_t limit) {
       for (std::size_t i = 0; i < rows_; ++i) scores[i] *= factor;
     }
     kernels::add_f32(pooled_.data(), rows_, scores);
-    if (!normalized) continue;
-    float* exposure = exposure_.data() + head * capacity_;
-    for (std::size_t i = 0; i < rows_; ++i) exposure[i] = exposure[i] * factor + contribution_exposure_[i];
+    if (normalized) {
+      float* exposure = exposure_.data() + head * capacity_;
+      for (std::size_t i = 0; i < rows_; ++i) exposure[i] = exposure[i] * factor + contribution_exposure_[i];
+    }
+    if (exchange) exchange_importance(head);
   }
+  if (exchange) board_->leave(board_layer_);
   if (rows_ > limit) drop_lowest(rows_ - limit);
   // A prefill appended the whole prompt before this eviction: give back what the budget (plus the
   // one row a decode step appends before it is observed) does not need.
@@ -242,6 +253,7 @@ float EvictionCore::observation_contribution(const AttentionObservation& obs, st
   if (normalized) contribution_exposure_.assign(n, 0.0f);
   const std::int64_t* pos = positions_.data() + head * capacity_;
   float weight = 1.0f;  // decay^(queries after q)
+  window_queries_ = Q - first;
   for (std::size_t q = Q; q-- > first;) {
     const float* p = obs.probs + (head * Q + q) * obs.stride;
     if (weight == 1.0f) {
@@ -262,12 +274,7 @@ float EvictionCore::observation_contribution(const AttentionObservation& obs, st
     pooled_.swap(contribution_);
     return weight;
   }
-  order_.resize(n);
-  for (std::size_t i = 0; i < n; ++i) order_[i] = i;
-  // Rows are in position order unless an eviction reused a slot: sort only then.
-  if (!std::is_sorted(order_.begin(), order_.end(), [&](std::size_t a, std::size_t b) { return pos[a] < pos[b]; })) {
-    std::sort(order_.begin(), order_.end(), [&](std::size_t a, std::size_t b) { return pos[a] < pos[b]; });
-  }
+  order_by_position(head);
   // Normalised scoring pools the mean attention per query that saw the row (so a token right
   // after a hot one is not inflated by its smaller exposure), then weighs it back by the exposure.
   if (normalized) {
@@ -285,6 +292,49 @@ float EvictionCore::observation_contribution(const AttentionObservation& obs, st
     for (std::size_t i = 0; i < n; ++i) pooled_[i] *= contribution_exposure_[i];
   }
   return weight;
+}
+
+void EvictionCore::order_by_position(std::size_t head) {
+  const std::int64_t* pos = positions_.data() + head * capacity_;
+  const std::size_t n = rows_;
+  order_.resize(n);
+  for (std::size_t i = 0; i < n; ++i) order_[i] = i;
+  // Rows are in position order unless an eviction reused a slot: sort only then.
+  auto earlier = [&](std::size_t a, std::size_t b) { return pos[a] < pos[b]; };
+  if (!std::is_sorted(order_.begin(), order_.end(), earlier)) std::sort(order_.begin(), order_.end(), earlier);
+}
+
+void EvictionCore::exchange_importance(std::size_t head) {
+  const std::size_t n = rows_;
+  const bool normalized = policy_.scoring == Scoring::attention_normalized;
+  if (policy_.pool_kernel < 3 || n < 2) order_by_position(head);  // else observation_contribution sorted them
+  const std::int64_t* pos = positions_.data() + head * capacity_;
+  float* scores = scores_.data() + head * capacity_;
+  board_positions_.resize(n);
+  board_values_.resize(n);
+  own_values_.resize(n);
+  // This observation's importance of a row: its (pooled) attention per window query that saw it.
+  // pooled_ holds that mean times the row's exposure when normalised, the window's sum otherwise.
+  for (std::size_t k = 0; k < n; ++k) {
+    const std::size_t i = order_[k];
+    const float seen = normalized ? contribution_exposure_[i] : static_cast<float>(window_queries_);
+    board_positions_[k] = pos[i];
+    own_values_[k] = seen > 0.0f ? pooled_[i] / seen : 0.0f;
+  }
+  const std::size_t batch_row = head / heads_;
+  board_->read(board_layer_, batch_row, board_positions_.data(), n, board_values_.data());
+  // Another layer's importance counts as attention these queries paid (the same weight per query).
+  for (std::size_t k = 0; k < n; ++k) {
+    const std::size_t i = order_[k];
+    const float seen = normalized ? contribution_exposure_[i] : static_cast<float>(window_queries_);
+    scores[i] += policy_.cross_layer * board_values_[k] * seen;
+  }
+  board_->post(board_layer_, batch_row, board_positions_.data(), own_values_.data(), n);
+}
+
+void EvictionCore::share_importance(std::shared_ptr<CrossLayerImportance> board, std::size_t layer) {
+  board_ = std::move(board);
+  board_layer_ = layer;
 }
 
 void EvictionCore::drop_lowest(std::size_t drop) {
@@ -392,6 +442,7 @@ void EvictionCore::reset() {
   exposure_.release();
   positions_.release();
   recent_.clear();
+  prefill_calls_ = 0;
   last_limit_ = kNone;
   awaiting_observation_ = fallback_ = false;
 }

@@ -6,9 +6,11 @@
 #include <cstdint>
 #include <deque>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "cross_layer_importance.h"
 #include "kvslim/cache.h"
 #include "uninit_buffer.h"
 
@@ -39,6 +41,9 @@ struct EvictionPolicy {
   // Older attention counts less: every observed query multiplies the stored scores (and, for
   // attention_normalized, the exposure) by decay first; 1 = plain sum (the documented H2O).
   float decay = 1.0f;
+  // A prefill observation also adds, per row, cross_layer x the importance other layers' queries
+  // gave its position (CrossLayerImportance; needs share_importance). 0 = each layer alone.
+  float cross_layer = 0.0f;
 };
 
 struct KVCacheConfig;
@@ -66,6 +71,9 @@ class EvictionCore {
   // sinks and the recent window always stay. Shrinks the allocation to what is kept.
   void trim(std::size_t budget);
   void reset();
+  // Joins the model's cross-layer board as sharing layer number `layer` (used when
+  // policy().cross_layer > 0 and the scoring is attention).
+  void share_importance(std::shared_ptr<CrossLayerImportance> board, std::size_t layer);
 
   CacheView view() const;
   std::size_t rows() const { return rows_; }
@@ -105,6 +113,11 @@ class EvictionCore {
   // One observation's contribution of head `head` into contribution_ (window, decay weights,
   // pooling); returns the decay factor the stored scores take first.
   float observation_contribution(const AttentionObservation& obs, std::size_t head);
+  // After head `head` took this observation: adds the other layers' importance of its rows (times
+  // cross_layer, weighed like the observation's own attention) and posts its own.
+  void exchange_importance(std::size_t head);
+  // order_ = the slots of head `head` in position order.
+  void order_by_position(std::size_t head);
 
   static constexpr std::size_t kNone = std::numeric_limits<std::size_t>::max();
   EvictionPolicy policy_;
@@ -126,6 +139,12 @@ class EvictionCore {
   bool fallback_ = false;                // see fell_back()
   std::vector<float> contribution_, contribution_exposure_, pooled_;  // observe scratch [rows]
   std::vector<std::size_t> order_;       // observe scratch: slots in position order
+  std::size_t window_queries_ = 0;       // queries the last observation_contribution counted
+  std::shared_ptr<CrossLayerImportance> board_;  // null: this layer scores alone
+  std::size_t board_layer_ = 0;          // this core's ordinal on the board
+  std::size_t prefill_calls_ = 0;        // multi-query observations so far (the board's call index)
+  std::vector<std::int64_t> board_positions_;    // exchange scratch [rows], ascending
+  std::vector<float> board_values_, own_values_;  // exchange scratch [rows], same order
 };
 
 }  // namespace kvslim

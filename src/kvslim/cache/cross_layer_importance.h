@@ -1,0 +1,58 @@
+// Cross-layer token importance: what the prefill queries of each layer attended to, shared by the
+// H2O-core layers of one model, so that a layer also keeps the tokens other layers' queries needed.
+//
+// Why: a layer's own prefill queries do not predict every query that will reach it. On
+// models/tiny the question's queries find the pass key in layers 4-5, but the decode steps that
+// copy its later digits read it in layers 7-10, where the question never looked at it; each layer
+// scoring alone drops it there (passkey 0.82 at 25 % of the bytes; 1.00 with this board,
+// docs/results.md table G). A token that some layer's queries needed is worth keeping everywhere.
+//
+// Protocol: each layer's n-th multi-query observation (a prefill call) joins call n, reads for its
+// rows the largest importance any OTHER layer posted in that call (layers observed before it:
+// the engine runs layers in order), posts its own, and leaves. When every layer has left, the
+// storage is released: between prefill calls the board holds nothing (decode never uses it).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+namespace kvslim {
+
+class CrossLayerImportance {
+ public:
+  explicit CrossLayerImportance(std::size_t layers) : layers_(layers), left_(layers, 0) {}
+
+  // Layer `layer` (0-based ordinal among the sharing layers) starts its observation number `call`
+  // (0-based count of its multi-query observations). False when the board has already moved on
+  // to a later call (this layer lags behind the others): it must then neither read nor post.
+  bool join(std::size_t layer, std::size_t call);
+  // out[i] = the largest importance a layer other than `layer` posted for positions[i] of batch
+  // row `batch_row` in the current call (0 if none). positions ascending.
+  void read(std::size_t layer, std::size_t batch_row, const std::int64_t* positions, std::size_t n, float* out) const;
+  // Records `values[i]` as `layer`'s importance of positions[i] (ascending); a layer that posts a
+  // position twice (one post per KV head) keeps the larger value.
+  void post(std::size_t layer, std::size_t batch_row, const std::int64_t* positions, const float* values, std::size_t n);
+  void leave(std::size_t layer);
+  void reset();
+  std::size_t bytes() const;
+
+ private:
+  struct Entry {
+    std::int64_t position;
+    float best;             // the largest value any layer posted
+    float second;           // the largest value a layer other than best_layer posted
+    std::uint32_t best_layer;
+  };
+  void clear_storage();
+
+  mutable std::mutex mutex_;
+  std::size_t layers_;
+  bool started_ = false;
+  std::size_t call_ = 0;                     // the call the board holds
+  std::vector<char> left_;                   // [layers] left the current call
+  std::vector<std::vector<Entry>> entries_;  // [batch rows][positions seen, ascending]
+  std::vector<Entry> merged_;                // post scratch
+};
+
+}  // namespace kvslim
