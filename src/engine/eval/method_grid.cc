@@ -32,7 +32,7 @@ std::vector<MethodVariant> build_catalogue() {
     v.config.evict_profile = "original";
     return v;
   };
-  all.push_back(make("h2o", "h2o", "H2O at its default: SnapKV-style prefill (last 8 queries, pool 15), normalised attention, recent window", true));
+  all.push_back(make("h2o", "h2o", "H2O at its default: SnapKV-style prefill (last 8 queries, pool 15) with cross-layer importance, normalised attention, recent window", true));
   {
     auto v = make("h2o_nopool", "h2o", "h2o default without the prefill pooling (kernel 1)", false);
     v.config.evict_pool_kernel = 1;
@@ -60,6 +60,18 @@ std::vector<MethodVariant> build_catalogue() {
     auto v = make("h2o_sum_decay", "h2o", "h2o default, raw attention sum with decay 0.98 instead of normalisation", false);
     v.config.evict_scoring = "attention";
     v.config.evict_decay = 0.98;
+    v.compares_to = "h2o";
+    all.push_back(v);
+  }
+  // Cross-layer importance (default weight 0.1): off, and the weights around it.
+  for (auto [suffix, weight] : {std::pair{"nocross", 0.0}, std::pair{"cross0.01", 0.01}, std::pair{"cross0.03", 0.03},
+                                std::pair{"cross0.3", 0.3}, std::pair{"cross1", 1.0}}) {
+    auto v = make(std::string("h2o_") + suffix, "h2o",
+                  weight == 0.0 ? std::string("h2o default with each layer scoring alone (evict_cross_layer 0)")
+                                : "h2o default with the other layers' prefill attention at weight " + std::string(suffix + 5) +
+                                      " (evict_cross_layer)",
+                  false);
+    v.config.evict_cross_layer = weight;
     v.compares_to = "h2o";
     all.push_back(v);
   }
@@ -122,6 +134,13 @@ std::vector<MethodVariant> build_catalogue() {
     all.push_back(v);
   }
   {
+    auto v = make("squeeze_s1_nocross", "squeeze", "squeeze_s1 with each layer scoring alone (evict_cross_layer 0)", false);
+    v.config.squeeze_signal = "key_dispersion";
+    v.config.evict_cross_layer = 0.0;
+    v.compares_to = "squeeze_s1";
+    all.push_back(v);
+  }
+  {
     auto v = original(make("squeeze_original", "squeeze", "squeeze strength 1, key dispersion, documented H2O core (evict_profile=original)", false));
     v.config.squeeze_signal = "key_dispersion";
     all.push_back(v);
@@ -140,6 +159,12 @@ std::vector<MethodVariant> build_catalogue() {
                   "pyramidkv with a steeper taper (beta " + b + ": last layer avg/" + b + (beta == 20.0 ? ", kvpress's)" : ")"),
                   false);
     v.config.pyramidkv_beta = beta;
+    v.compares_to = "pyramidkv";
+    all.push_back(v);
+  }
+  {
+    auto v = make("pyramidkv_nocross", "pyramidkv", "pyramidkv default with each layer scoring alone (evict_cross_layer 0)", false);
+    v.config.evict_cross_layer = 0.0;
     v.compares_to = "pyramidkv";
     all.push_back(v);
   }
