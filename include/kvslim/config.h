@@ -56,7 +56,7 @@ struct KVCacheConfig {
   // --- options shared by every H2O-core method (h2o, squeeze, pyramidkv) ---
   // "query_aware" (default): the settings measured to keep a real model working (docs/results.md)
   // -- a recent window of 32 (at most half the room above the sinks of each layer's budget), a
-  // SnapKV-style prefill (the prompt scored by the attention of its last 8 queries, max-pooled
+  // SnapKV-style prefill (the prompt scored by the attention of its last 16 queries, max-pooled
   // over 15 positions), attention normalised by how many queries could see each token, and the
   // other layers' prefill attention counted in each layer's choice (evict_cross_layer).
   // "original": the documented H2O-adapted core (key proxy, no window, no decay), which freezes
@@ -69,7 +69,7 @@ struct KVCacheConfig {
   // engine), "attention_normalized" (that sum divided by how many queries could see the token).
   // An attention scoring falls back to the key proxy when an update is never observed.
   std::string evict_scoring = "auto";
-  int evict_obs_window = -1;  // prefill: score by the last N queries only (auto 8; 0 = all; original: 0)
+  int evict_obs_window = -1;  // prefill: score by the last N queries only (auto 16; 0 = all; original: 0)
   int evict_pool_kernel = -1;  // prefill: max-pool the scores over N positions (odd; auto 15; original: 1)
   double evict_decay = -1;     // per observed query, older scores x decay, in (0, 1] (auto: 1)
   // Cross-layer importance (kvslim's): in a prefill each layer also scores its rows by the

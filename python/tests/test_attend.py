@@ -29,6 +29,11 @@ def test_cache_attention_matches_torch_over_the_view(name):
     fields = config_of(name)
     fields.update({k: 12 for k in ("h2o_budget", "squeeze_budget", "pyramidkv_budget", "streaming_budget")
                    if k.split("_")[0] == fields["method"]})
+    if fields["method"] in ("h2o", "squeeze", "pyramidkv"):
+        # Max-pooling gives whole neighbourhoods the same score (their maximum), so which rows stay
+        # turns on the last bit of two nearly equal maxima, where torch's softmax and the kernel's
+        # may round apart: the same-rows check below runs unpooled.
+        fields["evict_pool_kernel"] = 1
     states = {mode: LayerState(kvslim.Cache(kvslim.Config(**fields)), mode) for mode in ("kvslim", "torch")}
     for step, s in enumerate([20, 1, 1, 9, 1, 1, 40, 1]):
         q, k, v = qkv(s, step)

@@ -54,7 +54,7 @@ TEST(QueryAware, DefaultsAreTheQueryAwareProfile) {
   EXPECT_EQ(p.scoring, Scoring::attention_normalized);
   EXPECT_EQ(p.recent_window, 32u);
   EXPECT_TRUE(p.recent_fits_budget);
-  EXPECT_EQ(p.obs_window, 8u);
+  EXPECT_EQ(p.obs_window, 16u);
   EXPECT_EQ(p.pool_kernel, 15u);
   EXPECT_EQ(p.decay, 1.0f);
   KVCacheConfig o;

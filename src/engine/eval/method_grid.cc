@@ -32,7 +32,7 @@ std::vector<MethodVariant> build_catalogue() {
     v.config.evict_profile = "original";
     return v;
   };
-  all.push_back(make("h2o", "h2o", "H2O at its default: SnapKV-style prefill (last 8 queries, pool 15) with cross-layer importance, normalised attention, recent window", true));
+  all.push_back(make("h2o", "h2o", "H2O at its default: SnapKV-style prefill (last 16 queries, pool 15) with cross-layer importance, normalised attention, recent window", true));
   {
     auto v = make("h2o_nopool", "h2o", "h2o default without the prefill pooling (kernel 1)", false);
     v.config.evict_pool_kernel = 1;
@@ -45,7 +45,7 @@ std::vector<MethodVariant> build_catalogue() {
     v.compares_to = "h2o";
     all.push_back(v);
   }
-  // The prefill's observation window and pooling around the default (8, 15), which is h2o_w8_p15.
+  // The prefill's observation window and pooling around the default (16, 15), which is h2o_w16_p15.
   for (auto [w, pool] : {std::pair{8, 15}, std::pair{16, 15}, std::pair{4, 15}, std::pair{8, 7}, std::pair{8, 31}}) {
     auto v = make("h2o_w" + std::to_string(w) + "_p" + std::to_string(pool), "h2o",
                   "h2o default with an observation window of " + std::to_string(w) + " queries and pooling over " +
