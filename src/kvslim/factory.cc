@@ -96,8 +96,7 @@ CacheSet KVCacheBuilder::for_model(const ModelSpec& model, const KVCacheConfig& 
   const bool h2o_core = config.method == "h2o" || config.method == "squeeze" || config.method == "pyramidkv";
   if (h2o_core && attention_layers.size() > 1) {
     const EvictionPolicy policy = make_eviction_policy(config, 0);
-    const bool attention = policy.scoring == Scoring::attention || policy.scoring == Scoring::attention_normalized;
-    if (attention && policy.cross_layer > 0.0f) set.importance_ = std::make_shared<CrossLayerImportance>(attention_layers.size());
+    if (scores_by_attention(policy.scoring) && policy.cross_layer > 0.0f) set.importance_ = std::make_shared<CrossLayerImportance>(attention_layers.size());
   }
   if (config.method == "squeeze" && !config.squeeze_resolved_budget && !attention_layers.empty()) {
     set.coordinator_ = std::make_shared<SqueezeCoordinator>(static_cast<int>(attention_layers.size()), config.squeeze_budget,

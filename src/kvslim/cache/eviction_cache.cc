@@ -8,9 +8,7 @@ EvictionCache::EvictionCache(std::string method, EvictionPolicy policy, std::siz
     : intake_(method), core_(policy), budget_(budget), method_(std::move(method)) {}
 
 bool EvictionCache::attention_scored() const {
-  if (core_.fell_back()) return false;
-  const Scoring s = core_.policy().scoring;
-  return s == Scoring::attention || s == Scoring::attention_normalized;
+  return !core_.fell_back() && scores_by_attention(core_.policy().scoring);
 }
 
 void EvictionCache::append(const KVBlock& keys, const KVBlock& values, std::span<const std::int64_t> positions) {

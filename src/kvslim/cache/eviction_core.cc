@@ -47,7 +47,6 @@ EvictionPolicy make_eviction_policy(const KVCacheConfig& c, int n_sink) {
 }
 
 namespace {
-bool attention_scored(Scoring s) { return s == Scoring::attention || s == Scoring::attention_normalized; }
 // Below this much scoring work per call (multiply-adds) a second thread costs more than it saves.
 constexpr double kThreadWork = 4e6;
 }  // namespace
@@ -74,14 +73,14 @@ void EvictionCore::absorb(std::size_t batch, std::size_t heads, std::size_t dim,
     heads_ = heads;
     dim_ = dim;
   }
-  if (attention_scored(scoring()) && awaiting_observation_) {
+  if (scores_by_attention(scoring()) && awaiting_observation_) {
     // The last update's attention never came: this integrator does not report attention. Score by
     // the key proxy from now on, and bring the rows the last update appended back to its limit.
     fallback_ = true;
     if (last_limit_ != kNone && rows_ > last_limit_) drop_lowest(rows_ - last_limit_);
   }
   last_limit_ = limit;
-  const bool append_only = attention_scored(scoring());
+  const bool append_only = scores_by_attention(scoring());
   const std::size_t needed = append_only ? rows_ + S : std::min(rows_ + S, limit);
   // Growth bound: geometric without a limit (full: amortised O(1) copies per row), the budget plus
   // the one row a decode step appends before observe() for attention scorings, else the budget.
@@ -132,7 +131,7 @@ void EvictionCore::absorb_heads(std::size_t head_begin, std::size_t head_end, co
     for (std::size_t s = 0; s < S; ++s) {
       const std::uint16_t* k = keys16 + (head * S + s) * D;
       const std::uint16_t* v = values16 + (head * S + s) * D;
-      if (attention_scored(scoring_now)) {
+      if (scores_by_attention(scoring_now)) {
         write_row(head, n++, k, v, positions[s], 0.0f);
         continue;
       }
@@ -314,22 +313,20 @@ void EvictionCore::exchange_importance(std::size_t head) {
   board_positions_.resize(n);
   board_values_.resize(n);
   own_values_.resize(n);
+  board_seen_.resize(n);
   // This observation's importance of a row: its (pooled) attention per window query that saw it.
   // pooled_ holds that mean times the row's exposure when normalised, the window's sum otherwise.
   for (std::size_t k = 0; k < n; ++k) {
     const std::size_t i = order_[k];
     const float seen = normalized ? contribution_exposure_[i] : static_cast<float>(window_queries_);
     board_positions_[k] = pos[i];
+    board_seen_[k] = seen;
     own_values_[k] = seen > 0.0f ? pooled_[i] / seen : 0.0f;
   }
   const std::size_t batch_row = head / heads_;
   board_->read(board_layer_, batch_row, board_positions_.data(), n, board_values_.data());
   // Another layer's importance counts as attention these queries paid (the same weight per query).
-  for (std::size_t k = 0; k < n; ++k) {
-    const std::size_t i = order_[k];
-    const float seen = normalized ? contribution_exposure_[i] : static_cast<float>(window_queries_);
-    scores[i] += policy_.cross_layer * board_values_[k] * seen;
-  }
+  for (std::size_t k = 0; k < n; ++k) scores[order_[k]] += policy_.cross_layer * board_values_[k] * board_seen_[k];
   board_->post(board_layer_, batch_row, board_positions_.data(), own_values_.data(), n);
 }
 

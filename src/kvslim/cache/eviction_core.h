@@ -23,6 +23,8 @@ enum class Scoring {
   attention_normalized,  // that mass divided by how many queries could see the row
 };
 Scoring parse_scoring(const std::string& name);
+// True for the scorings that wait for the engine's attention (observe) instead of the key proxy.
+inline bool scores_by_attention(Scoring s) { return s == Scoring::attention || s == Scoring::attention_normalized; }
 
 struct EvictionPolicy {
   static constexpr std::size_t kUnbounded = std::numeric_limits<std::size_t>::max();
@@ -144,7 +146,7 @@ class EvictionCore {
   std::size_t board_layer_ = 0;          // this core's ordinal on the board
   std::size_t prefill_calls_ = 0;        // multi-query observations so far (the board's call index)
   std::vector<std::int64_t> board_positions_;    // exchange scratch [rows], ascending
-  std::vector<float> board_values_, own_values_;  // exchange scratch [rows], same order
+  std::vector<float> board_values_, own_values_, board_seen_;  // exchange scratch [rows], same order
 };
 
 }  // namespace kvslim
