@@ -21,4 +21,14 @@ bool fp16_has_nonfinite(const std::uint16_t* x, std::size_t n);
 void add_f32(const float* x, std::size_t n, float* acc);  // acc[i] += x[i]
 float dot_f32(const float* x, const float* y, std::size_t n);
 
+// Many queries against transposed rows: out[b * ldo + i] = sum_j q[b * d + j] * kt[j * ld + i] for
+// b < nq and i < n. kt is [d, ld] fp32 (column i = row i), q is [nq, d], out is [nq, ldo]. The
+// kernel works in whole vectors: columns up to n rounded up to kColumnPad are read and written,
+// so ld and ldo must be at least that (the extra outputs are meaningless; their inputs must be
+// finite only to keep the arithmetic fast).
+inline constexpr std::size_t kColumnPad = 64;
+inline std::size_t padded_columns(std::size_t n) { return (n + kColumnPad - 1) / kColumnPad * kColumnPad; }
+void dot_columns_f32(const float* kt, std::size_t ld, std::size_t n, std::size_t d, const float* q, std::size_t nq,
+                     float* out, std::size_t ldo);
+
 }  // namespace kvslim::kernels

@@ -181,6 +181,73 @@ float DotF32(const float* x, const float* y, std::size_t n) {
   return s;
 }
 
+// out[b * ldo + i] = sum_j q[b * d + j] * kt[j * ld + i] for b < nq and i < n rounded up to whole
+// vectors. The keys are transposed ([d, ld], a column per row) so that every query element is a
+// broadcast and no dot product needs a horizontal sum: 4 queries x 2 vectors of columns per pass,
+// each column vector loaded once per 4 queries.
+void DotColumnsF32(const float* kt, std::size_t ld, std::size_t n, std::size_t d, const float* q, std::size_t nq,
+                   float* out, std::size_t ldo) {
+  const hn::ScalableTag<float> df;
+  const std::size_t L = hn::Lanes(df);
+  const std::size_t cols = (n + L - 1) / L * L;
+  std::size_t b = 0;
+  for (; b + 4 <= nq; b += 4) {
+    const float* q0 = q + b * d;
+    const float* q1 = q0 + d;
+    const float* q2 = q1 + d;
+    const float* q3 = q2 + d;
+    float* o = out + b * ldo;
+    std::size_t i = 0;
+    for (; i + 2 * L <= cols; i += 2 * L) {
+      auto a00 = hn::Zero(df), a01 = hn::Zero(df), a10 = hn::Zero(df), a11 = hn::Zero(df);
+      auto a20 = hn::Zero(df), a21 = hn::Zero(df), a30 = hn::Zero(df), a31 = hn::Zero(df);
+      for (std::size_t j = 0; j < d; ++j) {
+        const auto k0 = hn::LoadU(df, kt + j * ld + i);
+        const auto k1 = hn::LoadU(df, kt + j * ld + i + L);
+        const auto v0 = hn::Set(df, q0[j]), v1 = hn::Set(df, q1[j]), v2 = hn::Set(df, q2[j]), v3 = hn::Set(df, q3[j]);
+        a00 = hn::MulAdd(v0, k0, a00);
+        a01 = hn::MulAdd(v0, k1, a01);
+        a10 = hn::MulAdd(v1, k0, a10);
+        a11 = hn::MulAdd(v1, k1, a11);
+        a20 = hn::MulAdd(v2, k0, a20);
+        a21 = hn::MulAdd(v2, k1, a21);
+        a30 = hn::MulAdd(v3, k0, a30);
+        a31 = hn::MulAdd(v3, k1, a31);
+      }
+      hn::StoreU(a00, df, o + i);
+      hn::StoreU(a01, df, o + i + L);
+      hn::StoreU(a10, df, o + ldo + i);
+      hn::StoreU(a11, df, o + ldo + i + L);
+      hn::StoreU(a20, df, o + 2 * ldo + i);
+      hn::StoreU(a21, df, o + 2 * ldo + i + L);
+      hn::StoreU(a30, df, o + 3 * ldo + i);
+      hn::StoreU(a31, df, o + 3 * ldo + i + L);
+    }
+    for (; i < cols; i += L) {
+      auto a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
+      for (std::size_t j = 0; j < d; ++j) {
+        const auto k0 = hn::LoadU(df, kt + j * ld + i);
+        a0 = hn::MulAdd(hn::Set(df, q0[j]), k0, a0);
+        a1 = hn::MulAdd(hn::Set(df, q1[j]), k0, a1);
+        a2 = hn::MulAdd(hn::Set(df, q2[j]), k0, a2);
+        a3 = hn::MulAdd(hn::Set(df, q3[j]), k0, a3);
+      }
+      hn::StoreU(a0, df, o + i);
+      hn::StoreU(a1, df, o + ldo + i);
+      hn::StoreU(a2, df, o + 2 * ldo + i);
+      hn::StoreU(a3, df, o + 3 * ldo + i);
+    }
+  }
+  for (; b < nq; ++b) {
+    const float* qb = q + b * d;
+    for (std::size_t i = 0; i < cols; i += L) {
+      auto a = hn::Zero(df);
+      for (std::size_t j = 0; j < d; ++j) a = hn::MulAdd(hn::Set(df, qb[j]), hn::LoadU(df, kt + j * ld + i), a);
+      hn::StoreU(a, df, out + b * ldo + i);
+    }
+  }
+}
+
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
 
 }  // namespace HWY_NAMESPACE
@@ -199,6 +266,7 @@ HWY_EXPORT(Fp16HasNonfinite);
 HWY_EXPORT(SwigluInPlace);
 HWY_EXPORT(AddF32);
 HWY_EXPORT(DotF32);
+HWY_EXPORT(DotColumnsF32);
 HWY_EXPORT(TargetName);
 
 void convert_fp16_to_f32(const std::uint16_t* src, float* dst, std::size_t n) {
@@ -256,6 +324,10 @@ bool fp16_has_nonfinite(const std::uint16_t* x, std::size_t n) {
 }
 void add_f32(const float* x, std::size_t n, float* acc) { HWY_DYNAMIC_DISPATCH(AddF32)(x, n, acc); }
 float dot_f32(const float* x, const float* y, std::size_t n) { return HWY_DYNAMIC_DISPATCH(DotF32)(x, y, n); }
+void dot_columns_f32(const float* kt, std::size_t ld, std::size_t n, std::size_t d, const float* q, std::size_t nq,
+                     float* out, std::size_t ldo) {
+  HWY_DYNAMIC_DISPATCH(DotColumnsF32)(kt, ld, n, d, q, nq, out, ldo);
+}
 }  // namespace kernels
 }  // namespace kvslim
 #endif  // HWY_ONCE

@@ -3,6 +3,7 @@
 // additions: true positions, the recent window, attention scoring, a 100,000-step invariant run.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <random>
 #include <set>
 
@@ -225,6 +226,55 @@ TEST(H2O, LongPrefillUsesTwoThreadsAndMatchesSequential) {
     ref->update_and_fetch(part.keys(), part.values());
   }
   for (std::size_t h = 0; h < 8; ++h) EXPECT_EQ(sorted_positions(big->view(), 0, h), sorted_positions(ref->view(), 0, h));
+}
+
+TEST(H2O, BlockedPrefillScoringEqualsTheTokenByTokenPath) {
+  // A call of >= 64 tokens scores them in blocks (multi-query dot products over transposed keys);
+  // single-token calls take the per-token path. Same kept rows and scores (to rounding), with
+  // and without a recent window and decay, from an empty cache and from one already holding rows.
+  struct Case {
+    int budget, sink, recent;
+    double decay;
+    std::size_t warm;  // tokens absorbed one by one before the long call
+  };
+  for (const Case c : {Case{12, 2, 0, 1.0, 0}, Case{40, 4, 8, 1.0, 0}, Case{40, 4, 8, 0.98, 25}, Case{200, 4, 16, 0.99, 70}}) {
+    SCOPED_TRACE("budget " + std::to_string(c.budget) + " recent " + std::to_string(c.recent) + " warm " + std::to_string(c.warm));
+    KVCacheConfig cfg = testing::config_for("h2o");
+    cfg.h2o_budget = c.budget;
+    cfg.h2o_n_sink = c.sink;
+    cfg.evict_recent_window = c.recent;
+    cfg.evict_scoring = "key_proxy";
+    cfg.evict_decay = c.decay;
+    auto blocked = KVCacheFactory::create(cfg), sequential = KVCacheFactory::create(cfg);
+    const std::size_t H = 3, S = 300, D = 24;
+    KV kv(1, H, S, D, 17);
+    auto token_block = [&](std::size_t from, std::size_t count) {
+      KV part(1, H, count, D, 0);
+      for (std::size_t h = 0; h < H; ++h) {
+        std::copy_n(kv.k.begin() + (h * S + from) * D, count * D, part.k.begin() + h * count * D);
+        std::copy_n(kv.v.begin() + (h * S + from) * D, count * D, part.v.begin() + h * count * D);
+      }
+      return part;
+    };
+    for (std::size_t s = 0; s < S; ++s) {
+      KV one = token_block(s, 1);
+      sequential->update_and_fetch(one.keys(), one.values());
+      if (s < c.warm) blocked->update_and_fetch(one.keys(), one.values());
+    }
+    KV rest = token_block(c.warm, S - c.warm);
+    blocked->update_and_fetch(rest.keys(), rest.values());
+    const auto& a = dynamic_cast<const EvictionCache&>(*blocked).core();
+    const auto& b = dynamic_cast<const EvictionCache&>(*sequential).core();
+    ASSERT_EQ(a.rows(), b.rows());
+    for (std::size_t h = 0; h < H; ++h) {
+      EXPECT_EQ(sorted_positions(blocked->view(), 0, h), sorted_positions(sequential->view(), 0, h));
+      std::map<std::int64_t, float> by_position;
+      for (std::size_t i = 0; i < b.rows(); ++i) by_position[b.positions(h)[i]] = b.scores(h)[i];
+      for (std::size_t i = 0; i < a.rows(); ++i) {
+        EXPECT_NEAR(a.scores(h)[i], by_position[a.positions(h)[i]], 1e-4f * (1.0f + by_position[a.positions(h)[i]]));
+      }
+    }
+  }
 }
 
 TEST(H2O, DtypesAreAcceptedAndRoundedToFp16) {

@@ -1,5 +1,6 @@
 // The elementwise math kernels the engine's forward pass uses (softmax of prefill scores, the
-// SwiGLU of the MLP) against double-precision references, on every dispatched target.
+// SwiGLU of the MLP) and the multi-query dot products of the blocked H2O scorer against
+// double-precision references, on every dispatched target.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -67,6 +68,29 @@ TEST(SimdMath, SwigluMatchesDoubleReferenceIncludingSaturatedGates) {
         const double want = g / (1.0 + std::exp(-g)) * up[i];
         ASSERT_TRUE(std::isfinite(got[i])) << "n=" << n << " gate=" << g;
         EXPECT_NEAR(got[i], want, 1e-5 + 2e-6 * std::fabs(want)) << "n=" << n << " gate=" << g;
+      }
+    }
+  });
+}
+
+TEST(SimdMath, DotColumnsMatchesDoubleReferenceForEveryQueryAndColumnCount) {
+  for_each_target([&] {
+    for (std::size_t d : {1u, 16u, 33u, 128u}) {
+      for (std::size_t n : {1u, 5u, 16u, 63u, 64u, 65u, 200u}) {
+        for (std::size_t nq : {1u, 3u, 4u, 7u, 64u}) {
+          const std::size_t ld = kernels::padded_columns(n) + 3;  // a stride that is not a vector multiple
+          std::vector<float> kt = uniform(d * ld, -2.0f, 2.0f, static_cast<unsigned>(d * 1000 + n));
+          std::vector<float> q = uniform(nq * d, -2.0f, 2.0f, static_cast<unsigned>(nq * 7 + d));
+          std::vector<float> out(nq * ld, -1.0f);
+          kernels::dot_columns_f32(kt.data(), ld, n, d, q.data(), nq, out.data(), ld);
+          for (std::size_t b = 0; b < nq; ++b) {
+            for (std::size_t i = 0; i < n; ++i) {
+              double want = 0;
+              for (std::size_t j = 0; j < d; ++j) want += double(q[b * d + j]) * kt[j * ld + i];
+              ASSERT_NEAR(out[b * ld + i], want, 1e-5 * (1.0 + double(d))) << "d=" << d << " n=" << n << " nq=" << nq << " b=" << b << " i=" << i;
+            }
+          }
+        }
       }
     }
   });

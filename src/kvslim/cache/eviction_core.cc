@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
 
@@ -46,9 +48,70 @@ EvictionPolicy make_eviction_policy(const KVCacheConfig& c, int n_sink) {
   return p;
 }
 
+struct AbsorbScratch {
+  std::vector<float> query;   // [D]
+  std::vector<float> logits;  // [capacity]
+  // Blocked key-proxy scoring (absorb_head_blocked):
+  std::vector<float> kt;             // [D, padded capacity] the head's stored keys, transposed fp32
+  std::vector<float> block_queries;  // [kBlockTokens, D] the block's incoming keys, fp32
+  std::vector<float> block_logits;   // [kBlockTokens, padded capacity] against the rows at block start
+  std::vector<float> block_keys_t;   // [D, kBlockTokens] the block's keys, transposed
+  std::vector<float> block_self;     // [kBlockTokens, kBlockTokens] the block's keys against each other
+  std::vector<int> source;           // [capacity] -1: row stored before the block; b: written by block token b
+  std::vector<std::size_t> touched;  // slots the current block wrote (each once)
+  std::size_t bytes() const {
+    return (query.capacity() + logits.capacity() + kt.capacity() + block_queries.capacity() + block_logits.capacity() +
+            block_keys_t.capacity() + block_self.capacity()) *
+               sizeof(float) +
+           source.capacity() * sizeof(int) + touched.capacity() * sizeof(std::size_t);
+  }
+};
+
 namespace {
 // Below this much scoring work per call (multiply-adds) a second thread costs more than it saves.
 constexpr double kThreadWork = 4e6;
+// A scratch larger than this (a very long cache's transposed keys) is freed after use, not pooled.
+constexpr std::size_t kPooledScratchBytes = std::size_t{16} << 20;
+
+// Every absorbing thread borrows its scratch here: one per concurrent absorb, reused by every
+// layer and call (fresh pages cost a fault each, expensive on virtual machines).
+class ScratchPool {
+ public:
+  std::unique_ptr<AbsorbScratch> acquire() {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    if (free_.empty()) return std::make_unique<AbsorbScratch>();
+    auto s = std::move(free_.back());
+    free_.pop_back();
+    return s;
+  }
+  void release(std::unique_ptr<AbsorbScratch> s) {
+    if (s->bytes() > kPooledScratchBytes) return;
+    const std::lock_guard<std::mutex> lock(mutex_);
+    free_.push_back(std::move(s));
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::unique_ptr<AbsorbScratch>> free_;
+};
+
+ScratchPool& scratch_pool() {
+  static ScratchPool pool;
+  return pool;
+}
+
+// A pooled scratch for the scope of one absorb.
+class BorrowedScratch {
+ public:
+  BorrowedScratch() : s_(scratch_pool().acquire()) {}
+  ~BorrowedScratch() { scratch_pool().release(std::move(s_)); }
+  BorrowedScratch(const BorrowedScratch&) = delete;
+  BorrowedScratch& operator=(const BorrowedScratch&) = delete;
+  AbsorbScratch& get() { return *s_; }
+
+ private:
+  std::unique_ptr<AbsorbScratch> s_;
+};
 }  // namespace
 
 std::size_t EvictionCore::recent_count(std::size_t limit) const {
@@ -103,12 +166,13 @@ void EvictionCore::absorb(std::size_t batch, std::size_t heads, std::size_t dim,
                       static_cast<double>(total);
   if (scoring() == Scoring::key_proxy && total >= 2 && work >= kThreadWork) {
     const std::size_t half = total / 2;
-    Scratch other;
-    std::thread worker([&] { absorb_heads(half, total, keys16, values16, positions, S, limit, thresholds_.data(), other); });
-    absorb_heads(0, half, keys16, values16, positions, S, limit, thresholds_.data(), scratch_);
+    BorrowedScratch mine, other;
+    std::thread worker([&] { absorb_heads(half, total, keys16, values16, positions, S, limit, thresholds_.data(), other.get()); });
+    absorb_heads(0, half, keys16, values16, positions, S, limit, thresholds_.data(), mine.get());
     worker.join();
   } else {
-    absorb_heads(0, total, keys16, values16, positions, S, limit, thresholds_.data(), scratch_);
+    BorrowedScratch mine;
+    absorb_heads(0, total, keys16, values16, positions, S, limit, thresholds_.data(), mine.get());
   }
   rows_ = head_rows_;
   awaiting_observation_ = append_only;
@@ -116,53 +180,150 @@ void EvictionCore::absorb(std::size_t batch, std::size_t heads, std::size_t dim,
 
 void EvictionCore::absorb_heads(std::size_t head_begin, std::size_t head_end, const std::uint16_t* keys16,
                                 const std::uint16_t* values16, const std::int64_t* positions, std::size_t S,
-                                std::size_t limit, const std::int64_t* recent_threshold, Scratch& scratch) {
+                                std::size_t limit, const std::int64_t* recent_threshold, AbsorbScratch& scratch) {
   const std::size_t D = dim_;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   scratch.query.resize(D);
   if (scratch.logits.size() < capacity_) scratch.logits.resize(capacity_);
-  // A newcomer is inside the recent window (so never the victim) whenever the window is non-empty.
-  const bool newcomer_protected = policy_.recent_window > 0 && recent_count(limit) > 0;
   const Scoring scoring_now = scoring();
+  const bool blocked = scoring_now == Scoring::key_proxy && S >= kBlockTokens;
   std::size_t final_rows = rows_;
   for (std::size_t head = head_begin; head < head_end; ++head) {
-    std::size_t n = rows_;
-    float* scores = scores_.data() + head * capacity_;
-    for (std::size_t s = 0; s < S; ++s) {
-      const std::uint16_t* k = keys16 + (head * S + s) * D;
-      const std::uint16_t* v = values16 + (head * S + s) * D;
-      if (scores_by_attention(scoring_now)) {
-        write_row(head, n++, k, v, positions[s], 0.0f);
-        continue;
+    const std::uint16_t* k = keys16 + head * S * D;
+    const std::uint16_t* v = values16 + head * S * D;
+    if (scores_by_attention(scoring_now)) {
+      for (std::size_t s = 0; s < S; ++s) write_row(head, rows_ + s, k + s * D, v + s * D, positions[s], 0.0f);
+      final_rows = rows_ + S;
+    } else if (blocked) {
+      final_rows = absorb_head_blocked(head, k, v, positions, S, limit, recent_threshold, scratch);
+    } else {
+      final_rows = absorb_head_sequential(head, k, v, positions, S, limit, recent_threshold, scratch);
+    }
+  }
+  if (head_begin == 0) head_rows_ = final_rows;  // every head ends with the same count
+}
+
+bool EvictionCore::newcomer_protected(std::size_t limit) const {
+  // A newcomer is inside the recent window (so never the victim) whenever the window is non-empty.
+  return policy_.recent_window > 0 && recent_count(limit) > 0;
+}
+
+std::size_t EvictionCore::admit(std::size_t head, std::size_t& n, const std::uint16_t* k, const std::uint16_t* v,
+                                std::int64_t position, std::size_t limit, std::int64_t recent_threshold) {
+  if (n < limit) {
+    write_row(head, n, k, v, position, 0.0f);
+    return n++;
+  }
+  // Over the limit: evict the lowest score among the stored rows and the newcomer (score 0,
+  // highest position, so it loses every tie).
+  const std::size_t victim = pick_victim(head, n, recent_threshold);
+  if (!newcomer_protected(limit) && (victim == kNone || effective_score(head, victim) > 0.0f)) return kNone;
+  if (victim == kNone) throw std::logic_error("eviction core: no evictable row (sinks + recent window >= budget)");
+  write_row(head, victim, k, v, position, 0.0f);
+  return victim;
+}
+
+std::size_t EvictionCore::absorb_head_sequential(std::size_t head, const std::uint16_t* keys16, const std::uint16_t* values16,
+                                                 const std::int64_t* positions, std::size_t S, std::size_t limit,
+                                                 const std::int64_t* recent_threshold, AbsorbScratch& scratch) {
+  const std::size_t D = dim_;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  std::size_t n = rows_;
+  float* scores = scores_.data() + head * capacity_;
+  for (std::size_t s = 0; s < S; ++s) {
+    const std::uint16_t* k = keys16 + s * D;
+    const std::uint16_t* v = values16 + s * D;
+    if (n == 0) {  // bootstrap: the first token scores 1.0 and is never checked against the budget
+      write_row(head, 0, k, v, positions[s], 1.0f);
+      n = 1;
+      continue;
+    }
+    if (scoring() == Scoring::key_proxy) {
+      if (policy_.decay != 1.0f) {
+        for (std::size_t j = 0; j < n; ++j) scores[j] *= policy_.decay;
       }
-      if (n == 0) {  // bootstrap: the first token scores 1.0 and is never checked against the budget
+      // The fp16-rounded incoming key is the query; softmax in fp32 over the stored rows.
+      convert_fp16_to_f32(k, scratch.query.data(), D);
+      dot_fp16_rows(keys_.data() + head * capacity_ * D, n, D, D, scratch.query.data(), scratch.logits.data());
+      kernels::softmax_accumulate(scratch.logits.data(), n, scale, scores);
+    }
+    admit(head, n, k, v, positions[s], limit, recent_threshold[s]);
+  }
+  return n;
+}
+
+std::size_t EvictionCore::absorb_head_blocked(std::size_t head, const std::uint16_t* keys16, const std::uint16_t* values16,
+                                              const std::int64_t* positions, std::size_t S, std::size_t limit,
+                                              const std::int64_t* recent_threshold, AbsorbScratch& scratch) {
+  // The same token-by-token semantics as absorb_head_sequential (each token's key attends over
+  // the rows stored when it arrives, then the eviction), with the dot products batched per block
+  // of kBlockTokens incoming keys: one multi-query pass over a transposed fp32 copy of the rows
+  // stored at the block's start (kt), one for the block's keys against each other; each token then
+  // reads its row of the first and patches the slots the block itself wrote from the second. Only
+  // the summation order of the dot products differs from the sequential path.
+  const std::size_t D = dim_, B = kBlockTokens;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const std::size_t ld = kernels::padded_columns(capacity_);
+  if (scratch.kt.size() < D * ld) scratch.kt.resize(D * ld);                      // [D, ld] column i = slot i
+  if (scratch.block_logits.size() < B * ld) scratch.block_logits.resize(B * ld);  // [B, ld]
+  scratch.block_queries.resize(B * D);   // [B, D] the block's keys, fp32
+  scratch.block_keys_t.resize(D * B);    // [D, B] the same, transposed
+  scratch.block_self.resize(B * B);      // [B, B] block key b . block key b'
+  scratch.source.resize(capacity_);      // [capacity] the block token a slot holds, or -1
+  scratch.touched.clear();               // slots the block wrote, each once
+  if (scratch.logits.size() < ld) scratch.logits.resize(ld);
+  float* kt = scratch.kt.data();
+  float* bq = scratch.block_queries.data();
+  std::size_t n = rows_;
+  float* scores = scores_.data() + head * capacity_;
+  for (std::size_t i = 0; i < n; ++i) {  // rows stored before this call (a prefill starts empty)
+    convert_fp16_to_f32(keys_.data() + (head * capacity_ + i) * D, scratch.query.data(), D);
+    for (std::size_t j = 0; j < D; ++j) kt[j * ld + i] = scratch.query[j];
+  }
+  std::fill_n(scratch.source.begin(), capacity_, -1);
+  for (std::size_t s0 = 0; s0 < S; s0 += B) {
+    const std::size_t nb = std::min(B, S - s0);
+    convert_fp16_to_f32(keys16 + s0 * D, bq, nb * D);
+    for (std::size_t b = 0; b < nb; ++b) {
+      for (std::size_t j = 0; j < D; ++j) scratch.block_keys_t[j * B + b] = bq[b * D + j];
+    }
+    const std::size_t n0 = n;
+    if (n0 > 0) kernels::dot_columns_f32(kt, ld, n0, D, bq, nb, scratch.block_logits.data(), ld);
+    kernels::dot_columns_f32(scratch.block_keys_t.data(), B, nb, D, bq, nb, scratch.block_self.data(), B);
+    for (std::size_t b = 0; b < nb; ++b) {
+      const std::size_t s = s0 + b;
+      const std::uint16_t* k = keys16 + s * D;
+      const std::uint16_t* v = values16 + s * D;
+      std::size_t slot = kNone;
+      if (n == 0) {  // bootstrap, as in the sequential path
         write_row(head, 0, k, v, positions[s], 1.0f);
-        n = 1;
-        continue;
-      }
-      if (scoring_now == Scoring::key_proxy) {
+        slot = n++;
+      } else {
         if (policy_.decay != 1.0f) {
           for (std::size_t j = 0; j < n; ++j) scores[j] *= policy_.decay;
         }
-        // The fp16-rounded incoming key is the query; softmax in fp32 over the stored rows.
-        convert_fp16_to_f32(k, scratch.query.data(), D);
-        dot_fp16_rows(keys_.data() + head * capacity_ * D, n, D, D, scratch.query.data(), scratch.logits.data());
-        kernels::softmax_accumulate(scratch.logits.data(), n, scale, scores);
+        float* logits = scratch.logits.data();
+        std::memcpy(logits, scratch.block_logits.data() + b * ld, std::min(n, n0) * sizeof(float));
+        const float* self = scratch.block_self.data() + b * B;
+        for (const std::size_t t : scratch.touched) logits[t] = self[scratch.source[t]];
+        kernels::softmax_accumulate(logits, n, scale, scores);
+        slot = admit(head, n, k, v, positions[s], limit, recent_threshold[s]);
       }
-      if (n < limit) {
-        write_row(head, n++, k, v, positions[s], 0.0f);
-        continue;
+      if (slot != kNone) {
+        if (scratch.source[slot] < 0) scratch.touched.push_back(slot);
+        scratch.source[slot] = static_cast<int>(b);
       }
-      // Over the limit: evict the lowest score among the stored rows and the newcomer (score 0,
-      // highest position, so it loses every tie).
-      const std::size_t victim = pick_victim(head, n, recent_threshold[s]);
-      if (!newcomer_protected && (victim == kNone || effective_score(head, victim) > 0.0f)) continue;
-      if (victim == kNone) throw std::logic_error("eviction core: no evictable row (sinks + recent window >= budget)");
-      write_row(head, victim, k, v, positions[s], 0.0f);
     }
-    final_rows = n;
+    // The block's surviving keys join kt (dimension-major: the writes of each row of kt stay
+    // together), and the slots become plain stored rows for the next block.
+    for (std::size_t j = 0; j < D; ++j) {
+      float* row = kt + j * ld;
+      const float* keys_t = scratch.block_keys_t.data() + j * B;
+      for (const std::size_t t : scratch.touched) row[t] = keys_t[scratch.source[t]];
+    }
+    for (const std::size_t t : scratch.touched) scratch.source[t] = -1;
+    scratch.touched.clear();
   }
-  if (head_begin == 0) head_rows_ = final_rows;  // every head ends with the same count
+  return n;
 }
 
 void EvictionCore::write_row(std::size_t head, std::size_t slot, const std::uint16_t* k, const std::uint16_t* v,

@@ -49,6 +49,10 @@ struct EvictionPolicy {
 };
 
 struct KVCacheConfig;
+// Working memory of one absorbing thread (eviction_core.cc): taken from a process-wide pool, so
+// that neither a decode step nor a new layer's first call allocates or first-touches it again.
+struct AbsorbScratch;
+
 // The eviction policy of an H2O-core method (h2o, squeeze, pyramidkv) from its config: the
 // evict_* fields, with "auto" values filled in from evict_profile.
 EvictionPolicy make_eviction_policy(const KVCacheConfig& config, int n_sink);
@@ -91,13 +95,26 @@ class EvictionCore {
   std::vector<float> evictable_scores(std::size_t limit, std::size_t& protected_rows) const;
 
  private:
-  struct Scratch {
-    std::vector<float> query;   // [D]
-    std::vector<float> logits;  // [capacity]
-  };
+  // Incoming tokens scored together by the blocked key proxy (a prefill; decode stays per token).
+  static constexpr std::size_t kBlockTokens = 64;
   void absorb_heads(std::size_t head_begin, std::size_t head_end, const std::uint16_t* keys16,
                     const std::uint16_t* values16, const std::int64_t* positions, std::size_t S,
-                    std::size_t limit, const std::int64_t* recent_threshold, Scratch& scratch);
+                    std::size_t limit, const std::int64_t* recent_threshold, AbsorbScratch& scratch);
+  // One head's S tokens ([S, D] each), token by token; returns the rows the head ends with.
+  std::size_t absorb_head_sequential(std::size_t head, const std::uint16_t* keys16, const std::uint16_t* values16,
+                                     const std::int64_t* positions, std::size_t S, std::size_t limit,
+                                     const std::int64_t* recent_threshold, AbsorbScratch& scratch);
+  // The same for the key proxy with the dot products batched per block of kBlockTokens.
+  std::size_t absorb_head_blocked(std::size_t head, const std::uint16_t* keys16, const std::uint16_t* values16,
+                                  const std::int64_t* positions, std::size_t S, std::size_t limit,
+                                  const std::int64_t* recent_threshold, AbsorbScratch& scratch);
+  // Takes a scored newcomer into a head holding n rows: appended below the limit, else in the slot
+  // of the lowest-scored evictable row unless the newcomer itself is lowest. Returns the slot
+  // written (n grows when appended) or kNone when the newcomer is dropped.
+  std::size_t admit(std::size_t head, std::size_t& n, const std::uint16_t* k, const std::uint16_t* v,
+                    std::int64_t position, std::size_t limit, std::int64_t recent_threshold);
+  // True when the recent window protects every newcomer (it can never be the victim).
+  bool newcomer_protected(std::size_t limit) const;
   void reserve_rows(std::size_t needed, std::size_t preferred);
   void relayout(std::size_t new_capacity);
   void write_row(std::size_t head, std::size_t slot, const std::uint16_t* k, const std::uint16_t* v,
@@ -132,7 +149,6 @@ class EvictionCore {
   UninitBuffer<float> exposure_;          // [batch * heads, capacity] queries that could see the row (normalized scoring only)
   UninitBuffer<std::int64_t> positions_;  // [batch * heads, capacity] absolute positions
   std::deque<std::int64_t> recent_;      // the last recent_window absorbed positions (all heads)
-  Scratch scratch_;                      // decode-path scratch, reused (no per-token allocation)
   std::vector<std::int64_t> thresholds_;  // [S] recent-window threshold after each incoming token
   std::vector<std::size_t> candidates_, holes_;  // drop_lowest scratch
   std::size_t head_rows_ = 0;            // rows per head after absorb_heads
