@@ -152,11 +152,14 @@ std::vector<MethodVariant> build_catalogue() {
     v.compares_to = "squeeze_original";
     all.push_back(v);
   }
-  all.push_back(make("pyramidkv", "pyramidkv", "PyramidKV: default h2o scorer with a fixed linear per-layer taper (beta 2)", true));
-  for (double beta : {5.0, 20.0}) {
-    const std::string b = std::to_string(static_cast<int>(beta));
+  all.push_back(make("pyramidkv", "pyramidkv", "PyramidKV: default h2o scorer with a fixed linear per-layer taper (beta 1.25: layer 0 at 1.2x the average, the last at 0.8x)", true));
+  for (double beta : {1.5, 2.0, 5.0, 20.0}) {
+    std::ostringstream name;
+    name << beta;
+    const std::string b = name.str();
     auto v = make("pyramidkv_b" + b, "pyramidkv",
-                  "pyramidkv with a steeper taper (beta " + b + ": last layer avg/" + b + (beta == 20.0 ? ", kvpress's)" : ")"),
+                  "pyramidkv with a steeper taper (beta " + b +
+                      ": last layer avg/" + b + (beta == 20.0 ? ", kvpress's)" : ")"),
                   false);
     v.config.pyramidkv_beta = beta;
     v.compares_to = "pyramidkv";
