@@ -11,6 +11,9 @@
 #include <tuple>
 #include <vector>
 
+#include <sys/mman.h>
+#include <sys/resource.h>
+
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
@@ -101,10 +104,45 @@ struct Result {
   double compression_ratio = 0;  // the original's: L (S + 1) / sum of kept tokens
   double resident_ratio = 0;     // kvslim's: fp16 bytes of every token seen / resident bytes
   double latency_ms = 0;         // median over runs: prefill every layer + one decode step
+  long page_faults = 0;          // minor page faults of the timed region (median over runs)
 };
 
+long minor_faults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_minflt;
+}
+
+// What a first touch of memory the process never wrote costs on this machine: 32 MiB mapped
+// fresh and written, then written again. On virtual machines whose host backs guest memory
+// lazily the first pass can cost microseconds per page, and every cache store's new pages pay it.
+struct FirstTouch {
+  double fresh_us_per_page = 0, rewrite_us_per_page = 0;
+};
+FirstTouch probe_first_touch() {
+  constexpr std::size_t kBytes = std::size_t{32} << 20, kPage = 4096;
+  void* m = mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) return {};
+  auto* p = static_cast<volatile char*>(m);
+  auto pass = [&](char value) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (std::size_t i = 0; i < kBytes; i += kPage) p[i] = value;
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / (kBytes / kPage);
+  };
+  FirstTouch f;
+  f.fresh_us_per_page = pass(1);
+  f.rewrite_us_per_page = pass(2);
+  munmap(m, kBytes);
+  return f;
+}
+
 // One pass of the original timed region; fills the figures when `r` is given.
-double run_once(const Workload& w, int L, std::size_t S, int avg, double strength, const std::string& prefill, Result* r) {
+struct Timed {
+  double ms;
+  long faults;
+};
+
+Timed run_once(const Workload& w, int L, std::size_t S, int avg, double strength, const std::string& prefill, Result* r) {
   KVCacheConfig c;
   c.method = "squeeze";
   c.squeeze_budget = avg;
@@ -116,6 +154,7 @@ double run_once(const Workload& w, int L, std::size_t S, int avg, double strengt
   // kvslim's default averages the concentration over every head.
   c.squeeze_concentration_heads = prefill == "eager" ? "first" : "all";
   CacheSet set = KVCacheBuilder::for_model(ModelSpec::uniform(L, kHeads, kHeadDim), c);
+  const long faults0 = minor_faults();
   const auto t0 = std::chrono::steady_clock::now();
   for (int li = 0; li < L; ++li) {
     set.at(li).update_and_fetch(make_block_fp16(w.keys[li].data(), 1, kHeads, S, kHeadDim),
@@ -126,6 +165,7 @@ double run_once(const Workload& w, int L, std::size_t S, int avg, double strengt
                                 make_block_fp16(w.decode_value.data(), 1, kHeads, 1, kHeadDim));
   }
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const long faults = minor_faults() - faults0;
   if (r != nullptr) {
     double budget_sum = 0, kept_sum = 0;
     for (int li = 0; li < L; ++li) {
@@ -147,7 +187,7 @@ double run_once(const Workload& w, int L, std::size_t S, int avg, double strengt
     r->compression_ratio = static_cast<double>(L) * static_cast<double>(S + 1) / kept_sum;
     r->resident_ratio = static_cast<double>(set.seen_fp16_bytes()) / static_cast<double>(set.resident_bytes());
   }
-  return ms;
+  return {ms, faults};
 }
 
 int run_bench(const std::vector<int>& layers, const std::vector<int>& seqs, const std::vector<int>& avgs,
@@ -157,9 +197,13 @@ int run_bench(const std::vector<int>& layers, const std::vector<int>& seqs, cons
   std::vector<Result> results;
   std::printf("kvslim bench squeeze: %zu heads x head_dim %zu, n_sink %d, batch 1; SIMD %s; latency = median of %d runs\n",
               kHeads, kHeadDim, kSink, simd_target_name(), repeats);
-  std::printf("%-3s %-4s %-4s %-4s %-8s | %-12s %-7s %-9s %-7s %-7s %-9s | %-7s %-9s %-7s %-8s %-8s\n", "L", "S", "avg",
-              "str", "prefill", "conc f/l", "b f/l", "b mean", "kept", "ratio", "ms", "orig b", "orig kept", "ratio", "orig s",
-              "speedup");
+  const FirstTouch touch = probe_first_touch();
+  std::printf("first touch of fresh memory on this machine: %.2f us per 4 KiB page (writing it again: %.3f); "
+              "faults = the timed region's minor page faults\n",
+              touch.fresh_us_per_page, touch.rewrite_us_per_page);
+  std::printf("%-3s %-4s %-4s %-4s %-8s | %-12s %-7s %-9s %-7s %-7s %-9s %-7s | %-7s %-9s %-7s %-8s %-8s\n", "L", "S", "avg",
+              "str", "prefill", "conc f/l", "b f/l", "b mean", "kept", "ratio", "ms", "faults", "orig b", "orig kept", "ratio",
+              "orig s", "speedup");
   for (int L : layers) {
     for (int S : seqs) {
       const Workload w = make_workload(L, static_cast<std::size_t>(S));
@@ -169,9 +213,16 @@ int run_bench(const std::vector<int>& layers, const std::vector<int>& seqs, cons
           for (const auto& prefill : prefills) {
             Result r{L, S, avg, strength, prefill};
             std::vector<double> times;
-            for (int i = 0; i < repeats; ++i) times.push_back(run_once(w, L, static_cast<std::size_t>(S), avg, strength, prefill, i == 0 ? &r : nullptr));
+            std::vector<long> faults;
+            for (int i = 0; i < repeats; ++i) {
+              const Timed t = run_once(w, L, static_cast<std::size_t>(S), avg, strength, prefill, i == 0 ? &r : nullptr);
+              times.push_back(t.ms);
+              faults.push_back(t.faults);
+            }
             std::sort(times.begin(), times.end());
+            std::sort(faults.begin(), faults.end());
             r.latency_ms = times[times.size() / 2];
+            r.page_faults = faults[faults.size() / 2];
             const auto it = original_results().find({L, S, avg, static_cast<int>(std::lround(strength * 10))});
             char orig_b[32] = "-", orig_k[32] = "-", orig_ratio[32] = "-", orig_s[32] = "-", speed[32] = "-";
             if (it != original_results().end()) {
@@ -186,8 +237,9 @@ int run_bench(const std::vector<int>& layers, const std::vector<int>& seqs, cons
             std::snprintf(conc, sizeof conc, "%.3f/%.3f", r.conc_first, r.conc_last);
             std::snprintf(budgets, sizeof budgets, "%d/%d", r.budget_first, r.budget_last);
             std::snprintf(kept, sizeof kept, "%d/%d", r.kept_first, r.kept_last);
-            std::printf("%-3d %-4d %-4d %-4.1f %-8s | %-12s %-7s %-9.1f %-7s %-7.3f %-9.2f | %-7s %-9s %-7s %-8s %-8s\n", L, S, avg,
-                        strength, prefill.c_str(), conc, budgets, r.budget_mean, kept, r.compression_ratio, r.latency_ms, orig_b,
+            std::printf("%-3d %-4d %-4d %-4.1f %-8s | %-12s %-7s %-9.1f %-7s %-7.3f %-9.2f %-7ld | %-7s %-9s %-7s %-8s %-8s\n", L, S,
+                        avg, strength, prefill.c_str(), conc, budgets, r.budget_mean, kept, r.compression_ratio, r.latency_ms,
+                        r.page_faults, orig_b,
                         orig_k, orig_ratio, orig_s, speed);
             std::fflush(stdout);
             results.push_back(r);
@@ -204,7 +256,7 @@ int run_bench(const std::vector<int>& layers, const std::vector<int>& seqs, cons
                      {"conc_last", r.conc_last},     {"budget_first", r.budget_first}, {"budget_last", r.budget_last},
                      {"budget_mean", r.budget_mean}, {"kept_first", r.kept_first},    {"kept_last", r.kept_last},
                      {"compression_ratio", r.compression_ratio}, {"resident_ratio", r.resident_ratio},
-                     {"latency_ms", r.latency_ms}});
+                     {"latency_ms", r.latency_ms}, {"page_faults", r.page_faults}});
     }
     std::ofstream f(json_path);
     if (!f) throw std::runtime_error("bench squeeze: cannot write --json file " + json_path);
