@@ -81,6 +81,10 @@ struct CacheStats {
 struct ObservationNeeds {
   bool attention = false;      // observe_attention after every attention step of this layer
   bool hidden_states = false;  // observe_hidden during prefill
+  // 0: every query of a step is read. n: only the last n queries of a step with more are read (an
+  // observation window), so the engine may observe just those: a 32k-token prompt's observation
+  // is then [H_kv, n, rows] instead of [H_kv, 32k, rows] (34 GB at 8 KV heads).
+  std::size_t attention_queries = 0;
 };
 
 // Attention probabilities of one step of one layer, summed over the query heads of each KV group:

@@ -194,6 +194,7 @@ PYBIND11_MODULE(_kvslim, m) {
              py::dict d;
              d["attention"] = n.attention;
              d["hidden_states"] = n.hidden_states;
+             d["attention_queries"] = n.attention_queries;
              return d;
            })
       .def("observe_attention", &observe_attention, py::arg("probs"), py::arg("query_positions"))

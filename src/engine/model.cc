@@ -369,39 +369,54 @@ void Transformer::attention_block(std::size_t layer, std::size_t s, std::span<co
   }
   const KVBlock keys = make_block(k_block_.data(), 1, kv_heads, s, d);
   const KVBlock values = make_block(v_block_.data(), 1, kv_heads, s, d);
-  const bool observe = cache.needs().attention;
+  const ObservationNeeds needs = cache.needs();
+  const bool observe = needs.attention;
+  // Only the queries the cache reads are observed (its observation window): the first `skip`
+  // queries attend without probabilities, the last `observed` with them.
+  const std::size_t observed =
+      observe && needs.attention_queries > 0 && s > needs.attention_queries ? needs.attention_queries : s;
+  const std::size_t skip = s - observed;
+  const std::span<const std::int64_t> observed_positions = positions.subspan(skip);
 
   if (prefill && options_.prefill_attention == PrefillAttention::full_prompt) {
     // The chunk's queries see the previous view and the whole chunk; the cache absorbs it after.
     const CacheView all = attention_.concat(cache.view(), k_block_.data(), v_block_.data(), positions);
-    if (observe) grow(observation_cat_, attention_.observation_size(s, all.tokens));
-    attention_.attend(all, q_.data(), positions, attn_.data(), observe ? observation_cat_.data() : nullptr, &pool_);
+    if (observe) grow(observation_cat_, attention_.observation_size(observed, all.tokens));
+    if (skip > 0) attention_.attend(all, q_.data(), positions.first(skip), attn_.data(), nullptr, &pool_);
+    attention_.attend(all, q_.data() + skip * q_dim, observed_positions, attn_.data() + skip * q_dim,
+                      observe ? observation_cat_.data() : nullptr, &pool_);
     const CacheView kept = cache.update_and_fetch(keys, values, positions);
     if (observe) {
-      grow(observation_, attention_.observation_size(s, kept.tokens));
-      attention_.remap_observation(all, observation_cat_.data(), s, kept, observation_.data());
-      cache.observe_attention(AttentionObservation{observation_.data(), 1, kv_heads, s, kept.tokens, kept.tokens,
-                                                   positions});
+      grow(observation_, attention_.observation_size(observed, kept.tokens));
+      attention_.remap_observation(all, observation_cat_.data(), observed, kept, observation_.data());
+      cache.observe_attention(AttentionObservation{observation_.data(), 1, kv_heads, observed, kept.tokens, kept.tokens,
+                                                   observed_positions});
     }
   } else {
     // The cache attends over its own storage (compressed caches read their codes); its
     // probabilities are in its own row order, so they go straight back to the observation hook.
     cache.append(keys, values, positions);
     const std::size_t rows = cache.rows();
-    if (observe) grow(observation_, attention_.observation_size(s, rows));
+    if (observe) grow(observation_, attention_.observation_size(observed, rows));
     float* probs = observe ? observation_.data() : nullptr;
     if (prefill && s * (heads / kv_heads) >= kBlasMinQueries && !prefill_with_attend()) {
       // Long prompts: sgemm over the materialised rows is faster than the row kernel
       // (1.1-1.35x at 512-1024 tokens: README, "Decode attention over the cache's own storage");
       // materialize() is the fp16 adapter.
-      attention_.attend(cache.materialize(), q_.data(), positions, attn_.data(), probs, &pool_);
+      const CacheView view = cache.materialize();
+      if (skip > 0) attention_.attend(view, q_.data(), positions.first(skip), attn_.data(), nullptr, &pool_);
+      attention_.attend(view, q_.data() + skip * q_dim, observed_positions, attn_.data() + skip * q_dim, probs, &pool_);
     } else {
-      const QueryBlock queries{q_.data(), 1, s, heads, d};
       const bool threaded = rows * d * kv_heads * s >= (1u << 15);  // below this the pool costs more
-      cache.attend(queries, positions, attn_.data(), probs, threaded ? &parallel_ : nullptr);
+      ParallelFor* parallel = threaded ? &parallel_ : nullptr;
+      if (skip > 0) {
+        cache.attend(QueryBlock{q_.data(), 1, skip, heads, d}, positions.first(skip), attn_.data(), nullptr, parallel);
+      }
+      cache.attend(QueryBlock{q_.data() + skip * q_dim, 1, observed, heads, d}, observed_positions,
+                   attn_.data() + skip * q_dim, probs, parallel);
     }
     if (observe) {
-      cache.observe_attention(AttentionObservation{observation_.data(), 1, kv_heads, s, rows, rows, positions});
+      cache.observe_attention(AttentionObservation{observation_.data(), 1, kv_heads, observed, rows, rows, observed_positions});
     }
   }
   matmul(L.wo, attn_.data(), s, xb_.data(), tile_.data(), kTileRows, &pool_);  // [S, hidden]

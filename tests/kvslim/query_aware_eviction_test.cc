@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "cache/eviction_cache.h"
@@ -103,6 +105,56 @@ TEST(QueryAware, PrefillKeepsWhatTheLastQueriesAttend) {
   all->update_and_fetch(kv.keys(), kv.values(), pos);
   all->observe_attention(AttentionObservation{probs.data(), 1, 1, S, S, S, pos});
   EXPECT_TRUE(kept(all->view(), 10));
+}
+
+TEST(QueryAware, ObservingOnlyTheWindowQueriesEqualsObservingAll) {
+  // needs().attention_queries lets an engine observe only a prefill's last queries (a 32k-token
+  // prompt's full observation would be tens of GB). The trimmed observation must leave the cache
+  // exactly as the full one: rows, positions and scores, with decay, pooling and the window of 1
+  // (for which 2 queries are asked, so the trimmed step still reads as a prefill).
+  const std::size_t S = 96, H = 2;
+  for (const int window : {1, 5, 16}) {
+    for (const double decay : {1.0, 0.9}) {
+      SCOPED_TRACE("window " + std::to_string(window) + " decay " + std::to_string(decay));
+      KVCacheConfig c = query_aware(24);
+      c.evict_obs_window = window;
+      c.evict_decay = decay;
+      auto full = KVCacheFactory::create(c), trimmed = KVCacheFactory::create(c);
+      const std::size_t n = trimmed->needs().attention_queries;
+      ASSERT_EQ(n, static_cast<std::size_t>(std::max(window, 2)));
+      KV kv(1, H, S, 8, 5);
+      const auto pos = iota_positions(S);
+      full->update_and_fetch(kv.keys(), kv.values(), pos);
+      trimmed->update_and_fetch(kv.keys(), kv.values(), pos);
+      // [H, S, S] causal attention with a different favourite per head and query.
+      std::vector<float> probs(H * S * S, 0.0f);
+      for (std::size_t h = 0; h < H; ++h) {
+        for (std::size_t q = 0; q < S; ++q) {
+          auto row = prompt_attention(S, 0, {static_cast<std::int64_t>((q * 7 + h * 13) % (q + 1))}, 0.01f, 0.3f);
+          std::copy_n(row.begin() + q * S, S, probs.begin() + (h * S + q) * S);
+        }
+      }
+      full->observe_attention(AttentionObservation{probs.data(), 1, H, S, S, S, pos});
+      std::vector<float> last(H * n * S);
+      for (std::size_t h = 0; h < H; ++h) {
+        std::copy_n(probs.begin() + (h * S + S - n) * S, n * S, last.begin() + h * n * S);
+      }
+      trimmed->observe_attention(AttentionObservation{last.data(), 1, H, n, S, S, std::span(pos).subspan(S - n)});
+      const auto& a = dynamic_cast<const EvictionCache&>(*full).core();
+      const auto& b = dynamic_cast<const EvictionCache&>(*trimmed).core();
+      ASSERT_EQ(a.rows(), b.rows());
+      for (std::size_t h = 0; h < H; ++h) {
+        for (std::size_t i = 0; i < a.rows(); ++i) {
+          EXPECT_EQ(a.positions(h)[i], b.positions(h)[i]);
+          EXPECT_EQ(a.scores(h)[i], b.scores(h)[i]);
+        }
+      }
+    }
+  }
+  // No window: every query counts, so nothing may be trimmed.
+  KVCacheConfig every = query_aware(24);
+  every.evict_obs_window = 0;
+  EXPECT_EQ(KVCacheFactory::create(every)->needs().attention_queries, 0u);
 }
 
 TEST(QueryAware, PoolingKeepsTheNeighboursOfAnAttendedToken) {

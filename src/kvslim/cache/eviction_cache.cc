@@ -1,5 +1,7 @@
 #include "eviction_cache.h"
 
+#include <algorithm>
+
 #include "attend/head_attention.h"
 
 namespace kvslim {
@@ -38,6 +40,9 @@ void EvictionCache::observe_attention(const AttentionObservation& obs) {
 ObservationNeeds EvictionCache::needs() const {
   ObservationNeeds n;
   n.attention = attention_scored();
+  // An observation window reads only the last obs_window queries of a prefill; at least 2 are
+  // asked for, so that the trimmed observation still reads as a prefill (pooling, cross-layer).
+  if (n.attention && core_.policy().obs_window > 0) n.attention_queries = std::max<std::size_t>(core_.policy().obs_window, 2);
   return n;
 }
 

@@ -29,7 +29,10 @@ SqueezeCache::SqueezeCache(const KVCacheConfig& config, std::shared_ptr<SqueezeC
 ObservationNeeds SqueezeCache::needs() const {
   ObservationNeeds n = EvictionCache::needs();
   n.hidden_states = coordinator_ && hidden_signal_ && !reported_;
-  n.attention = n.attention || (coordinator_ && (entropy_signal_ || coverage_signal_) && !reported_);
+  const bool signal = coordinator_ && (entropy_signal_ || coverage_signal_) && !reported_;
+  // The attention layer signals read the window's last queries only (measure_attention_signal).
+  if (signal && !n.attention) n.attention_queries = std::max<std::size_t>(core_.policy().obs_window, 1);
+  n.attention = n.attention || signal;
   return n;
 }
 
