@@ -120,7 +120,9 @@ class Cache:
         self._core.reset()
 
     def needs(self) -> dict:
-        """Which engine signals this cache uses: {"attention": bool, "hidden_states": bool}."""
+        """Which engine signals this cache uses: {"attention": bool, "hidden_states": bool,
+        "attention_queries": int} (0: every query of a step is read; n: only a step's last n
+        queries, so an integrator may observe just those)."""
         return self._core.needs()
 
     def observe_attention(self, probs, query_positions) -> None:
