@@ -164,6 +164,11 @@ class KVCache {
   // Forgets every token (a new sequence). A squeeze layer keeps the schedule its set finalised
   // (the set's CacheSet::reset() clears that too).
   virtual void reset() = 0;
+  // A hint: this layer will be given at most `tokens` tokens in all (prompt plus generated). A
+  // cache that keeps every token (full) allocates for them at its first append instead of growing
+  // x1.5 as it fills (each growth copies the whole store); bounded caches ignore it. The
+  // reservation counts in stats().resident_bytes, as llama.cpp's n_ctx-sized cache does.
+  virtual void reserve(std::size_t tokens) { (void)tokens; }
 
   virtual ObservationNeeds needs() const { return {}; }
   // Attention-scored methods evict here. If an engine forgets to call it, the next append still

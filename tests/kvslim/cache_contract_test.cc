@@ -40,6 +40,39 @@ TEST(FullCache, StoreMovesLogarithmicallyOften) {
   EXPECT_LE(cache->stats().resident_bytes, (n + n / 2) * per_row + 16 * per_row);
 }
 
+// reserve(n): a full cache told the run's length allocates once (a prompt, then decode steps up
+// to n tokens: no move after the first append), holds exactly n rows' worth, and grows again
+// geometrically past it. Bounded caches ignore the hint (h2o's store stays at its budget).
+TEST(FullCache, ReserveAllocatesOnceForTheWholeRun) {
+  auto cache = KVCacheFactory::create(testing::config_for("full"));
+  const std::size_t prompt = 100, n = 612;
+  cache->reserve(n);
+  KV first(1, 2, prompt, 8, 1);
+  cache->append(first.keys(), first.values());
+  const std::uint16_t* store = cache->materialize().keys;
+  for (std::size_t t = prompt; t < n; ++t) {
+    KV kv(1, 2, 1, 8, static_cast<unsigned>(t));
+    cache->append(kv.keys(), kv.values());
+    ASSERT_EQ(cache->materialize().keys, store) << "moved at token " << t;
+  }
+  const std::size_t per_row = 2 * (2 * 8 * sizeof(std::uint16_t) + sizeof(float) + sizeof(std::int64_t));
+  EXPECT_EQ(cache->stats().resident_bytes, n * per_row);
+  KV more(1, 2, 1, 8, 9);
+  cache->append(more.keys(), more.values());
+  EXPECT_NE(cache->materialize().keys, store);
+  EXPECT_EQ(cache->rows(), n + 1);
+
+  KVCacheConfig h = testing::config_for("h2o");
+  h.h2o_budget = 64;
+  h.evict_profile = "original";
+  auto bounded = KVCacheFactory::create(h), plain = KVCacheFactory::create(h);
+  bounded->reserve(100000);
+  KV kv(1, 2, 300, 8, 3);
+  bounded->append(kv.keys(), kv.values());
+  plain->append(kv.keys(), kv.values());
+  EXPECT_EQ(bounded->stats().resident_bytes, plain->stats().resident_bytes);
+}
+
 // Compressed layers decode into their own scratch: one layer's materialize() leaves another
 // layer's view intact (they shared one scratch before).
 TEST(CacheSetViews, MaterializeOfOneLayerLeavesAnotherLayersViewIntact) {

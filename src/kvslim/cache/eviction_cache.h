@@ -21,6 +21,7 @@ class EvictionCache : public KVCache {
   CacheView materialize() const override { return core_.view(); }  // the slots themselves, no copy
   CacheStats stats() const override;
   void reset() override;
+  void reserve(std::size_t tokens) override { core_.reserve(tokens); }
   ObservationNeeds needs() const override;
   void observe_attention(const AttentionObservation& obs) override;
   std::string_view method() const override { return method_; }

@@ -562,8 +562,10 @@ void EvictionCore::trim(std::size_t budget) {
 
 void EvictionCore::reserve_rows(std::size_t needed, std::size_t bound) {
   if (needed <= capacity_) return;
-  // x1.5: O(log n) moves over n appended rows, at most half the kept rows allocated and unused.
+  // x1.5: O(log n) moves over n appended rows, at most half the kept rows allocated and unused; a
+  // reserve() hint that covers what is needed is taken whole instead (no move at all).
   std::size_t grown = std::max<std::size_t>(16, capacity_ + capacity_ / 2);
+  if (reserve_hint_ >= needed) grown = std::max(grown, reserve_hint_);
   relayout(std::max(needed, std::min(grown, bound)));
 }
 

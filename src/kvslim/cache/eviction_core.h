@@ -77,6 +77,9 @@ class EvictionCore {
   // sinks and the recent window always stay. Shrinks the allocation to what is kept.
   void trim(std::size_t budget);
   void reset();
+  // Rows per head the caller expects at most: an unbounded core grows straight to it (no x1.5
+  // steps); a bounded one never allocates past its limit anyway.
+  void reserve(std::size_t rows) { reserve_hint_ = rows; }
   // Joins the model's cross-layer board as sharing layer number `layer` (used when
   // policy().cross_layer > 0 and the scoring is attention).
   void share_importance(std::shared_ptr<CrossLayerImportance> board, std::size_t layer);
@@ -152,6 +155,7 @@ class EvictionCore {
   std::vector<std::int64_t> thresholds_;  // [S] recent-window threshold after each incoming token
   std::vector<std::size_t> candidates_, holes_;  // drop_lowest scratch
   std::size_t head_rows_ = 0;            // rows per head after absorb_heads
+  std::size_t reserve_hint_ = 0;         // reserve(): rows the caller expects at most
   std::size_t last_limit_ = kNone;       // the limit of the last absorb / observe
   bool awaiting_observation_ = false;    // attention scoring: absorbed rows not yet observed
   bool fallback_ = false;                // see fell_back()
