@@ -36,6 +36,8 @@ class CacheSet {
   KVCache& at(std::size_t layer) const;  // throws std::out_of_range for a missing/non-attention layer
   // Forgets every token in every layer and resets the shared coordinator (the original never does).
   void reset();
+  // KVCache::reserve(tokens) on every layer: the run's length, when the caller knows it.
+  void reserve(std::size_t tokens);
   // Sum over layers of stats().resident_bytes (plus the cross-layer board while a prefill call
   // holds it: nothing between calls) / seen_fp16_bytes.
   std::size_t resident_bytes() const;

@@ -118,9 +118,7 @@ int run(const Options& o) {
         CacheSet caches = KVCacheBuilder::for_model(model.cache_spec(), cfg);
         // The run's length is known: a full cache allocates for it once, as llama.cpp's n_ctx
         // cache does (growing x1.5 at a decode step would time one copy of the whole store).
-        for (std::size_t l = 0; l < caches.size(); ++l) {
-          if (caches[l] != nullptr) caches[l]->reserve(ctx + static_cast<std::size_t>(o.decode_tokens));
-        }
+        caches.reserve(ctx + static_cast<std::size_t>(o.decode_tokens));
         Transformer t(model, caches, {.threads = o.threads, .max_chunk = ctx, .max_context = ctx + o.decode_tokens,
                                                .allow_past_max_positions = o.allow_long_context});
         auto t0 = Clock::now();

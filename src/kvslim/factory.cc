@@ -142,6 +142,12 @@ void CacheSet::reset() {
   }
 }
 
+void CacheSet::reserve(std::size_t tokens) {
+  for (const auto& c : caches_) {
+    if (c) c->reserve(tokens);
+  }
+}
+
 std::size_t CacheSet::resident_bytes() const {
   std::size_t total = 0;
   for (const auto& c : caches_) {

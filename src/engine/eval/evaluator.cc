@@ -404,9 +404,7 @@ EvalResults run_eval(const Model& model, const EvalInputs& inputs, const EvalOpt
   auto time_decode = [&](const KVCacheConfig& config, PrefillAttention prefill, SpeedPoint& sp) {
     Engine e(model, config, prefill, speed_tokens.size(), options.threads);
     // The run's length is known: full allocates for it once instead of growing x1.5 at a timed step.
-    for (std::size_t l = 0; l < e.caches.size(); ++l) {
-      if (e.caches[l] != nullptr) e.caches[l]->reserve(speed_tokens.size());
-    }
+    e.caches.reserve(speed_tokens.size());
     const std::span<const int> all(speed_tokens);
     e.transformer->prefill(all.first(options.speed_context));
     sp.resident_bytes = e.caches.resident_bytes();
