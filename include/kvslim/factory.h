@@ -30,6 +30,9 @@ class CacheSet {
   CacheSet(CacheSet&&) noexcept = default;
   CacheSet& operator=(CacheSet&&) noexcept = default;
   ~CacheSet();
+  // A set assembled by the caller, one cache per layer (null: a layer without attention): caches
+  // of its own or wrappers of built ones. Nothing is shared between its layers but what they share.
+  static CacheSet of_layers(std::vector<std::unique_ptr<KVCache>> layers);
 
   std::size_t size() const { return caches_.size(); }
   KVCache* operator[](std::size_t layer) const { return caches_[layer].get(); }

@@ -18,6 +18,7 @@
 #include "engine/model.h"
 #include "engine/ops.h"
 #include "engine/sampler.h"
+#include "engine/tee_cache.h"
 #include "kvslim/factory.h"
 
 namespace kvslim::cli {
@@ -32,17 +33,31 @@ struct Options {
   std::vector<std::string> methods{"full", "h2o"};
   std::vector<std::string> sets{"h2o_budget=128", "evict_recent_window=32"};
   int decode_tokens = 32, threads = 2, repeats = 3;
-  bool allow_long_context = false;
+  int prefill_threads = 0;  // 0: threads
+  bool allow_long_context = false, shared_prefill = false;
 };
 
 double seconds(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
+// `method` is a method name, optionally followed by its own options: "kivi@kivi_bits=4,kivi_group_size=64"
+// (applied after the --set options, which apply to every method).
 KVCacheConfig cache_config(const std::string& method, const std::vector<std::string>& sets) {
   KVCacheConfig cfg;
-  cfg.method = method;
-  for (const std::string& kv : sets) {
+  const auto at = method.find('@');
+  cfg.method = method.substr(0, at);
+  const auto names = method_names();
+  if (std::find(names.begin(), names.end(), cfg.method) == names.end()) {
+    throw std::invalid_argument("--method '" + method + "': unknown method '" + cfg.method + "'");
+  }
+  std::vector<std::string> all = sets;
+  for (std::size_t p = at; p != std::string::npos;) {
+    const auto next = method.find(',', p + 1);
+    all.push_back(method.substr(p + 1, next == std::string::npos ? std::string::npos : next - p - 1));
+    p = next;
+  }
+  for (const std::string& kv : all) {
     const auto eq = kv.find('=');
-    if (eq == std::string::npos || eq == 0) throw std::invalid_argument("--set '" + kv + "': expected key=value");
+    if (eq == std::string::npos || eq == 0) throw std::invalid_argument("option '" + kv + "': expected key=value");
     cfg.set(kv.substr(0, eq), kv.substr(eq + 1));
   }
   cfg.validate();
@@ -83,6 +98,8 @@ std::pair<double, double> bandwidth(const Model& model, ThreadPool& pool, int re
 
 int run(const Options& o) {
   if (!o.json.empty()) check_output_path(o.json, "--json");
+  std::vector<KVCacheConfig> configs;  // checked before the model loads
+  for (const std::string& method : o.methods) configs.push_back(cache_config(method, o.sets));
   const Model model = Model::load(o.model);
   const ModelConfig& c = model.config();
   ThreadPool pool(o.threads);
@@ -105,37 +122,86 @@ int run(const Options& o) {
                                 {"memcpy_gb_per_s", copy_gbs},
                                 {"runs", nlohmann::ordered_json::array()}};
 
-  std::printf("%-10s %8s %14s %14s %16s %16s\n", "method", "context", "prefill tok/s", "decode tok/s", "KV resident B",
+  std::printf("%-18s %8s %14s %14s %16s %16s\n", "method", "context", "prefill tok/s", "decode tok/s", "KV resident B",
               "KV fp16 equiv B");
-  for (const std::string& method : o.methods) {
-    const KVCacheConfig cfg = cache_config(method, o.sets);
-    for (std::size_t ctx : o.contexts) {
-      std::vector<int> prompt(ctx);
-      for (std::size_t i = 0; i < ctx; ++i) prompt[i] = static_cast<int>((i * 7919 + 13) % c.vocab_size);
-      double best_prefill = 0, best_decode = 0;
-      std::size_t resident = 0, fp16 = 0;
+  const int prefill_threads = o.prefill_threads > 0 ? o.prefill_threads : o.threads;
+  if (prefill_threads != o.threads) std::printf("(prefill on %d threads, decode on %d)\n", prefill_threads, o.threads);
+
+  struct Point {
+    double prefill = 0, decode = 0;
+    std::size_t resident = 0, fp16 = 0;
+  };
+  // Caches for `methods` (indices into o.methods) filled by one prefill of `prompt` -- the first
+  // method's cache answers the prefill's attention, the others absorb the same stream
+  // (engine/tee_cache.h) -- then each decoded alone, timed; one Point per method.
+  auto run_once = [&](const std::vector<std::size_t>& methods, const std::vector<int>& prompt) {
+    const std::size_t ctx = prompt.size();
+    std::vector<CacheSet> sets;
+    for (std::size_t m : methods) {
+      sets.push_back(KVCacheBuilder::for_model(model.cache_spec(), configs[m]));
+      // The run's length is known: a full cache allocates for it once, as llama.cpp's n_ctx
+      // cache does (growing x1.5 at a decode step would time one copy of the whole store).
+      sets.back().reserve(ctx + static_cast<std::size_t>(o.decode_tokens));
+    }
+    std::vector<const CacheSet*> followers;
+    for (std::size_t i = 1; i < sets.size(); ++i) followers.push_back(&sets[i]);
+    CacheSet tee = followers.empty() ? CacheSet{} : tee_cache_set(sets[0], followers);
+    CacheSet& prefill_set = followers.empty() ? sets[0] : tee;
+    int first_token = 0;
+    double prefill_rate = 0;
+    {
+      Transformer t(model, prefill_set, {.threads = prefill_threads, .max_chunk = ctx, .max_context = ctx,
+                                         .allow_past_max_positions = o.allow_long_context});
+      const auto t0 = Clock::now();
+      first_token = argmax(t.prefill(prompt));
+      prefill_rate = ctx / seconds(t0);
+    }
+    std::vector<Point> points;
+    for (CacheSet& caches : sets) {
+      Transformer t(model, caches, {.threads = o.threads, .max_chunk = 1, .max_context = ctx + o.decode_tokens,
+                                    .allow_past_max_positions = o.allow_long_context});
+      const std::int64_t next = static_cast<std::int64_t>(ctx);
+      const auto t0 = Clock::now();
+      int token = argmax(t.forward(std::span<const int>(&first_token, 1), std::span<const std::int64_t>(&next, 1)));
+      for (int i = 1; i < o.decode_tokens; ++i) token = argmax(t.decode(token));
+      points.push_back({prefill_rate, o.decode_tokens / seconds(t0), caches.resident_bytes(), caches.seen_fp16_bytes()});
+    }
+    return points;
+  };
+
+  auto report = [&](std::size_t m, std::size_t ctx, const Point& p) {
+    const std::string& method = o.methods[m];
+    std::printf("%-18s %8zu %14.1f %14.1f %16zu %16zu\n", method.c_str(), ctx, p.prefill, p.decode, p.resident, p.fp16);
+    std::fflush(stdout);
+    out["runs"].push_back({{"method", method}, {"context", ctx}, {"decode_tokens", o.decode_tokens},
+                           {"prefill_tokens_per_s", p.prefill}, {"decode_tokens_per_s", p.decode},
+                           {"kv_resident_bytes", p.resident}, {"kv_fp16_equivalent_bytes", p.fp16},
+                           {"prefill_shared_with", o.shared_prefill ? o.methods.front() : method}});
+  };
+  auto best = [](Point& b, const Point& p) {
+    b.prefill = std::max(b.prefill, p.prefill);
+    b.decode = std::max(b.decode, p.decode);
+    b.resident = p.resident;
+    b.fp16 = p.fp16;
+  };
+  for (std::size_t ctx : o.contexts) {
+    std::vector<int> prompt(ctx);
+    for (std::size_t i = 0; i < ctx; ++i) prompt[i] = static_cast<int>((i * 7919 + 13) % c.vocab_size);
+    if (o.shared_prefill) {
+      std::vector<std::size_t> all(o.methods.size());
+      for (std::size_t m = 0; m < all.size(); ++m) all[m] = m;
+      std::vector<Point> b(all.size());
       for (int r = 0; r < o.repeats; ++r) {
-        CacheSet caches = KVCacheBuilder::for_model(model.cache_spec(), cfg);
-        // The run's length is known: a full cache allocates for it once, as llama.cpp's n_ctx
-        // cache does (growing x1.5 at a decode step would time one copy of the whole store).
-        caches.reserve(ctx + static_cast<std::size_t>(o.decode_tokens));
-        Transformer t(model, caches, {.threads = o.threads, .max_chunk = ctx, .max_context = ctx + o.decode_tokens,
-                                               .allow_past_max_positions = o.allow_long_context});
-        auto t0 = Clock::now();
-        std::span<const float> logits = t.prefill(prompt);
-        best_prefill = std::max(best_prefill, ctx / seconds(t0));
-        int token = argmax(logits);
-        t0 = Clock::now();
-        for (int i = 0; i < o.decode_tokens; ++i) token = argmax(t.decode(token));
-        best_decode = std::max(best_decode, o.decode_tokens / seconds(t0));
-        resident = caches.resident_bytes();
-        fp16 = caches.seen_fp16_bytes();
+        const std::vector<Point> p = run_once(all, prompt);
+        for (std::size_t m = 0; m < all.size(); ++m) best(b[m], p[m]);
       }
-      std::printf("%-10s %8zu %14.1f %14.1f %16zu %16zu\n", method.c_str(), ctx, best_prefill, best_decode, resident, fp16);
-      std::fflush(stdout);
-      out["runs"].push_back({{"method", method}, {"context", ctx}, {"decode_tokens", o.decode_tokens},
-                             {"prefill_tokens_per_s", best_prefill}, {"decode_tokens_per_s", best_decode},
-                             {"kv_resident_bytes", resident}, {"kv_fp16_equivalent_bytes", fp16}});
+      for (std::size_t m = 0; m < all.size(); ++m) report(m, ctx, b[m]);
+    } else {
+      for (std::size_t m = 0; m < o.methods.size(); ++m) {
+        Point b;
+        for (int r = 0; r < o.repeats; ++r) best(b, run_once({m}, prompt).front());
+        report(m, ctx, b);
+      }
     }
   }
   if (!o.json.empty()) {
@@ -151,10 +217,15 @@ const CommandRegistrar registrar("bench engine", "engine prefill/decode tokens/s
   auto o = std::make_shared<Options>();
   app.add_option("--model", o->model, "model directory (see `kvslim random-model`)")->required();
   app.add_option("--context", o->contexts, "prompt lengths")->capture_default_str();
-  app.add_option("--method", o->methods, "KV cache methods")->capture_default_str()->check(CLI::IsMember(method_names()));
+  app.add_option("--method", o->methods, "KV cache methods; name@key=value,... gives one its own options (kivi@kivi_bits=4)")
+      ->capture_default_str();
   app.add_option("--set", o->sets, "cache options key=value, applied to every method")->capture_default_str();
   app.add_option("--decode-tokens", o->decode_tokens, "decode steps timed per run")->capture_default_str()->check(CLI::Range(1, 1 << 16));
   app.add_option("--threads", o->threads, "decode threads")->capture_default_str()->check(CLI::Range(1, 256));
+  app.add_option("--prefill-threads", o->prefill_threads, "prefill threads (default: --threads)")->check(CLI::Range(1, 256));
+  app.add_flag("--shared-prefill", o->shared_prefill,
+               "one prefill per context fills every method's cache (the first method's cache answers its attention; "
+               "engine/tee_cache.h), then each decodes alone: a long context costs one prefill, not one per method");
   app.add_option("--repeats", o->repeats, "runs per point (best reported)")->capture_default_str()->check(CLI::Range(1, 100));
   app.add_option("--json", o->json, "also write the figures to this JSON file");
   app.add_flag("--allow-long-context", o->allow_long_context,

@@ -127,6 +127,12 @@ CacheSet KVCacheBuilder::for_model(const ModelSpec& model, const KVCacheConfig& 
 
 CacheSet::~CacheSet() = default;
 
+CacheSet CacheSet::of_layers(std::vector<std::unique_ptr<KVCache>> layers) {
+  CacheSet set;
+  set.caches_ = std::move(layers);
+  return set;
+}
+
 KVCache& CacheSet::at(std::size_t layer) const {
   if (layer >= caches_.size() || !caches_[layer]) {
     throw std::out_of_range("CacheSet has no cache for layer " + std::to_string(layer));

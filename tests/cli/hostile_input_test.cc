@@ -71,6 +71,32 @@ TEST_F(CliHostile, BenchZipcacheRefusesBadSweepValues) {
   }
 }
 
+// bench engine: a method's own options (name@key=value,...) are checked before the model loads,
+// and --shared-prefill reports every method from one prefill (one prefill figure, JSON says whose).
+TEST_F(CliHostile, BenchEngineMethodOptionsAndSharedPrefill) {
+  for (const auto& [method, fragment] : std::vector<std::pair<std::string, std::string>>{
+           {"kivo", "unknown method 'kivo'"}, {"kivi@kivi_bits=9", "kivi_bits"}, {"kivi@bits", "'bits'"}}) {
+    expect_one_line_error(run_cli("bench engine --model " + model().string() + " --method " + method), fragment, method);
+  }
+  const fs::path json = path("engine.json");
+  const Result r = run_cli("bench engine --model " + model().string() +
+                           " --context 48 --method full kivi@kivi_bits=4 h2o --set h2o_budget=16 --decode-tokens 4"
+                           " --repeats 1 --threads 1 --prefill-threads 2 --shared-prefill --json " + json.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::ifstream f(json);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  ASSERT_EQ(j["runs"].size(), 3u);
+  for (const auto& run : j["runs"]) {
+    EXPECT_EQ(run["prefill_shared_with"], "full");
+    EXPECT_EQ(run["prefill_tokens_per_s"], j["runs"][0]["prefill_tokens_per_s"]);
+    EXPECT_GT(run["decode_tokens_per_s"].get<double>(), 0.0);
+  }
+  EXPECT_EQ(j["runs"][1]["method"], "kivi@kivi_bits=4");
+  EXPECT_NE(j["runs"][1]["kv_resident_bytes"], j["runs"][0]["kv_resident_bytes"]);
+  // h2o keeps 16 of the 48 rows: it was filled, and evicted, by the shared prefill.
+  EXPECT_LT(j["runs"][2]["kv_resident_bytes"].get<double>(), j["runs"][0]["kv_resident_bytes"].get<double>());
+}
+
 // Item 6: a config.json linked to /dev/zero grew to 12 GB before failing.
 TEST_F(CliHostile, ConfigLinkedToDevZero) {
   const fs::path dir = path("devzero");
