@@ -15,15 +15,12 @@ double concentration_score(const float* rows, std::size_t n, std::size_t d) {
   double trace = 0.0;
   for (std::size_t i = 0; i < n; ++i) {
     const float* k = rows + i * d;
-    const double norm = std::sqrt(static_cast<double>(kernels::dot_f32(k, k, d)));
-    const double inv = 1.0 / (norm + 1e-8);
-    double self = 0.0;
-    for (std::size_t j = 0; j < d; ++j) {
-      const double u = k[j] * inv;
-      direction_sum[j] += u;
-      self += u * u;
-    }
-    trace += self;
+    const double sq = static_cast<double>(kernels::dot_f32(k, k, d));
+    const double inv = 1.0 / (std::sqrt(sq) + 1e-8);
+    // |u_i|^2 = |k_i|^2 inv^2; the update below is then element-wise, and vectorises.
+    trace += sq * inv * inv;
+    double* acc = direction_sum.data();
+    for (std::size_t j = 0; j < d; ++j) acc[j] += static_cast<double>(k[j]) * inv;
   }
   double total = 0.0;
   for (double s : direction_sum) total += s * s;
