@@ -78,6 +78,11 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) float split_quer
     const __m512i lq = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_fnmadd_ps(h, vs1, x), inv2));
     const __m128i h8 = _mm512_cvtsepi32_epi8(hq), l8 = _mm512_cvtsepi32_epi8(lq);
     const std::size_t chunk = d / m, at = d % m;
+    if (m == 16) {  // the 16 bytes fill every row slot of the chunk: one 512-bit store each
+      _mm512_store_si512(hi + chunk * 64, _mm512_broadcast_i32x4(h8));
+      _mm512_store_si512(lo + chunk * 64, _mm512_broadcast_i32x4(l8));
+      continue;
+    }
     for (int r = 0; r < R; ++r) {
       _mm_storeu_si128(reinterpret_cast<__m128i*>(hi + chunk * 64 + static_cast<std::size_t>(r) * m + at), h8);
       _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + chunk * 64 + static_cast<std::size_t>(r) * m + at), l8);
@@ -122,6 +127,14 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void logits_rows
   const __m512 vb = _mm512_broadcast_f32x4(_mm_load_ps(b4));
   const auto* Q = reinterpret_cast<const __m512i*>(qv);  // Q[(h * kQueries + i) * K + k]
   alignas(64) float out[16];
+  // Lane j of the transposed result: query j / R of row slot j % R, whose value sits in lane
+  // 4 * (block ending slot r) + query (R = 4: blocks 0-3; R = 2: blocks 1 and 3).
+  alignas(64) std::int32_t by_query_lanes[16] = {};
+  for (int j = 0; j < 16 && R > 1; ++j) {
+    const int query = j / R, slot = j % R;
+    by_query_lanes[j] = query < 4 ? (slot * (4 / R) + (4 / R - 1)) * 4 + query : 0;
+  }
+  const __m512i by_query = _mm512_load_si512(by_query_lanes);
   for (std::size_t r0 = 0; r0 < n; r0 += R) {
     const std::size_t here = std::min<std::size_t>(R, n - r0);
     const __m512i v = here == static_cast<std::size_t>(R)
@@ -142,6 +155,15 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void logits_rows
     const __m512i th = fold_blocks<R>(reduce4(h0, h1, h2, h3));
     const __m512i tl = fold_blocks<R>(reduce4(l0, l1, l2, l3));
     const __m512 f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(th), vs1, _mm512_fmadd_ps(_mm512_cvtepi32_ps(tl), vs2, vb));
+    if (R > 1 && idx == nullptr && here == static_cast<std::size_t>(R)) {
+      // Consecutive columns: transpose to [query][row slot] and store each query's R logits at
+      // once (R = 4: 16 scalar stores become 4 of 128 bits).
+      _mm512_store_ps(out, _mm512_permutexvar_ps(by_query, f));
+      for (int i = 0; i < nq; ++i) {
+        std::memcpy(logits + static_cast<std::size_t>(i) * ld + r0, out + i * R, R * sizeof(float));
+      }
+      continue;
+    }
     _mm512_store_ps(out, f);
     for (std::size_t r = 0; r < here; ++r) {
       const float* o = out + (r * (4 / R) + (4 / R - 1)) * 4;  // the block that ends row slot r
