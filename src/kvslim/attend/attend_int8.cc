@@ -17,6 +17,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -43,21 +44,23 @@ bool cpu_has_vnni() {
 
 constexpr int kQueries = 4;  // query vectors per pass (GQA groups of 1-4 heads; larger ones loop)
 
-// Writes query row q * scale (D floats each, D a multiple of 16) as int8 hi and lo parts
-// (q[d] * scale[d] ~ s1 * hi[d] + s2 * lo[d], lo the rounded residual) straight into the replicated
-// chunk layout: element d goes to byte (d % m) of row slot r (r < R) of chunk d / m, for hi at `hi`
-// and lo at `lo`. Returns q . zero (the group's offset term of every score).
+// Writes query row q * scale (D floats each, D a multiple of 16; scale and zero fp16) as int8 hi and
+// lo parts (q[d] * scale[d] ~ s1 * hi[d] + s2 * lo[d], lo the rounded residual) straight into the
+// replicated chunk layout: element d goes to byte (d % m) of row slot r (r < R) of chunk d / m, for
+// hi at `hi` and lo at `lo`. Returns q . zero (the group's offset term of every score).
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) float split_query(
-    const float* q, const float* scale, const float* zero, std::size_t D, std::size_t m, int R, std::uint8_t* hi,
-    std::uint8_t* lo, float& s1, float& s2) {
+    const float* q, const std::uint16_t* scale_h, const std::uint16_t* zero_h, std::size_t D, std::size_t m, int R,
+    std::uint8_t* hi, std::uint8_t* lo, float& s1, float& s2) {
   alignas(64) float qs[256];  // q * scale (D <= 256)
   __m512 vmax = _mm512_setzero_ps(), vbias = _mm512_setzero_ps();
   for (std::size_t d = 0; d < D; d += 16) {
     const __m512 x = _mm512_loadu_ps(q + d);
-    const __m512 y = _mm512_mul_ps(x, _mm512_loadu_ps(scale + d));
+    const __m512 sc = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scale_h + d)));
+    const __m512 ze = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(zero_h + d)));
+    const __m512 y = _mm512_mul_ps(x, sc);
     _mm512_store_ps(qs + d, y);
     vmax = _mm512_max_ps(vmax, _mm512_abs_ps(y));
-    vbias = _mm512_fmadd_ps(x, _mm512_loadu_ps(zero + d), vbias);
+    vbias = _mm512_fmadd_ps(x, ze, vbias);
   }
   const float amax = _mm512_reduce_max_ps(vmax), bias = _mm512_reduce_add_ps(vbias);
   if (!(amax > 0.0f) || !std::isfinite(amax)) {  // zero (or broken) query: every product 0
@@ -129,12 +132,15 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void logits_rows
   alignas(64) float out[16];
   // Lane j of the transposed result: query j / R of row slot j % R, whose value sits in lane
   // 4 * (block ending slot r) + query (R = 4: blocks 0-3; R = 2: blocks 1 and 3).
-  alignas(64) std::int32_t by_query_lanes[16] = {};
-  for (int j = 0; j < 16 && R > 1; ++j) {
-    const int query = j / R, slot = j % R;
-    by_query_lanes[j] = query < 4 ? (slot * (4 / R) + (4 / R - 1)) * 4 + query : 0;
-  }
-  const __m512i by_query = _mm512_load_si512(by_query_lanes);
+  static constexpr auto kByQuery = [] {
+    std::array<std::int32_t, 16> lanes{};
+    for (int j = 0; j < 16 && R > 1; ++j) {
+      const int query = j / R, slot = j % R;
+      lanes[static_cast<std::size_t>(j)] = query < 4 ? (slot * (4 / R) + (4 / R - 1)) * 4 + query : 0;
+    }
+    return lanes;
+  }();
+  const __m512i by_query = _mm512_loadu_si512(kByQuery.data());
   for (std::size_t r0 = 0; r0 < n; r0 += R) {
     const std::size_t here = std::min<std::size_t>(R, n - r0);
     const __m512i v = here == static_cast<std::size_t>(R)
@@ -179,10 +185,10 @@ bool int8_logits_available() { return cpu_has_vnni() && g_int8_enabled.load(std:
 
 void set_int8_logits_enabled(bool enabled) { g_int8_enabled.store(enabled, std::memory_order_relaxed); }
 
-bool logits_packed_int8(const float* q, const float* scale, const float* zero, std::size_t M, std::size_t D,
-                        const std::uint8_t* packed, int bits, std::size_t n, const std::uint32_t* idx, float* logits,
-                        std::size_t ld) {
-  if (!int8_logits_available()) return false;
+bool logits_packed_int8(const float* q, const std::uint16_t* scale_h, const std::uint16_t* zero_h,
+                        std::size_t group_size, std::size_t M, std::size_t D, const std::uint8_t* packed, int bits,
+                        std::size_t n, const std::uint32_t* idx, float* logits, std::size_t ld) {
+  if (!int8_logits_available() || group_size == 0 || D > 256) return false;
   if (bits != 2 && bits != 4 && bits != 8) return false;  // one bit plane, at most 4 sub-chunks
   const std::size_t m = D * static_cast<std::size_t>(bits) / 8;
   if (D * static_cast<std::size_t>(bits) % 8 != 0 || (m != 16 && m != 32 && m != 64)) return false;
@@ -190,36 +196,43 @@ bool logits_packed_int8(const float* q, const float* scale, const float* zero, s
   // [2][kQueries][K][64] replicated query chunks, 64-byte aligned.
   alignas(64) std::uint8_t qv[2 * kQueries * 4 * 64];
   float s[2 * kQueries], b[kQueries];
-  for (std::size_t m0 = 0; m0 < M; m0 += kQueries) {
-    const int nq = static_cast<int>(std::min<std::size_t>(kQueries, M - m0));
-    std::fill(s, s + 2 * kQueries, 0.0f);
-    std::fill(b, b + kQueries, 0.0f);
-    // split_query writes every byte of a real query's chunks (R row slots of m bytes = 64); the
-    // padding queries' chunks are zeroed.
-    for (int i = nq; i < kQueries; ++i) {
-      for (int h = 0; h < 2; ++h) {
-        std::memset(qv + ((static_cast<std::size_t>(h) * kQueries + static_cast<std::size_t>(i)) * K) * 64, 0,
-                    static_cast<std::size_t>(K) * 64);
+  for (std::size_t r0 = 0; r0 < n; r0 += group_size) {
+    const std::size_t gi = r0 / group_size, cnt = std::min(group_size, n - r0);
+    const std::uint16_t* sc = scale_h + gi * D;
+    const std::uint16_t* ze = zero_h + gi * D;
+    const std::uint8_t* rows = packed + r0 * m;
+    const std::uint32_t* cols = idx != nullptr ? idx + r0 : nullptr;
+    for (std::size_t m0 = 0; m0 < M; m0 += kQueries) {
+      const int nq = static_cast<int>(std::min<std::size_t>(kQueries, M - m0));
+      std::fill(s, s + 2 * kQueries, 0.0f);
+      std::fill(b, b + kQueries, 0.0f);
+      // split_query writes every byte of a real query's chunks (R row slots of m bytes = 64); the
+      // padding queries' chunks are zeroed.
+      for (int i = nq; i < kQueries; ++i) {
+        for (int h = 0; h < 2; ++h) {
+          std::memset(qv + ((static_cast<std::size_t>(h) * kQueries + static_cast<std::size_t>(i)) * K) * 64, 0,
+                      static_cast<std::size_t>(K) * 64);
+        }
       }
-    }
-    for (int i = 0; i < nq; ++i) {
-      const std::size_t at = static_cast<std::size_t>(i) * static_cast<std::size_t>(K) * 64;
-      b[i] = split_query(q + (m0 + static_cast<std::size_t>(i)) * D, scale, zero, D, m, R, qv + at,
-                         qv + static_cast<std::size_t>(kQueries) * static_cast<std::size_t>(K) * 64 + at, s[i],
-                         s[kQueries + i]);
-    }
-    float* out = logits + m0 * ld;
-    switch (R * 10 + K) {
-      case 14: logits_rows<1, 4>(qv, s, b, nq, packed, n, idx, out, ld); break;   // 2-bit, D = 256
-      case 12: logits_rows<1, 2>(qv, s, b, nq, packed, n, idx, out, ld); break;   // 4-bit, D = 128
-      case 11: logits_rows<1, 1>(qv, s, b, nq, packed, n, idx, out, ld); break;   // 8-bit, D = 64
-      case 24: logits_rows<2, 4>(qv, s, b, nq, packed, n, idx, out, ld); break;   // 2-bit, D = 128
-      case 22: logits_rows<2, 2>(qv, s, b, nq, packed, n, idx, out, ld); break;   // 4-bit, D = 64
-      case 21: logits_rows<2, 1>(qv, s, b, nq, packed, n, idx, out, ld); break;   // 8-bit, D = 32
-      case 44: logits_rows<4, 4>(qv, s, b, nq, packed, n, idx, out, ld); break;   // 2-bit, D = 64
-      case 42: logits_rows<4, 2>(qv, s, b, nq, packed, n, idx, out, ld); break;   // 4-bit, D = 32
-      case 41: logits_rows<4, 1>(qv, s, b, nq, packed, n, idx, out, ld); break;   // 8-bit, D = 16
-      default: return false;
+      for (int i = 0; i < nq; ++i) {
+        const std::size_t at = static_cast<std::size_t>(i) * static_cast<std::size_t>(K) * 64;
+        b[i] = split_query(q + (m0 + static_cast<std::size_t>(i)) * D, sc, ze, D, m, R, qv + at,
+                           qv + static_cast<std::size_t>(kQueries) * static_cast<std::size_t>(K) * 64 + at, s[i],
+                           s[kQueries + i]);
+      }
+      float* out = logits + m0 * ld + (idx != nullptr ? 0 : r0);
+      switch (R * 10 + K) {
+        case 14: logits_rows<1, 4>(qv, s, b, nq, rows, cnt, cols, out, ld); break;  // 2-bit, D = 256
+        case 12: logits_rows<1, 2>(qv, s, b, nq, rows, cnt, cols, out, ld); break;  // 4-bit, D = 128
+        case 11: logits_rows<1, 1>(qv, s, b, nq, rows, cnt, cols, out, ld); break;  // 8-bit, D = 64
+        case 24: logits_rows<2, 4>(qv, s, b, nq, rows, cnt, cols, out, ld); break;  // 2-bit, D = 128
+        case 22: logits_rows<2, 2>(qv, s, b, nq, rows, cnt, cols, out, ld); break;  // 4-bit, D = 64
+        case 21: logits_rows<2, 1>(qv, s, b, nq, rows, cnt, cols, out, ld); break;  // 8-bit, D = 32
+        case 44: logits_rows<4, 4>(qv, s, b, nq, rows, cnt, cols, out, ld); break;  // 2-bit, D = 64
+        case 42: logits_rows<4, 2>(qv, s, b, nq, rows, cnt, cols, out, ld); break;  // 4-bit, D = 32
+        case 41: logits_rows<4, 1>(qv, s, b, nq, rows, cnt, cols, out, ld); break;  // 8-bit, D = 16
+        default: return false;
+      }
     }
   }
   return true;

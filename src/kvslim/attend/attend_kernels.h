@@ -37,13 +37,15 @@ void logits_packed(const float* q, std::size_t M, std::size_t D, const std::uint
                    const float* bias, const std::uint32_t* idx, float* logits, std::size_t ld);
 void accumulate_packed(const float* p, std::size_t ld, std::size_t M, const std::uint8_t* packed, int bits,
                        std::size_t n, std::size_t D, float* acc);
-// Scores of packed rows by integer dot products (AVX-512 VNNI; attend_int8.cc):
-// logits[m * ld + col(r)] = (q[m] * scale) . codes[r] + q[m] . zero, for bits 2, 4 and 8 with
-// D * bits / 8 in {16, 32, 64} and D <= 256 on a CPU with VNNI. Returns false (writing nothing)
-// otherwise; then scale_queries + logits_packed / logits_codes do it.
-bool logits_packed_int8(const float* q, const float* scale, const float* zero, std::size_t M, std::size_t D,
-                        const std::uint8_t* packed, int bits, std::size_t n, const std::uint32_t* idx, float* logits,
-                        std::size_t ld);
+// Scores of packed rows by integer dot products (AVX-512 VNNI; attend_int8.cc), n rows in groups of
+// group_size (the last may be shorter), group gi with fp16 per-channel params scale_h[gi * D ..],
+// zero_h[gi * D ..]: logits[m * ld + col(r)] = (q[m] * scale) . codes[r] + q[m] . zero, col(r) =
+// idx ? idx[r] : r; for bits 2, 4 and 8 with D * bits / 8 in {16, 32, 64} and D <= 256 on a CPU
+// with VNNI. Returns false (writing nothing) otherwise; then scale_queries + logits_packed /
+// logits_codes do it, group by group.
+bool logits_packed_int8(const float* q, const std::uint16_t* scale_h, const std::uint16_t* zero_h,
+                        std::size_t group_size, std::size_t M, std::size_t D, const std::uint8_t* packed, int bits,
+                        std::size_t n, const std::uint32_t* idx, float* logits, std::size_t ld);
 // As accumulate_packed by integer dot products, under the same conditions, also writing
 // psum[m] = sum_r p[m * ld + r]; false = not done.
 bool accumulate_packed_int8(const float* p, std::size_t ld, std::size_t M, const std::uint8_t* packed, int bits,

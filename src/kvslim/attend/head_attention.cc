@@ -114,6 +114,11 @@ void HeadAttention::packed_block(const ZipCompressed& keys, const GroupQuantized
   for (const GroupQuantized* set : {&keys.hi, &keys.lo}) {
     if (set->rows == 0) continue;
     const std::uint32_t* idx = mixed ? index_.data() + (set == &keys.hi ? 0 : keys.hi.rows) : nullptr;
+    // Integer dot products on the packed bytes, every group in one call.
+    if (logits_packed_int8(q_.data(), set->scale.data(), set->zero.data(), set->group_size, M_, D_, set->codes.data(),
+                           set->bits, set->rows, idx, scores_.data(), n)) {
+      continue;
+    }
     const std::size_t rb = packed_row_bytes(D_, set->bits);
     const bool direct = packed_direct(D_, set->bits);
     if (!direct) codes_.resize(set->group_size * D_);
@@ -123,9 +128,6 @@ void HeadAttention::packed_block(const ZipCompressed& keys, const GroupQuantized
       k.params_to_f32(set->scale.data() + gi * D_, set->zero.data() + gi * D_, D_, scale_.data(), zero_.data());
       const std::uint32_t* cols = idx != nullptr ? idx + r0 : nullptr;
       float* dst = idx != nullptr ? scores_.data() : scores_.data() + r0;
-      if (logits_packed_int8(q_.data(), scale_.data(), zero_.data(), M_, D_, packed, set->bits, cnt, cols, dst, n)) {
-        continue;  // integer dot products on the packed bytes
-      }
       scale_queries(q_.data(), M_, D_, scale_.data(), zero_.data(), qs_.data(), bias_.data());
       if (direct) {
         logits_packed(qs_.data(), M_, D_, packed, set->bits, cnt, bias_.data(), cols, dst, n);
