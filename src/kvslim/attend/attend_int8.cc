@@ -44,23 +44,29 @@ bool cpu_has_vnni() {
 
 constexpr int kQueries = 4;  // query vectors per pass (GQA groups of 1-4 heads; larger ones loop)
 
-// Writes query row q * scale (D floats each, D a multiple of 16; scale and zero fp16) as int8 hi and
-// lo parts (q[d] * scale[d] ~ s1 * hi[d] + s2 * lo[d], lo the rounded residual) straight into the
-// replicated chunk layout: element d goes to byte (d % m) of row slot r (r < R) of chunk d / m, for
-// hi at `hi` and lo at `lo`. Returns q . zero (the group's offset term of every score).
+// fp16 -> fp32 of a group's per-channel params (D a multiple of 16), once for all its queries.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void params_f32(const std::uint16_t* h, std::size_t D,
+                                                                                float* f) {
+  for (std::size_t d = 0; d < D; d += 16) {
+    _mm512_store_ps(f + d, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + d))));
+  }
+}
+
+// Writes query row q * scale (D floats each, D a multiple of 16) as int8 hi and lo parts
+// (q[d] * scale[d] ~ s1 * hi[d] + s2 * lo[d], lo the rounded residual) straight into the replicated
+// chunk layout: element d goes to byte (d % m) of row slot r (r < R) of chunk d / m, for hi at `hi`
+// and lo at `lo`. Returns q . zero (the group's offset term of every score).
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) float split_query(
-    const float* q, const std::uint16_t* scale_h, const std::uint16_t* zero_h, std::size_t D, std::size_t m, int R,
-    std::uint8_t* hi, std::uint8_t* lo, float& s1, float& s2) {
+    const float* q, const float* scale, const float* zero, std::size_t D, std::size_t m, int R, std::uint8_t* hi,
+    std::uint8_t* lo, float& s1, float& s2) {
   alignas(64) float qs[256];  // q * scale (D <= 256)
   __m512 vmax = _mm512_setzero_ps(), vbias = _mm512_setzero_ps();
   for (std::size_t d = 0; d < D; d += 16) {
     const __m512 x = _mm512_loadu_ps(q + d);
-    const __m512 sc = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scale_h + d)));
-    const __m512 ze = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(zero_h + d)));
-    const __m512 y = _mm512_mul_ps(x, sc);
+    const __m512 y = _mm512_mul_ps(x, _mm512_load_ps(scale + d));
     _mm512_store_ps(qs + d, y);
     vmax = _mm512_max_ps(vmax, _mm512_abs_ps(y));
-    vbias = _mm512_fmadd_ps(x, ze, vbias);
+    vbias = _mm512_fmadd_ps(x, _mm512_load_ps(zero + d), vbias);
   }
   const float amax = _mm512_reduce_max_ps(vmax), bias = _mm512_reduce_add_ps(vbias);
   if (!(amax > 0.0f) || !std::isfinite(amax)) {  // zero (or broken) query: every product 0
@@ -198,8 +204,9 @@ bool logits_packed_int8(const float* q, const std::uint16_t* scale_h, const std:
   float s[2 * kQueries], b[kQueries];
   for (std::size_t r0 = 0; r0 < n; r0 += group_size) {
     const std::size_t gi = r0 / group_size, cnt = std::min(group_size, n - r0);
-    const std::uint16_t* sc = scale_h + gi * D;
-    const std::uint16_t* ze = zero_h + gi * D;
+    alignas(64) float sc[256], ze[256];  // the group's params as fp32
+    params_f32(scale_h + gi * D, D, sc);
+    params_f32(zero_h + gi * D, D, ze);
     const std::uint8_t* rows = packed + r0 * m;
     const std::uint32_t* cols = idx != nullptr ? idx + r0 : nullptr;
     for (std::size_t m0 = 0; m0 < M; m0 += kQueries) {

@@ -107,8 +107,14 @@ void HeadAttention::packed_block(const ZipCompressed& keys, const GroupQuantized
     index_.resize(n);
     std::uint32_t* hi_at = index_.data();
     std::uint32_t* lo_at = index_.data() + keys.hi.rows;
+    // Branch-free (the mask is random to the predictor): write both, advance the one it names.
+    std::size_t nh = 0, nl = 0;
     for (std::size_t s = 0; s < n; ++s) {
-      *((keys.mask_bits[s / 8] >> (s % 8)) & 1u ? hi_at++ : lo_at++) = static_cast<std::uint32_t>(s);
+      const std::size_t bit = (keys.mask_bits[s / 8] >> (s % 8)) & 1u;
+      if (nh < keys.hi.rows) hi_at[nh] = static_cast<std::uint32_t>(s);
+      if (nl < keys.lo.rows) lo_at[nl] = static_cast<std::uint32_t>(s);
+      nh += bit;
+      nl += 1 - bit;
     }
   }
   for (const GroupQuantized* set : {&keys.hi, &keys.lo}) {
