@@ -119,6 +119,14 @@ class Cache:
     def reset(self) -> None:
         self._core.reset()
 
+    def reserve(self, tokens: int) -> None:
+        """A hint: this layer will be given at most `tokens` tokens in all (prompt plus generated).
+        A cache that keeps every token (full) then allocates once instead of growing x1.5 (each
+        growth copies the whole store); bounded caches ignore it."""
+        if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
+            raise _kvslim.InputError(f"reserve: tokens must be a non-negative integer, got {tokens!r}")
+        self._core.reserve(tokens)
+
     def needs(self) -> dict:
         """Which engine signals this cache uses: {"attention": bool, "hidden_states": bool,
         "attention_queries": int} (0: every query of a step is read; n: only a step's last n
@@ -185,6 +193,12 @@ class CacheSet:
 
     def reset(self) -> None:
         self._core.reset()
+
+    def reserve(self, tokens: int) -> None:
+        """Cache.reserve(tokens) on every layer: the run's length, when the caller knows it."""
+        if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
+            raise _kvslim.InputError(f"reserve: tokens must be a non-negative integer, got {tokens!r}")
+        self._core.reserve(tokens)
 
     def resident_bytes(self) -> int:
         """Bytes really allocated for the retained state, summed over layers."""

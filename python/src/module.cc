@@ -188,6 +188,7 @@ PYBIND11_MODULE(_kvslim, m) {
       .def("view", [](py::object self) { return view_arrays(self.cast<KVCache&>().view(), self); })
       .def("stats", [](const KVCache& c) { return stats_dict(c.stats()); })
       .def("reset", &KVCache::reset)
+      .def("reserve", &KVCache::reserve, py::arg("tokens"))
       .def("needs",
            [](const KVCache& c) {
              const ObservationNeeds n = c.needs();
@@ -222,6 +223,7 @@ PYBIND11_MODULE(_kvslim, m) {
           },
           py::return_value_policy::reference_internal)
       .def("reset", &CacheSet::reset)
+      .def("reserve", &CacheSet::reserve, py::arg("tokens"))
       .def("resident_bytes", &CacheSet::resident_bytes)
       .def("seen_fp16_bytes", &CacheSet::seen_fp16_bytes);
 }

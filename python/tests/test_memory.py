@@ -84,3 +84,28 @@ def test_quantized_caches_under_append_hold_only_their_state(full, fields):
     r = probe(dict(fields, append=True))
     assert r["rss_growth"] <= r["resident"] + r["view"] + (4 << 20), r
     assert r["rss_growth"] < 0.5 * full["rss_growth"], (r, full)
+
+
+def test_reserve_allocates_the_full_store_once():
+    """reserve(tokens) on a full cache: the store takes exactly what the run needs at its first append
+    and never moves while it fills; a bounded cache ignores it; a bad count is refused."""
+    import numpy as np
+    k = np.random.default_rng(1).standard_normal((1, 2, 16, 32), dtype=np.float32)
+    cs = kvslim.CacheSet(kvslim.Config(method="full"), num_layers=2, kv_heads=2, head_dim=32)
+    cs.reserve(160)
+    cs[0].append(k, k)
+    resident = cs[0].stats().resident_bytes
+    for _ in range(9):
+        cs[0].append(k, k)
+    assert cs[0].stats().tokens_kept == 160
+    assert cs[0].stats().resident_bytes == resident  # no growth: allocated once for 160 tokens
+    assert resident >= 160 * 2 * 32 * 2 * 2
+    bounded = kvslim.CacheSet(kvslim.Config(method="h2o", h2o_budget=16), num_layers=1, kv_heads=2, head_dim=32)
+    bounded.reserve(1 << 20)
+    bounded[0].append(k, k)
+    assert bounded[0].stats().resident_bytes < 1 << 20
+    for bad in (-1, 1.5, True, "8"):
+        with pytest.raises(kvslim.InputError):
+            cs.reserve(bad)
+        with pytest.raises(kvslim.InputError):
+            cs[0].reserve(bad)
