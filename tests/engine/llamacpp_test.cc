@@ -13,6 +13,7 @@
 #include "engine/gguf_model.h"
 #include "engine/json_util.h"
 #include "engine/model.h"
+#include "engine/model_file_limits.h"
 #include "loader_test_util.h"
 
 namespace kvslim::engine {
@@ -41,14 +42,14 @@ TEST(LlamaCpp, LoadsKvslimGgufOfMiniAndReproducesHfGoldenLogits) {
   testing::TempDir tmp;
   // F32 matrices (the bf16 weights exactly), so llama.cpp computes in fp32 as the HF reference did.
   const Model hf = Model::load(dir);
-  write_gguf(hf, json_util::read_text_file(dir / "tokenizer.json"), tmp / "mini.gguf", {.matrix_type = gguf::TensorType::f32});
-  const nlohmann::json golden = nlohmann::json::parse(json_util::read_text_file(golden_dir / "golden.json"));
+  write_gguf(hf, json_util::read_text_file(dir / "tokenizer.json", limits::kTokenizerJsonBytes), tmp / "mini.gguf", {.matrix_type = gguf::TensorType::f32});
+  const nlohmann::json golden = nlohmann::json::parse(json_util::read_text_file(golden_dir / "golden.json", limits::kTokenizerJsonBytes));
   const std::size_t vocab = hf.config().vocab_size;
   for (const auto& w : golden["windows"]) {
     const auto ids = w["input_ids"].get<std::vector<int>>();
     std::string cmd = KVSLIM_LLAMACPP_LOGITS;
     for (const std::string& arg : {(tmp / "mini.gguf").string(), (tmp / "out.f32").string(), std::string("f32")}) cmd.append(" ").append(arg);
-    for (int id : ids) cmd += " " + std::to_string(id);
+    for (int id : ids) cmd.append(" ").append(std::to_string(id));
     ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd.substr(0, 200);
     const std::vector<float> all = read_f32(tmp / "out.f32", ids.size() * vocab);
     const auto positions = w["logit_positions"].get<std::vector<std::size_t>>();
