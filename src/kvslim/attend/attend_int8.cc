@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "attend/attend_kernels.h"
+#include "quant/quant_kernels.h"
 
 namespace kvslim::attend {
 namespace {
@@ -43,14 +44,6 @@ bool cpu_has_vnni() {
 }
 
 constexpr int kQueries = 4;  // query vectors per pass (GQA groups of 1-4 heads; larger ones loop)
-
-// fp16 -> fp32 of a group's per-channel params (D a multiple of 16), once for all its queries.
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void params_f32(const std::uint16_t* h, std::size_t D,
-                                                                                float* f) {
-  for (std::size_t d = 0; d < D; d += 16) {
-    _mm512_store_ps(f + d, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + d))));
-  }
-}
 
 // Writes query row q * scale (D floats each, D a multiple of 16) as int8 hi and lo parts
 // (q[d] * scale[d] ~ s1 * hi[d] + s2 * lo[d], lo the rounded residual) straight into the replicated
@@ -204,9 +197,8 @@ bool logits_packed_int8(const float* q, const std::uint16_t* scale_h, const std:
   float s[2 * kQueries], b[kQueries];
   for (std::size_t r0 = 0; r0 < n; r0 += group_size) {
     const std::size_t gi = r0 / group_size, cnt = std::min(group_size, n - r0);
-    alignas(64) float sc[256], ze[256];  // the group's params as fp32
-    params_f32(scale_h + gi * D, D, sc);
-    params_f32(zero_h + gi * D, D, ze);
+    alignas(64) float sc[256], ze[256];  // the group's params as fp32, once for all its queries
+    quant::simd_kernels().params_to_f32(scale_h + gi * D, zero_h + gi * D, D, sc, ze);
     const std::uint8_t* rows = packed + r0 * m;
     const std::uint32_t* cols = idx != nullptr ? idx + r0 : nullptr;
     for (std::size_t m0 = 0; m0 < M; m0 += kQueries) {
