@@ -155,36 +155,56 @@ TEST(Attend, ZipcacheMixedPrecisionMatchesReference) {
 
 // The integer (VNNI) kernels stand in for the fp32 ones on packed codes where the CPU has them:
 // both must give the same attention (the int8 split of queries and probabilities errs by ~2^-15).
+// Every row geometry they take (16, 32 and 64 bytes a row: in-register and buffered interleave),
+// query groups of 1-6 heads (padded passes of four), groups of rows that are not a multiple of four
+// and short last groups (staging 0: each call its own block), mixed blocks, and a zero query.
+void expect_int8_matches_fp32(const KVCacheConfig& c, std::size_t D, std::size_t Hkv, std::size_t Hq, std::size_t S,
+                              bool zero_query, const std::string& what) {
+  auto cache = KVCacheFactory::create(c);
+  KV kv(1, Hkv, S, D, 31);
+  std::vector<std::int64_t> pos(S);
+  for (std::size_t i = 0; i < S; ++i) pos[i] = static_cast<std::int64_t>(i);
+  cache->append(kv.keys(), kv.values(), pos);
+  for (std::size_t t = 0; t < 3; ++t) {  // a few decode tokens: short blocks with staging 0
+    KV step(1, Hkv, 1, D, 50 + static_cast<unsigned>(t));
+    cache->append(step.keys(), step.values(), std::vector<std::int64_t>{static_cast<std::int64_t>(S + t)});
+  }
+  const std::size_t N = cache->rows();
+  auto q = normal_fp16(Hq * D, 41);
+  if (zero_query) std::fill_n(q.begin(), D, 0.0f);
+  const std::vector<std::int64_t> qpos{static_cast<std::int64_t>(S + 3)};
+  const QueryBlock qb{q.data(), 1, 1, Hq, D};
+  std::vector<float> with(Hq * D), without(Hq * D), p_with(Hkv * N), p_without(Hkv * N);
+  cache->attend(qb, qpos, with.data(), p_with.data());
+  attend::set_int8_logits_enabled(false);
+  cache->attend(qb, qpos, without.data(), p_without.data());
+  attend::set_int8_logits_enabled(true);
+  for (std::size_t i = 0; i < with.size(); ++i) {
+    ASSERT_NEAR(with[i], without[i], 1e-4 * (1.0 + std::fabs(without[i]))) << what << " out[" << i << "]";
+  }
+  for (std::size_t i = 0; i < p_with.size(); ++i) {
+    ASSERT_NEAR(p_with[i], p_without[i], 1e-6 + 3e-4 * p_without[i]) << what << " probs[" << i << "]";
+  }
+}
+
 TEST(Attend, Int8KernelsMatchTheFp32KernelsTheyReplace) {
-  if (!attend::int8_logits_available()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU";
-  for (std::size_t D : {64u, 128u}) {
+  if (!attend::int8_logits_available()) GTEST_SKIP() << "no AVX-512 VNNI + VBMI on this CPU";
+  for (std::size_t D : {32u, 64u, 128u, 256u}) {
     for (int bits : {2, 4, 8}) {
+      if (!attend::packed_int8_supported(D, bits)) continue;
       for (const std::string method : {"kivi", "zipcache"}) {
         KVCacheConfig c = testing::config_for(method);
         c.kivi_bits = bits;
         c.zipcache_hi_bits = bits;
         c.zipcache_lo_bits = bits == 8 ? 4 : 2;
-        auto cache = KVCacheFactory::create(c);
-        const std::size_t S = 300, Hkv = 2, Hq = 8;
-        KV kv(1, Hkv, S, D, 31);
-        std::vector<std::int64_t> pos(S);
-        for (std::size_t i = 0; i < S; ++i) pos[i] = static_cast<std::int64_t>(i);
-        cache->append(kv.keys(), kv.values(), pos);
-        const auto q = normal_fp16(Hq * D, 41);
-        const std::vector<std::int64_t> qpos{static_cast<std::int64_t>(S)};
-        const QueryBlock qb{q.data(), 1, 1, Hq, D};
-        std::vector<float> with(Hq * D), without(Hq * D), p_with(Hkv * S), p_without(Hkv * S);
-        cache->attend(qb, qpos, with.data(), p_with.data());
-        attend::set_int8_logits_enabled(false);
-        cache->attend(qb, qpos, without.data(), p_without.data());
-        attend::set_int8_logits_enabled(true);
         const std::string what = method + " bits " + std::to_string(bits) + " D " + std::to_string(D);
-        for (std::size_t i = 0; i < with.size(); ++i) {
-          ASSERT_NEAR(with[i], without[i], 1e-4 * (1.0 + std::fabs(without[i]))) << what << " out[" << i << "]";
-        }
-        for (std::size_t i = 0; i < p_with.size(); ++i) {
-          ASSERT_NEAR(p_with[i], p_without[i], 1e-6 + 3e-4 * p_without[i]) << what << " probs[" << i << "]";
-        }
+        expect_int8_matches_fp32(c, D, 2, 8, 300, false, what);
+        expect_int8_matches_fp32(c, D, 2, 6, 300, true, what + " 3 queries, one zero");
+        expect_int8_matches_fp32(c, D, 1, 5, 300, false, what + " 5 queries");
+        expect_int8_matches_fp32(c, D, 3, 3, 200, false, what + " MHA");
+        c.kivi_group_size = c.zipcache_group_size = 30;  // sets of four rows cross no group
+        c.kivi_staging = c.zipcache_staging = 0;         // every call a block: short last groups
+        expect_int8_matches_fp32(c, D, 2, 8, 237, false, what + " groups of 30, staging 0");
       }
     }
   }

@@ -1,15 +1,15 @@
-// Scores of packed key codes by integer dot products (AVX-512 VNNI, vpdpbusd: 64 u8 x s8 products
-// per instruction, four times the fp32 FMA's work per instruction). The query (already multiplied
-// by the group's per-channel key scale) is split into two int8 vectors, q ~ s1 * hi + s2 * lo with
-// lo the rounded residual, so the product carries a relative error of about 2^-15 -- far below the
-// fp16 rounding of the stored rows -- while the codes never leave their packed bytes.
+// Attention over packed codes by integer dot products (AVX-512 VNNI, vpdpbusd: 64 u8 x s8 products
+// per instruction, four times the fp32 FMA's work per instruction), on CPUs that also have VBMI
+// (byte permutes; Ice Lake, Zen 4 and later). The fp32 operand -- the query times a group's
+// per-channel key scale, or a row of probabilities -- is split into two int8 vectors,
+// x ~ s1 * hi + s2 * lo with lo the rounded residual, so a product carries a relative error of
+// about 2^-15 (far below the fp16 rounding of the stored rows) while the codes never leave their
+// packed bytes. Every group of a block is done in one call; a group's fp16 parameters are widened
+// in registers.
 //
 // A packed row of m = D * bits / 8 bytes holds element e at byte e % m, bits (e / m) * bits: "sub-
 // chunk" k of the row (elements [k*m, (k+1)*m)) is the row's bytes shifted right by k * bits and
-// masked. With m in {16, 32, 64}, 64 / m consecutive rows fill one 512-bit register, each sub-chunk
-// of the query is replicated into every row slot, and four query vectors (the query heads of one
-// KV head, padded with zeros) are reduced together by a transposing add tree: per 128-bit block the
-// four queries' partial sums, one block per 16 bytes of row.
+// masked.
 // GCC 12 warns inside its own AVX-512 headers (the _mm512_undefined_* they use for the
 // cast/extract intrinsics); the warnings say nothing about this file.
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -26,7 +26,8 @@
 #include <vector>
 
 #include "attend/attend_kernels.h"
-#include "quant/quant_kernels.h"
+
+#define KVSLIM_INT8_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi")))
 
 namespace kvslim::attend {
 namespace {
@@ -34,68 +35,129 @@ namespace {
 // KVSLIM_NO_INT8_ATTEND=1 turns the integer path off (measurements against the fp32 kernels).
 std::atomic<bool> g_int8_enabled{std::getenv("KVSLIM_NO_INT8_ATTEND") == nullptr};
 
-bool cpu_has_vnni() {
+bool cpu_has_int8() {
   static const bool has = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi");
   }();
   return has;
 }
 
 constexpr int kQueries = 4;  // query vectors per pass (GQA groups of 1-4 heads; larger ones loop)
+constexpr std::size_t kMaxDim = 256;
 
-// Writes query row q * scale (D floats each, D a multiple of 16) as int8 hi and lo parts
-// (q[d] * scale[d] ~ s1 * hi[d] + s2 * lo[d], lo the rounded residual) straight into the replicated
-// chunk layout: element d goes to byte (d % m) of row slot r (r < R) of chunk d / m, for hi at `hi`
-// and lo at `lo`. Returns q . zero (the group's offset term of every score).
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) float split_query(
-    const float* q, const float* scale, const float* zero, std::size_t D, std::size_t m, int R, std::uint8_t* hi,
-    std::uint8_t* lo, float& s1, float& s2) {
-  alignas(64) float qs[256];  // q * scale (D <= 256)
-  __m512 vmax = _mm512_setzero_ps(), vbias = _mm512_setzero_ps();
-  for (std::size_t d = 0; d < D; d += 16) {
-    const __m512 x = _mm512_loadu_ps(q + d);
-    const __m512 y = _mm512_mul_ps(x, _mm512_load_ps(scale + d));
-    _mm512_store_ps(qs + d, y);
-    vmax = _mm512_max_ps(vmax, _mm512_abs_ps(y));
-    vbias = _mm512_fmadd_ps(x, _mm512_load_ps(zero + d), vbias);
+// Per 128-bit block, [f(a0), f(a1), f(a2), f(a3)] where f folds a vector's 16 lanes by max or add
+// (the same four values in every block).
+template <bool kMax>
+KVSLIM_INT8_TARGET inline __m512 op(__m512 a, __m512 b) {
+  if constexpr (kMax) {
+    return _mm512_max_ps(a, b);
+  } else {
+    return _mm512_add_ps(a, b);
   }
-  const float amax = _mm512_reduce_max_ps(vmax), bias = _mm512_reduce_add_ps(vbias);
-  if (!(amax > 0.0f) || !std::isfinite(amax)) {  // zero (or broken) query: every product 0
-    s1 = s2 = 0.0f;
-    for (std::size_t k = 0; k * m < D; ++k) {
-      std::memset(hi + k * 64, 0, 64);
-      std::memset(lo + k * 64, 0, 64);
+}
+template <bool kMax>
+KVSLIM_INT8_TARGET inline __m512 fold4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+  const __m512 s01 = op<kMax>(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));
+  const __m512 s23 = op<kMax>(_mm512_unpacklo_ps(a2, a3), _mm512_unpackhi_ps(a2, a3));
+  __m512 t = op<kMax>(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(s01), _mm512_castps_pd(s23))),
+                      _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(s01), _mm512_castps_pd(s23))));
+  t = op<kMax>(t, _mm512_shuffle_f32x4(t, t, _MM_SHUFFLE(2, 3, 0, 1)));
+  return op<kMax>(t, _mm512_shuffle_f32x4(t, t, _MM_SHUFFLE(1, 0, 3, 2)));
+}
+
+// The split of four vectors: s1[i], s2[i] (0 for a vector that is all zero or not finite, whose
+// codes are then 0) and a per-vector figure (the query's bias, or the probabilities' sum).
+struct Split4 {
+  alignas(16) float s1[kQueries], s2[kQueries], extra[kQueries];
+};
+// [v0, v1, v2, v3] in every 128-bit block.
+KVSLIM_INT8_TARGET inline __m512 blocks_of(const float* v4) { return _mm512_broadcast_f32x4(_mm_load_ps(v4)); }
+
+// From the four vectors' absolute maxima (every block [a0..a3]): the scales, and whether vector i
+// can be split (its maximum positive and finite).
+KVSLIM_INT8_TARGET inline void set_scales(__m512 amax, Split4& sp) {
+  alignas(64) float a[16];
+  _mm512_store_ps(a, amax);
+  for (int i = 0; i < kQueries; ++i) {
+    const bool ok = a[i] > 0.0f && std::isfinite(a[i]);
+    sp.s1[i] = ok ? a[i] / 127.0f : 0.0f;
+    sp.s2[i] = sp.s1[i] / 254.0f;  // the residual is within s1 / 2 = 127 * s2
+  }
+}
+
+// x (16 values of vector i) -> int8 hi and lo with the scales of sp (codes 0 where s1 is 0).
+struct Int8Pair {
+  __m128i hi, lo;
+};
+KVSLIM_INT8_TARGET inline Int8Pair split16(__m512 x, __m512 inv1, __m512 inv2, __m512 s1) {
+  const __m512 h = _mm512_roundscale_ps(_mm512_mul_ps(x, inv1), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512i hq = _mm512_cvtps_epi32(h);
+  const __m512i lq = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_fnmadd_ps(h, s1, x), inv2));
+  return {_mm512_cvtsepi32_epi8(hq), _mm512_cvtsepi32_epi8(lq)};
+}
+KVSLIM_INT8_TARGET inline __m512 inverse(float s) { return _mm512_set1_ps(s > 0.0f ? 1.0f / s : 0.0f); }
+
+// ---- keys ----------------------------------------------------------------------------------------
+// With m in {16, 32, 64}, R = 64 / m consecutive rows fill one 512-bit register; each sub-chunk of
+// the query is replicated into every row slot, and four query vectors (the query heads of one KV
+// head, padded) are reduced together by a transposing add tree: per 128-bit block the four
+// queries' partial sums, one block per 16 bytes of row.
+
+// Splits queries q[i] * scale (i < nq, D floats each, D a multiple of 16 and <= 256; scale and
+// zero fp16 [D]) into the replicated chunk layout qv [2][kQueries][K][64]: element d goes to byte
+// (d % m) of row slot r (r < R) of chunk d / m, hi parts first. Chunks of queries i >= nq are left
+// as they are (their results are never stored). extra[i] = q[i] . zero.
+KVSLIM_INT8_TARGET void split_queries(const float* q, int nq, std::size_t D, const std::uint16_t* scale_h,
+                                      const std::uint16_t* zero_h, std::size_t m, int R, int K, std::uint8_t* qv,
+                                      Split4& sp) {
+  alignas(64) float ys[kQueries][kMaxDim];  // q * scale
+  __m512 mx[kQueries], bs[kQueries];
+  for (int i = 0; i < kQueries; ++i) mx[i] = bs[i] = _mm512_setzero_ps();
+  for (std::size_t d = 0; d < D; d += 16) {
+    const __m512 sc = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scale_h + d)));
+    const __m512 ze = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(zero_h + d)));
+    for (int i = 0; i < nq; ++i) {
+      const __m512 x = _mm512_loadu_ps(q + static_cast<std::size_t>(i) * D + d);
+      const __m512 y = _mm512_mul_ps(x, sc);
+      _mm512_store_ps(ys[i] + d, y);
+      mx[i] = _mm512_max_ps(mx[i], _mm512_abs_ps(y));
+      bs[i] = _mm512_fmadd_ps(x, ze, bs[i]);
     }
-    return bias;
   }
-  s1 = amax / 127.0f;
-  s2 = s1 / 254.0f;  // the residual is within s1 / 2 = 127 * s2
-  const __m512 inv1 = _mm512_set1_ps(1.0f / s1), inv2 = _mm512_set1_ps(1.0f / s2), vs1 = _mm512_set1_ps(s1);
-  for (std::size_t d = 0; d < D; d += 16) {
-    const __m512 x = _mm512_load_ps(qs + d);
-    const __m512 h = _mm512_roundscale_ps(_mm512_mul_ps(x, inv1), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512i hq = _mm512_cvtps_epi32(h);
-    const __m512i lq = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_fnmadd_ps(h, vs1, x), inv2));
-    const __m128i h8 = _mm512_cvtsepi32_epi8(hq), l8 = _mm512_cvtsepi32_epi8(lq);
-    const std::size_t chunk = d / m, at = d % m;
-    if (m == 16) {  // the 16 bytes fill every row slot of the chunk: one 512-bit store each
-      _mm512_store_si512(hi + chunk * 64, _mm512_broadcast_i32x4(h8));
-      _mm512_store_si512(lo + chunk * 64, _mm512_broadcast_i32x4(l8));
+  set_scales(fold4<true>(mx[0], mx[1], mx[2], mx[3]), sp);
+  _mm_store_ps(sp.extra, _mm512_castps512_ps128(fold4<false>(bs[0], bs[1], bs[2], bs[3])));
+  for (int i = 0; i < nq; ++i) {
+    std::uint8_t* hi = qv + static_cast<std::size_t>(i) * static_cast<std::size_t>(K) * 64;
+    std::uint8_t* lo = hi + static_cast<std::size_t>(kQueries) * static_cast<std::size_t>(K) * 64;
+    if (sp.s1[i] == 0.0f) {  // zero (or broken) query: every product 0
+      for (int k = 0; k < K; ++k) {
+        _mm512_store_si512(hi + k * 64, _mm512_setzero_si512());
+        _mm512_store_si512(lo + k * 64, _mm512_setzero_si512());
+      }
       continue;
     }
-    for (int r = 0; r < R; ++r) {
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(hi + chunk * 64 + static_cast<std::size_t>(r) * m + at), h8);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + chunk * 64 + static_cast<std::size_t>(r) * m + at), l8);
+    const __m512 inv1 = inverse(sp.s1[i]), inv2 = inverse(sp.s2[i]), s1 = _mm512_set1_ps(sp.s1[i]);
+    for (std::size_t d = 0; d < D; d += 16) {
+      const Int8Pair c = split16(_mm512_load_ps(ys[i] + d), inv1, inv2, s1);
+      const std::size_t chunk = d / m, at = d % m;
+      if (m == 16) {  // the 16 bytes fill every row slot of the chunk: one 512-bit store each
+        _mm512_store_si512(hi + chunk * 64, _mm512_broadcast_i32x4(c.hi));
+        _mm512_store_si512(lo + chunk * 64, _mm512_broadcast_i32x4(c.lo));
+        continue;
+      }
+      for (int r = 0; r < R; ++r) {
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(hi + chunk * 64 + static_cast<std::size_t>(r) * m + at), c.hi);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + chunk * 64 + static_cast<std::size_t>(r) * m + at), c.lo);
+      }
     }
   }
-  return bias;
 }
 
 // [q0, q1, q2, q3] partial sums per 128-bit block of the four accumulators.
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) inline __m512i reduce4(__m512i a0, __m512i a1,
-                                                                                       __m512i a2, __m512i a3) {
+KVSLIM_INT8_TARGET inline __m512i reduce4(__m512i a0, __m512i a1, __m512i a2, __m512i a3) {
   const __m512i s01 = _mm512_add_epi32(_mm512_unpacklo_epi32(a0, a1), _mm512_unpackhi_epi32(a0, a1));
   const __m512i s23 = _mm512_add_epi32(_mm512_unpacklo_epi32(a2, a3), _mm512_unpackhi_epi32(a2, a3));
   return _mm512_add_epi32(_mm512_unpacklo_epi64(s01, s23), _mm512_unpackhi_epi64(s01, s23));
@@ -103,30 +165,22 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) inline __m512i r
 
 // Block b of the result holds, for the row slot it ends, the four queries' dot products.
 template <int R>
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) inline __m512i fold_blocks(__m512i t) {
+KVSLIM_INT8_TARGET inline __m512i fold_blocks(__m512i t) {
   if constexpr (R <= 2) t = _mm512_add_epi32(t, _mm512_shuffle_i32x4(t, t, _MM_SHUFFLE(2, 3, 0, 1)));
   if constexpr (R == 1) t = _mm512_add_epi32(t, _mm512_shuffle_i32x4(t, t, _MM_SHUFFLE(1, 0, 3, 2)));
   return t;
 }
 
-// R rows per register (m = 64 / R bytes a row), K sub-chunks (bits = 8 / K).
+// n rows of one group; R rows per register (m = 64 / R bytes a row), K sub-chunks (bits = 8 / K).
+// logits[i * ld + r] for i < nq.
 template <int R, int K>
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void logits_rows(
-    const std::uint8_t* qv /* [2][kQueries][K][64] */, const float* s /* [2][kQueries] */, const float* bias,
-    int nq, const std::uint8_t* packed, std::size_t n, const std::uint32_t* idx, float* logits, std::size_t ld) {
+KVSLIM_INT8_TARGET void logits_rows(const std::uint8_t* qv /* [2][kQueries][K][64] */, const Split4& sp, int nq,
+                                    const std::uint8_t* packed, std::size_t n, float* logits, std::size_t ld) {
   constexpr std::size_t m = 64 / R;
   constexpr int bits = 8 / K;
   const __m512i mask = _mm512_set1_epi8(static_cast<char>((1 << bits) - 1));
   // Per 128-bit block: [s_q0, s_q1, s_q2, s_q3] (the scales) and the biases.
-  alignas(16) float b4[4] = {}, s1v[4] = {}, s2v[4] = {};
-  for (int i = 0; i < nq; ++i) {
-    b4[i] = bias[i];
-    s1v[i] = s[i];
-    s2v[i] = s[kQueries + i];
-  }
-  const __m512 vs1 = _mm512_broadcast_f32x4(_mm_load_ps(s1v));
-  const __m512 vs2 = _mm512_broadcast_f32x4(_mm_load_ps(s2v));
-  const __m512 vb = _mm512_broadcast_f32x4(_mm_load_ps(b4));
+  const __m512 vs1 = blocks_of(sp.s1), vs2 = blocks_of(sp.s2), vb = blocks_of(sp.extra);
   const auto* Q = reinterpret_cast<const __m512i*>(qv);  // Q[(h * kQueries + i) * K + k]
   alignas(64) float out[16];
   // Lane j of the transposed result: query j / R of row slot j % R, whose value sits in lane
@@ -160,9 +214,16 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void logits_rows
     const __m512i th = fold_blocks<R>(reduce4(h0, h1, h2, h3));
     const __m512i tl = fold_blocks<R>(reduce4(l0, l1, l2, l3));
     const __m512 f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(th), vs1, _mm512_fmadd_ps(_mm512_cvtepi32_ps(tl), vs2, vb));
-    if (R > 1 && idx == nullptr && here == static_cast<std::size_t>(R)) {
-      // Consecutive columns: transpose to [query][row slot] and store each query's R logits at
-      // once (R = 4: 16 scalar stores become 4 of 128 bits).
+    if (R == 4 && here == 4) {
+      // Transposed to [query][row slot]: each query's four logits in one 128-bit store.
+      const __m512 t = _mm512_permutexvar_ps(by_query, f);
+      _mm_storeu_ps(logits + r0, _mm512_castps512_ps128(t));
+      if (nq > 1) _mm_storeu_ps(logits + ld + r0, _mm512_extractf32x4_ps(t, 1));
+      if (nq > 2) _mm_storeu_ps(logits + 2 * ld + r0, _mm512_extractf32x4_ps(t, 2));
+      if (nq > 3) _mm_storeu_ps(logits + 3 * ld + r0, _mm512_extractf32x4_ps(t, 3));
+      continue;
+    }
+    if (R > 1 && here == static_cast<std::size_t>(R)) {
       _mm512_store_ps(out, _mm512_permutexvar_ps(by_query, f));
       for (int i = 0; i < nq; ++i) {
         std::memcpy(logits + static_cast<std::size_t>(i) * ld + r0, out + i * R, R * sizeof(float));
@@ -172,86 +233,26 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void logits_rows
     _mm512_store_ps(out, f);
     for (std::size_t r = 0; r < here; ++r) {
       const float* o = out + (r * (4 / R) + (4 / R - 1)) * 4;  // the block that ends row slot r
-      const std::size_t col = idx != nullptr ? idx[r0 + r] : r0 + r;
-      for (int i = 0; i < nq; ++i) logits[static_cast<std::size_t>(i) * ld + col] = o[i];
+      for (int i = 0; i < nq; ++i) logits[static_cast<std::size_t>(i) * ld + r0 + r] = o[i];
     }
   }
 }
 
-}  // namespace
+// ---- values --------------------------------------------------------------------------------------
+// acc[m, c] += sum_r p[m, r] * (code[r, c] * scale[c] + zero[c]) per group by vpdpbusd. A lane of
+// vpdpbusd sums four byte products, so four rows' codes of one channel must sit side by side (a
+// "set": byte i of rows r..r+3 -> one 32-bit lane). With m = 16 or 32 bytes a row the four rows
+// are interleaved in registers by one byte permute; at m = 64 they are interleaved once per group
+// into a small buffer. Sub-chunk k of every lane is then a shift and a mask away, as for the keys.
+// The probabilities are split like the queries and broadcast four rows at a time.
 
-bool int8_logits_available() { return cpu_has_vnni() && g_int8_enabled.load(std::memory_order_relaxed); }
-
-void set_int8_logits_enabled(bool enabled) { g_int8_enabled.store(enabled, std::memory_order_relaxed); }
-
-bool logits_packed_int8(const float* q, const std::uint16_t* scale_h, const std::uint16_t* zero_h,
-                        std::size_t group_size, std::size_t M, std::size_t D, const std::uint8_t* packed, int bits,
-                        std::size_t n, const std::uint32_t* idx, float* logits, std::size_t ld) {
-  if (!int8_logits_available() || group_size == 0 || D > 256) return false;
-  if (bits != 2 && bits != 4 && bits != 8) return false;  // one bit plane, at most 4 sub-chunks
-  const std::size_t m = D * static_cast<std::size_t>(bits) / 8;
-  if (D * static_cast<std::size_t>(bits) % 8 != 0 || (m != 16 && m != 32 && m != 64)) return false;
-  const int K = 8 / bits, R = static_cast<int>(64 / m);
-  // [2][kQueries][K][64] replicated query chunks, 64-byte aligned.
-  alignas(64) std::uint8_t qv[2 * kQueries * 4 * 64];
-  float s[2 * kQueries], b[kQueries];
-  for (std::size_t r0 = 0; r0 < n; r0 += group_size) {
-    const std::size_t gi = r0 / group_size, cnt = std::min(group_size, n - r0);
-    alignas(64) float sc[256], ze[256];  // the group's params as fp32, once for all its queries
-    quant::simd_kernels().params_to_f32(scale_h + gi * D, zero_h + gi * D, D, sc, ze);
-    const std::uint8_t* rows = packed + r0 * m;
-    const std::uint32_t* cols = idx != nullptr ? idx + r0 : nullptr;
-    for (std::size_t m0 = 0; m0 < M; m0 += kQueries) {
-      const int nq = static_cast<int>(std::min<std::size_t>(kQueries, M - m0));
-      std::fill(s, s + 2 * kQueries, 0.0f);
-      std::fill(b, b + kQueries, 0.0f);
-      // split_query writes every byte of a real query's chunks (R row slots of m bytes = 64); the
-      // padding queries' chunks are zeroed.
-      for (int i = nq; i < kQueries; ++i) {
-        for (int h = 0; h < 2; ++h) {
-          std::memset(qv + ((static_cast<std::size_t>(h) * kQueries + static_cast<std::size_t>(i)) * K) * 64, 0,
-                      static_cast<std::size_t>(K) * 64);
-        }
-      }
-      for (int i = 0; i < nq; ++i) {
-        const std::size_t at = static_cast<std::size_t>(i) * static_cast<std::size_t>(K) * 64;
-        b[i] = split_query(q + (m0 + static_cast<std::size_t>(i)) * D, sc, ze, D, m, R, qv + at,
-                           qv + static_cast<std::size_t>(kQueries) * static_cast<std::size_t>(K) * 64 + at, s[i],
-                           s[kQueries + i]);
-      }
-      float* out = logits + m0 * ld + (idx != nullptr ? 0 : r0);
-      switch (R * 10 + K) {
-        case 14: logits_rows<1, 4>(qv, s, b, nq, rows, cnt, cols, out, ld); break;  // 2-bit, D = 256
-        case 12: logits_rows<1, 2>(qv, s, b, nq, rows, cnt, cols, out, ld); break;  // 4-bit, D = 128
-        case 11: logits_rows<1, 1>(qv, s, b, nq, rows, cnt, cols, out, ld); break;  // 8-bit, D = 64
-        case 24: logits_rows<2, 4>(qv, s, b, nq, rows, cnt, cols, out, ld); break;  // 2-bit, D = 128
-        case 22: logits_rows<2, 2>(qv, s, b, nq, rows, cnt, cols, out, ld); break;  // 4-bit, D = 64
-        case 21: logits_rows<2, 1>(qv, s, b, nq, rows, cnt, cols, out, ld); break;  // 8-bit, D = 32
-        case 44: logits_rows<4, 4>(qv, s, b, nq, rows, cnt, cols, out, ld); break;  // 2-bit, D = 64
-        case 42: logits_rows<4, 2>(qv, s, b, nq, rows, cnt, cols, out, ld); break;  // 4-bit, D = 32
-        case 41: logits_rows<4, 1>(qv, s, b, nq, rows, cnt, cols, out, ld); break;  // 8-bit, D = 16
-        default: return false;
-      }
-    }
-  }
-  return true;
-}
-
-}  // namespace kvslim::attend
-
-// ------------------------------------------------------------------------------------------------
-// Values: acc[m, c] += sum_r p[m, r] * code[r, c] by vpdpbusd. A lane of vpdpbusd sums four byte
-// products, so four rows' codes of one channel must sit side by side: the packed bytes of each
-// set of four rows are interleaved once (byte i of rows r..r+3 -> one 32-bit lane), after which
-// sub-chunk k of every lane is a shift and a mask away, as for the keys. The probabilities are
-// split like the queries (p ~ s1 * hi + s2 * lo) and broadcast four rows at a time.
-namespace kvslim::attend {
-namespace {
+// How a set of four rows reaches the register: kInterleaved reads a buffer [sets][m / 16][64]
+// (interleave_rows); kPermute16 / kPermute32 permute the packed rows (m = 16 / 32) in registers.
+enum class SetLayout { kInterleaved, kPermute16, kPermute32 };
 
 // inter [sets][m / 16][64]: for each 16-byte column of the rows, 16 lanes of (row0, row1, row2, row3).
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void interleave_rows(const std::uint8_t* packed,
-                                                                                     std::size_t n, std::size_t m,
-                                                                                     std::uint8_t* inter) {
+KVSLIM_INT8_TARGET void interleave_rows(const std::uint8_t* packed, std::size_t n, std::size_t m,
+                                        std::uint8_t* inter) {
   const std::size_t sets = (n + 3) / 4;
   for (std::size_t s = 0; s < sets; ++s) {
     for (std::size_t col = 0; col < m; col += 16) {
@@ -271,20 +272,64 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void interleave_
   }
 }
 
-template <int K>
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void accumulate_sets(
-    const std::uint8_t* inter, std::size_t sets, std::size_t m, const std::int32_t* pk /* [2][kQueries][sets] */,
-    const float* s /* [2][kQueries] */, int nq, std::size_t D, float* acc /* [nq, D] */) {
+// Byte permutes that interleave a set: destination byte 4L + j (lane L, row j) <- row j's byte
+// col + L, row j at source byte j * m (m = 32: rows 2 and 3 in the second source, index + 64).
+constexpr std::array<std::uint8_t, 64> interleave_index(std::size_t m, std::size_t col) {
+  std::array<std::uint8_t, 64> idx{};
+  for (std::size_t L = 0; L < 16; ++L) {
+    for (std::size_t j = 0; j < 4; ++j) idx[4 * L + j] = static_cast<std::uint8_t>(j * m + col + L);
+  }
+  return idx;
+}
+constexpr auto kPerm16 = interleave_index(16, 0);
+constexpr auto kPerm32Col0 = interleave_index(32, 0);
+constexpr auto kPerm32Col16 = interleave_index(32, 16);
+
+// The first b <= 64 bytes at p, zeros after.
+KVSLIM_INT8_TARGET inline __m512i load_bytes(const std::uint8_t* p, std::size_t b) {
+  if (b >= 64) return _mm512_loadu_si512(p);
+  return _mm512_maskz_loadu_epi8(b == 0 ? 0 : (~0ULL >> (64 - b)), p);
+}
+
+// Set t of the group (rows 4t..4t+3, n rows in all) as interleaved lanes for column `col`.
+template <SetLayout kLayout>
+KVSLIM_INT8_TARGET inline __m512i load_set(const std::uint8_t* src, std::size_t t, std::size_t n, std::size_t m,
+                                           std::size_t col, __m512i perm) {
+  if constexpr (kLayout == SetLayout::kInterleaved) {
+    return _mm512_loadu_si512(src + (t * (m / 16) + col / 16) * 64);
+  } else {
+    const std::size_t bytes = std::min<std::size_t>(4, n - 4 * t) * m;  // the last set may be short
+    const std::uint8_t* at = src + 4 * t * m;
+    if constexpr (kLayout == SetLayout::kPermute16) {
+      return _mm512_permutexvar_epi8(perm, load_bytes(at, bytes));
+    } else {
+      return _mm512_permutex2var_epi8(load_bytes(at, bytes), perm, load_bytes(at + 64, bytes > 64 ? bytes - 64 : 0));
+    }
+  }
+}
+
+// One group: `sets` sets of the group's n rows (src as kLayout reads it), the split probabilities
+// pk [2][kQueries][sets] (int8 x 4 per word) with sp, fp16 params [D] of the group;
+// acc[i * D + c] += scale[c] * (s1 * hi . codes + s2 * lo . codes) + zero[c] * psum[i].
+template <int K, SetLayout kLayout>
+KVSLIM_INT8_TARGET void accumulate_sets(const std::uint8_t* src, std::size_t n, std::size_t m,
+                                        const std::int32_t* pk, const Split4& sp, int nq, std::size_t D,
+                                        const std::uint16_t* scale_h, const std::uint16_t* zero_h, float* acc) {
   constexpr int bits = 8 / K;
+  const std::size_t sets = (n + 3) / 4;
   const __m512i mask = _mm512_set1_epi8(static_cast<char>((1 << bits) - 1));
   const std::int32_t* hi = pk;
   const std::int32_t* lo = pk + kQueries * sets;
   for (int k = 0; k < K; ++k) {
     for (std::size_t col = 0; col < m; col += 16) {
+      __m512i perm = _mm512_setzero_si512();
+      if constexpr (kLayout == SetLayout::kPermute16) perm = _mm512_loadu_si512(kPerm16.data());
+      if constexpr (kLayout == SetLayout::kPermute32) {
+        perm = _mm512_loadu_si512(col == 0 ? kPerm32Col0.data() : kPerm32Col16.data());
+      }
       __m512i h0 = _mm512_setzero_si512(), h1 = h0, h2 = h0, h3 = h0, l0 = h0, l1 = h0, l2 = h0, l3 = h0;
-      const std::uint8_t* base = inter + (col / 16) * 64;
       for (std::size_t t = 0; t < sets; ++t) {
-        const __m512i v = _mm512_loadu_si512(base + t * m * 4);
+        const __m512i v = load_set<kLayout>(src, t, n, m, col, perm);
         const __m512i c = k == 0 ? _mm512_and_si512(v, mask) : _mm512_and_si512(_mm512_srli_epi16(v, k * bits), mask);
         h0 = _mm512_dpbusd_epi32(h0, c, _mm512_set1_epi32(hi[0 * sets + t]));
         h1 = _mm512_dpbusd_epi32(h1, c, _mm512_set1_epi32(hi[1 * sets + t]));
@@ -297,93 +342,195 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void accumulate_
       }
       const __m512i hs[4] = {h0, h1, h2, h3}, ls[4] = {l0, l1, l2, l3};
       const std::size_t channel = static_cast<std::size_t>(k) * m + col;  // lanes: channels channel..+15
+      const __m512 sc = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scale_h + channel)));
+      const __m512 ze = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(zero_h + channel)));
       for (int i = 0; i < nq; ++i) {
         float* a = acc + static_cast<std::size_t>(i) * D + channel;
-        const __m512 f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hs[i]), _mm512_set1_ps(s[i]),
-                                         _mm512_fmadd_ps(_mm512_cvtepi32_ps(ls[i]), _mm512_set1_ps(s[kQueries + i]),
-                                                         _mm512_loadu_ps(a)));
-        _mm512_storeu_ps(a, f);
+        const __m512 sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hs[i]), _mm512_set1_ps(sp.s1[i]),
+                                           _mm512_mul_ps(_mm512_cvtepi32_ps(ls[i]), _mm512_set1_ps(sp.s2[i])));
+        _mm512_storeu_ps(a, _mm512_fmadd_ps(sum, sc, _mm512_fmadd_ps(ze, _mm512_set1_ps(sp.extra[i]), _mm512_loadu_ps(a))));
       }
     }
   }
 }
 
-// One row of probabilities (n values >= 0) as int8 hi/lo, four rows per int32 (row 4t + j in byte
-// j of word t); every byte of the `sets` words is written (zeros past n).
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void split_probs(const float* p, std::size_t n,
-                                                                                 std::size_t sets, std::int32_t* hi,
-                                                                                 std::int32_t* lo, float& s1,
-                                                                                 float& s2, float& sum) {
+// Rows p[i * ld .. + n) (values >= 0) of nq vectors as int8 hi/lo, four rows per int32 (row 4t + j
+// in byte j of word t of hi + i * sets, lo + i * sets); every byte of the `sets` words is written
+// (zeros past n). extra[i] = the row's sum.
+KVSLIM_INT8_TARGET void split_probs(const float* p, std::size_t ld, int nq, std::size_t n, std::size_t sets,
+                                    std::int32_t* hi, std::int32_t* lo, Split4& sp) {
   const std::size_t bytes = sets * 4;
   auto tail = [](std::size_t left) { return static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1); };
-  __m512 vmax = _mm512_setzero_ps(), vsum = _mm512_setzero_ps();
-  for (std::size_t r = 0; r < n; r += 16) {
-    const __m512 x = _mm512_maskz_loadu_ps(tail(n - r), p + r);
-    vmax = _mm512_max_ps(vmax, x);
-    vsum = _mm512_add_ps(vsum, x);
+  __m512 mx[kQueries], sm[kQueries];
+  for (int i = 0; i < kQueries; ++i) mx[i] = sm[i] = _mm512_setzero_ps();
+  for (int i = 0; i < nq; ++i) {
+    const float* row = p + static_cast<std::size_t>(i) * ld;
+    for (std::size_t r = 0; r < n; r += 16) {
+      const __m512 x = _mm512_maskz_loadu_ps(tail(n - r), row + r);
+      mx[i] = _mm512_max_ps(mx[i], x);
+      sm[i] = _mm512_add_ps(sm[i], x);
+    }
   }
-  const float pmax = _mm512_reduce_max_ps(vmax);
-  sum = _mm512_reduce_add_ps(vsum);
-  auto* h8 = reinterpret_cast<std::int8_t*>(hi);
-  auto* l8 = reinterpret_cast<std::int8_t*>(lo);
-  if (!(pmax > 0.0f) || !std::isfinite(pmax)) {
-    std::memset(h8, 0, bytes);
-    std::memset(l8, 0, bytes);
-    s1 = s2 = 0.0f;
-    return;
+  set_scales(fold4<true>(mx[0], mx[1], mx[2], mx[3]), sp);
+  _mm_store_ps(sp.extra, _mm512_castps512_ps128(fold4<false>(sm[0], sm[1], sm[2], sm[3])));
+  for (int i = 0; i < nq; ++i) {
+    const float* row = p + static_cast<std::size_t>(i) * ld;
+    auto* h8 = reinterpret_cast<std::int8_t*>(hi + static_cast<std::size_t>(i) * sets);
+    auto* l8 = reinterpret_cast<std::int8_t*>(lo + static_cast<std::size_t>(i) * sets);
+    if (sp.s1[i] == 0.0f) {
+      std::memset(h8, 0, bytes);
+      std::memset(l8, 0, bytes);
+      continue;
+    }
+    const __m512 inv1 = inverse(sp.s1[i]), inv2 = inverse(sp.s2[i]), s1 = _mm512_set1_ps(sp.s1[i]);
+    for (std::size_t r = 0; r < bytes; r += 16) {
+      const __m512 x = r < n ? _mm512_maskz_loadu_ps(tail(n - r), row + r) : _mm512_setzero_ps();
+      const Int8Pair c = split16(x, inv1, inv2, s1);
+      const __mmask16 keep = tail(bytes - r);
+      _mm_mask_storeu_epi8(h8 + r, keep, c.hi);
+      _mm_mask_storeu_epi8(l8 + r, keep, c.lo);
+    }
   }
-  s1 = pmax / 127.0f;
-  s2 = s1 / 254.0f;
-  const __m512 inv1 = _mm512_set1_ps(1.0f / s1), inv2 = _mm512_set1_ps(1.0f / s2), vs1 = _mm512_set1_ps(s1);
-  for (std::size_t r = 0; r < bytes; r += 16) {
-    const __m512 x = r < n ? _mm512_maskz_loadu_ps(tail(n - r), p + r) : _mm512_setzero_ps();
-    const __m512 h = _mm512_roundscale_ps(_mm512_mul_ps(x, inv1), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m128i hq = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(h));
-    const __m128i lq = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_fnmadd_ps(h, vs1, x), inv2)));
-    const __mmask16 keep = tail(bytes - r);
-    _mm_mask_storeu_epi8(h8 + r, keep, hq);
-    _mm_mask_storeu_epi8(l8 + r, keep, lq);
+}
+
+// Sub-chunk geometry of packed rows of D codes at `bits` for the integer kernels: false where they
+// do not apply (one bit plane of 2, 4 or 8 bits, m = D * bits / 8 in {16, 32, 64}, D <= 256).
+bool int8_geometry(std::size_t D, int bits, std::size_t& m) {
+  if (bits != 2 && bits != 4 && bits != 8) return false;
+  if (D > kMaxDim || D * static_cast<std::size_t>(bits) % 8 != 0) return false;
+  m = D * static_cast<std::size_t>(bits) / 8;
+  return m == 16 || m == 32 || m == 64;
+}
+
+}  // namespace
+
+bool int8_logits_available() { return cpu_has_int8() && g_int8_enabled.load(std::memory_order_relaxed); }
+
+void set_int8_logits_enabled(bool enabled) { g_int8_enabled.store(enabled, std::memory_order_relaxed); }
+
+bool packed_int8_supported(std::size_t D, int bits) {
+  std::size_t m = 0;
+  return int8_logits_available() && int8_geometry(D, bits, m);
+}
+
+bool logits_packed_int8(const float* q, const std::uint16_t* scale_h, const std::uint16_t* zero_h,
+                        std::size_t group_size, std::size_t M, std::size_t D, const std::uint8_t* packed, int bits,
+                        std::size_t n, float* logits, std::size_t ld) {
+  std::size_t m = 0;
+  if (!int8_logits_available() || group_size == 0 || !int8_geometry(D, bits, m)) return false;
+  const int K = 8 / bits, R = static_cast<int>(64 / m);
+  // [2][kQueries][K][64] replicated query chunks; zeroed once so that padding queries' chunks are
+  // defined (their results are never stored).
+  alignas(64) std::uint8_t qv[2 * kQueries * 4 * 64] = {};
+  Split4 sp;
+  for (std::size_t r0 = 0; r0 < n; r0 += group_size) {
+    const std::size_t gi = r0 / group_size, cnt = std::min(group_size, n - r0);
+    const std::uint8_t* rows = packed + r0 * m;
+    for (std::size_t m0 = 0; m0 < M; m0 += kQueries) {
+      const int nq = static_cast<int>(std::min<std::size_t>(kQueries, M - m0));
+      split_queries(q + m0 * D, nq, D, scale_h + gi * D, zero_h + gi * D, m, R, K, qv, sp);
+      float* out = logits + m0 * ld + r0;
+      switch (R * 10 + K) {
+        case 14: logits_rows<1, 4>(qv, sp, nq, rows, cnt, out, ld); break;  // 2-bit, D = 256
+        case 12: logits_rows<1, 2>(qv, sp, nq, rows, cnt, out, ld); break;  // 4-bit, D = 128
+        case 11: logits_rows<1, 1>(qv, sp, nq, rows, cnt, out, ld); break;  // 8-bit, D = 64
+        case 24: logits_rows<2, 4>(qv, sp, nq, rows, cnt, out, ld); break;  // 2-bit, D = 128
+        case 22: logits_rows<2, 2>(qv, sp, nq, rows, cnt, out, ld); break;  // 4-bit, D = 64
+        case 21: logits_rows<2, 1>(qv, sp, nq, rows, cnt, out, ld); break;  // 8-bit, D = 32
+        case 44: logits_rows<4, 4>(qv, sp, nq, rows, cnt, out, ld); break;  // 2-bit, D = 64
+        case 42: logits_rows<4, 2>(qv, sp, nq, rows, cnt, out, ld); break;  // 4-bit, D = 32
+        default: logits_rows<4, 1>(qv, sp, nq, rows, cnt, out, ld); break;  // 8-bit, D = 16
+      }
+    }
+  }
+  return true;
+}
+
+namespace {
+template <int K>
+KVSLIM_INT8_TARGET void accumulate_group(const std::uint8_t* rows, std::size_t cnt, std::size_t m, std::uint8_t* inter,
+                      const std::int32_t* pk, const Split4& sp, int nq, std::size_t D, const std::uint16_t* scale_h,
+                      const std::uint16_t* zero_h, float* acc) {
+  if (m == 16) {
+    accumulate_sets<K, SetLayout::kPermute16>(rows, cnt, m, pk, sp, nq, D, scale_h, zero_h, acc);
+  } else if (m == 32) {
+    accumulate_sets<K, SetLayout::kPermute32>(rows, cnt, m, pk, sp, nq, D, scale_h, zero_h, acc);
+  } else {
+    accumulate_sets<K, SetLayout::kInterleaved>(inter, cnt, m, pk, sp, nq, D, scale_h, zero_h, acc);
+  }
+}
+}  // namespace
+
+bool accumulate_packed_int8(const float* p, std::size_t ld, std::size_t M, const std::uint8_t* packed, int bits,
+                            std::size_t n, std::size_t D, std::size_t group_size, const std::uint16_t* scale_h,
+                            const std::uint16_t* zero_h, float* acc) {
+  std::size_t m = 0;
+  if (!int8_logits_available() || group_size == 0 || !int8_geometry(D, bits, m)) return false;
+  const std::size_t max_sets = (std::min(group_size, n) + 3) / 4;
+  thread_local std::vector<std::uint8_t> inter;  // [sets][m / 16][64] (m = 64 only)
+  thread_local std::vector<std::int32_t> pk;     // [2][kQueries][sets]
+  if (m == 64) inter.resize(max_sets * m * 4);
+  pk.resize(2 * kQueries * max_sets);
+  Split4 sp;
+  for (std::size_t r0 = 0; r0 < n; r0 += group_size) {
+    const std::size_t gi = r0 / group_size, cnt = std::min(group_size, n - r0), sets = (cnt + 3) / 4;
+    const std::uint8_t* rows = packed + r0 * m;
+    if (m == 64) interleave_rows(rows, cnt, m, inter.data());
+    for (std::size_t m0 = 0; m0 < M; m0 += kQueries) {
+      const int nq = static_cast<int>(std::min<std::size_t>(kQueries, M - m0));
+      for (int i = nq; i < kQueries; ++i) {  // padding queries: no weight (real ones write every word)
+        std::fill_n(pk.data() + static_cast<std::size_t>(i) * sets, sets, 0);
+        std::fill_n(pk.data() + (kQueries + static_cast<std::size_t>(i)) * sets, sets, 0);
+      }
+      split_probs(p + m0 * ld + r0, ld, nq, cnt, sets, pk.data(), pk.data() + kQueries * sets, sp);
+      float* a = acc + m0 * D;
+      const std::uint16_t* sc = scale_h + gi * D;
+      const std::uint16_t* ze = zero_h + gi * D;
+      switch (8 / bits) {
+        case 4: accumulate_group<4>(rows, cnt, m, inter.data(), pk.data(), sp, nq, D, sc, ze, a); break;
+        case 2: accumulate_group<2>(rows, cnt, m, inter.data(), pk.data(), sp, nq, D, sc, ze, a); break;
+        default: accumulate_group<1>(rows, cnt, m, inter.data(), pk.data(), sp, nq, D, sc, ze, a); break;
+      }
+    }
+  }
+  return true;
+}
+
+namespace {
+KVSLIM_INT8_TARGET void merge_rows(const float* hi, std::size_t ld_hi, const float* lo, std::size_t ld_lo,
+                                   const std::uint8_t* mask_bits, std::size_t M, std::size_t n, float* out,
+                                   std::size_t ld) {
+  for (std::size_t m0 = 0; m0 < M; ++m0) {
+    const float* h = hi + m0 * ld_hi;
+    const float* l = lo + m0 * ld_lo;
+    float* o = out + m0 * ld;
+    std::size_t nh = 0, nl = 0;
+    for (std::size_t s0 = 0; s0 < n; s0 += 16) {
+      const std::size_t here = std::min<std::size_t>(16, n - s0);
+      const auto valid = static_cast<__mmask16>(here == 16 ? 0xFFFF : (1u << here) - 1);
+      unsigned bitsv = mask_bits[s0 / 8];
+      if (here > 8) bitsv |= static_cast<unsigned>(mask_bits[s0 / 8 + 1]) << 8;
+      const auto from_hi = static_cast<__mmask16>(bitsv & valid);
+      const auto from_lo = static_cast<__mmask16>(~bitsv & valid);
+      const unsigned take_hi = static_cast<unsigned>(__builtin_popcount(from_hi));
+      const unsigned take_lo = static_cast<unsigned>(here) - take_hi;
+      // Masked loads read only the rows each set still has; expand places them in token order.
+      const __m512 vh = _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << take_hi) - 1), h + nh);
+      const __m512 vl = _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << take_lo) - 1), l + nl);
+      const __m512 v = _mm512_mask_expand_ps(_mm512_maskz_expand_ps(from_hi, vh), from_lo, vl);
+      _mm512_mask_storeu_ps(o + s0, valid, v);
+      nh += take_hi;
+      nl += take_lo;
+    }
   }
 }
 
 }  // namespace
 
-bool accumulate_packed_int8(const float* p, std::size_t ld, std::size_t M, const std::uint8_t* packed, int bits,
-                            std::size_t n, std::size_t D, float* acc, float* psum) {
+bool merge_by_mask_int8(const float* hi, std::size_t ld_hi, const float* lo, std::size_t ld_lo,
+                        const std::uint8_t* mask_bits, std::size_t M, std::size_t n, float* out, std::size_t ld) {
   if (!int8_logits_available()) return false;
-  if (bits != 2 && bits != 4 && bits != 8) return false;
-  const std::size_t m = D * static_cast<std::size_t>(bits) / 8;
-  if (D * static_cast<std::size_t>(bits) % 8 != 0 || (m != 16 && m != 32 && m != 64)) return false;
-  if (n == 0) {
-    std::fill(psum, psum + M, 0.0f);
-    return true;
-  }
-  const std::size_t sets = (n + 3) / 4;
-  thread_local std::vector<std::uint8_t> inter;   // [sets][m / 16][64]
-  thread_local std::vector<std::int32_t> pk;      // [2][kQueries][sets]
-  inter.resize(sets * m * 4);
-  pk.resize(2 * kQueries * sets);
-  interleave_rows(packed, n, m, inter.data());
-  float s[2 * kQueries];
-  for (std::size_t m0 = 0; m0 < M; m0 += kQueries) {
-    const int nq = static_cast<int>(std::min<std::size_t>(kQueries, M - m0));
-    std::fill(s, s + 2 * kQueries, 0.0f);
-    for (int i = nq; i < kQueries; ++i) {  // padding queries: no weight (real ones write every word)
-      std::fill_n(pk.data() + static_cast<std::size_t>(i) * sets, sets, 0);
-      std::fill_n(pk.data() + (kQueries + static_cast<std::size_t>(i)) * sets, sets, 0);
-    }
-    for (int i = 0; i < nq; ++i) {
-      split_probs(p + (m0 + static_cast<std::size_t>(i)) * ld, n, sets, pk.data() + static_cast<std::size_t>(i) * sets,
-                  pk.data() + (kQueries + static_cast<std::size_t>(i)) * sets, s[i], s[kQueries + i],
-                  psum[m0 + static_cast<std::size_t>(i)]);
-    }
-    float* a = acc + m0 * D;
-    switch (8 / bits) {
-      case 4: accumulate_sets<4>(inter.data(), sets, m, pk.data(), s, nq, D, a); break;
-      case 2: accumulate_sets<2>(inter.data(), sets, m, pk.data(), s, nq, D, a); break;
-      default: accumulate_sets<1>(inter.data(), sets, m, pk.data(), s, nq, D, a); break;
-    }
-  }
+  merge_rows(hi, ld_hi, lo, ld_lo, mask_bits, M, n, out, ld);
   return true;
 }
 

@@ -37,19 +37,27 @@ void logits_packed(const float* q, std::size_t M, std::size_t D, const std::uint
                    const float* bias, const std::uint32_t* idx, float* logits, std::size_t ld);
 void accumulate_packed(const float* p, std::size_t ld, std::size_t M, const std::uint8_t* packed, int bits,
                        std::size_t n, std::size_t D, float* acc);
-// Scores of packed rows by integer dot products (AVX-512 VNNI; attend_int8.cc), n rows in groups of
-// group_size (the last may be shorter), group gi with fp16 per-channel params scale_h[gi * D ..],
-// zero_h[gi * D ..]: logits[m * ld + col(r)] = (q[m] * scale) . codes[r] + q[m] . zero, col(r) =
-// idx ? idx[r] : r; for bits 2, 4 and 8 with D * bits / 8 in {16, 32, 64} and D <= 256 on a CPU
-// with VNNI. Returns false (writing nothing) otherwise; then scale_queries + logits_packed /
-// logits_codes do it, group by group.
+// Integer dot products on packed codes (AVX-512 VNNI + VBMI; attend_int8.cc) for bits 2, 4 and 8
+// with D * bits / 8 in {16, 32, 64} and D <= 256: whether they run here for rows of D codes at
+// `bits` (and are enabled).
+bool packed_int8_supported(std::size_t D, int bits);
+// Scores of n packed rows in groups of group_size (the last may be shorter), group gi with fp16
+// per-channel params scale_h[gi * D ..], zero_h[gi * D ..]: logits[m * ld + r] = (q[m] * scale) .
+// codes[r] + q[m] . zero. Returns false (writing nothing) where packed_int8_supported is false;
+// then scale_queries + logits_packed / logits_codes do it, group by group.
 bool logits_packed_int8(const float* q, const std::uint16_t* scale_h, const std::uint16_t* zero_h,
                         std::size_t group_size, std::size_t M, std::size_t D, const std::uint8_t* packed, int bits,
-                        std::size_t n, const std::uint32_t* idx, float* logits, std::size_t ld);
-// As accumulate_packed by integer dot products, under the same conditions, also writing
-// psum[m] = sum_r p[m * ld + r]; false = not done.
+                        std::size_t n, float* logits, std::size_t ld);
+// acc[m * D + c] += sum_r p[m * ld + r] * (code[r, c] * scale[c] + zero[c]) over the n packed rows,
+// each group with its own fp16 params as above; false = not done (nothing written).
 bool accumulate_packed_int8(const float* p, std::size_t ld, std::size_t M, const std::uint8_t* packed, int bits,
-                            std::size_t n, std::size_t D, float* acc, float* psum);
+                            std::size_t n, std::size_t D, std::size_t group_size, const std::uint16_t* scale_h,
+                            const std::uint16_t* zero_h, float* acc);
+// A mixed block's scores in token order: out[m * ld + s] = token s salient (bit s of mask_bits) ?
+// the next of hi[m * ld_hi ..] : the next of lo[m * ld_lo ..], s < n. False where the integer
+// kernels do not run (nothing written).
+bool merge_by_mask_int8(const float* hi, std::size_t ld_hi, const float* lo, std::size_t ld_lo,
+                        const std::uint8_t* mask_bits, std::size_t M, std::size_t n, float* out, std::size_t ld);
 // Whether the *_int8 kernels run here; tests turn it off to check the kernels it stands in for.
 bool int8_logits_available();
 void set_int8_logits_enabled(bool enabled);

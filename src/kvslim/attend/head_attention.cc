@@ -94,14 +94,42 @@ void HeadAttention::packed_block(const ZipCompressed& keys, const GroupQuantized
                                  const std::uint16_t* raw_values, const std::int64_t* pos, std::size_t n,
                                  std::size_t first) {
   if (n == 0) return;
-  const auto& k = quant::simd_kernels();
   if (scores_.size() < M_ * n) scores_.resize(M_ * n);
+  const bool int8 = (keys.hi.rows == 0 || packed_int8_supported(D_, keys.hi.bits)) &&
+                    (keys.lo.rows == 0 || packed_int8_supported(D_, keys.lo.bits));
+  if (!int8) {
+    packed_logits_fp32(keys, n);
+  } else if (keys.mask_bits.empty()) {  // one set holds every token
+    const GroupQuantized& set = keys.hi.rows != 0 ? keys.hi : keys.lo;
+    logits_packed_int8(q_.data(), set.scale.data(), set.zero.data(), set.group_size, M_, D_, set.codes.data(),
+                       set.bits, set.rows, scores_.data(), n);
+  } else {
+    // Each set scores its own rows, then the two are merged into token order by the mask.
+    set_scores_.resize(M_ * n);
+    float* hi = set_scores_.data();
+    float* lo = hi + M_ * keys.hi.rows;
+    for (const auto& [set, dst] : {std::pair{&keys.hi, hi}, std::pair{&keys.lo, lo}}) {
+      logits_packed_int8(q_.data(), set->scale.data(), set->zero.data(), set->group_size, M_, D_, set->codes.data(),
+                         set->bits, set->rows, dst, set->rows);
+    }
+    merge_by_mask_int8(hi, keys.hi.rows, lo, keys.lo.rows, keys.mask_bits.data(), M_, n, scores_.data(), n);
+  }
+  softmax_step(scores_.data(), n, pos, n, first);
+  if (values != nullptr) {
+    grouped_values(*values, scores_.data(), n);
+  } else {
+    accumulate_f16(scores_.data(), n, M_, raw_values, D_, n, D_, acc_.data());
+  }
+}
+
+// The fp32 kernels: per group, q . (code * scale + zero) = (q * scale) . code + q . zero. A mixed
+// block scatters each set's scores over the tokens by the token index of every row, hi then lo.
+void HeadAttention::packed_logits_fp32(const ZipCompressed& keys, std::size_t n) {
+  const auto& k = quant::simd_kernels();
   qs_.resize(M_ * D_);
   bias_.resize(M_);
   scale_.resize(D_);
   zero_.resize(D_);
-  // Scores from the codes: q . (code * scale + zero) = (q * scale) . code + q . zero, per group.
-  // A mixed block scatters each set's rows over the tokens: the token of every row, hi then lo.
   const bool mixed = !keys.mask_bits.empty();
   if (mixed) {
     index_.resize(n);
@@ -120,11 +148,6 @@ void HeadAttention::packed_block(const ZipCompressed& keys, const GroupQuantized
   for (const GroupQuantized* set : {&keys.hi, &keys.lo}) {
     if (set->rows == 0) continue;
     const std::uint32_t* idx = mixed ? index_.data() + (set == &keys.hi ? 0 : keys.hi.rows) : nullptr;
-    // Integer dot products on the packed bytes, every group in one call.
-    if (logits_packed_int8(q_.data(), set->scale.data(), set->zero.data(), set->group_size, M_, D_, set->codes.data(),
-                           set->bits, set->rows, idx, scores_.data(), n)) {
-      continue;
-    }
     const std::size_t rb = packed_row_bytes(D_, set->bits);
     const bool direct = packed_direct(D_, set->bits);
     if (!direct) codes_.resize(set->group_size * D_);
@@ -143,20 +166,21 @@ void HeadAttention::packed_block(const ZipCompressed& keys, const GroupQuantized
       }
     }
   }
-  softmax_step(scores_.data(), n, pos, n, first);
-  if (values != nullptr) {
-    grouped_values(*values, scores_.data(), n);
-  } else {
-    accumulate_f16(scores_.data(), n, M_, raw_values, D_, n, D_, acc_.data());
-  }
 }
 
 // sum_r p[r] (code[r] * scale + zero) = scale * sum_r p[r] code[r] + zero * sum_r p[r], per group.
 void HeadAttention::grouped_values(const GroupQuantized& set, const float* p, std::size_t ld) {
+  // Integer dot products on the packed bytes, every group in one call; else the fp32 kernels.
+  if (accumulate_packed_int8(p, ld, M_, set.codes.data(), set.bits, set.rows, D_, set.group_size, set.scale.data(),
+                             set.zero.data(), acc_.data())) {
+    return;
+  }
   const auto& k = quant::simd_kernels();
   const std::size_t rb = packed_row_bytes(D_, set.bits);
   const bool direct = packed_direct(D_, set.bits);
   if (!direct) codes_.resize(set.group_size * D_);
+  scale_.resize(D_);
+  zero_.resize(D_);
   gacc_.resize(M_ * D_);
   gsum_.resize(M_);
   for (std::size_t gi = 0; gi < set.groups(); ++gi) {
@@ -164,20 +188,17 @@ void HeadAttention::grouped_values(const GroupQuantized& set, const float* p, st
     const std::uint8_t* packed = set.codes.data() + r0 * rb;
     k.params_to_f32(set.scale.data() + gi * D_, set.zero.data() + gi * D_, D_, scale_.data(), zero_.data());
     std::fill(gacc_.begin(), gacc_.end(), 0.0f);
-    // Integer dot products on the packed bytes (with the probability sums), else the fp32 kernels.
-    if (!accumulate_packed_int8(p + r0, ld, M_, packed, set.bits, cnt, D_, gacc_.data(), gsum_.data())) {
-      if (direct) {
-        accumulate_packed(p + r0, ld, M_, packed, set.bits, cnt, D_, gacc_.data());
-      } else {
-        k.unpack_rows(packed, cnt, D_, set.bits, codes_.data());
-        accumulate_codes(p + r0, ld, M_, codes_.data(), cnt, D_, gacc_.data());
-      }
-      for (std::size_t m = 0; m < M_; ++m) {
-        const float* pm = p + m * ld + r0;
-        float ps = 0.0f;
-        for (std::size_t r = 0; r < cnt; ++r) ps += pm[r];
-        gsum_[m] = ps;
-      }
+    if (direct) {
+      accumulate_packed(p + r0, ld, M_, packed, set.bits, cnt, D_, gacc_.data());
+    } else {
+      k.unpack_rows(packed, cnt, D_, set.bits, codes_.data());
+      accumulate_codes(p + r0, ld, M_, codes_.data(), cnt, D_, gacc_.data());
+    }
+    for (std::size_t m = 0; m < M_; ++m) {
+      const float* pm = p + m * ld + r0;
+      float ps = 0.0f;
+      for (std::size_t r = 0; r < cnt; ++r) ps += pm[r];
+      gsum_[m] = ps;
     }
     combine_group(gacc_.data(), gsum_.data(), M_, D_, scale_.data(), zero_.data(), acc_.data());
   }

@@ -40,6 +40,8 @@ class HeadAttention {
   // Masks the segment's scores [M, n] (ld), updates the running max and sum, rescales the
   // accumulators; leaves the probabilities (unnormalised, relative to the new max) in place.
   void softmax_step(float* scores, std::size_t ld, const std::int64_t* pos, std::size_t n, std::size_t first);
+  // A block's scores [M, n] into scores_ by the fp32 kernels (CPUs without the integer ones).
+  void packed_logits_fp32(const ZipCompressed& keys, std::size_t n);
   void grouped_values(const GroupQuantized& set, const float* p, std::size_t ld);
 
   std::size_t M_ = 0, D_ = 0, S_ = 0, H_ = 0, group_ = 0, b_ = 0, g_ = 0, rows_total_ = 0;
@@ -50,6 +52,7 @@ class HeadAttention {
   std::vector<float> max_, sum_;       // [M] running max and sum of exponentials
   std::vector<float> acc_;             // [M, D] running weighted value sum
   std::vector<float> scores_;          // [M, segment] scores, then probabilities
+  std::vector<float> set_scores_;      // [M, n_hi] then [M, n_lo]: a mixed block's scores by set
   std::vector<float> kept_;            // [M, rows_total] masked scores (probs only)
   std::vector<float> qs_, bias_, gacc_, gsum_;  // per quantization group: q * scale [M, D], q . zero [M], [M, D], [M]
   std::vector<float> scale_, zero_;    // [D] group parameters as fp32
