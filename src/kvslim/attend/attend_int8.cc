@@ -100,6 +100,23 @@ KVSLIM_INT8_TARGET inline Int8Pair split16(__m512 x, __m512 inv1, __m512 inv2, _
 }
 KVSLIM_INT8_TARGET inline __m512 inverse(float s) { return _mm512_set1_ps(s > 0.0f ? 1.0f / s : 0.0f); }
 
+// Asks for [p, p + bytes) in L1 ahead of use: a block's codes and parameters stream from memory,
+// and the hardware prefetcher alone leaves the dot products waiting on them.
+inline void prefetch(const void* p, std::size_t bytes) {
+  const auto* c = static_cast<const char*>(p);
+  for (std::size_t o = 0; o < bytes; o += 64) _mm_prefetch(c + o, _MM_HINT_T0);
+}
+// Group gi + kAhead of a set: its codes and fp16 params.
+constexpr std::size_t kAhead = 4;
+inline void prefetch_group(const std::uint8_t* packed, const std::uint16_t* scale_h, const std::uint16_t* zero_h,
+                           std::size_t gi, std::size_t group_size, std::size_t n, std::size_t m, std::size_t D) {
+  const std::size_t r0 = (gi + kAhead) * group_size;
+  if (r0 >= n) return;
+  prefetch(packed + r0 * m, std::min(group_size, n - r0) * m);
+  prefetch(scale_h + (gi + kAhead) * D, D * sizeof(std::uint16_t));
+  prefetch(zero_h + (gi + kAhead) * D, D * sizeof(std::uint16_t));
+}
+
 // ---- keys ----------------------------------------------------------------------------------------
 // With m in {16, 32, 64}, R = 64 / m consecutive rows fill one 512-bit register; each sub-chunk of
 // the query is replicated into every row slot, and four query vectors (the query heads of one KV
@@ -110,9 +127,11 @@ KVSLIM_INT8_TARGET inline __m512 inverse(float s) { return _mm512_set1_ps(s > 0.
 // zero fp16 [D]) into the replicated chunk layout qv [2][kQueries][K][64]: element d goes to byte
 // (d % m) of row slot r (r < R) of chunk d / m, hi parts first. Chunks of queries i >= nq are left
 // as they are (their results are never stored). extra[i] = q[i] . zero.
+template <std::size_t m>
 KVSLIM_INT8_TARGET void split_queries(const float* q, int nq, std::size_t D, const std::uint16_t* scale_h,
-                                      const std::uint16_t* zero_h, std::size_t m, int R, int K, std::uint8_t* qv,
-                                      Split4& sp) {
+                                      const std::uint16_t* zero_h, std::uint8_t* qv, Split4& sp) {
+  constexpr int R = static_cast<int>(64 / m);
+  const int K = static_cast<int>(D / m);  // sub-chunks of a row (bits = 8 / K)
   alignas(64) float ys[kQueries][kMaxDim];  // q * scale
   __m512 mx[kQueries], bs[kQueries];
   for (int i = 0; i < kQueries; ++i) mx[i] = bs[i] = _mm512_setzero_ps();
@@ -143,14 +162,14 @@ KVSLIM_INT8_TARGET void split_queries(const float* q, int nq, std::size_t D, con
     for (std::size_t d = 0; d < D; d += 16) {
       const Int8Pair c = split16(_mm512_load_ps(ys[i] + d), inv1, inv2, s1);
       const std::size_t chunk = d / m, at = d % m;
-      if (m == 16) {  // the 16 bytes fill every row slot of the chunk: one 512-bit store each
+      if constexpr (m == 16) {  // the 16 bytes fill every row slot of the chunk: one 512-bit store each
         _mm512_store_si512(hi + chunk * 64, _mm512_broadcast_i32x4(c.hi));
         _mm512_store_si512(lo + chunk * 64, _mm512_broadcast_i32x4(c.lo));
-        continue;
-      }
-      for (int r = 0; r < R; ++r) {
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(hi + chunk * 64 + static_cast<std::size_t>(r) * m + at), c.hi);
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + chunk * 64 + static_cast<std::size_t>(r) * m + at), c.lo);
+      } else {
+        for (int r = 0; r < R; ++r) {
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(hi + chunk * 64 + static_cast<std::size_t>(r) * m + at), c.hi);
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + chunk * 64 + static_cast<std::size_t>(r) * m + at), c.lo);
+        }
       }
     }
   }
@@ -291,64 +310,103 @@ KVSLIM_INT8_TARGET inline __m512i load_bytes(const std::uint8_t* p, std::size_t 
   return _mm512_maskz_loadu_epi8(b == 0 ? 0 : (~0ULL >> (64 - b)), p);
 }
 
-// Set t of the group (rows 4t..4t+3, n rows in all) as interleaved lanes for column `col`.
+// Bytes a row under each layout.
 template <SetLayout kLayout>
-KVSLIM_INT8_TARGET inline __m512i load_set(const std::uint8_t* src, std::size_t t, std::size_t n, std::size_t m,
-                                           std::size_t col, __m512i perm) {
-  if constexpr (kLayout == SetLayout::kInterleaved) {
+constexpr std::size_t kRowBytes = kLayout == SetLayout::kPermute16 ? 16 : kLayout == SetLayout::kPermute32 ? 32 : 64;
+
+// Set t of the group (its first `rows` rows present, 1..4; all four when kFull) as interleaved
+// lanes for the 16-byte column `col`.
+template <SetLayout kLayout, bool kFull>
+KVSLIM_INT8_TARGET inline __m512i load_set(const std::uint8_t* src, std::size_t t, std::size_t rows, std::size_t col,
+                                           __m512i perm) {
+  constexpr std::size_t m = kRowBytes<kLayout>;
+  if constexpr (kLayout == SetLayout::kInterleaved) {  // the buffer is zero past the group's rows
     return _mm512_loadu_si512(src + (t * (m / 16) + col / 16) * 64);
   } else {
-    const std::size_t bytes = std::min<std::size_t>(4, n - 4 * t) * m;  // the last set may be short
     const std::uint8_t* at = src + 4 * t * m;
+    const std::size_t bytes = kFull ? 4 * m : rows * m;
     if constexpr (kLayout == SetLayout::kPermute16) {
-      return _mm512_permutexvar_epi8(perm, load_bytes(at, bytes));
+      return _mm512_permutexvar_epi8(perm, kFull ? _mm512_loadu_si512(at) : load_bytes(at, bytes));
     } else {
-      return _mm512_permutex2var_epi8(load_bytes(at, bytes), perm, load_bytes(at + 64, bytes > 64 ? bytes - 64 : 0));
+      const __m512i a = kFull ? _mm512_loadu_si512(at) : load_bytes(at, std::min<std::size_t>(bytes, 64));
+      const __m512i b = kFull ? _mm512_loadu_si512(at + 64) : load_bytes(at + 64, bytes > 64 ? bytes - 64 : 0);
+      return _mm512_permutex2var_epi8(a, perm, b);
     }
   }
 }
 
-// One group: `sets` sets of the group's n rows (src as kLayout reads it), the split probabilities
-// pk [2][kQueries][sets] (int8 x 4 per word) with sp, fp16 params [D] of the group;
+// A pass covers kCols 16-byte columns of the rows with every sub-chunk of each (kCols * K
+// "combos" of 16 channels: at most four) for a pair of queries, hi and lo: 16 accumulators at
+// most, so that a set is loaded and permuted once per pass.
+template <int K, SetLayout kLayout>
+constexpr std::size_t kCols = std::min<std::size_t>(4 / K, kRowBytes<kLayout> / 16);
+template <int K, SetLayout kLayout>
+constexpr std::size_t kCombos = K * kCols<K, kLayout>;
+
+template <int K, SetLayout kLayout, bool kFull>
+KVSLIM_INT8_TARGET __attribute__((always_inline)) inline void accumulate_set(
+    const std::uint8_t* src, std::size_t t, std::size_t rows, std::size_t col0, const __m512i* perm,
+    const std::int32_t* const* words /* [query of pair][hi, lo] */, __m512i (&acc)[kCombos<K, kLayout>][2][2]) {
+  constexpr int bits = 8 / K;
+  const __m512i mask = _mm512_set1_epi8(static_cast<char>((1 << bits) - 1));
+  __m512i w[2][2];
+  for (int q = 0; q < 2; ++q) {
+    for (int h = 0; h < 2; ++h) w[q][h] = _mm512_set1_epi32(words[q * 2 + h][t]);
+  }
+#pragma GCC unroll 4
+  for (std::size_t c = 0; c < kCols<K, kLayout>; ++c) {
+    const __m512i v = load_set<kLayout, kFull>(src, t, rows, col0 + 16 * c, perm[c]);
+#pragma GCC unroll 4
+    for (int k = 0; k < K; ++k) {
+      const __m512i code = k == 0 ? _mm512_and_si512(v, mask) : _mm512_and_si512(_mm512_srli_epi16(v, k * bits), mask);
+      __m512i(&a)[2][2] = acc[c * K + static_cast<std::size_t>(k)];
+      a[0][0] = _mm512_dpbusd_epi32(a[0][0], code, w[0][0]);
+      a[0][1] = _mm512_dpbusd_epi32(a[0][1], code, w[0][1]);
+      a[1][0] = _mm512_dpbusd_epi32(a[1][0], code, w[1][0]);
+      a[1][1] = _mm512_dpbusd_epi32(a[1][1], code, w[1][1]);
+    }
+  }
+}
+
+// One group of n rows (src as kLayout reads it), the split probabilities pk [2][kQueries][sets]
+// (int8 x 4 per word) with sp, fp16 params [D] of the group:
 // acc[i * D + c] += scale[c] * (s1 * hi . codes + s2 * lo . codes) + zero[c] * psum[i].
 template <int K, SetLayout kLayout>
-KVSLIM_INT8_TARGET void accumulate_sets(const std::uint8_t* src, std::size_t n, std::size_t m,
-                                        const std::int32_t* pk, const Split4& sp, int nq, std::size_t D,
-                                        const std::uint16_t* scale_h, const std::uint16_t* zero_h, float* acc) {
-  constexpr int bits = 8 / K;
-  const std::size_t sets = (n + 3) / 4;
-  const __m512i mask = _mm512_set1_epi8(static_cast<char>((1 << bits) - 1));
-  const std::int32_t* hi = pk;
-  const std::int32_t* lo = pk + kQueries * sets;
-  for (int k = 0; k < K; ++k) {
-    for (std::size_t col = 0; col < m; col += 16) {
-      __m512i perm = _mm512_setzero_si512();
-      if constexpr (kLayout == SetLayout::kPermute16) perm = _mm512_loadu_si512(kPerm16.data());
+KVSLIM_INT8_TARGET void accumulate_sets(const std::uint8_t* src, std::size_t n, const std::int32_t* pk,
+                                        const Split4& sp, int nq, std::size_t D, const std::uint16_t* scale_h,
+                                        const std::uint16_t* zero_h, float* acc) {
+  constexpr std::size_t m = kRowBytes<kLayout>, cols = kCols<K, kLayout>, combos = kCombos<K, kLayout>;
+  const std::size_t sets = (n + 3) / 4, full = n / 4;
+  for (std::size_t col0 = 0; col0 < m; col0 += 16 * cols) {
+    __m512i perm[cols];
+    for (std::size_t c = 0; c < cols; ++c) {
+      perm[c] = _mm512_setzero_si512();
+      if constexpr (kLayout == SetLayout::kPermute16) perm[c] = _mm512_loadu_si512(kPerm16.data());
       if constexpr (kLayout == SetLayout::kPermute32) {
-        perm = _mm512_loadu_si512(col == 0 ? kPerm32Col0.data() : kPerm32Col16.data());
+        perm[c] = _mm512_loadu_si512(col0 + 16 * c == 0 ? kPerm32Col0.data() : kPerm32Col16.data());
       }
-      __m512i h0 = _mm512_setzero_si512(), h1 = h0, h2 = h0, h3 = h0, l0 = h0, l1 = h0, l2 = h0, l3 = h0;
-      for (std::size_t t = 0; t < sets; ++t) {
-        const __m512i v = load_set<kLayout>(src, t, n, m, col, perm);
-        const __m512i c = k == 0 ? _mm512_and_si512(v, mask) : _mm512_and_si512(_mm512_srli_epi16(v, k * bits), mask);
-        h0 = _mm512_dpbusd_epi32(h0, c, _mm512_set1_epi32(hi[0 * sets + t]));
-        h1 = _mm512_dpbusd_epi32(h1, c, _mm512_set1_epi32(hi[1 * sets + t]));
-        h2 = _mm512_dpbusd_epi32(h2, c, _mm512_set1_epi32(hi[2 * sets + t]));
-        h3 = _mm512_dpbusd_epi32(h3, c, _mm512_set1_epi32(hi[3 * sets + t]));
-        l0 = _mm512_dpbusd_epi32(l0, c, _mm512_set1_epi32(lo[0 * sets + t]));
-        l1 = _mm512_dpbusd_epi32(l1, c, _mm512_set1_epi32(lo[1 * sets + t]));
-        l2 = _mm512_dpbusd_epi32(l2, c, _mm512_set1_epi32(lo[2 * sets + t]));
-        l3 = _mm512_dpbusd_epi32(l3, c, _mm512_set1_epi32(lo[3 * sets + t]));
-      }
-      const __m512i hs[4] = {h0, h1, h2, h3}, ls[4] = {l0, l1, l2, l3};
-      const std::size_t channel = static_cast<std::size_t>(k) * m + col;  // lanes: channels channel..+15
-      const __m512 sc = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scale_h + channel)));
-      const __m512 ze = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(zero_h + channel)));
-      for (int i = 0; i < nq; ++i) {
-        float* a = acc + static_cast<std::size_t>(i) * D + channel;
-        const __m512 sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hs[i]), _mm512_set1_ps(sp.s1[i]),
-                                           _mm512_mul_ps(_mm512_cvtepi32_ps(ls[i]), _mm512_set1_ps(sp.s2[i])));
-        _mm512_storeu_ps(a, _mm512_fmadd_ps(sum, sc, _mm512_fmadd_ps(ze, _mm512_set1_ps(sp.extra[i]), _mm512_loadu_ps(a))));
+    }
+    for (int qp = 0; qp < nq; qp += 2) {  // query pairs (a padding query's words are zero)
+      const std::int32_t* words[4] = {pk + static_cast<std::size_t>(qp) * sets,
+                                      pk + (kQueries + static_cast<std::size_t>(qp)) * sets,
+                                      pk + (static_cast<std::size_t>(qp) + 1) * sets,
+                                      pk + (kQueries + static_cast<std::size_t>(qp) + 1) * sets};
+      __m512i a[combos][2][2];
+      for (std::size_t c = 0; c < combos; ++c) a[c][0][0] = a[c][0][1] = a[c][1][0] = a[c][1][1] = _mm512_setzero_si512();
+      for (std::size_t t = 0; t < full; ++t) accumulate_set<K, kLayout, true>(src, t, 4, col0, perm, words, a);
+      if (full < sets) accumulate_set<K, kLayout, false>(src, full, n - 4 * full, col0, perm, words, a);
+      for (std::size_t c = 0; c < combos; ++c) {
+        const std::size_t channel = (c % K) * m + col0 + 16 * (c / K);  // lanes: channels channel..+15
+        const __m512 sc = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scale_h + channel)));
+        const __m512 ze = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(zero_h + channel)));
+        for (int q = 0; q < 2 && qp + q < nq; ++q) {
+          const int i = qp + q;
+          float* out = acc + static_cast<std::size_t>(i) * D + channel;
+          const __m512 sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[c][q][0]), _mm512_set1_ps(sp.s1[i]),
+                                             _mm512_mul_ps(_mm512_cvtepi32_ps(a[c][q][1]), _mm512_set1_ps(sp.s2[i])));
+          _mm512_storeu_ps(out, _mm512_fmadd_ps(sum, sc, _mm512_fmadd_ps(ze, _mm512_set1_ps(sp.extra[i]),
+                                                                         _mm512_loadu_ps(out))));
+        }
       }
     }
   }
@@ -426,9 +484,17 @@ bool logits_packed_int8(const float* q, const std::uint16_t* scale_h, const std:
   for (std::size_t r0 = 0; r0 < n; r0 += group_size) {
     const std::size_t gi = r0 / group_size, cnt = std::min(group_size, n - r0);
     const std::uint8_t* rows = packed + r0 * m;
+    prefetch_group(packed, scale_h, zero_h, gi, group_size, n, m, D);
     for (std::size_t m0 = 0; m0 < M; m0 += kQueries) {
       const int nq = static_cast<int>(std::min<std::size_t>(kQueries, M - m0));
-      split_queries(q + m0 * D, nq, D, scale_h + gi * D, zero_h + gi * D, m, R, K, qv, sp);
+      const float* qm = q + m0 * D;
+      const std::uint16_t* sc = scale_h + gi * D;
+      const std::uint16_t* ze = zero_h + gi * D;
+      switch (m) {
+        case 16: split_queries<16>(qm, nq, D, sc, ze, qv, sp); break;
+        case 32: split_queries<32>(qm, nq, D, sc, ze, qv, sp); break;
+        default: split_queries<64>(qm, nq, D, sc, ze, qv, sp); break;
+      }
       float* out = logits + m0 * ld + r0;
       switch (R * 10 + K) {
         case 14: logits_rows<1, 4>(qv, sp, nq, rows, cnt, out, ld); break;  // 2-bit, D = 256
@@ -452,11 +518,11 @@ KVSLIM_INT8_TARGET void accumulate_group(const std::uint8_t* rows, std::size_t c
                       const std::int32_t* pk, const Split4& sp, int nq, std::size_t D, const std::uint16_t* scale_h,
                       const std::uint16_t* zero_h, float* acc) {
   if (m == 16) {
-    accumulate_sets<K, SetLayout::kPermute16>(rows, cnt, m, pk, sp, nq, D, scale_h, zero_h, acc);
+    accumulate_sets<K, SetLayout::kPermute16>(rows, cnt, pk, sp, nq, D, scale_h, zero_h, acc);
   } else if (m == 32) {
-    accumulate_sets<K, SetLayout::kPermute32>(rows, cnt, m, pk, sp, nq, D, scale_h, zero_h, acc);
+    accumulate_sets<K, SetLayout::kPermute32>(rows, cnt, pk, sp, nq, D, scale_h, zero_h, acc);
   } else {
-    accumulate_sets<K, SetLayout::kInterleaved>(inter, cnt, m, pk, sp, nq, D, scale_h, zero_h, acc);
+    accumulate_sets<K, SetLayout::kInterleaved>(inter, cnt, pk, sp, nq, D, scale_h, zero_h, acc);
   }
 }
 }  // namespace
@@ -475,6 +541,7 @@ bool accumulate_packed_int8(const float* p, std::size_t ld, std::size_t M, const
   for (std::size_t r0 = 0; r0 < n; r0 += group_size) {
     const std::size_t gi = r0 / group_size, cnt = std::min(group_size, n - r0), sets = (cnt + 3) / 4;
     const std::uint8_t* rows = packed + r0 * m;
+    prefetch_group(packed, scale_h, zero_h, gi, group_size, n, m, D);
     if (m == 64) interleave_rows(rows, cnt, m, inter.data());
     for (std::size_t m0 = 0; m0 < M; m0 += kQueries) {
       const int nq = static_cast<int>(std::min<std::size_t>(kQueries, M - m0));
