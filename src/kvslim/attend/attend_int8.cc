@@ -1,10 +1,10 @@
 // Attention over packed codes by integer dot products (AVX-512 VNNI, vpdpbusd: 64 u8 x s8 products
 // per instruction, four times the fp32 FMA's work per instruction), on CPUs that also have VBMI
 // (byte permutes; Ice Lake, Zen 4 and later). The fp32 operand -- the query times a group's
-// per-channel key scale, or a row of probabilities -- is split into two int8 vectors,
-// x ~ s1 * hi + s2 * lo with lo the rounded residual, so a product carries a relative error of
-// about 2^-15 (far below the fp16 rounding of the stored rows) while the codes never leave their
-// packed bytes. Every group of a block is done in one call; a group's fp16 parameters are widened
+// per-channel key scale, or a row of probabilities -- is rounded to 15-bit integers v and split
+// into two int8 vectors, v = 256 * hi + lo, x ~ s1 * hi + s2 * lo (s1 = 256 * s2), so a product
+// carries a relative error of about 2^-15 (far below the fp16 rounding of the stored rows) while
+// the codes never leave their packed bytes. Every group of a block is done in one call; a group's fp16 parameters are widened
 // in registers.
 //
 // A packed row of m = D * bits / 8 bytes holds element e at byte e % m, bits (e / m) * bits: "sub-
@@ -68,37 +68,52 @@ KVSLIM_INT8_TARGET inline __m512 fold4(__m512 a0, __m512 a1, __m512 a2, __m512 a
   return op<kMax>(t, _mm512_shuffle_f32x4(t, t, _MM_SHUFFLE(1, 0, 3, 2)));
 }
 
-// The split of four vectors: s1[i], s2[i] (0 for a vector that is all zero or not finite, whose
-// codes are then 0) and a per-vector figure (the query's bias, or the probabilities' sum).
+// The split of four vectors: s1[i], s2[i] and inv2[i] = 1 / s2[i] (all 0 for a vector that is all
+// zero or not finite, whose codes are then 0) and a per-vector figure (the query's bias, or the
+// probabilities' sum).
 struct Split4 {
-  alignas(16) float s1[kQueries], s2[kQueries], extra[kQueries];
+  alignas(16) float s1[kQueries], s2[kQueries], inv2[kQueries], extra[kQueries];
 };
 // [v0, v1, v2, v3] in every 128-bit block.
 KVSLIM_INT8_TARGET inline __m512 blocks_of(const float* v4) { return _mm512_broadcast_f32x4(_mm_load_ps(v4)); }
 
-// From the four vectors' absolute maxima (every block [a0..a3]): the scales, and whether vector i
-// can be split (its maximum positive and finite).
+// |v| <= 127 * 256 (+1 by rounding): hi = (v + 128) >> 8 stays within [-127, 127] and lo within
+// [-128, 127].
+constexpr float kRange = 127.0f * 256.0f;
+
+// From the four vectors' absolute maxima (every block [a0..a3]): their scales, 0 where the maximum
+// is not positive and finite.
 KVSLIM_INT8_TARGET inline void set_scales(__m512 amax, Split4& sp) {
-  alignas(64) float a[16];
-  _mm512_store_ps(a, amax);
-  for (int i = 0; i < kQueries; ++i) {
-    const bool ok = a[i] > 0.0f && std::isfinite(a[i]);
-    sp.s1[i] = ok ? a[i] / 127.0f : 0.0f;
-    sp.s2[i] = sp.s1[i] / 254.0f;  // the residual is within s1 / 2 = 127 * s2
-  }
+  const __m128 a = _mm512_castps512_ps128(amax);
+  const __mmask8 ok = static_cast<__mmask8>(_mm_cmp_ps_mask(a, _mm_setzero_ps(), _CMP_GT_OQ) &
+                                            _mm_cmp_ps_mask(a, _mm_set1_ps(INFINITY), _CMP_LT_OQ));
+  const __m128 s2 = _mm_maskz_div_ps(ok, a, _mm_set1_ps(kRange));
+  _mm_store_ps(sp.s2, s2);
+  _mm_store_ps(sp.s1, _mm_mul_ps(s2, _mm_set1_ps(256.0f)));
+  _mm_store_ps(sp.inv2, _mm_maskz_div_ps(ok, _mm_set1_ps(kRange), a));
 }
 
-// x (16 values of vector i) -> int8 hi and lo with the scales of sp (codes 0 where s1 is 0).
-struct Int8Pair {
-  __m128i hi, lo;
-};
-KVSLIM_INT8_TARGET inline Int8Pair split16(__m512 x, __m512 inv1, __m512 inv2, __m512 s1) {
-  const __m512 h = _mm512_roundscale_ps(_mm512_mul_ps(x, inv1), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512i hq = _mm512_cvtps_epi32(h);
-  const __m512i lq = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_fnmadd_ps(h, s1, x), inv2));
-  return {_mm512_cvtsepi32_epi8(hq), _mm512_cvtsepi32_epi8(lq)};
+// Where split32's packs leave each byte: source byte of hi[e] (e < 32) and lo[e] (32 + e). packs
+// work per 128-bit block: block b holds elements 4b..4b+3 and 16+4b..16+4b+3, hi then lo.
+constexpr std::array<std::uint8_t, 64> kUnscramble = [] {
+  std::array<std::uint8_t, 64> idx{};
+  for (std::size_t e = 0; e < 32; ++e) {
+    const std::size_t b = (e % 16) / 4, j = e % 4 + (e < 16 ? 0 : 4);
+    idx[e] = static_cast<std::uint8_t>(16 * b + j);
+    idx[32 + e] = static_cast<std::uint8_t>(16 * b + 8 + j);
+  }
+  return idx;
+}();
+
+// 32 values (x0: elements 0-15, x1: 16-31) times inv2 rounded to v and split: bytes 0-31 of the
+// result are hi[e], bytes 32-63 lo[e], v = 256 * hi + lo.
+KVSLIM_INT8_TARGET inline __m512i split32(__m512 x0, __m512 x1, __m512 inv2) {
+  const __m512i v = _mm512_packs_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(x0, inv2)),
+                                       _mm512_cvtps_epi32(_mm512_mul_ps(x1, inv2)));
+  const __m512i h = _mm512_srai_epi16(_mm512_add_epi16(v, _mm512_set1_epi16(128)), 8);
+  const __m512i l = _mm512_sub_epi16(v, _mm512_slli_epi16(h, 8));
+  return _mm512_permutexvar_epi8(_mm512_loadu_si512(kUnscramble.data()), _mm512_packs_epi16(h, l));
 }
-KVSLIM_INT8_TARGET inline __m512 inverse(float s) { return _mm512_set1_ps(s > 0.0f ? 1.0f / s : 0.0f); }
 
 // Asks for [p, p + bytes) in L1 ahead of use: a block's codes and parameters stream from memory,
 // and the hardware prefetcher alone leaves the dot products waiting on them.
@@ -125,12 +140,11 @@ inline void prefetch_group(const std::uint8_t* packed, const std::uint16_t* scal
 
 // Splits queries q[i] * scale (i < nq, D floats each, D a multiple of 16 and <= 256; scale and
 // zero fp16 [D]) into the replicated chunk layout qv [2][kQueries][K][64]: element d goes to byte
-// (d % m) of row slot r (r < R) of chunk d / m, hi parts first. Chunks of queries i >= nq are left
+// (d % m) of row slot r (r < 64 / m) of chunk d / m, hi parts first. Chunks of queries i >= nq are left
 // as they are (their results are never stored). extra[i] = q[i] . zero.
 template <std::size_t m>
 KVSLIM_INT8_TARGET void split_queries(const float* q, int nq, std::size_t D, const std::uint16_t* scale_h,
                                       const std::uint16_t* zero_h, std::uint8_t* qv, Split4& sp) {
-  constexpr int R = static_cast<int>(64 / m);
   const int K = static_cast<int>(D / m);  // sub-chunks of a row (bits = 8 / K)
   alignas(64) float ys[kQueries][kMaxDim];  // q * scale
   __m512 mx[kQueries], bs[kQueries];
@@ -158,18 +172,24 @@ KVSLIM_INT8_TARGET void split_queries(const float* q, int nq, std::size_t D, con
       }
       continue;
     }
-    const __m512 inv1 = inverse(sp.s1[i]), inv2 = inverse(sp.s2[i]), s1 = _mm512_set1_ps(sp.s1[i]);
-    for (std::size_t d = 0; d < D; d += 16) {
-      const Int8Pair c = split16(_mm512_load_ps(ys[i] + d), inv1, inv2, s1);
-      const std::size_t chunk = d / m, at = d % m;
-      if constexpr (m == 16) {  // the 16 bytes fill every row slot of the chunk: one 512-bit store each
-        _mm512_store_si512(hi + chunk * 64, _mm512_broadcast_i32x4(c.hi));
-        _mm512_store_si512(lo + chunk * 64, _mm512_broadcast_i32x4(c.lo));
-      } else {
-        for (int r = 0; r < R; ++r) {
-          _mm_storeu_si128(reinterpret_cast<__m128i*>(hi + chunk * 64 + static_cast<std::size_t>(r) * m + at), c.hi);
-          _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + chunk * 64 + static_cast<std::size_t>(r) * m + at), c.lo);
+    const __m512 inv2 = _mm512_set1_ps(sp.inv2[i]);
+    for (std::size_t d = 0; d < D; d += 32) {
+      const bool pair = d + 16 < D;  // D = 16 has one chunk of 16
+      const __m512i c = split32(_mm512_load_ps(ys[i] + d), pair ? _mm512_load_ps(ys[i] + d + 16) : _mm512_setzero_ps(),
+                                inv2);
+      if constexpr (m == 16) {  // each 16 bytes fill every row slot of their chunk
+        _mm512_store_si512(hi + (d / 16) * 64, _mm512_shuffle_i32x4(c, c, 0x00));
+        _mm512_store_si512(lo + (d / 16) * 64, _mm512_shuffle_i32x4(c, c, 0xAA));
+        if (pair) {
+          _mm512_store_si512(hi + (d / 16 + 1) * 64, _mm512_shuffle_i32x4(c, c, 0x55));
+          _mm512_store_si512(lo + (d / 16 + 1) * 64, _mm512_shuffle_i32x4(c, c, 0xFF));
         }
+      } else if constexpr (m == 32) {  // the 32 bytes fill both row slots of chunk d / 32
+        _mm512_store_si512(hi + (d / 32) * 64, _mm512_shuffle_i64x2(c, c, 0x44));
+        _mm512_store_si512(lo + (d / 32) * 64, _mm512_shuffle_i64x2(c, c, 0xEE));
+      } else {  // half of chunk d / 64's one row slot
+        _mm256_store_si256(reinterpret_cast<__m256i*>(hi + (d / 64) * 64 + d % 64), _mm512_castsi512_si256(c));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(lo + (d / 64) * 64 + d % 64), _mm512_extracti64x4_epi64(c, 1));
       }
     }
   }
@@ -440,13 +460,15 @@ KVSLIM_INT8_TARGET void split_probs(const float* p, std::size_t ld, int nq, std:
       std::memset(l8, 0, bytes);
       continue;
     }
-    const __m512 inv1 = inverse(sp.s1[i]), inv2 = inverse(sp.s2[i]), s1 = _mm512_set1_ps(sp.s1[i]);
-    for (std::size_t r = 0; r < bytes; r += 16) {
-      const __m512 x = r < n ? _mm512_maskz_loadu_ps(tail(n - r), row + r) : _mm512_setzero_ps();
-      const Int8Pair c = split16(x, inv1, inv2, s1);
-      const __mmask16 keep = tail(bytes - r);
-      _mm_mask_storeu_epi8(h8 + r, keep, c.hi);
-      _mm_mask_storeu_epi8(l8 + r, keep, c.lo);
+    const __m512 inv2 = _mm512_set1_ps(sp.inv2[i]);
+    for (std::size_t r = 0; r < bytes; r += 32) {
+      const __m512 x0 = r < n ? _mm512_maskz_loadu_ps(tail(n - r), row + r) : _mm512_setzero_ps();
+      const __m512 x1 = r + 16 < n ? _mm512_maskz_loadu_ps(tail(n - r - 16), row + r + 16) : _mm512_setzero_ps();
+      const __m512i c = split32(x0, x1, inv2);
+      const std::size_t left = bytes - r;
+      const auto keep = static_cast<__mmask32>(left >= 32 ? ~0u : (1u << left) - 1);
+      _mm256_mask_storeu_epi8(h8 + r, keep, _mm512_castsi512_si256(c));
+      _mm256_mask_storeu_epi8(l8 + r, keep, _mm512_extracti64x4_epi64(c, 1));
     }
   }
 }
