@@ -223,6 +223,37 @@ TEST(Attend, PackedFp32KernelsMatchReferenceWithoutInt8) {
   attend::set_int8_logits_enabled(true);
 }
 
+// The softmax weights e^(x - shift): relative error <= 1e-6 down to x - shift = -86 (then below
+// 1e-37: nothing next to the maximum's 1), exactly 0 for a masked (-inf) score, and the sum of
+// what it wrote; every target, lengths with and without a vector tail.
+TEST(Attend, ExpShiftMatchesExpOverTheWeightRange) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for_each_target([&] {
+    for (std::size_t n : {1u, 7u, 16u, 33u, 4099u}) {
+      std::vector<float> x(n);
+      for (std::size_t i = 0; i < n; ++i) x[i] = 2.5f - 103.0f * static_cast<float>(i) / static_cast<float>(n);
+      if (n > 3) x[3] = ninf;
+      std::vector<float> y = x;
+      const float shift = 2.0f;
+      const float sum = attend::exp_shift(y.data(), n, shift);
+      double total = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        total += y[i];
+        const double want = x[i] == ninf ? 0.0 : std::exp(static_cast<double>(x[i]) - shift);
+        if (x[i] == ninf) {
+          ASSERT_EQ(y[i], 0.0f) << "n=" << n;
+        } else if (x[i] - shift >= -86.0f) {
+          ASSERT_NEAR(y[i], want, 1e-6 * want) << "n=" << n << " x=" << x[i];
+        } else {
+          ASSERT_GE(y[i], 0.0f);
+          ASSERT_LE(y[i], 1e-37f) << "n=" << n << " x=" << x[i];
+        }
+      }
+      ASSERT_NEAR(sum, total, 1e-6 * total) << "n=" << n;
+    }
+  });
+}
+
 TEST(Attend, QueriesBeforeEveryRowSeeNothing) {
   auto cache = KVCacheFactory::create(testing::config_for("full"));
   KV kv(1, 1, 4, 8, 1);
