@@ -47,10 +47,9 @@ void HeadAttention::begin(const QueryBlock& queries, std::span<const std::int64_
   if (keep_probs_) kept_.assign(M_ * rows_total_, kNegInf);
 }
 
-void HeadAttention::softmax_step(float* scores, std::size_t ld, const std::int64_t* pos, std::size_t n,
-                                 std::size_t first) {
+void HeadAttention::softmax_step(float* scores, std::size_t ld, const std::int64_t* pos, std::int64_t newest,
+                                 std::size_t n, std::size_t first) {
   // Causal mask by true position; skipped when every row precedes every query (decode).
-  const std::int64_t newest = max_i64(pos, n);
   if (newest > min_qpos_) {
     for (std::size_t m = 0; m < M_; ++m) {
       for (std::size_t r = 0; r < n; ++r) {
@@ -85,14 +84,14 @@ void HeadAttention::fp16_rows(const std::uint16_t* keys, const std::uint16_t* va
   for (std::size_t r0 = 0; r0 < n; r0 += kTile) {
     const std::size_t cnt = std::min(kTile, n - r0);
     logits_f16(q_.data(), M_, D_, keys + r0 * stride, stride, cnt, scores_.data(), kTile);
-    softmax_step(scores_.data(), kTile, pos + r0, cnt, first + r0);
+    softmax_step(scores_.data(), kTile, pos + r0, max_i64(pos + r0, cnt), cnt, first + r0);
     accumulate_f16(scores_.data(), kTile, M_, values + r0 * stride, stride, cnt, D_, acc_.data());
   }
 }
 
 void HeadAttention::packed_block(const ZipCompressed& keys, const GroupQuantized* values,
-                                 const std::uint16_t* raw_values, const std::int64_t* pos, std::size_t n,
-                                 std::size_t first) {
+                                 const std::uint16_t* raw_values, const std::int64_t* pos, std::int64_t newest,
+                                 std::size_t n, std::size_t first) {
   if (n == 0) return;
   if (scores_.size() < M_ * n) scores_.resize(M_ * n);
   const bool int8 = (keys.hi.rows == 0 || packed_int8_supported(D_, keys.hi.bits)) &&
@@ -114,7 +113,7 @@ void HeadAttention::packed_block(const ZipCompressed& keys, const GroupQuantized
     }
     merge_by_mask_int8(hi, keys.hi.rows, lo, keys.lo.rows, keys.mask_bits.data(), M_, n, scores_.data(), n);
   }
-  softmax_step(scores_.data(), n, pos, n, first);
+  softmax_step(scores_.data(), n, pos, newest, n, first);
   if (values != nullptr) {
     grouped_values(*values, scores_.data(), n);
   } else {

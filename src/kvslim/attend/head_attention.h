@@ -28,18 +28,20 @@ class HeadAttention {
   void fp16_rows(const std::uint16_t* keys, const std::uint16_t* values, std::size_t stride,
                  const std::int64_t* pos, std::size_t n, std::size_t first);
   // A compressed block of n tokens: keys at mixed precision (ZipCompressed; kivi's has one set),
-  // values group-quantized in token order, or fp16 rows [n, D] when raw_values is set.
+  // values group-quantized in token order, or fp16 rows [n, D] when raw_values is set; `newest` is
+  // the largest of its positions.
   void packed_block(const ZipCompressed& keys, const GroupQuantized* values, const std::uint16_t* raw_values,
-                    const std::int64_t* pos, std::size_t n, std::size_t first);
+                    const std::int64_t* pos, std::int64_t newest, std::size_t n, std::size_t first);
 
   // out rows of this task: vector m -> out[((b * S + s) * H + g * group + j) * D]; probs (when kept)
   // -> [b, g, s, rows_total] summed over j.
   void finish(float* out, float* probs);
 
  private:
-  // Masks the segment's scores [M, n] (ld), updates the running max and sum, rescales the
+  // Masks the segment's scores [M, n] (ld; newest = the largest of pos), updates the running max and sum, rescales the
   // accumulators; leaves the probabilities (unnormalised, relative to the new max) in place.
-  void softmax_step(float* scores, std::size_t ld, const std::int64_t* pos, std::size_t n, std::size_t first);
+  void softmax_step(float* scores, std::size_t ld, const std::int64_t* pos, std::int64_t newest, std::size_t n,
+                    std::size_t first);
   // A block's scores [M, n] into scores_ by the fp32 kernels (CPUs without the integer ones).
   void packed_logits_fp32(const ZipCompressed& keys, std::size_t n);
   void grouped_values(const GroupQuantized& set, const float* p, std::size_t ld);

@@ -57,7 +57,7 @@ void ZipCacheCache::attend(const QueryBlock& queries, std::span<const std::int64
                 std::size_t row = 0;
                 for (const Block& block : head.blocks) {
                   ha.packed_block(block.keys, options_.quantize_values ? &block.values : nullptr,
-                                  block.raw_values.data(), positions_.data() + row, block.tokens, row);
+                                  block.raw_values.data(), positions_.data() + row, block.newest, block.tokens, row);
                   row += block.tokens;
                 }
                 if (staged_ != 0) {
@@ -119,6 +119,8 @@ void ZipCacheCache::compress_oldest(std::size_t count) {
   const auto& k = quant::simd_kernels();
   std::vector<const std::uint16_t*> key_rows(count), value_rows(count);
   std::vector<double> score(count);
+  const auto first = positions_.begin() + static_cast<std::ptrdiff_t>(kept_tokens() - staged_);
+  const std::int64_t newest = *std::max_element(first, first + static_cast<std::ptrdiff_t>(count));
   for (Head& head : heads_) {
     for (std::size_t s = 0; s < count; ++s) {
       key_rows[s] = head.stage_keys.data() + s * D;
@@ -134,6 +136,7 @@ void ZipCacheCache::compress_oldest(std::size_t count) {
     const auto mask = saliency_mask(score, options_.hi_fraction);
     Block block;
     block.tokens = count;
+    block.newest = newest;
     block.keys = quant::zip_compress_rows(key_rows.data(), count, D, mask.data(), options_.hi_bits, options_.lo_bits,
                                           options_.group_size, k);
     if (options_.quantize_values) {

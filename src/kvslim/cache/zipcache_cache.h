@@ -48,6 +48,7 @@ class ZipCacheCache final : public KVCache {
     ZipCompressed keys;                    // [tokens, D] mixed precision
     GroupQuantized values;                 // [tokens, D] at hi_bits (quantize_values)
     std::vector<std::uint16_t> raw_values; // fp16 [tokens, D] (values not quantized)
+    std::int64_t newest = 0;               // the largest position of its tokens (causal mask check)
   };
   struct Head {
     std::vector<Block> blocks;
