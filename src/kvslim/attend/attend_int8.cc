@@ -142,9 +142,11 @@ inline void prefetch_group(const std::uint8_t* packed, const std::uint16_t* scal
 // zero fp16 [D]) into the replicated chunk layout qv [2][kQueries][K][64]: element d goes to byte
 // (d % m) of row slot r (r < 64 / m) of chunk d / m, hi parts first. Chunks of queries i >= nq are left
 // as they are (their results are never stored). extra[i] = q[i] . zero.
-template <std::size_t m>
-KVSLIM_INT8_TARGET void split_queries(const float* q, int nq, std::size_t D, const std::uint16_t* scale_h,
+// kFour: nq = 4 (the common GQA group; the loops over queries unroll and stay in registers).
+template <std::size_t m, bool kFour>
+KVSLIM_INT8_TARGET void split_queries(const float* q, int nq_in, std::size_t D, const std::uint16_t* scale_h,
                                       const std::uint16_t* zero_h, std::uint8_t* qv, Split4& sp) {
+  const int nq = kFour ? kQueries : nq_in;
   const int K = static_cast<int>(D / m);  // sub-chunks of a row (bits = 8 / K)
   alignas(64) float ys[kQueries][kMaxDim];  // q * scale
   __m512 mx[kQueries], bs[kQueries];
@@ -435,8 +437,12 @@ KVSLIM_INT8_TARGET void accumulate_sets(const std::uint8_t* src, std::size_t n, 
 // Rows p[i * ld .. + n) (values >= 0) of nq vectors as int8 hi/lo, four rows per int32 (row 4t + j
 // in byte j of word t of hi + i * sets, lo + i * sets); every byte of the `sets` words is written
 // (zeros past n). extra[i] = the row's sum.
-KVSLIM_INT8_TARGET void split_probs(const float* p, std::size_t ld, int nq, std::size_t n, std::size_t sets,
+// kFull: nq = 4 and n = 32 (a whole group of the default size: no tails, loops unrolled).
+template <bool kFull>
+KVSLIM_INT8_TARGET void split_probs(const float* p, std::size_t ld, int nq_in, std::size_t n_in, std::size_t sets_in,
                                     std::int32_t* hi, std::int32_t* lo, Split4& sp) {
+  const int nq = kFull ? kQueries : nq_in;
+  const std::size_t n = kFull ? 32 : n_in, sets = kFull ? 8 : sets_in;
   const std::size_t bytes = sets * 4;
   auto tail = [](std::size_t left) { return static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1); };
   __m512 mx[kQueries], sm[kQueries];
@@ -512,10 +518,13 @@ bool logits_packed_int8(const float* q, const std::uint16_t* scale_h, const std:
       const float* qm = q + m0 * D;
       const std::uint16_t* sc = scale_h + gi * D;
       const std::uint16_t* ze = zero_h + gi * D;
-      switch (m) {
-        case 16: split_queries<16>(qm, nq, D, sc, ze, qv, sp); break;
-        case 32: split_queries<32>(qm, nq, D, sc, ze, qv, sp); break;
-        default: split_queries<64>(qm, nq, D, sc, ze, qv, sp); break;
+      switch (m * 2 + (nq == kQueries ? 1 : 0)) {
+        case 33: split_queries<16, true>(qm, nq, D, sc, ze, qv, sp); break;
+        case 32: split_queries<16, false>(qm, nq, D, sc, ze, qv, sp); break;
+        case 65: split_queries<32, true>(qm, nq, D, sc, ze, qv, sp); break;
+        case 64: split_queries<32, false>(qm, nq, D, sc, ze, qv, sp); break;
+        case 129: split_queries<64, true>(qm, nq, D, sc, ze, qv, sp); break;
+        default: split_queries<64, false>(qm, nq, D, sc, ze, qv, sp); break;
       }
       float* out = logits + m0 * ld + r0;
       switch (R * 10 + K) {
@@ -571,7 +580,11 @@ bool accumulate_packed_int8(const float* p, std::size_t ld, std::size_t M, const
         std::fill_n(pk.data() + static_cast<std::size_t>(i) * sets, sets, 0);
         std::fill_n(pk.data() + (kQueries + static_cast<std::size_t>(i)) * sets, sets, 0);
       }
-      split_probs(p + m0 * ld + r0, ld, nq, cnt, sets, pk.data(), pk.data() + kQueries * sets, sp);
+      if (nq == kQueries && cnt == 32) {
+        split_probs<true>(p + m0 * ld + r0, ld, nq, cnt, sets, pk.data(), pk.data() + kQueries * sets, sp);
+      } else {
+        split_probs<false>(p + m0 * ld + r0, ld, nq, cnt, sets, pk.data(), pk.data() + kQueries * sets, sp);
+      }
       float* a = acc + m0 * D;
       const std::uint16_t* sc = scale_h + gi * D;
       const std::uint16_t* ze = zero_h + gi * D;
