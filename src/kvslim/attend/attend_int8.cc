@@ -264,11 +264,13 @@ KVSLIM_INT8_TARGET void logits_rows(const std::uint8_t* qv /* [2][kQueries][K][6
       if (nq > 3) _mm_storeu_ps(logits + 3 * ld + r0, _mm512_extractf32x4_ps(t, 3));
       continue;
     }
-    if (R > 1 && here == static_cast<std::size_t>(R)) {
-      _mm512_store_ps(out, _mm512_permutexvar_ps(by_query, f));
-      for (int i = 0; i < nq; ++i) {
-        std::memcpy(logits + static_cast<std::size_t>(i) * ld + r0, out + i * R, R * sizeof(float));
-      }
+    if (R == 2 && here == 2) {  // each query's two logits: one 64-bit store
+      const __m512 t = _mm512_permutexvar_ps(by_query, f);
+      const __m128 b0 = _mm512_castps512_ps128(t), b1 = _mm512_extractf32x4_ps(t, 1);
+      _mm_storel_pi(reinterpret_cast<__m64*>(logits + r0), b0);
+      if (nq > 1) _mm_storeh_pi(reinterpret_cast<__m64*>(logits + ld + r0), b0);
+      if (nq > 2) _mm_storel_pi(reinterpret_cast<__m64*>(logits + 2 * ld + r0), b1);
+      if (nq > 3) _mm_storeh_pi(reinterpret_cast<__m64*>(logits + 3 * ld + r0), b1);
       continue;
     }
     _mm512_store_ps(out, f);
