@@ -198,6 +198,42 @@ void DotColumnsF32(const float* kt, std::size_t ld, std::size_t n, std::size_t d
     const float* q3 = q2 + d;
     float* o = out + b * ldo;
     std::size_t i = 0;
+    // 4 queries x 3 vectors of columns: 12 independent accumulators keep both FMA pipes busy
+    // through the FMA latency.
+    for (; i + 3 * L <= cols; i += 3 * L) {
+      auto a00 = hn::Zero(df), a01 = hn::Zero(df), a02 = hn::Zero(df), a10 = hn::Zero(df), a11 = hn::Zero(df);
+      auto a12 = hn::Zero(df), a20 = hn::Zero(df), a21 = hn::Zero(df), a22 = hn::Zero(df), a30 = hn::Zero(df);
+      auto a31 = hn::Zero(df), a32 = hn::Zero(df);
+      for (std::size_t j = 0; j < d; ++j) {
+        const float* row = kt + j * ld + i;
+        const auto k0 = hn::LoadU(df, row), k1 = hn::LoadU(df, row + L), k2 = hn::LoadU(df, row + 2 * L);
+        const auto v0 = hn::Set(df, q0[j]), v1 = hn::Set(df, q1[j]), v2 = hn::Set(df, q2[j]), v3 = hn::Set(df, q3[j]);
+        a00 = hn::MulAdd(v0, k0, a00);
+        a01 = hn::MulAdd(v0, k1, a01);
+        a02 = hn::MulAdd(v0, k2, a02);
+        a10 = hn::MulAdd(v1, k0, a10);
+        a11 = hn::MulAdd(v1, k1, a11);
+        a12 = hn::MulAdd(v1, k2, a12);
+        a20 = hn::MulAdd(v2, k0, a20);
+        a21 = hn::MulAdd(v2, k1, a21);
+        a22 = hn::MulAdd(v2, k2, a22);
+        a30 = hn::MulAdd(v3, k0, a30);
+        a31 = hn::MulAdd(v3, k1, a31);
+        a32 = hn::MulAdd(v3, k2, a32);
+      }
+      hn::StoreU(a00, df, o + i);
+      hn::StoreU(a01, df, o + i + L);
+      hn::StoreU(a02, df, o + i + 2 * L);
+      hn::StoreU(a10, df, o + ldo + i);
+      hn::StoreU(a11, df, o + ldo + i + L);
+      hn::StoreU(a12, df, o + ldo + i + 2 * L);
+      hn::StoreU(a20, df, o + 2 * ldo + i);
+      hn::StoreU(a21, df, o + 2 * ldo + i + L);
+      hn::StoreU(a22, df, o + 2 * ldo + i + 2 * L);
+      hn::StoreU(a30, df, o + 3 * ldo + i);
+      hn::StoreU(a31, df, o + 3 * ldo + i + L);
+      hn::StoreU(a32, df, o + 3 * ldo + i + 2 * L);
+    }
     for (; i + 2 * L <= cols; i += 2 * L) {
       auto a00 = hn::Zero(df), a01 = hn::Zero(df), a10 = hn::Zero(df), a11 = hn::Zero(df);
       auto a20 = hn::Zero(df), a21 = hn::Zero(df), a30 = hn::Zero(df), a31 = hn::Zero(df);
