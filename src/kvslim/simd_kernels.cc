@@ -102,34 +102,39 @@ void AxpyFp16Row(float w, const std::uint16_t* row, std::size_t d, float* out) {
 // Two passes: max, then exp and sum; the exponentials overwrite the caller's logits scratch and
 // are added into `acc` once the sum is known.
 void SoftmaxAccumulate(float* logits, std::size_t n, float scale, float* acc) {
+  // The tail (n % L values) goes through the same vector code under a mask: a scalar exp per
+  // leftover value cost more than the vectors (n grows by one per token during a prefill).
   const hn::ScalableTag<float> df;
   const std::size_t L = hn::Lanes(df);
-  std::size_t i = 0;
-  auto vmax = hn::Set(df, -INFINITY);
-  for (; i + L <= n; i += L) vmax = hn::Max(vmax, hn::LoadU(df, logits + i));
-  float mx = hn::GetLane(hn::MaxOfLanes(df, vmax));
-  for (; i < n; ++i) mx = std::max(mx, logits[i]);
+  const std::size_t full = n / L * L;
+  const auto tail = hn::FirstN(df, n - full);
+  const auto ninf = hn::Set(df, -INFINITY);
+  auto vmax = ninf;
+  for (std::size_t i = 0; i < full; i += L) vmax = hn::Max(vmax, hn::LoadU(df, logits + i));
+  if (full < n) vmax = hn::Max(vmax, hn::IfThenElse(tail, hn::MaskedLoad(tail, df, logits + full), ninf));
+  const float mx = hn::GetLane(hn::MaxOfLanes(df, vmax));
   const auto vscale = hn::Set(df, scale);
   const auto vshift = hn::Set(df, mx * scale);
   auto vsum = hn::Zero(df);
-  i = 0;
-  for (; i + L <= n; i += L) {
+  for (std::size_t i = 0; i < full; i += L) {
     const auto e = hn::Exp(df, hn::Sub(hn::Mul(hn::LoadU(df, logits + i), vscale), vshift));
     hn::StoreU(e, df, logits + i);
     vsum = hn::Add(vsum, e);
   }
-  float sum = hn::GetLane(hn::SumOfLanes(df, vsum));
-  for (; i < n; ++i) {
-    logits[i] = std::exp(logits[i] * scale - mx * scale);
-    sum += logits[i];
+  hn::Vec<decltype(df)> etail = hn::Zero(df);
+  if (full < n) {
+    etail = hn::IfThenElseZero(tail, hn::Exp(df, hn::Sub(hn::Mul(hn::MaskedLoad(tail, df, logits + full), vscale), vshift)));
+    vsum = hn::Add(vsum, etail);
   }
-  const float inv = 1.0f / sum;
-  const auto vinv = hn::Set(df, inv);
-  i = 0;
-  for (; i + L <= n; i += L) {
+  const float sum = hn::GetLane(hn::SumOfLanes(df, vsum));
+  const auto vinv = hn::Set(df, 1.0f / sum);
+  for (std::size_t i = 0; i < full; i += L) {
     hn::StoreU(hn::MulAdd(hn::LoadU(df, logits + i), vinv, hn::LoadU(df, acc + i)), df, acc + i);
   }
-  for (; i < n; ++i) acc[i] += logits[i] * inv;
+  if (full < n) {
+    hn::BlendedStore(hn::MulAdd(etail, vinv, hn::MaskedLoad(tail, df, acc + full)), tail, df, acc + full);
+    hn::BlendedStore(etail, tail, df, logits + full);
+  }
 }
 
 // gate[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)) (the Llama MLP).

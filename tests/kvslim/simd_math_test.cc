@@ -50,6 +50,31 @@ TEST(SimdMath, SoftmaxMatchesDoubleReferenceAndZeroesMaskedEntries) {
   });
 }
 
+// The H2O step: acc += softmax(logits * scale), logits left holding the unnormalised weights; every
+// length from 1 to 40 (whole vectors and masked tails) and a long one, every target.
+TEST(SimdMath, SoftmaxAccumulateMatchesDoubleReferenceAtEveryLength) {
+  for_each_target([&] {
+    std::vector<std::size_t> lengths(40);
+    for (std::size_t i = 0; i < lengths.size(); ++i) lengths[i] = i + 1;
+    lengths.push_back(1031);
+    for (std::size_t n : lengths) {
+      const std::vector<float> x = uniform(n, -8.0f, 8.0f, static_cast<unsigned>(100 + n));
+      std::vector<float> acc = uniform(n, 0.0f, 1.0f, static_cast<unsigned>(200 + n)), logits = x;
+      const std::vector<float> acc0 = acc;
+      const float scale = 0.35f;
+      kernels::softmax_accumulate(logits.data(), n, scale, acc.data());
+      double mx = -INFINITY, sum = 0;
+      for (float v : x) mx = std::max<double>(mx, v * static_cast<double>(scale));
+      for (float v : x) sum += std::exp(v * static_cast<double>(scale) - mx);
+      for (std::size_t i = 0; i < n; ++i) {
+        const double w = std::exp(x[i] * static_cast<double>(scale) - mx);
+        ASSERT_NEAR(logits[i], w, 1e-6 * w + 1e-7) << "n=" << n << " i=" << i;
+        ASSERT_NEAR(acc[i], acc0[i] + w / sum, 1e-6) << "n=" << n << " i=" << i;
+      }
+    }
+  });
+}
+
 TEST(SimdMath, SwigluMatchesDoubleReferenceIncludingSaturatedGates) {
   for_each_target([&] {
     for (std::size_t n : {1u, 7u, 16u, 33u, 1024u}) {
