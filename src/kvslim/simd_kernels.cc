@@ -6,6 +6,7 @@
 #include "hwy/highway.h"
 #include "hwy/contrib/math/math-inl.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -102,16 +103,20 @@ void AxpyFp16Row(float w, const std::uint16_t* row, std::size_t d, float* out) {
 // Two passes: max, then exp and sum; the exponentials overwrite the caller's logits scratch and
 // are added into `acc` once the sum is known.
 void SoftmaxAccumulate(float* logits, std::size_t n, float scale, float* acc) {
-  // The tail (n % L values) goes through the same vector code under a mask: a scalar exp per
-  // leftover value cost more than the vectors (n grows by one per token during a prefill).
+  // The tail (n % L values) is copied into vector-sized buffers and goes through the same vector
+  // code: a scalar exp per leftover value cost more than the vectors (n grows by one per token
+  // during a prefill). (Highway's MaskedLoad may read the whole vector on some targets.)
   const hn::ScalableTag<float> df;
   const std::size_t L = hn::Lanes(df);
-  const std::size_t full = n / L * L;
-  const auto tail = hn::FirstN(df, n - full);
+  const std::size_t full = n / L * L, rest = n - full;
+  alignas(HWY_MAX_BYTES) float tail_logits[HWY_MAX_BYTES / sizeof(float)] = {};
+  alignas(HWY_MAX_BYTES) float tail_acc[HWY_MAX_BYTES / sizeof(float)] = {};
+  std::copy_n(logits + full, rest, tail_logits);
+  const auto keep = hn::FirstN(df, rest);
   const auto ninf = hn::Set(df, -INFINITY);
   auto vmax = ninf;
   for (std::size_t i = 0; i < full; i += L) vmax = hn::Max(vmax, hn::LoadU(df, logits + i));
-  if (full < n) vmax = hn::Max(vmax, hn::IfThenElse(tail, hn::MaskedLoad(tail, df, logits + full), ninf));
+  if (rest != 0) vmax = hn::Max(vmax, hn::IfThenElse(keep, hn::Load(df, tail_logits), ninf));
   const float mx = hn::GetLane(hn::MaxOfLanes(df, vmax));
   const auto vscale = hn::Set(df, scale);
   const auto vshift = hn::Set(df, mx * scale);
@@ -121,9 +126,9 @@ void SoftmaxAccumulate(float* logits, std::size_t n, float scale, float* acc) {
     hn::StoreU(e, df, logits + i);
     vsum = hn::Add(vsum, e);
   }
-  hn::Vec<decltype(df)> etail = hn::Zero(df);
-  if (full < n) {
-    etail = hn::IfThenElseZero(tail, hn::Exp(df, hn::Sub(hn::Mul(hn::MaskedLoad(tail, df, logits + full), vscale), vshift)));
+  auto etail = hn::Zero(df);
+  if (rest != 0) {
+    etail = hn::IfThenElseZero(keep, hn::Exp(df, hn::Sub(hn::Mul(hn::Load(df, tail_logits), vscale), vshift)));
     vsum = hn::Add(vsum, etail);
   }
   const float sum = hn::GetLane(hn::SumOfLanes(df, vsum));
@@ -131,9 +136,12 @@ void SoftmaxAccumulate(float* logits, std::size_t n, float scale, float* acc) {
   for (std::size_t i = 0; i < full; i += L) {
     hn::StoreU(hn::MulAdd(hn::LoadU(df, logits + i), vinv, hn::LoadU(df, acc + i)), df, acc + i);
   }
-  if (full < n) {
-    hn::BlendedStore(hn::MulAdd(etail, vinv, hn::MaskedLoad(tail, df, acc + full)), tail, df, acc + full);
-    hn::BlendedStore(etail, tail, df, logits + full);
+  if (rest != 0) {
+    std::copy_n(acc + full, rest, tail_acc);
+    hn::Store(hn::MulAdd(etail, vinv, hn::Load(df, tail_acc)), df, tail_acc);
+    hn::Store(etail, df, tail_logits);
+    std::copy_n(tail_acc, rest, acc + full);
+    std::copy_n(tail_logits, rest, logits + full);
   }
 }
 
