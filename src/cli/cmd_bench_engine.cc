@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/heap_mode.h"
 #include "cli/option_checks.h"
 #include "engine/model.h"
 #include "engine/ops.h"
@@ -33,6 +34,7 @@ struct Options {
   std::vector<std::string> methods{"full", "h2o"};
   std::vector<std::string> sets{"h2o_budget=128", "evict_recent_window=32"};
   int decode_tokens = 32, threads = 2, repeats = 3;
+  std::string heap = "warm";
   int prefill_threads = 0;  // 0: threads
   bool allow_long_context = false, shared_prefill = false;
 };
@@ -98,6 +100,7 @@ std::pair<double, double> bandwidth(const Model& model, ThreadPool& pool, int re
 
 int run(const Options& o) {
   if (!o.json.empty()) check_output_path(o.json, "--json");
+  configure_heap(o.heap);
   std::vector<KVCacheConfig> configs;  // checked before the model loads
   for (const std::string& method : o.methods) configs.push_back(cache_config(method, o.sets));
   const Model model = Model::load(o.model);
@@ -113,10 +116,12 @@ int run(const Options& o) {
   const char* blas_core = openblas_get_corename();
   std::printf("prefill sgemm: OpenBLAS %s kernels, single-threaded under the engine's %d-thread pool\n",
               blas_core != nullptr ? blas_core : "?", o.threads);
+  std::printf("heap: %s\n", heap_description(o.heap));
   nlohmann::ordered_json out = {{"model", o.model},
                                 {"gemv_target", gemv_target_name()},
                                 {"blas_core", openblas_get_corename() != nullptr ? openblas_get_corename() : "?"},
                                 {"threads", o.threads},
+                                {"heap", o.heap},
                                 {"decode_weight_bytes", model.decode_weight_bytes()},
                                 {"gemv_gb_per_s", gemv_gbs},
                                 {"memcpy_gb_per_s", copy_gbs},
@@ -228,6 +233,7 @@ const CommandRegistrar registrar("bench engine", "engine prefill/decode tokens/s
                "engine/tee_cache.h), then each decodes alone: a long context costs one prefill, not one per method");
   app.add_option("--repeats", o->repeats, "runs per point (best reported)")->capture_default_str()->check(CLI::Range(1, 100));
   app.add_option("--json", o->json, "also write the figures to this JSON file");
+  add_heap_option(app, o->heap);
   app.add_flag("--allow-long-context", o->allow_long_context,
                "run contexts past the model's max_position_embeddings (refused by default)");
   return [o] { return run(*o); };

@@ -1,7 +1,5 @@
 // `kvslim bench squeeze`: the original benchmark_squeeze.py sweep on the same workload, with the
 // original's committed figures printed beside kvslim's.
-#include <malloc.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -19,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
+#include "cli/heap_mode.h"
 #include "cli/option_checks.h"
 #include "kvslim/kvslim.h"
 
@@ -192,17 +191,6 @@ Timed run_once(const Workload& w, int L, std::size_t S, int avg, double strength
   return {ms, faults};
 }
 
-// "warm": glibc keeps freed memory in the process (as a long-running server's heap does, and as
-// jemalloc / tcmalloc do by default), so a config's runs after the first reuse pages already
-// touched; "cold": glibc's defaults, which return blocks over 128 KiB to the kernel at free, so
-// every run pays the first touch of its stores again.
-void configure_heap(const std::string& heap) {
-  if (heap != "warm") return;
-  mallopt(M_MMAP_THRESHOLD, 64 << 20);   // blocks up to 64 MiB come from the heap, not mmap
-  mallopt(M_TRIM_THRESHOLD, INT32_MAX);  // never shrink the heap
-  mallopt(M_TOP_PAD, 256 << 20);         // grow it in large steps
-}
-
 int run_bench(const std::vector<int>& layers, const std::vector<int>& seqs, const std::vector<int>& avgs,
               const std::vector<double>& strengths, const std::vector<std::string>& prefills, int repeats,
               const std::string& heap, const std::string& json_path) {
@@ -215,8 +203,7 @@ int run_bench(const std::vector<int>& layers, const std::vector<int>& seqs, cons
   std::printf("first touch of fresh memory on this machine: %.2f us per 4 KiB page (writing it again: %.3f); "
               "faults = the timed region's minor page faults\n",
               touch.fresh_us_per_page, touch.rewrite_us_per_page);
-  std::printf("heap: %s\n", heap == "warm" ? "warm (freed memory stays in the process; one untimed run per config first)"
-                                            : "cold (glibc defaults: large blocks go back to the kernel at free)");
+  std::printf("heap: %s%s\n", heap_description(heap), heap == "warm" ? "; one untimed run per config first" : "");
   std::printf("%-3s %-4s %-4s %-4s %-8s | %-12s %-7s %-9s %-7s %-7s %-9s %-7s | %-7s %-9s %-7s %-8s %-8s\n", "L", "S", "avg",
               "str", "prefill", "conc f/l", "b f/l", "b mean", "kept", "ratio", "ms", "faults", "orig b", "orig kept", "ratio",
               "orig s", "speedup");
@@ -302,11 +289,7 @@ const CommandRegistrar registrar(
           ->capture_default_str()
           ->check(CLI::IsMember({"deferred", "eager"}));
       app.add_option("--repeats", o->repeats, "timed runs per config (median reported)")->capture_default_str()->check(CLI::Range(1, 1000));
-      app.add_option("--heap", o->heap,
-                     "warm: freed memory stays in the process (a long-running server); cold: glibc's defaults, "
-                     "every run touches fresh pages")
-          ->capture_default_str()
-          ->check(CLI::IsMember({"warm", "cold"}));
+      add_heap_option(app, o->heap);
       app.add_option("--json", o->json, "write one JSON object per config to this file");
       return [o] {
         return run_bench(o->layers, o->seqs, o->avgs, o->strengths, o->prefills, o->repeats, o->heap, o->json);

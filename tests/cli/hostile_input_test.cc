@@ -95,6 +95,14 @@ TEST_F(CliHostile, BenchEngineMethodOptionsAndSharedPrefill) {
   EXPECT_NE(j["runs"][1]["kv_resident_bytes"], j["runs"][0]["kv_resident_bytes"]);
   // h2o keeps 16 of the 48 rows: it was filled, and evicted, by the shared prefill.
   EXPECT_LT(j["runs"][2]["kv_resident_bytes"].get<double>(), j["runs"][0]["kv_resident_bytes"].get<double>());
+  EXPECT_EQ(j["heap"], "warm");  // the default: runs after the first reuse touched pages
+  const Result cold = run_cli("bench engine --model " + model().string() +
+                              " --context 16 --method full --decode-tokens 2 --repeats 1 --threads 1 --heap cold --json " +
+                              json.string());
+  ASSERT_EQ(cold.exit_code, 0) << cold.err;
+  std::ifstream g(json);
+  EXPECT_EQ(nlohmann::json::parse(g)["heap"], "cold");
+  expect_one_line_error(run_cli("bench engine --model " + model().string() + " --heap lukewarm"), "--heap", "heap mode");
 }
 
 // Item 6: a config.json linked to /dev/zero grew to 12 GB before failing.
