@@ -25,5 +25,9 @@ void axpy_fp16_row(float w, const std::uint16_t* row, std::size_t d, float* out)
 
 // Name of the instruction set the dispatcher picked on this machine (e.g. "AVX3", "AVX2").
 const char* simd_target_name();
+// How KVCache::attend reads kivi / zipcache codes here: "int8 dot products (AVX-512 VNNI + VBMI)"
+// for 2/4/8-bit codes at head dims whose rows are 16/32/64 bytes, else "fp32 kernels (<target>)".
+// Decode speed of the compressed caches depends on it.
+const char* attend_packed_kernels();
 
 }  // namespace kvslim

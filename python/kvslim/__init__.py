@@ -8,7 +8,7 @@
 
 HF transformers models: see kvslim.hf.
 """
-from ._kvslim import ConfigError, InputError, simd_target
+from ._kvslim import ConfigError, InputError, attend_kernels, simd_target
 from ._config import Config, methods
 from ._cache import Cache, CacheSet, View
 
@@ -21,5 +21,8 @@ def has_attend() -> bool:
     return bool(flag)
 
 
-__all__ = ["Config", "ConfigError", "InputError", "Cache", "CacheSet", "View", "has_attend", "methods", "simd_target"]
+__all__ = [
+    "Config", "ConfigError", "InputError", "Cache", "CacheSet", "View", "attend_kernels", "has_attend", "methods",
+    "simd_target",
+]
 __version__ = "0.1.0"

@@ -162,6 +162,9 @@ PYBIND11_MODULE(_kvslim, m) {
     return reinterpret_cast<std::uintptr_t>(as_block(a, dtype, "array").data);
   });
   m.def("simd_target", &simd_target_name, "Instruction set the run-time dispatcher picked.");
+  m.def("attend_kernels", &attend_packed_kernels,
+        "How Cache.attend reads kivi / zipcache codes on this CPU: int8 dot products (AVX-512 VNNI + VBMI) "
+        "or the fp32 kernels of the dispatched instruction set.");
 
   py::class_<KVCacheConfig>(m, "Config")
       .def(py::init<>())

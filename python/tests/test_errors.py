@@ -110,3 +110,8 @@ def test_cache_set_errors():
     assert len(cs) == 3 and cs[1] is None and cs[2].layer_id == 2
     with pytest.raises(IndexError):
         cs[3]
+
+
+def test_attend_kernels_names_the_packed_code_path():
+    name = kvslim.attend_kernels()
+    assert name.startswith("int8 dot products (AVX-512 VNNI + VBMI)") or name.startswith("fp32 kernels ("), name

@@ -15,6 +15,7 @@
 
 #include "cli/command.h"
 #include "engine/ops.h"
+#include "kvslim/convert.h"
 #include "kvslim/factory.h"
 
 namespace kvslim::cli {
@@ -94,6 +95,7 @@ int run(const Options& o) {
   std::printf("decode attention of one layer: %d KV heads, %d query heads, 1 query token, %d threads; best of %d\n",
               o.kv_heads, o.q_heads, o.threads, o.repeats);
   std::printf("memcpy (%d threads): %.2f GB/s copied\n", o.threads, copy);
+  std::printf("kivi / zipcache codes read by: %s\n", attend_packed_kernels());
   std::printf("%-5s %7s %-11s %10s %10s %12s %10s %9s\n", "D", "tokens", "cache", "us/call", "x fp16", "MB read",
               "GB/s read", "/memcpy");
   const std::size_t chunk = 1024;

@@ -20,6 +20,7 @@
 #include "engine/ops.h"
 #include "engine/sampler.h"
 #include "engine/tee_cache.h"
+#include "kvslim/convert.h"
 #include "kvslim/factory.h"
 
 namespace kvslim::cli {
@@ -116,12 +117,13 @@ int run(const Options& o) {
   const char* blas_core = openblas_get_corename();
   std::printf("prefill sgemm: OpenBLAS %s kernels, single-threaded under the engine's %d-thread pool\n",
               blas_core != nullptr ? blas_core : "?", o.threads);
-  std::printf("heap: %s\n", heap_description(o.heap));
+  std::printf("heap: %s; kivi / zipcache codes read by: %s\n", heap_description(o.heap), attend_packed_kernels());
   nlohmann::ordered_json out = {{"model", o.model},
                                 {"gemv_target", gemv_target_name()},
                                 {"blas_core", openblas_get_corename() != nullptr ? openblas_get_corename() : "?"},
                                 {"threads", o.threads},
                                 {"heap", o.heap},
+                                {"attend_packed_kernels", attend_packed_kernels()},
                                 {"decode_weight_bytes", model.decode_weight_bytes()},
                                 {"gemv_gb_per_s", gemv_gbs},
                                 {"memcpy_gb_per_s", copy_gbs},

@@ -12,6 +12,7 @@
 
 #include "simd_targets.h"
 #include "attend/attend_kernels.h"
+#include "kvslim/convert.h"
 #include "kvslim/errors.h"
 #include "test_util.h"
 
@@ -252,6 +253,16 @@ TEST(Attend, ExpShiftMatchesExpOverTheWeightRange) {
       ASSERT_NEAR(sum, total, 1e-6 * total) << "n=" << n;
     }
   });
+}
+
+// What the benchmarks print about the packed-code kernels follows what attend really uses.
+TEST(Attend, PackedKernelNameFollowsTheIntegerPath) {
+  const std::string on = attend_packed_kernels();
+  EXPECT_EQ(on.find("int8") == 0, attend::int8_logits_available()) << on;
+  attend::set_int8_logits_enabled(false);
+  const std::string off = attend_packed_kernels();
+  attend::set_int8_logits_enabled(true);
+  EXPECT_EQ(off.rfind("fp32 kernels (", 0), 0u) << off;
 }
 
 TEST(Attend, QueriesBeforeEveryRowSeeNothing) {

@@ -23,9 +23,11 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "attend/attend_kernels.h"
+#include "kvslim/convert.h"
 
 #define KVSLIM_INT8_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi")))
 
@@ -495,6 +497,15 @@ bool int8_geometry(std::size_t D, int bits, std::size_t& m) {
 bool int8_logits_available() { return cpu_has_int8() && g_int8_enabled.load(std::memory_order_relaxed); }
 
 void set_int8_logits_enabled(bool enabled) { g_int8_enabled.store(enabled, std::memory_order_relaxed); }
+
+}  // namespace kvslim::attend
+
+const char* kvslim::attend_packed_kernels() {
+  static const std::string fp32 = std::string("fp32 kernels (") + attend::target_name() + ")";
+  return attend::int8_logits_available() ? "int8 dot products (AVX-512 VNNI + VBMI)" : fp32.c_str();
+}
+
+namespace kvslim::attend {
 
 bool packed_int8_supported(std::size_t D, int bits) {
   std::size_t m = 0;
