@@ -194,10 +194,37 @@ float DotF32(const float* x, const float* y, std::size_t n) {
   return s;
 }
 
+// Columns [i, i + V * L) of four queries' dot products: 4 x V accumulators, each column vector
+// loaded once for the four queries, each query element a broadcast.
+template <std::size_t V, class D>
+HWY_INLINE void DotColumnsTile(D df, const float* kt, std::size_t ld, std::size_t d, const float* const* qs,
+                               float* o, std::size_t ldo, std::size_t i) {
+  const std::size_t L = hn::Lanes(df);
+  hn::Vec<D> acc[4][V];
+  for (auto& row : acc) {
+    for (auto& a : row) a = hn::Zero(df);
+  }
+  for (std::size_t j = 0; j < d; ++j) {
+    hn::Vec<D> k[V];
+#pragma GCC unroll 4
+    for (std::size_t c = 0; c < V; ++c) k[c] = hn::LoadU(df, kt + j * ld + i + c * L);
+#pragma GCC unroll 4
+    for (std::size_t r = 0; r < 4; ++r) {
+      const auto v = hn::Set(df, qs[r][j]);
+#pragma GCC unroll 4
+      for (std::size_t c = 0; c < V; ++c) acc[r][c] = hn::MulAdd(v, k[c], acc[r][c]);
+    }
+  }
+  for (std::size_t r = 0; r < 4; ++r) {
+    for (std::size_t c = 0; c < V; ++c) hn::StoreU(acc[r][c], df, o + r * ldo + i + c * L);
+  }
+}
+
 // out[b * ldo + i] = sum_j q[b * d + j] * kt[j * ld + i] for b < nq and i < n rounded up to whole
 // vectors. The keys are transposed ([d, ld], a column per row) so that every query element is a
-// broadcast and no dot product needs a horizontal sum: 4 queries x 2 vectors of columns per pass,
-// each column vector loaded once per 4 queries.
+// broadcast and no dot product needs a horizontal sum: 4 queries x 3 vectors of columns per pass
+// (12 independent accumulators keep both FMA pipes busy through the FMA latency), then 2 and 1
+// for the last columns.
 void DotColumnsF32(const float* kt, std::size_t ld, std::size_t n, std::size_t d, const float* q, std::size_t nq,
                    float* out, std::size_t ldo) {
   const hn::ScalableTag<float> df;
@@ -205,87 +232,12 @@ void DotColumnsF32(const float* kt, std::size_t ld, std::size_t n, std::size_t d
   const std::size_t cols = (n + L - 1) / L * L;
   std::size_t b = 0;
   for (; b + 4 <= nq; b += 4) {
-    const float* q0 = q + b * d;
-    const float* q1 = q0 + d;
-    const float* q2 = q1 + d;
-    const float* q3 = q2 + d;
+    const float* qs[4] = {q + b * d, q + (b + 1) * d, q + (b + 2) * d, q + (b + 3) * d};
     float* o = out + b * ldo;
     std::size_t i = 0;
-    // 4 queries x 3 vectors of columns: 12 independent accumulators keep both FMA pipes busy
-    // through the FMA latency.
-    for (; i + 3 * L <= cols; i += 3 * L) {
-      auto a00 = hn::Zero(df), a01 = hn::Zero(df), a02 = hn::Zero(df), a10 = hn::Zero(df), a11 = hn::Zero(df);
-      auto a12 = hn::Zero(df), a20 = hn::Zero(df), a21 = hn::Zero(df), a22 = hn::Zero(df), a30 = hn::Zero(df);
-      auto a31 = hn::Zero(df), a32 = hn::Zero(df);
-      for (std::size_t j = 0; j < d; ++j) {
-        const float* row = kt + j * ld + i;
-        const auto k0 = hn::LoadU(df, row), k1 = hn::LoadU(df, row + L), k2 = hn::LoadU(df, row + 2 * L);
-        const auto v0 = hn::Set(df, q0[j]), v1 = hn::Set(df, q1[j]), v2 = hn::Set(df, q2[j]), v3 = hn::Set(df, q3[j]);
-        a00 = hn::MulAdd(v0, k0, a00);
-        a01 = hn::MulAdd(v0, k1, a01);
-        a02 = hn::MulAdd(v0, k2, a02);
-        a10 = hn::MulAdd(v1, k0, a10);
-        a11 = hn::MulAdd(v1, k1, a11);
-        a12 = hn::MulAdd(v1, k2, a12);
-        a20 = hn::MulAdd(v2, k0, a20);
-        a21 = hn::MulAdd(v2, k1, a21);
-        a22 = hn::MulAdd(v2, k2, a22);
-        a30 = hn::MulAdd(v3, k0, a30);
-        a31 = hn::MulAdd(v3, k1, a31);
-        a32 = hn::MulAdd(v3, k2, a32);
-      }
-      hn::StoreU(a00, df, o + i);
-      hn::StoreU(a01, df, o + i + L);
-      hn::StoreU(a02, df, o + i + 2 * L);
-      hn::StoreU(a10, df, o + ldo + i);
-      hn::StoreU(a11, df, o + ldo + i + L);
-      hn::StoreU(a12, df, o + ldo + i + 2 * L);
-      hn::StoreU(a20, df, o + 2 * ldo + i);
-      hn::StoreU(a21, df, o + 2 * ldo + i + L);
-      hn::StoreU(a22, df, o + 2 * ldo + i + 2 * L);
-      hn::StoreU(a30, df, o + 3 * ldo + i);
-      hn::StoreU(a31, df, o + 3 * ldo + i + L);
-      hn::StoreU(a32, df, o + 3 * ldo + i + 2 * L);
-    }
-    for (; i + 2 * L <= cols; i += 2 * L) {
-      auto a00 = hn::Zero(df), a01 = hn::Zero(df), a10 = hn::Zero(df), a11 = hn::Zero(df);
-      auto a20 = hn::Zero(df), a21 = hn::Zero(df), a30 = hn::Zero(df), a31 = hn::Zero(df);
-      for (std::size_t j = 0; j < d; ++j) {
-        const auto k0 = hn::LoadU(df, kt + j * ld + i);
-        const auto k1 = hn::LoadU(df, kt + j * ld + i + L);
-        const auto v0 = hn::Set(df, q0[j]), v1 = hn::Set(df, q1[j]), v2 = hn::Set(df, q2[j]), v3 = hn::Set(df, q3[j]);
-        a00 = hn::MulAdd(v0, k0, a00);
-        a01 = hn::MulAdd(v0, k1, a01);
-        a10 = hn::MulAdd(v1, k0, a10);
-        a11 = hn::MulAdd(v1, k1, a11);
-        a20 = hn::MulAdd(v2, k0, a20);
-        a21 = hn::MulAdd(v2, k1, a21);
-        a30 = hn::MulAdd(v3, k0, a30);
-        a31 = hn::MulAdd(v3, k1, a31);
-      }
-      hn::StoreU(a00, df, o + i);
-      hn::StoreU(a01, df, o + i + L);
-      hn::StoreU(a10, df, o + ldo + i);
-      hn::StoreU(a11, df, o + ldo + i + L);
-      hn::StoreU(a20, df, o + 2 * ldo + i);
-      hn::StoreU(a21, df, o + 2 * ldo + i + L);
-      hn::StoreU(a30, df, o + 3 * ldo + i);
-      hn::StoreU(a31, df, o + 3 * ldo + i + L);
-    }
-    for (; i < cols; i += L) {
-      auto a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
-      for (std::size_t j = 0; j < d; ++j) {
-        const auto k0 = hn::LoadU(df, kt + j * ld + i);
-        a0 = hn::MulAdd(hn::Set(df, q0[j]), k0, a0);
-        a1 = hn::MulAdd(hn::Set(df, q1[j]), k0, a1);
-        a2 = hn::MulAdd(hn::Set(df, q2[j]), k0, a2);
-        a3 = hn::MulAdd(hn::Set(df, q3[j]), k0, a3);
-      }
-      hn::StoreU(a0, df, o + i);
-      hn::StoreU(a1, df, o + ldo + i);
-      hn::StoreU(a2, df, o + 2 * ldo + i);
-      hn::StoreU(a3, df, o + 3 * ldo + i);
-    }
+    for (; i + 3 * L <= cols; i += 3 * L) DotColumnsTile<3>(df, kt, ld, d, qs, o, ldo, i);
+    for (; i + 2 * L <= cols; i += 2 * L) DotColumnsTile<2>(df, kt, ld, d, qs, o, ldo, i);
+    for (; i < cols; i += L) DotColumnsTile<1>(df, kt, ld, d, qs, o, ldo, i);
   }
   for (; b < nq; ++b) {
     const float* qb = q + b * d;
