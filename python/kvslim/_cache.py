@@ -59,6 +59,13 @@ class Stats(dict):
         return self["figures"][name]
 
 
+def _reserve_tokens(tokens) -> int:
+    """reserve()'s argument, checked: a non-negative int (not a bool)."""
+    if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
+        raise _kvslim.InputError(f"reserve: tokens must be a non-negative integer, got {tokens!r}")
+    return tokens
+
+
 class Cache:
     """One layer's cache. Cache(config) builds a lone cache; CacheSet[i] gives a model's layer i."""
 
@@ -123,9 +130,7 @@ class Cache:
         """A hint: this layer will be given at most `tokens` tokens in all (prompt plus generated).
         A cache that keeps every token (full) then allocates once instead of growing x1.5 (each
         growth copies the whole store); bounded caches ignore it."""
-        if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
-            raise _kvslim.InputError(f"reserve: tokens must be a non-negative integer, got {tokens!r}")
-        self._core.reserve(tokens)
+        self._core.reserve(_reserve_tokens(tokens))
 
     def needs(self) -> dict:
         """Which engine signals this cache uses: {"attention": bool, "hidden_states": bool,
@@ -196,9 +201,7 @@ class CacheSet:
 
     def reserve(self, tokens: int) -> None:
         """Cache.reserve(tokens) on every layer: the run's length, when the caller knows it."""
-        if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
-            raise _kvslim.InputError(f"reserve: tokens must be a non-negative integer, got {tokens!r}")
-        self._core.reserve(tokens)
+        self._core.reserve(_reserve_tokens(tokens))
 
     def resident_bytes(self) -> int:
         """Bytes really allocated for the retained state, summed over layers."""
