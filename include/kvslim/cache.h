@@ -113,6 +113,9 @@ struct QueryBlock {
   const float* data = nullptr;
   std::size_t batch = 0, tokens = 0, heads = 0, head_dim = 0;
   float scale = 0.0f;  // logit scale; 0 = 1 / sqrt(head_dim)
+  // As KVBlock: where data (and attend's out / probs) live, and the CUDA stream to order on.
+  MemorySpace space = MemorySpace::host;
+  void* stream = nullptr;
 };
 
 // Runs task(i) for every i < n, in any order, possibly on several threads, and returns when all

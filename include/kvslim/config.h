@@ -103,6 +103,13 @@ struct KVCacheConfig {
   int kivi_group_size = 32;
   int kivi_staging = 128;  // fp16 residual tokens waiting to be quantized a block at a time
 
+  // --- where the cache lives ---
+  // "cpu" (default), or "cuda" / "cuda:N": storage and attention kernels in that GPU's memory
+  // (kvslim/cuda.h: methods full and kivi; blocks and queries must then be device tensors).
+  std::string device = "cpu";
+  // -1 for "cpu", N for "cuda:N" ("cuda" = 0); -2 when the text is neither.
+  int device_index() const;
+
   // Throws ConfigError naming the field and its allowed range.
   void validate() const;
   // Sets a field from text ("squeeze_strength", "0.5"); throws ConfigError on an unknown field or

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "cli/bench_attend_cuda.h"
 #include "cli/command.h"
 #include "engine/ops.h"
 #include "kvslim/convert.h"
@@ -159,7 +160,32 @@ const CommandRegistrar registrar("bench attend", "decode attention over each cac
   app.add_option("--cache", o->caches, "full, kivi2, kivi4, zipcache42 (full first: the ratios divide by it)")->capture_default_str();
   app.add_option("--threads", o->threads, "threads")->capture_default_str()->check(CLI::Range(1, 256));
   app.add_option("--repeats", o->repeats, "timed calls per point (best reported)")->capture_default_str()->check(CLI::Range(1, 1000));
-  return [o] { return run(*o); };
+  // The GPU: kvslim's device caches at batch x context shapes (bench/cuda/sdpa_bench.py adds torch SDPA).
+  auto device = std::make_shared<std::string>("cpu");
+  auto batches = std::make_shared<std::vector<std::size_t>>(CudaAttendOptions{}.batches);
+  auto json = std::make_shared<std::string>();
+  app.add_option("--device", *device, "cpu, or cuda / cuda:N: the device caches (defaults then: --context 8192 32768 "
+                                      "131072, --cache full kivi4 kivi2)")
+      ->capture_default_str();
+  app.add_option("--batch", *batches, "--device cuda: batch sizes")->capture_default_str()->check(CLI::Range(1, 1024));
+  app.add_option("--json", *json, "--device cuda: write every row as JSON here");
+  return [o, device, batches, json, &app] {
+    if (*device == "cpu") return run(*o);
+    KVCacheConfig probe;
+    probe.device = *device;
+    if (probe.device_index() < 0) throw std::invalid_argument("--device " + *device + ": expected cpu, cuda or cuda:N");
+    CudaAttendOptions c;
+    c.device = probe.device_index();
+    c.batches = *batches;
+    if (app.count("--context") > 0) c.contexts = o->contexts;
+    if (app.count("--head-dim") > 0) c.head_dims = o->head_dims;
+    if (app.count("--cache") > 0) c.caches = o->caches;
+    c.kv_heads = o->kv_heads;
+    c.q_heads = o->q_heads;
+    c.repeats = o->repeats;
+    c.json = *json;
+    return run_cuda_attend_bench(c);
+  };
 });
 
 }  // namespace

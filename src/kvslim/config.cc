@@ -63,6 +63,7 @@ const std::vector<Field>& field_table() {
       {"kivi_bits", &C::kivi_bits},
       {"kivi_group_size", &C::kivi_group_size},
       {"kivi_staging", &C::kivi_staging},
+      {"device", &C::device},
   };
   return table;
 }
@@ -168,6 +169,20 @@ void KVCacheConfig::validate() const {
   if (kivi_staging % kivi_group_size != 0) {
     fail("kivi_staging", std::to_string(kivi_staging), "must be a multiple of kivi_group_size = " + std::to_string(kivi_group_size));
   }
+  if (device_index() < -1) fail("device", "\"" + device + "\"", "must be \"cpu\", \"cuda\" or \"cuda:N\" (N >= 0)");
+}
+
+int KVCacheConfig::device_index() const {
+  if (device == "cpu") return -1;
+  if (device == "cuda") return 0;
+  if (device.size() > 5 && device.compare(0, 5, "cuda:") == 0) {
+    int n = -1;
+    const char* first = device.data() + 5;
+    const char* last = device.data() + device.size();
+    const auto [ptr, ec] = std::from_chars(first, last, n);
+    if (ec == std::errc() && ptr == last && n >= 0) return n;
+  }
+  return -2;
 }
 
 void KVCacheConfig::set(std::string_view field, std::string_view value) {

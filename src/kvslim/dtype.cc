@@ -14,6 +14,8 @@ std::string_view dtype_name(DType t) {
   return "?";
 }
 
+std::string_view memory_space_name(MemorySpace space) { return space == MemorySpace::cuda ? "cuda" : "host"; }
+
 std::string KVBlock::shape_string() const {
   return "[" + std::to_string(batch) + ", " + std::to_string(heads) + ", " + std::to_string(tokens) + ", " +
          std::to_string(head_dim) + "] " + std::string(dtype_name(dtype));

@@ -8,6 +8,7 @@
 #include "cache/eviction_cache.h"
 #include "cache/squeeze_cache.h"
 #include "cache/zipcache_cache.h"
+#include "kvslim/cuda.h"
 #include "kvslim/errors.h"
 #include "kvslim/squeeze.h"
 
@@ -26,7 +27,9 @@ struct LayerContext {
 std::unique_ptr<KVCache> make_method_cache(const KVCacheConfig& c, const LayerContext& ctx) {
   const std::string& m = c.method;
   std::unique_ptr<KVCache> cache;
-  if (m == "full") {
+  if (c.device_index() >= 0) {
+    cache = cuda::make_cache(c);
+  } else if (m == "full") {
     EvictionPolicy p;
     p.scoring = Scoring::none;
     cache = std::make_unique<EvictionCache>("full", p, EvictionPolicy::kUnbounded);

@@ -234,6 +234,10 @@ void run(std::string_view method, std::size_t batch, std::size_t kv_heads, std::
          const std::function<void(HeadAttention&, std::size_t b, std::size_t g)>& task) {
   const std::string m(method);
   const auto fail = [&](const std::string& what) { throw InputError(m + " cache: attend: " + what); };
+  if (queries.space != MemorySpace::host) {
+    fail("queries are in " + std::string(memory_space_name(queries.space)) +
+         " memory; this cache is on the CPU (build it with KVCacheConfig.device = \"cuda\" for device queries)");
+  }
   if (queries.tokens == 0) return;
   if (queries.data == nullptr || out == nullptr) fail("queries and out must not be null");
   if (query_positions.size() != queries.tokens) {

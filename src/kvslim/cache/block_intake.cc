@@ -34,16 +34,24 @@ const std::uint16_t* as_fp16(const KVBlock& block, std::vector<std::uint16_t>& b
 
 }  // namespace
 
-void BlockIntake::take(const KVBlock& keys, const KVBlock& values, std::span<const std::int64_t> positions) {
+std::vector<std::int64_t> check_append(std::string_view method_, MemorySpace space, const KVBlock& keys,
+                                       const KVBlock& values, std::span<const std::int64_t> positions,
+                                       std::size_t batch_, std::size_t heads_, std::size_t dim_,
+                                       std::int64_t next_position_) {
+  if (keys.space != space || values.space != space) {
+    reject(method_, "keys are in " + std::string(memory_space_name(keys.space)) + " memory and values in " +
+                        std::string(memory_space_name(values.space)) + "; this cache takes " +
+                        std::string(memory_space_name(space)) + " blocks (KVCacheConfig.device chooses)");
+  }
   if (keys.data == nullptr || values.data == nullptr) reject(method_, "keys or values has no data pointer");
   if (keys.batch != values.batch || keys.heads != values.heads || keys.tokens != values.tokens ||
-      keys.head_dim != values.head_dim) {
+      keys.head_dim != values.head_dim || keys.dtype != values.dtype) {
     reject(method_, "keys " + keys.shape_string() + " and values " + values.shape_string() + " differ in shape");
   }
   if (keys.batch == 0 || keys.heads == 0 || keys.tokens == 0 || keys.head_dim == 0) {
     reject(method_, "keys " + keys.shape_string() + ": every dimension of [batch, heads, tokens, head_dim] must be >= 1");
   }
-  if (established() && (keys.batch != batch_ || keys.heads != heads_ || keys.head_dim != dim_)) {
+  if (batch_ != 0 && (keys.batch != batch_ || keys.heads != heads_ || keys.head_dim != dim_)) {
     reject(method_, "keys " + keys.shape_string() + ": this cache holds [batch=" + std::to_string(batch_) +
                         ", heads=" + std::to_string(heads_) + ", head_dim=" + std::to_string(dim_) +
                         "]; batch, heads and head_dim cannot change (reset() first)");
@@ -68,6 +76,17 @@ void BlockIntake::take(const KVBlock& keys, const KVBlock& values, std::span<con
                           ": positions must increase and follow the last one seen (expected >= " + std::to_string(lower) + ")");
     }
   }
+  std::vector<std::int64_t> resolved(S);
+  for (std::size_t s = 0; s < S; ++s) {
+    resolved[s] = positions.empty() ? next_position_ + static_cast<std::int64_t>(s) : positions[s];
+  }
+  return resolved;
+}
+
+void BlockIntake::take(const KVBlock& keys, const KVBlock& values, std::span<const std::int64_t> positions) {
+  std::vector<std::int64_t> resolved =
+      check_append(method_, MemorySpace::host, keys, values, positions, batch_, heads_, dim_, next_position_);
+  const std::size_t S = keys.tokens;
   const std::size_t n = keys.elements();
   const std::uint16_t* k16 = as_fp16(keys, keys16_);
   const std::uint16_t* v16 = as_fp16(values, values16_);
@@ -86,10 +105,7 @@ void BlockIntake::take(const KVBlock& keys, const KVBlock& values, std::span<con
   heads_ = keys.heads;
   dim_ = keys.head_dim;
   tokens_ = S;
-  positions_.resize(S);
-  for (std::size_t s = 0; s < S; ++s) {
-    positions_[s] = positions.empty() ? next_position_ + static_cast<std::int64_t>(s) : positions[s];
-  }
+  positions_ = std::move(resolved);
   next_position_ = positions_[S - 1] + 1;
   tokens_seen_ += S;
 }

@@ -3,11 +3,21 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kvslim/block.h"
 
 namespace kvslim {
+
+// The checks every cache makes of an append, host or device (data never read here): both blocks
+// in `space`, the same shape, every dimension >= 1, batch/heads/head_dim as established (batch 0:
+// not yet), positions S increasing values after next_position (or none). Returns the block's
+// positions. Throws InputError naming what is wrong.
+std::vector<std::int64_t> check_append(std::string_view method, MemorySpace space, const KVBlock& keys,
+                                       const KVBlock& values, std::span<const std::int64_t> positions,
+                                       std::size_t batch, std::size_t heads, std::size_t dim,
+                                       std::int64_t next_position);
 
 // Checks each (keys, values) pair against the shape the cache established on its first call,
 // rejects NaN/Inf, resolves positions, and converts to fp16 into buffers reused across calls.

@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""torch SDPA decode attention over bf16 KV at the shapes of `kvslim bench attend --device cuda`,
+and the table that puts both side by side: each kvslim kernel's time, its speed-up over SDPA, the
+GB/s of the bytes it reads and their share of the device copy bandwidth (measured by kvslim's run).
+
+    python3 bench/cuda/sdpa_bench.py --kvslim attend_cuda.json [--json sdpa.json]
+
+SDPA gets the same treatment as kvslim's kernels: one query token, GQA (enable_gqa), as many
+layers as keep the KV several times larger than the L2, CUDA events, median of the repeats."""
+import argparse
+import json
+import math
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+
+def sdpa_time(B, N, Hq, Hkv, D, repeats):
+    kv_bytes = B * Hkv * N * D * 2 * 2
+    layers = int(min(16, max(1, math.ceil(512e6 / kv_bytes))))
+    g = torch.Generator(device="cuda").manual_seed(1)
+    ks = [torch.randn(B, Hkv, N, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(layers)]
+    vs = [torch.randn(B, Hkv, N, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(layers)]
+    q = torch.randn(B, Hq, 1, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    for _ in range(3):
+        for k, v in zip(ks, vs):
+            F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    torch.cuda.synchronize()
+    times = []
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(repeats):
+        e0.record()
+        for k, v in zip(ks, vs):
+            F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1) * 1e3 / layers)
+    del ks, vs
+    torch.cuda.empty_cache()
+    return statistics.median(times), kv_bytes
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kvslim", required=True, help="JSON of kvslim bench attend --device cuda --json")
+    ap.add_argument("--json", help="write the SDPA rows here")
+    ap.add_argument("--repeats", type=int, default=20)
+    a = ap.parse_args()
+    ks = json.load(open(a.kvslim))
+    copy = ks["copy_gbs"]
+    rows = [r for r in ks["rows"] if r["kind"] == "attend"]
+    shapes = sorted({(r["head_dim"], r["batch"], r["context"], r["q_heads"], r["kv_heads"]) for r in rows})
+    print(f"# {ks['device']}; torch {torch.__version__}; device copy {copy:.0f} GB/s (read + write)")
+    print(f"{'D':>4} {'B':>3} {'context':>7} {'SDPA us':>9} {'SDPA GB/s':>9} | cache  {'us':>9} {'x SDPA':>7} {'GB/s':>6} {'%copy':>6}")
+    out = []
+    for D, B, N, Hq, Hkv in shapes:
+        us, kv_bytes = sdpa_time(B, N, Hq, Hkv, D, a.repeats)
+        sdpa_gbs = kv_bytes / (us * 1e-6) / 1e9
+        out.append({"head_dim": D, "batch": B, "context": N, "q_heads": Hq, "kv_heads": Hkv, "us": us, "gbs": sdpa_gbs})
+        for r in rows:
+            if (r["head_dim"], r["batch"], r["context"]) != (D, B, N):
+                continue
+            print(f"{D:4d} {B:3d} {N:7d} {us:9.1f} {sdpa_gbs:9.0f} | {r['cache']:<6} {r['us']:9.1f} "
+                  f"{us / r['us']:6.2f}x {r['gbs']:6.0f} {100 * r['gbs'] / copy:5.0f}%", flush=True)
+    for r in ks["rows"]:
+        if r["kind"] == "append":
+            print(f"append 1 token, batch {r['batch']}, {r['cache']}: {r['us']:.2f} us/step vs bf16 copy "
+                  f"{r['copy_us']:.2f} us ({r['us'] / r['copy_us']:.2f}x)")
+    if a.json:
+        json.dump({"torch": torch.__version__, "rows": out}, open(a.json, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()

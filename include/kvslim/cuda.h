@@ -1,0 +1,37 @@
+// kvslim on NVIDIA GPUs: caches whose storage and attention kernels live in GPU memory.
+//
+// A cache built with KVCacheConfig.device = "cuda" (or "cuda:N") takes device blocks (KVBlock and
+// QueryBlock with space = MemorySpace::cuda, data in that GPU's memory, the caller's CUDA stream in
+// `stream`) and does its work on that stream without waiting: append quantizes and packs in one
+// kernel, attend reads the codes where they lie (split-K, every query head of a KV head in one pass,
+// fp32 accumulation) and writes out / probs into device memory. Nothing goes through the host but
+// the positions (a few bytes, passed with the launch). The KVCache contract holds with two
+// differences, both stated where they apply:
+//  - NaN/Inf or |x| > 65504 in a device block is found by the append kernel; the error is raised
+//    by the first later call that finds the kernel done (append, attend, rows' stats, materialize),
+//    since checking at once would stall the stream every step. The cache then refuses every call
+//    until reset().
+//  - materialize() and stats() wait for the stream.
+// Methods on the device: "full" (fp16 slots, bf16 when the blocks are bf16) and "kivi" (2/4/8-bit
+// codes, keys and values per channel over groups of 32 tokens, the CPU's layout and rules, with its
+// fp16 staging window); head_dim 64 or 128.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "kvslim/cache.h"
+#include "kvslim/config.h"
+
+namespace kvslim::cuda {
+
+// Whether this kvslim was compiled with its CUDA kernels (CMake option KVSLIM_CUDA).
+bool built();
+// GPUs this process can use (0 when not built with CUDA or no driver/GPU is present).
+int device_count();
+// What the device and runtime are, for reports ("NVIDIA H200, sm_90, 132 SMs, CUDA 13.0").
+std::string device_description(int device = 0);
+// A cache for config.method on the GPU named by config.device. Throws ConfigError when kvslim was
+// built without CUDA, the GPU does not exist, or the method has no device storage.
+std::unique_ptr<KVCache> make_cache(const KVCacheConfig& config);
+
+}  // namespace kvslim::cuda

@@ -1,0 +1,238 @@
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "cli/bench_attend_cuda.h"
+#include "kvslim/cuda.h"
+#include "kvslim/factory.h"
+
+namespace kvslim::cli {
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+struct Buffer {
+  void* p = nullptr;
+  explicit Buffer(std::size_t bytes) { check(cudaMalloc(&p, std::max<std::size_t>(bytes, 16)), "cudaMalloc"); }
+  ~Buffer() { cudaFree(p); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+};
+
+// Normal-ish values (sum of uniforms) from a counter hash: reproducible, no host traffic.
+__global__ void fill_kernel(__nv_bfloat16* bf, float* f32, std::size_t n, unsigned seed, float scale) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    unsigned x = static_cast<unsigned>(i) * 2654435761u ^ seed * 2246822519u ^ static_cast<unsigned>(i >> 32);
+    float s = 0.f;
+    for (int k = 0; k < 4; ++k) {
+      x ^= x >> 15;
+      x *= 2246822519u;
+      x ^= x >> 13;
+      s += static_cast<float>(x & 0xffffu) / 65535.f;
+    }
+    const float v = (s - 2.f) * 1.7320508f * scale;
+    if (bf) bf[i] = __float2bfloat16_rn(v);
+    if (f32) f32[i] = v;
+  }
+}
+
+void fill(void* bf16, float* f32, std::size_t n, unsigned seed, float scale = 1.f) {
+  fill_kernel<<<1024, 256>>>(static_cast<__nv_bfloat16*>(bf16), f32, n, seed, scale);
+  check(cudaGetLastError(), "fill_kernel");
+}
+
+KVCacheConfig config_of(const std::string& name, int device) {
+  KVCacheConfig c;
+  if (name == "full") {
+    c.method = "full";
+  } else if (name == "kivi2" || name == "kivi4" || name == "kivi8") {
+    c.method = "kivi";
+    c.kivi_bits = name[4] - '0';
+  } else {
+    throw std::invalid_argument("--cache " + name + ": the device takes full, kivi2, kivi4, kivi8");
+  }
+  c.device = "cuda:" + std::to_string(device);
+  c.validate();
+  return c;
+}
+
+// Bytes one decode attend reads from the storage (what a perfect kernel must read).
+double storage_bytes(const std::string& name, std::size_t B, std::size_t H, std::size_t N, std::size_t D, int staging) {
+  if (name == "full") return static_cast<double>(B * H * N * D * 2 * 2 + N * 8);
+  const int bits = name[4] - '0';
+  const std::size_t staged = N >= static_cast<std::size_t>(staging) ? N % 32 : N;
+  const std::size_t rows = N - staged, groups = rows / 32;
+  const double codes = static_cast<double>(B * H * rows * D * bits / 8) * 2;
+  const double params = static_cast<double>(B * H * groups * 2 * D * 2) * 2;
+  const double window = static_cast<double>(B * H * staged * D * 2 * 2);
+  return codes + params + window + static_cast<double>(groups + staged) * 8;
+}
+
+float elapsed_ms(cudaEvent_t a, cudaEvent_t b) {
+  float ms = 0;
+  check(cudaEventElapsedTime(&ms, a, b), "cudaEventElapsedTime");
+  return ms;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int run_cuda_attend_bench(const CudaAttendOptions& o) {
+  if (cuda::device_count() <= o.device) throw std::runtime_error("--device cuda: no CUDA device " + std::to_string(o.device));
+  check(cudaSetDevice(o.device), "cudaSetDevice");
+  const std::string desc = cuda::device_description(o.device);
+  cudaEvent_t e0, e1;
+  check(cudaEventCreate(&e0), "event");
+  check(cudaEventCreate(&e1), "event");
+
+  // Device copy bandwidth: bytes read + written per second, median of 10 copies of 2 GiB.
+  double copy_gbs = 0;
+  {
+    const std::size_t n = 2ull << 30;
+    Buffer a(n), b(n);
+    std::vector<double> t;
+    for (int r = 0; r < 12; ++r) {
+      check(cudaEventRecord(e0), "record");
+      check(cudaMemcpyAsync(b.p, a.p, n, cudaMemcpyDeviceToDevice), "copy");
+      check(cudaEventRecord(e1), "record");
+      check(cudaEventSynchronize(e1), "sync");
+      if (r >= 2) t.push_back(elapsed_ms(e0, e1));
+    }
+    copy_gbs = 2.0 * n / (median(t) * 1e-3) / 1e9;
+  }
+  std::printf("# %s\n# device copy (read + write): %.0f GB/s\n", desc.c_str(), copy_gbs);
+  std::printf("%-4s %5s %7s %-6s %10s %12s %9s %7s %6s\n", "D", "batch", "context", "cache", "us/call", "MB read",
+              "GB/s", "%copy", "layers");
+  std::string json = "{\"device\": \"" + desc + "\", \"copy_gbs\": " + std::to_string(copy_gbs) + ", \"rows\": [";
+  bool first_row = true;
+
+  for (int D : o.head_dims) {
+    for (std::size_t B : o.batches) {
+      for (std::size_t N : o.contexts) {
+        const std::size_t H = static_cast<std::size_t>(o.kv_heads), Hq = static_cast<std::size_t>(o.q_heads);
+        const std::size_t elems = B * H * N * static_cast<std::size_t>(D);
+        for (const std::string& name : o.caches) {
+          const KVCacheConfig config = config_of(name, o.device);
+          const double bytes = storage_bytes(name, B, H, N, static_cast<std::size_t>(D), config.kivi_staging);
+          // Enough layers that their storage is several times the L2: the next call never hits it.
+          const int layers = static_cast<int>(std::clamp(std::ceil(512e6 / bytes), 1.0, 16.0));
+          std::vector<std::unique_ptr<KVCache>> caches;
+          {
+            Buffer k(elems * 2), v(elems * 2);
+            fill(k.p, nullptr, elems, 1);
+            fill(v.p, nullptr, elems, 2);
+            for (int l = 0; l < layers; ++l) {
+              caches.push_back(KVCacheFactory::create(config));
+              caches.back()->append(KVBlock{k.p, DType::bf16, B, H, N, static_cast<std::size_t>(D), MemorySpace::cuda, nullptr},
+                                    KVBlock{v.p, DType::bf16, B, H, N, static_cast<std::size_t>(D), MemorySpace::cuda, nullptr});
+            }
+            check(cudaDeviceSynchronize(), "append");
+          }
+          Buffer q(B * Hq * D * 4), out(B * Hq * D * 4);
+          fill(nullptr, static_cast<float*>(q.p), B * Hq * D, 3, 0.5f);
+          const QueryBlock qb{static_cast<float*>(q.p), B, 1, Hq, static_cast<std::size_t>(D), 0.f, MemorySpace::cuda, nullptr};
+          const std::vector<std::int64_t> qpos{static_cast<std::int64_t>(N)};
+          for (int w = 0; w < 3; ++w) {
+            for (auto& c : caches) c->attend(qb, qpos, static_cast<float*>(out.p));
+          }
+          check(cudaDeviceSynchronize(), "warm-up");
+          std::vector<double> t;
+          for (int r = 0; r < o.repeats; ++r) {
+            check(cudaEventRecord(e0), "record");
+            for (auto& c : caches) c->attend(qb, qpos, static_cast<float*>(out.p));
+            check(cudaEventRecord(e1), "record");
+            check(cudaEventSynchronize(e1), "sync");
+            t.push_back(elapsed_ms(e0, e1) * 1e3 / layers);
+          }
+          const double us = median(t), gbs = bytes / (us * 1e-6) / 1e9;
+          std::printf("%-4d %5zu %7zu %-6s %10.1f %12.1f %9.0f %6.0f%% %6d\n", D, B, N, name.c_str(), us, bytes / 1e6, gbs,
+                      100.0 * gbs / copy_gbs, layers);
+          std::fflush(stdout);
+          char row[512];
+          std::snprintf(row, sizeof row,
+                        "%s{\"kind\": \"attend\", \"head_dim\": %d, \"batch\": %zu, \"context\": %zu, \"q_heads\": %zu, "
+                        "\"kv_heads\": %zu, \"cache\": \"%s\", \"us\": %.3f, \"bytes\": %.0f, \"gbs\": %.1f, \"layers\": %d}",
+                        first_row ? "" : ", ", D, B, N, Hq, H, name.c_str(), us, bytes, gbs, layers);
+          json += row;
+          first_row = false;
+        }
+      }
+    }
+  }
+
+  // Fused append of one decode token per sequence (kivi2, B = 8, 32k tokens, D = 128) over 256 steps
+  // (two window compressions), against cudaMemcpyAsync of the same bf16 K and V.
+  std::printf("\n%-8s %5s %-6s %12s %12s %8s\n", "append", "batch", "cache", "us/step", "bf16 copy", "ratio");
+  for (const std::string& name : {std::string("full"), std::string("kivi2"), std::string("kivi4")}) {
+    for (std::size_t B : {std::size_t{1}, std::size_t{8}}) {
+      const std::size_t H = static_cast<std::size_t>(o.kv_heads), D = 128, N = 32768, steps = 256;
+      auto cache = KVCacheFactory::create(config_of(name, o.device));
+      cache->reserve(N + steps + 64);
+      {
+        Buffer k(B * H * N * D * 2);
+        fill(k.p, nullptr, B * H * N * D, 4);
+        cache->append(KVBlock{k.p, DType::bf16, B, H, N, D, MemorySpace::cuda, nullptr},
+                      KVBlock{k.p, DType::bf16, B, H, N, D, MemorySpace::cuda, nullptr});
+        check(cudaDeviceSynchronize(), "prefill");
+      }
+      Buffer step_k(steps * B * H * D * 2), step_v(steps * B * H * D * 2), dst_k(B * H * D * 2), dst_v(B * H * D * 2);
+      fill(step_k.p, nullptr, steps * B * H * D, 5);
+      fill(step_v.p, nullptr, steps * B * H * D, 6);
+      check(cudaDeviceSynchronize(), "fill");
+      const std::size_t step_bytes = B * H * D * 2;
+      check(cudaEventRecord(e0), "record");
+      for (std::size_t s = 0; s < steps; ++s) {
+        const char* kp = static_cast<const char*>(step_k.p) + s * step_bytes;
+        const char* vp = static_cast<const char*>(step_v.p) + s * step_bytes;
+        cache->append(KVBlock{kp, DType::bf16, B, H, 1, D, MemorySpace::cuda, nullptr},
+                      KVBlock{vp, DType::bf16, B, H, 1, D, MemorySpace::cuda, nullptr});
+      }
+      check(cudaEventRecord(e1), "record");
+      check(cudaEventSynchronize(e1), "sync");
+      const double append_us = elapsed_ms(e0, e1) * 1e3 / steps;
+      check(cudaEventRecord(e0), "record");
+      for (std::size_t s = 0; s < steps; ++s) {
+        check(cudaMemcpyAsync(dst_k.p, static_cast<const char*>(step_k.p) + s * step_bytes, step_bytes,
+                              cudaMemcpyDeviceToDevice), "copy");
+        check(cudaMemcpyAsync(dst_v.p, static_cast<const char*>(step_v.p) + s * step_bytes, step_bytes,
+                              cudaMemcpyDeviceToDevice), "copy");
+      }
+      check(cudaEventRecord(e1), "record");
+      check(cudaEventSynchronize(e1), "sync");
+      const double copy_us = elapsed_ms(e0, e1) * 1e3 / steps;
+      std::printf("%-8s %5zu %-6s %12.2f %12.2f %7.2fx\n", "1 token", B, name.c_str(), append_us, copy_us,
+                  append_us / copy_us);
+      char row[256];
+      std::snprintf(row, sizeof row,
+                    ", {\"kind\": \"append\", \"batch\": %zu, \"cache\": \"%s\", \"us\": %.3f, \"copy_us\": %.3f}", B,
+                    name.c_str(), append_us, copy_us);
+      json += row;
+    }
+  }
+  json += "]}\n";
+  if (!o.json.empty()) {
+    std::ofstream f(o.json);
+    f << json;
+    if (!f) throw std::runtime_error("--json " + o.json + ": cannot write");
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return 0;
+}
+
+}  // namespace kvslim::cli

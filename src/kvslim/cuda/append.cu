@@ -1,0 +1,197 @@
+// Fused append kernels (append.h). The quantizer follows the CPU's scalar reference
+// (quant/quant_reference.cc) operation for operation: values rounded to fp16 first (the CPU's intake
+// stores fp16), per-channel min/max over the group, zero = fp16(min), scale = the smallest fp16 >=
+// max((max - zero) / levels, 1e-8), code = clamp(rint((x - zero) / scale)), bit planes as
+// packed_row_bytes describes -- so device codes equal the CPU's bit for bit.
+#include <climits>
+
+#include "cuda/append.h"
+
+namespace kvslim::cuda {
+namespace {
+
+__device__ __forceinline__ float load_as_fp16_float(const void* src, DType t, long long i, bool& bad) {
+  float x;
+  if (t == DType::f32) {
+    x = static_cast<const float*>(src)[i];
+  } else if (t == DType::f16) {
+    x = __half2float(static_cast<const __half*>(src)[i]);
+  } else {
+    x = __bfloat162float(static_cast<const __nv_bfloat16*>(src)[i]);
+  }
+  if (!(fabsf(x) <= 65504.f)) bad = true;  // NaN fails too
+  return __half2float(__float2half_rn(x));
+}
+
+__device__ __forceinline__ std::int64_t input_position(const AppendInput& in, int s) {
+  return in.positions ? in.positions[s] : in.first_position + s;
+}
+
+__device__ void report_bad(const AppendInput& in, int bh, int s, bool bad) {
+  if (bad) atomicMin(in.bad_element, bh * in.S + s);
+}
+
+// One thread block per (row, bh): D threads.
+__global__ void dense_append_kernel(AppendInput in, std::uint16_t* k, std::uint16_t* v, DenseType type,
+                                    long long capacity, int n, std::int64_t* pos) {
+  const int s = blockIdx.x, bh = blockIdx.y, c = threadIdx.x;
+  const long long src = (static_cast<long long>(bh) * in.S + s) * in.D + c;
+  const long long dst = (static_cast<long long>(bh) * capacity + n + s) * in.D + c;
+  bool bad = false;
+  for (int which = 0; which < 2; ++which) {
+    const void* from = which ? in.values : in.keys;
+    float x;
+    if (in.dtype == DType::f32) {
+      x = static_cast<const float*>(from)[src];
+    } else if (in.dtype == DType::f16) {
+      x = __half2float(static_cast<const __half*>(from)[src]);
+    } else {
+      x = __bfloat162float(static_cast<const __nv_bfloat16*>(from)[src]);
+    }
+    bad |= !(fabsf(x) <= 65504.f);
+    std::uint16_t bits;
+    if (type == DenseType::f16) {
+      const __half h = __float2half_rn(x);
+      bits = *reinterpret_cast<const std::uint16_t*>(&h);
+    } else {
+      const __nv_bfloat16 h = __float2bfloat16_rn(x);
+      bits = *reinterpret_cast<const std::uint16_t*>(&h);
+    }
+    (which ? v : k)[dst] = bits;
+  }
+  bad = __syncthreads_or(bad);
+  if (c == 0) {
+    report_bad(in, bh, s, bad);
+    if (bh == 0) pos[n + s] = input_position(in, s);
+  }
+}
+
+// The CPU's make_params rule for one channel.
+__device__ void make_params(float mn, float mx, int bits, std::uint16_t& scale_h, std::uint16_t& zero_h,
+                            float& scale_f, float& zero_f) {
+  const float levels = static_cast<float>((1u << bits) - 1u);
+  const __half z = __float2half_rn(mn);
+  const float zf = __half2float(z);
+  const float s = fmaxf(__fdiv_rn(__fsub_rn(mx, zf), levels), 1e-8f);
+  __half sh = __float2half_rn(s);
+  std::uint16_t shb = *reinterpret_cast<const std::uint16_t*>(&sh);
+  if (__half2float(sh) < s) ++shb;
+  if (shb > 0x7bffu) shb = 0x7bffu;
+  zero_h = *reinterpret_cast<const std::uint16_t*>(&z);
+  scale_h = shb;
+  zero_f = zf;
+  const __half sh2 = *reinterpret_cast<const __half*>(&shb);
+  scale_f = __half2float(sh2);
+}
+
+// Group blocks: grid (groups, BH, 2 = keys/values), D threads (one channel each). Tail blocks:
+// grid (tail rows, BH), D threads.
+__global__ void kivi_group_kernel(AppendInput in, KiviStore st, int n_groups, StagingWindow w) {
+  extern __shared__ unsigned char codes[];  // [32][D]
+  const int gi = blockIdx.x, bh = blockIdx.y, which = blockIdx.z, c = threadIdx.x, D = in.D;
+  const int bits = st.bits, RB = D * bits / 8;
+  const std::uint16_t* stage = which ? w.v_in : w.k_in;
+  const void* src = which ? in.values : in.keys;
+  float x[32];
+  bool bad = false;
+  int bad_row = INT_MAX;
+#pragma unroll
+  for (int r = 0; r < 32; ++r) {
+    const int row = gi * 32 + r;  // row of [window | input]
+    if (row < w.staged) {
+      const std::uint16_t hbits = stage[(static_cast<long long>(bh) * w.capacity + row) * D + c];
+      x[r] = __half2float(*reinterpret_cast<const __half*>(&hbits));
+    } else {
+      const int s = row - w.staged;
+      bool b = false;
+      x[r] = load_as_fp16_float(src, in.dtype, (static_cast<long long>(bh) * in.S + s) * D + c, b);
+      if (b) {
+        bad = true;
+        bad_row = min(bad_row, s);
+      }
+    }
+  }
+  float mn = x[0], mx = x[0];
+#pragma unroll
+  for (int r = 1; r < 32; ++r) {
+    mn = fminf(mn, x[r]);
+    mx = fmaxf(mx, x[r]);
+  }
+  std::uint16_t scale_h, zero_h;
+  float scale_f, zero_f;
+  make_params(mn, mx, bits, scale_h, zero_h, scale_f, zero_f);
+  std::uint16_t* params = (which ? st.v_params : st.k_params) +
+                          (static_cast<long long>(bh) * (st.capacity / 32) + n_groups + gi) * 2 * D;
+  params[c] = scale_h;
+  params[D + c] = zero_h;
+  const float levels = static_cast<float>((1u << bits) - 1u);
+#pragma unroll
+  for (int r = 0; r < 32; ++r) {
+    const float q = rintf(__fdiv_rn(__fsub_rn(x[r], zero_f), scale_f));
+    codes[r * D + c] = static_cast<unsigned char>(fminf(fmaxf(q, 0.f), levels));
+  }
+  __syncthreads();
+  // Pack: byte i of a row holds channels i, i + RB, ... at bit offsets 0, bits, ...
+  std::uint8_t* out = (which ? st.v_codes : st.k_codes) +
+                      (static_cast<long long>(bh) * st.capacity + (n_groups + gi) * 32LL) * RB;
+  const int per_byte = 8 / bits;
+  for (int idx = c; idx < 32 * RB; idx += blockDim.x) {
+    const int r = idx / RB, i = idx % RB;
+    unsigned byte = 0;
+    for (int j = 0; j < per_byte; ++j) byte |= static_cast<unsigned>(codes[r * D + i + j * RB]) << (j * bits);
+    out[idx] = static_cast<std::uint8_t>(byte);
+  }
+  if (bad) atomicMin(in.bad_element, bh * in.S + bad_row);
+  if (bh == 0 && which == 0 && c < 32) {
+    const int row = gi * 32 + c;
+    st.pos[(n_groups + gi) * 32LL + c] = row < w.staged ? w.pos_in[row] : input_position(in, row - w.staged);
+  }
+}
+
+// Rows [first_row, staged + S) of [window | input] -> window_out rows [out_row0, ...). Only input
+// rows reach here (see append.h), so the source is the input.
+__global__ void kivi_tail_kernel(AppendInput in, StagingWindow w, int first_input_row, int out_row0) {
+  const int i = blockIdx.x, bh = blockIdx.y, c = threadIdx.x, D = in.D;
+  const int s = first_input_row + i;
+  bool bad = false;
+  for (int which = 0; which < 2; ++which) {
+    const void* src = which ? in.values : in.keys;
+    const float x = load_as_fp16_float(src, in.dtype, (static_cast<long long>(bh) * in.S + s) * D + c, bad);
+    const __half h = __float2half_rn(x);
+    (which ? w.v_out : w.k_out)[(static_cast<long long>(bh) * w.capacity + out_row0 + i) * D + c] =
+        *reinterpret_cast<const std::uint16_t*>(&h);
+  }
+  bad = __syncthreads_or(bad);
+  if (c == 0) {
+    report_bad(in, bh, s, bad);
+    if (bh == 0) w.pos_out[out_row0 + i] = input_position(in, s);
+  }
+}
+
+}  // namespace
+
+void launch_dense_append(const AppendInput& in, std::uint16_t* k, std::uint16_t* v, DenseType type,
+                         long long capacity, int n, std::int64_t* pos, cudaStream_t stream) {
+  dense_append_kernel<<<dim3(in.S, in.BH), in.D, 0, stream>>>(in, k, v, type, capacity, n, pos);
+  KVSLIM_CUDA_LAUNCHED("dense_append_kernel");
+}
+
+void launch_kivi_append(const AppendInput& in, const KiviStore& store, int n_groups, int compress,
+                        const StagingWindow& window, cudaStream_t stream) {
+  const int total = window.staged + in.S;
+  if (compress > 0) {
+    kivi_group_kernel<<<dim3(compress / 32, in.BH, 2), in.D, 32 * in.D, stream>>>(in, store, n_groups, window);
+    KVSLIM_CUDA_LAUNCHED("kivi_group_kernel");
+  }
+  const int tail = total - compress;
+  if (tail > 0) {
+    // compress == 0: the whole input joins the window after its staged rows; else the input's last
+    // `tail` rows start the fresh window.
+    const int first_input_row = compress == 0 ? 0 : in.S - tail;
+    const int out_row0 = compress == 0 ? window.staged : 0;
+    kivi_tail_kernel<<<dim3(tail, in.BH), in.D, 0, stream>>>(in, window, first_input_row, out_row0);
+    KVSLIM_CUDA_LAUNCHED("kivi_tail_kernel");
+  }
+}
+
+}  // namespace kvslim::cuda

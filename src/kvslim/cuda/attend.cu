@@ -1,0 +1,673 @@
+// Split-K decode/prefill attention over a layer's device storage. See attend.h for the contract and
+// cuda_common.cuh for the mma fragment layout these kernels lean on.
+//
+// Each CTA = 4 warps takes a range of units (32-row groups for codes, 16 rows for dense rows) of one
+// (tile, b, h); each warp streams its units global -> shared through cp.async (3 stages), computes
+// S^T = Q' K^T with the query tile as the mma's A operand (rows g = high parts, g + 8 = low parts of
+// the same query vectors, so one lane ends up with both halves of its logits), runs the online
+// softmax in registers, and multiplies P (split in high/low 16-bit parts again) with V. The warps
+// merge in shared memory and the CTA writes one partial; launch_combine merges the splits.
+//
+// kivi keys: q . k = sum_c (q_c scale_c) code_c + sum_c q_c zero_c per group, so the codes go
+// into the tensor cores as exact small fp16 integers and the group's scale is folded into the
+// query fragment (re-made every group); values: sum_t p_t v_tc = scale_c sum_t p_t code_tc +
+// zero_c sum_t p_t, applied as a group's sums leave the accumulators.
+#include <cfloat>
+#include <cmath>
+
+#include "cuda/attend.h"
+
+namespace kvslim::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kStages = 3;
+constexpr float kPScale = 16384.f;  // P * 2^14 before the 16-bit split: small weights stay normal
+constexpr float kPUnscale = 1.f / 16384.f;
+
+// ---------------------------------------------------------------------------------------------
+// Channel maps. A lane's share of a row, and which channel each half of each register holds.
+
+// kivi keys (B operand, lane t): bytes [t*RB/4, (t+1)*RB/4) of the packed row. Pair p = (word wi,
+// code slot j, byte h); element e: channel i0 + h + 2e + j*RB with i0 = t*RB/4 + 4*wi (the CPU's
+// plane layout: byte i holds channels i, i+RB, i+2RB, ... at bit offsets 0, bits, ...).
+template <int BITS, int D>
+struct PackedMap {
+  static constexpr int RB = D * BITS / 8;    // packed row bytes
+  static constexpr int NJ = 8 / BITS;        // codes per byte
+  static constexpr int KW = RB / 16;         // key words per lane
+  static constexpr int BPLV = RB / 8;        // value bytes per lane (lane g of a token row)
+  static constexpr int VW = BPLV >= 4 ? BPLV / 4 : 1;
+  static constexpr int XI = BPLV >= 4 ? 2 : 1;
+  static constexpr std::uint32_t MASK2 = BITS == 8 ? 0u : ((1u << BITS) - 1u) * 0x00010001u;
+
+  __device__ static int key_channel(int p, int e, int t) {
+    const int pw = 2 * NJ, wi = p / pw, r = p % pw, j = r / 2, h = r % 2;
+    return t * (RB / 4) + 4 * wi + h + 2 * e + j * RB;
+  }
+  // Register of pair p from the lane's key words.
+  __device__ static std::uint32_t key_b(const std::uint32_t* w, int p) {
+    const int pw = 2 * NJ, wi = p / pw, r = p % pw, j = r / 2, h = r % 2;
+    if constexpr (BITS == 8) {
+      return codes_to_half2(byte_perm(w[wi], 0u, h ? 0x4341u : 0x4240u));
+    } else {
+      return codes_to_half2((w[wi] >> (8 * h + j * BITS)) & MASK2);
+    }
+  }
+  // Values (B operand, lane g = channel group n): bytes [n*BPLV, (n+1)*BPLV) of each token row.
+  // n-tile nt = ((wi * XI + xi) * 2 + h) * NJ + j; channel n*BPLV + 4wi + 2xi + h + j*RB.
+  __device__ static int value_channel(int nt, int n) {
+    const int j = nt % NJ, h = (nt / NJ) % 2, xi = (nt / (2 * NJ)) % XI, wi = nt / (2 * NJ * XI);
+    return n * BPLV + 4 * wi + 2 * xi + h + j * RB;
+  }
+  // (token a, token b) codes of n-tile nt as an fp16 pair, from the two tokens' words.
+  __device__ static std::uint32_t value_b(const std::uint32_t* wa, const std::uint32_t* wb, int nt) {
+    const int j = nt % NJ, h = (nt / NJ) % 2, xi = (nt / (2 * NJ)) % XI, wi = nt / (2 * NJ * XI);
+    const std::uint32_t x = byte_perm(wa[wi], wb[wi], xi ? 0x7632u : 0x5410u);  // [a_k, a_k+1, b_k, b_k+1]
+    if constexpr (BITS == 8) {
+      return codes_to_half2(byte_perm(x, 0u, h ? 0x4341u : 0x4240u));
+    } else {
+      return codes_to_half2((x >> (8 * h + j * BITS)) & MASK2);
+    }
+  }
+};
+
+__device__ __forceinline__ std::uint32_t word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// Dense rows. Keys (lane t): 16-byte chunks 4c + t of the row, c < D/32; pair p = 4c + wi holds
+// channels (4c + t)*8 + 2wi + {0, 1} -- the loaded words are the B registers as they are.
+// Values (lane g = n): chunks n + 8c, c < D/64; n-tile nt = (c*4 + wi)*2 + e: channel (n + 8c)*8 + 2wi + e.
+template <int D>
+struct DenseMap {
+  __device__ static int key_channel(int p, int e, int t) { return (4 * (p / 4) + t) * 8 + 2 * (p % 4) + e; }
+  __device__ static int value_channel(int nt, int n) {
+    const int e = nt % 2, wi = (nt / 2) % 4, c = nt / 8;
+    return (n + 8 * c) * 8 + 2 * wi + e;
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// State shared by both kernels.
+
+struct TileRows {
+  int b, h, bh, tile, g, t, lane, warp;
+  long long m_index;      // query vector of this lane's row (s * G + j)
+  bool valid;             // m_index < S * G
+  std::int64_t qpos;      // its position (INT64_MIN when not valid: sees nothing)
+};
+
+__device__ TileRows tile_rows(const QueryArgs& a) {
+  TileRows r;
+  r.tile = blockIdx.y;
+  r.bh = blockIdx.z;
+  r.b = r.bh / a.Hkv;
+  r.h = r.bh % a.Hkv;
+  r.lane = threadIdx.x % 32;
+  r.warp = threadIdx.x / 32;
+  r.g = r.lane / 4;
+  r.t = r.lane % 4;
+  r.m_index = static_cast<long long>(r.tile) * kTileRows + r.g;
+  r.valid = r.m_index < static_cast<long long>(a.S) * a.G;
+  const long long s = r.m_index / a.G;
+  r.qpos = !r.valid ? INT64_MIN : a.qpos ? a.qpos[s] : a.qpos_inline[s];
+  return r;
+}
+
+// q_s [8][D] = queries of the tile times the logit scale (log2 units); rows past S*G are zero.
+template <int D>
+__device__ void load_queries(const QueryArgs& a, const TileRows& r, float* q_s) {
+  for (int i = threadIdx.x; i < kTileRows * D; i += kThreads) {
+    const int row = i / D, c = i % D;
+    const long long m = static_cast<long long>(r.tile) * kTileRows + row;
+    float v = 0.f;
+    if (m < static_cast<long long>(a.S) * a.G) {
+      const long long s = m / a.G, j = m % a.G;
+      v = a.q[((static_cast<long long>(r.b) * a.S + s) * a.Hq + static_cast<long long>(r.h) * a.G + j) * D + c] *
+          a.scale_log2;
+    }
+    q_s[i] = v;
+  }
+}
+
+// Online softmax state of a lane's row, and its accumulators: channel value_channel(nt, 2t + e).
+template <int D>
+struct RowState {
+  float m = -INFINITY, l = 0.f;
+  float acc[D / 8][2];
+  __device__ RowState() {
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) acc[i][0] = acc[i][1] = 0.f;
+  }
+};
+
+// Masks, records and exponentiates NT n-tiles of scores s[NT][2] (tokens nt*8 + 2t + e of the unit,
+// cache rows row0 + ...); returns the unit's row sum of probabilities (every lane of the quad).
+template <int D, int NT>
+__device__ float softmax_unit(const QueryArgs& a, const TileRows& r, RowState<D>& st, float (&s)[NT][2],
+                              long long row0, int n_valid, const std::int64_t* pos, std::int64_t newest) {
+  const bool check_pos = newest > r.qpos;
+  const int seq_limit = a.seq_rows ? a.seq_rows[r.b] : INT32_MAX;
+  float mx = -INFINITY;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int tok = nt * 8 + 2 * r.t + e;
+      const long long row = row0 + tok;
+      bool keep = tok < n_valid && row < seq_limit;
+      if (keep && check_pos) keep = pos[tok] <= r.qpos;
+      if (!r.valid) keep = false;
+      s[nt][e] = keep ? s[nt][e] : -INFINITY;
+      if (a.logits && r.valid && tok < n_valid) {
+        a.logits[(static_cast<long long>(r.bh) * a.S * a.G + r.m_index) * a.rows_total + row] = s[nt][e];
+      }
+      mx = fmaxf(mx, s[nt][e]);
+    }
+  }
+  mx = warp_max4(mx);
+  const float m_new = fmaxf(st.m, mx);
+  const float msub = m_new == -INFINITY ? 0.f : m_new;
+  const float alpha = exp2f(st.m - msub);
+  float psum = 0.f;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      s[nt][e] = exp2f(s[nt][e] - msub);
+      psum += s[nt][e];
+    }
+  }
+  psum = warp_sum4(psum);
+  st.l = st.l * alpha + psum;
+  st.m = m_new;
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) {
+    st.acc[i][0] *= alpha;
+    st.acc[i][1] *= alpha;
+  }
+  return psum;
+}
+
+// Warps -> one partial of the CTA. red: shared scratch of kWarps * 8 * (D + 2) floats.
+template <int D, typename Map>
+__device__ void write_partial(const QueryArgs& a, const TileRows& r, const RowState<D>& st, float* red,
+                              const Partials& parts, int part) {
+  float* red_acc = red;                          // [warps][8][D]
+  float* red_ml = red + kWarps * kTileRows * D;  // [warps][8][2]
+  __syncthreads();
+#pragma unroll
+  for (int nt = 0; nt < D / 8; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      red_acc[(r.warp * kTileRows + r.g) * D + Map::value_channel(nt, 2 * r.t + e)] = st.acc[nt][e];
+    }
+  }
+  if (r.t == 0) {
+    red_ml[(r.warp * kTileRows + r.g) * 2] = st.m;
+    red_ml[(r.warp * kTileRows + r.g) * 2 + 1] = st.l;
+  }
+  __syncthreads();
+  const long long tiles = a.tiles(), BH = static_cast<long long>(a.B) * a.Hkv;
+  const long long base = ((static_cast<long long>(part) * tiles + r.tile) * BH + r.bh) * kTileRows;
+  for (int i = threadIdx.x; i < kTileRows * D; i += kThreads) {
+    const int row = i / D, c = i % D;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, red_ml[(w * kTileRows + row) * 2]);
+    float A = 0.f, L = 0.f;
+    if (M != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float mw = red_ml[(w * kTileRows + row) * 2];
+        const float f = mw == -INFINITY ? 0.f : exp2f(mw - M);
+        A += f * red_acc[(w * kTileRows + row) * D + c];
+        L += f * red_ml[(w * kTileRows + row) * 2 + 1];
+      }
+    }
+    parts.acc[(base + row) * D + c] = A;
+    if (c == 0) {
+      parts.ml[(base + row) * 2] = M;
+      parts.ml[(base + row) * 2 + 1] = L;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// kivi codes.
+
+template <int BITS, int D>
+__global__ void __launch_bounds__(kThreads) attend_packed_kernel(QueryArgs a, PackedRows rows, Partials parts,
+                                                                  int part_base, int units_per_split) {
+  using Map = PackedMap<BITS, D>;
+  constexpr int RB = Map::RB;
+  constexpr int KS = D / 16;               // k-steps over the channels
+  constexpr int NPAIR = D / 8;             // register pairs of a lane's channels
+  constexpr int CODE_BYTES = kGroupRows * RB;
+  constexpr int PARAM_BYTES = 2 * D * 2;   // scale + zero rows, fp16
+  constexpr int STAGE = 2 * CODE_BYTES + 2 * PARAM_BYTES;
+  static_assert(STAGE % 16 == 0, "stage must be whole 16-byte chunks");
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* q_s = reinterpret_cast<float*>(smem);
+  unsigned char* stages = smem + kTileRows * D * sizeof(float);
+
+  const TileRows r = tile_rows(a);
+  load_queries<D>(a, r, q_s);
+  __syncthreads();
+
+  const int u_begin = blockIdx.x * units_per_split;
+  const int u_end = min(rows.n_groups, u_begin + units_per_split);
+  unsigned char* my = stages + r.warp * kStages * STAGE;
+  const unsigned char* kc_head = rows.k_codes + r.bh * rows.codes_stride;
+  const unsigned char* vc_head = rows.v_codes + r.bh * rows.codes_stride;
+  const std::uint16_t* kp_head = rows.k_params + r.bh * rows.params_stride;
+  const std::uint16_t* vp_head = rows.v_params + r.bh * rows.params_stride;
+
+  auto issue = [&](int u, int stage) {
+    unsigned char* dst = my + stage * STAGE;
+    const long long code0 = static_cast<long long>(u) * CODE_BYTES, param0 = static_cast<long long>(u) * 2 * D;
+#pragma unroll
+    for (int i = r.lane; i < STAGE / 16; i += 32) {
+      const int off = i * 16;
+      const unsigned char* src;
+      if (off < CODE_BYTES) {
+        src = kc_head + code0 + off;
+      } else if (off < 2 * CODE_BYTES) {
+        src = vc_head + code0 + (off - CODE_BYTES);
+      } else if (off < 2 * CODE_BYTES + PARAM_BYTES) {
+        src = reinterpret_cast<const unsigned char*>(kp_head + param0) + (off - 2 * CODE_BYTES);
+      } else {
+        src = reinterpret_cast<const unsigned char*>(vp_head + param0) + (off - 2 * CODE_BYTES - PARAM_BYTES);
+      }
+      cp_async16(dst + off, src);
+    }
+  };
+
+  RowState<D> st;
+  const int first = u_begin + r.warp;
+  const int n_mine = first < u_end ? (u_end - first + kWarps - 1) / kWarps : 0;
+#pragma unroll
+  for (int k = 0; k < kStages - 1; ++k) {
+    if (k < n_mine) issue(first + k * kWarps, k);
+    cp_async_commit();
+  }
+  for (int k = 0; k < n_mine; ++k) {
+    const int ahead = k + kStages - 1;
+    if (ahead < n_mine) issue(first + ahead * kWarps, ahead % kStages);
+    cp_async_commit();
+    cp_async_wait<kStages - 1>();
+    __syncwarp();
+
+    const int u = first + k * kWarps;
+    const unsigned char* buf = my + (k % kStages) * STAGE;
+    const unsigned char* kc = buf;
+    const unsigned char* vc = buf + CODE_BYTES;
+    const __half* kp = reinterpret_cast<const __half*>(buf + 2 * CODE_BYTES);
+    const __half* vp = reinterpret_cast<const __half*>(buf + 2 * CODE_BYTES + PARAM_BYTES);
+
+    // Query fragments for this group: q' = q * scale (hi/lo fp16, scaled by a power of two so the
+    // largest is near 2^14), bias = q . zero.
+    std::uint32_t af[KS][4];
+    float bias = 0.f, up;
+    {
+      float qv[NPAIR][2];
+      float amax = 0.f;
+#pragma unroll
+      for (int p = 0; p < NPAIR; ++p) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int c = Map::key_channel(p, e, r.t);
+          const float qc = q_s[r.g * D + c];
+          qv[p][e] = qc * __half2float(kp[c]);
+          bias = fmaf(qc, __half2float(kp[D + c]), bias);
+          amax = fmaxf(amax, fabsf(qv[p][e]));
+        }
+      }
+      amax = warp_max4(amax);
+      bias = warp_sum4(bias);
+      int ex = amax > 0.f ? ((__float_as_int(amax) >> 23) & 0xff) - 127 - 14 : 0;
+      ex = max(-100, min(100, ex));
+      const float down = pow2i(-ex);
+      up = pow2i(ex);
+#pragma unroll
+      for (int ks = 0; ks < KS; ++ks) {
+        split2<DenseType::f16>(qv[2 * ks][0] * down, qv[2 * ks][1] * down, af[ks][0], af[ks][1]);
+        split2<DenseType::f16>(qv[2 * ks + 1][0] * down, qv[2 * ks + 1][1] * down, af[ks][2], af[ks][3]);
+      }
+    }
+
+    // Scores of the group's 32 tokens: 4 n-tiles of 8 (token nt*8 + g is this lane's B column).
+    float s[4][2];
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+      std::uint32_t w[Map::KW];
+      const std::uint32_t* src = reinterpret_cast<const std::uint32_t*>(kc + (nt * 8 + r.g) * RB + r.t * (RB / 4));
+#pragma unroll
+      for (int i = 0; i < Map::KW; ++i) w[i] = src[i];
+      float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int ks = 0; ks < KS; ++ks) mma16816<DenseType::f16>(c, af[ks], Map::key_b(w, 2 * ks), Map::key_b(w, 2 * ks + 1));
+      s[nt][0] = fmaf(c[0] + c[2], up, bias);
+      s[nt][1] = fmaf(c[1] + c[3], up, bias);
+    }
+
+    const long long row0 = rows.row_offset + static_cast<long long>(u) * kGroupRows;
+    const std::int64_t* upos = rows.pos + static_cast<long long>(u) * kGroupRows;
+    const float psum = softmax_unit<D, 4>(a, r, st, s, row0, kGroupRows, upos, upos[kGroupRows - 1]);
+
+    // P fragments (two k-steps of 16 tokens).
+    std::uint32_t pf[2][4];
+#pragma unroll
+    for (int k2 = 0; k2 < 2; ++k2) {
+      split2<DenseType::f16>(s[2 * k2][0] * kPScale, s[2 * k2][1] * kPScale, pf[k2][0], pf[k2][1]);
+      split2<DenseType::f16>(s[2 * k2 + 1][0] * kPScale, s[2 * k2 + 1][1] * kPScale, pf[k2][2], pf[k2][3]);
+    }
+    // Value words of tokens 16*k2 + {2t, 2t+1, 2t+8, 2t+9}, bytes [g*BPLV, (g+1)*BPLV).
+    std::uint32_t vw[2][4][Map::VW];
+#pragma unroll
+    for (int k2 = 0; k2 < 2; ++k2) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int tok = 16 * k2 + 2 * r.t + (q & 1) + (q >> 1) * 8;
+        const unsigned char* src = vc + tok * RB + r.g * Map::BPLV;
+        if constexpr (Map::BPLV >= 4) {
+#pragma unroll
+          for (int i = 0; i < Map::VW; ++i) vw[k2][q][i] = reinterpret_cast<const std::uint32_t*>(src)[i];
+        } else {
+          vw[k2][q][0] = *reinterpret_cast<const std::uint16_t*>(src);
+        }
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt) {
+      float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int k2 = 0; k2 < 2; ++k2) {
+        mma16816<DenseType::f16>(c, pf[k2], Map::value_b(vw[k2][0], vw[k2][1], nt), Map::value_b(vw[k2][2], vw[k2][3], nt));
+      }
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int ch = Map::value_channel(nt, 2 * r.t + e);
+        st.acc[nt][e] += (c[e] + c[2 + e]) * kPUnscale * __half2float(vp[ch]) + __half2float(vp[D + ch]) * psum;
+      }
+    }
+    __syncwarp();
+  }
+  cp_async_wait<0>();
+  write_partial<D, Map>(a, r, st, reinterpret_cast<float*>(stages), parts, part_base + blockIdx.x);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dense fp16 / bf16 rows, 16 rows a unit.
+
+template <DenseType T, int D>
+__global__ void __launch_bounds__(kThreads) attend_dense_kernel(QueryArgs a, DenseRows rows, Partials parts,
+                                                                 int part_base, int units_per_split) {
+  using Map = DenseMap<D>;
+  constexpr int UNIT = 16;
+  constexpr int KS = D / 16;
+  constexpr int ROW_BYTES = D * 2;
+  constexpr int STAGE = 2 * UNIT * ROW_BYTES;
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* q_s = reinterpret_cast<float*>(smem);
+  unsigned char* stages = smem + kTileRows * D * sizeof(float);
+
+  const TileRows r = tile_rows(a);
+  load_queries<D>(a, r, q_s);
+  __syncthreads();
+
+  // Query fragments once: (hi, lo) of q scaled by a power of two per row.
+  std::uint32_t af[KS][4];
+  float up;
+  {
+    float amax = 0.f;
+#pragma unroll
+    for (int p = 0; p < D / 8; ++p) {
+      amax = fmaxf(amax, fabsf(q_s[r.g * D + Map::key_channel(p, 0, r.t)]));
+      amax = fmaxf(amax, fabsf(q_s[r.g * D + Map::key_channel(p, 1, r.t)]));
+    }
+    amax = warp_max4(amax);
+    int ex = amax > 0.f ? ((__float_as_int(amax) >> 23) & 0xff) - 127 - 14 : 0;
+    ex = max(-100, min(100, ex));
+    const float down = pow2i(-ex);
+    up = pow2i(ex);
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks) {
+      const int p0 = 2 * ks, p1 = 2 * ks + 1;
+      split2<T>(q_s[r.g * D + Map::key_channel(p0, 0, r.t)] * down, q_s[r.g * D + Map::key_channel(p0, 1, r.t)] * down,
+                af[ks][0], af[ks][1]);
+      split2<T>(q_s[r.g * D + Map::key_channel(p1, 0, r.t)] * down, q_s[r.g * D + Map::key_channel(p1, 1, r.t)] * down,
+                af[ks][2], af[ks][3]);
+    }
+  }
+
+  const int n_units = (rows.n_rows + UNIT - 1) / UNIT;
+  const int u_begin = blockIdx.x * units_per_split;
+  const int u_end = min(n_units, u_begin + units_per_split);
+  unsigned char* my = stages + r.warp * kStages * STAGE;
+  const unsigned char* k_head = reinterpret_cast<const unsigned char*>(rows.k + r.bh * rows.head_stride);
+  const unsigned char* v_head = reinterpret_cast<const unsigned char*>(rows.v + r.bh * rows.head_stride);
+
+  auto issue = [&](int u, int stage) {
+    unsigned char* dst = my + stage * STAGE;
+    const long long src0 = static_cast<long long>(u) * UNIT * ROW_BYTES;
+#pragma unroll
+    for (int i = r.lane; i < STAGE / 16; i += 32) {
+      const int off = i * 16;
+      const bool is_v = off >= UNIT * ROW_BYTES;
+      cp_async16(dst + off, (is_v ? v_head : k_head) + src0 + (off - (is_v ? UNIT * ROW_BYTES : 0)));
+    }
+  };
+
+  RowState<D> st;
+  const int first = u_begin + r.warp;
+  const int n_mine = first < u_end ? (u_end - first + kWarps - 1) / kWarps : 0;
+#pragma unroll
+  for (int k = 0; k < kStages - 1; ++k) {
+    if (k < n_mine) issue(first + k * kWarps, k);
+    cp_async_commit();
+  }
+  for (int k = 0; k < n_mine; ++k) {
+    const int ahead = k + kStages - 1;
+    if (ahead < n_mine) issue(first + ahead * kWarps, ahead % kStages);
+    cp_async_commit();
+    cp_async_wait<kStages - 1>();
+    __syncwarp();
+
+    const int u = first + k * kWarps;
+    const unsigned char* kb = my + (k % kStages) * STAGE;
+    const unsigned char* vb = kb + UNIT * ROW_BYTES;
+
+    float s[2][2];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const unsigned char* krow = kb + (nt * 8 + r.g) * ROW_BYTES;
+      float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int ch = 0; ch < D / 32; ++ch) {
+        const uint4 w = *reinterpret_cast<const uint4*>(krow + (4 * ch + r.t) * 16);
+        mma16816<T>(c, af[2 * ch], w.x, w.y);
+        mma16816<T>(c, af[2 * ch + 1], w.z, w.w);
+      }
+      s[nt][0] = (c[0] + c[2]) * up;
+      s[nt][1] = (c[1] + c[3]) * up;
+    }
+    const int n_valid = min(UNIT, rows.n_rows - u * UNIT);
+    const std::int64_t* upos = rows.pos + static_cast<long long>(u) * UNIT;
+    softmax_unit<D, 2>(a, r, st, s, rows.row_offset + static_cast<long long>(u) * UNIT, n_valid, upos,
+                       upos[n_valid - 1]);
+
+    std::uint32_t pf[4];
+    split2<T>(s[0][0] * kPScale, s[0][1] * kPScale, pf[0], pf[1]);
+    split2<T>(s[1][0] * kPScale, s[1][1] * kPScale, pf[2], pf[3]);
+    // Tokens {2t, 2t+1, 2t+8, 2t+9}, chunks g + 8c.
+#pragma unroll
+    for (int c8 = 0; c8 < D / 64; ++c8) {
+      uint4 vt[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int tok = 2 * r.t + (q & 1) + (q >> 1) * 8;
+        vt[q] = *reinterpret_cast<const uint4*>(vb + tok * ROW_BYTES + (r.g + 8 * c8) * 16);
+      }
+#pragma unroll
+      for (int wi = 0; wi < 4; ++wi) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const std::uint32_t sel = e ? 0x7632u : 0x5410u;
+          float c[4] = {0.f, 0.f, 0.f, 0.f};
+          mma16816<T>(c, pf, byte_perm(word(vt[0], wi), word(vt[1], wi), sel), byte_perm(word(vt[2], wi), word(vt[3], wi), sel));
+          const int nt = (c8 * 4 + wi) * 2 + e;
+          st.acc[nt][0] += (c[0] + c[2]) * kPUnscale;
+          st.acc[nt][1] += (c[1] + c[3]) * kPUnscale;
+        }
+      }
+    }
+    __syncwarp();
+  }
+  cp_async_wait<0>();
+  write_partial<D, Map>(a, r, st, reinterpret_cast<float*>(stages), parts, part_base + blockIdx.x);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+__global__ void combine_kernel(QueryArgs a, Partials parts, int n_parts, float* out, float* final_ml) {
+  const int D = a.D;
+  const long long tiles = a.tiles(), BH = static_cast<long long>(a.B) * a.Hkv;
+  const int tile = blockIdx.x % tiles;
+  const long long bh = blockIdx.x / tiles;
+  const int b = static_cast<int>(bh / a.Hkv), h = static_cast<int>(bh % a.Hkv);
+  for (int i = threadIdx.x; i < kTileRows * D; i += blockDim.x) {
+    const int row = i / D, c = i % D;
+    const long long m = static_cast<long long>(tile) * kTileRows + row;
+    if (m >= static_cast<long long>(a.S) * a.G) continue;
+    float M = -INFINITY;
+    for (int p = 0; p < n_parts; ++p) {
+      M = fmaxf(M, parts.ml[(((static_cast<long long>(p) * tiles + tile) * BH + bh) * kTileRows + row) * 2]);
+    }
+    float A = 0.f, L = 0.f;
+    if (M != -INFINITY) {
+      for (int p = 0; p < n_parts; ++p) {
+        const long long base = ((static_cast<long long>(p) * tiles + tile) * BH + bh) * kTileRows + row;
+        const float mp = parts.ml[base * 2];
+        if (mp == -INFINITY) continue;
+        const float f = exp2f(mp - M);
+        A += f * parts.acc[base * D + c];
+        L += f * parts.ml[base * 2 + 1];
+      }
+    }
+    const long long s = m / a.G, j = m % a.G;
+    out[((static_cast<long long>(b) * a.S + s) * a.Hq + static_cast<long long>(h) * a.G + j) * D + c] =
+        L > 0.f ? A / L : 0.f;
+    if (c == 0 && final_ml) {
+      final_ml[(bh * a.S * a.G + m) * 2] = M;
+      final_ml[(bh * a.S * a.G + m) * 2 + 1] = L;
+    }
+  }
+}
+
+__global__ void probs_kernel(QueryArgs a, const float* final_ml, float* probs) {
+  const long long row = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (row >= a.rows_total) return;
+  const long long n_bhs = static_cast<long long>(a.B) * a.Hkv * a.S;
+  for (long long bhs = blockIdx.y; bhs < n_bhs; bhs += gridDim.y) {  // (b * Hkv + h) * S + s
+  const long long bh = bhs / a.S, s = bhs % a.S;
+  float sum = 0.f;
+  for (int j = 0; j < a.G; ++j) {
+    const long long m = s * a.G + j;
+    const float M = final_ml[(bh * a.S * a.G + m) * 2], L = final_ml[(bh * a.S * a.G + m) * 2 + 1];
+    const float lg = a.logits[(bh * a.S * a.G + m) * a.rows_total + row];
+    if (M != -INFINITY && lg != -INFINITY && L > 0.f) sum += exp2f(lg - M) / L;
+  }
+  probs[bhs * a.rows_total + row] = sum;
+  }
+}
+
+template <typename Kernel>
+void set_smem(Kernel k, int bytes) {
+  KVSLIM_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+}
+
+int splits_for(const QueryArgs& q, int units, int sm_count) {
+  if (units <= 0) return 0;
+  const long long ctas = static_cast<long long>(q.tiles()) * q.B * q.Hkv;
+  const long long want = (static_cast<long long>(sm_count) * 3 + ctas - 1) / ctas;  // ~3 CTAs per SM
+  const long long most = (units + 2 * kWarps - 1) / (2 * kWarps);                  // >= 2 units a warp
+  return static_cast<int>(std::max(1LL, std::min(want, most)));
+}
+
+template <int BITS, int D>
+void packed_launch(const QueryArgs& q, const PackedRows& rows, const Partials& parts, int part_base, int splits,
+                   cudaStream_t stream) {
+  constexpr int RB = D * BITS / 8;
+  constexpr int STAGE = 2 * kGroupRows * RB + 2 * 2 * D * 2;
+  const int red = kWarps * kTileRows * (D + 2) * 4;
+  const int smem = kTileRows * D * 4 + std::max(kWarps * kStages * STAGE, red);
+  auto kernel = attend_packed_kernel<BITS, D>;
+  set_smem(kernel, smem);
+  const int per = (rows.n_groups + splits - 1) / splits;
+  kernel<<<dim3(splits, q.tiles(), q.B * q.Hkv), kThreads, smem, stream>>>(q, rows, parts, part_base, per);
+  KVSLIM_CUDA_LAUNCHED("attend_packed_kernel");
+}
+
+template <DenseType T, int D>
+void dense_launch(const QueryArgs& q, const DenseRows& rows, const Partials& parts, int part_base, int splits,
+                  cudaStream_t stream) {
+  constexpr int STAGE = 2 * 16 * D * 2;
+  const int red = kWarps * kTileRows * (D + 2) * 4;
+  const int smem = kTileRows * D * 4 + std::max(kWarps * kStages * STAGE, red);
+  auto kernel = attend_dense_kernel<T, D>;
+  set_smem(kernel, smem);
+  const int units = (rows.n_rows + 15) / 16;
+  const int per = (units + splits - 1) / splits;
+  kernel<<<dim3(splits, q.tiles(), q.B * q.Hkv), kThreads, smem, stream>>>(q, rows, parts, part_base, per);
+  KVSLIM_CUDA_LAUNCHED("attend_dense_kernel");
+}
+
+}  // namespace
+
+bool supported_head_dim(int D) { return D == 64 || D == 128; }
+bool supported_bits(int bits) { return bits == 2 || bits == 4 || bits == 8; }
+
+int packed_splits(const QueryArgs& q, int n_groups, int sm_count) { return splits_for(q, n_groups, sm_count); }
+int dense_splits(const QueryArgs& q, int n_rows, int sm_count) { return splits_for(q, (n_rows + 15) / 16, sm_count); }
+
+void launch_packed(const QueryArgs& q, const PackedRows& rows, const Partials& parts, int part_base, int splits,
+                   cudaStream_t stream) {
+  if (splits <= 0) return;
+#define KVSLIM_PACKED_CASE(B, DD) \
+  if (rows.bits == B && q.D == DD) return packed_launch<B, DD>(q, rows, parts, part_base, splits, stream);
+  KVSLIM_PACKED_CASE(2, 64) KVSLIM_PACKED_CASE(4, 64) KVSLIM_PACKED_CASE(8, 64)
+  KVSLIM_PACKED_CASE(2, 128) KVSLIM_PACKED_CASE(4, 128) KVSLIM_PACKED_CASE(8, 128)
+#undef KVSLIM_PACKED_CASE
+  throw InputError("cuda attend: no kernel for " + std::to_string(rows.bits) + "-bit codes at head_dim " +
+                   std::to_string(q.D) + " (bits 2/4/8, head_dim 64/128)");
+}
+
+void launch_dense(const QueryArgs& q, const DenseRows& rows, const Partials& parts, int part_base, int splits,
+                  cudaStream_t stream) {
+  if (splits <= 0) return;
+  const bool bf = rows.type == DenseType::bf16;
+  if (q.D == 64) return bf ? dense_launch<DenseType::bf16, 64>(q, rows, parts, part_base, splits, stream)
+                           : dense_launch<DenseType::f16, 64>(q, rows, parts, part_base, splits, stream);
+  if (q.D == 128) return bf ? dense_launch<DenseType::bf16, 128>(q, rows, parts, part_base, splits, stream)
+                            : dense_launch<DenseType::f16, 128>(q, rows, parts, part_base, splits, stream);
+  throw InputError("cuda attend: no kernel for head_dim " + std::to_string(q.D) + " (64 or 128)");
+}
+
+void launch_combine(const QueryArgs& q, const Partials& parts, int n_parts, float* out, float* final_ml,
+                    cudaStream_t stream) {
+  combine_kernel<<<q.tiles() * q.B * q.Hkv, 128, 0, stream>>>(q, parts, n_parts, out, final_ml);
+  KVSLIM_CUDA_LAUNCHED("combine_kernel");
+}
+
+void launch_probs(const QueryArgs& q, const float* final_ml, float* probs, cudaStream_t stream) {
+  if (q.rows_total == 0) return;
+  const long long n_bhs = static_cast<long long>(q.B) * q.Hkv * q.S;
+  const dim3 grid(static_cast<unsigned>((q.rows_total + 255) / 256), static_cast<unsigned>(std::min(n_bhs, 65535LL)));
+  probs_kernel<<<grid, 256, 0, stream>>>(q, final_ml, probs);
+  KVSLIM_CUDA_LAUNCHED("probs_kernel");
+}
+
+}  // namespace kvslim::cuda

@@ -1,0 +1,89 @@
+// Device attention over a layer's storage: split-K (flash-decoding) kernels that read each kind's
+// rows where they lie -- kivi codes (keys and values group-quantized per channel over groups of 32
+// tokens, bit-packed as on the CPU) and dense fp16/bf16 rows -- with every query head of a KV head
+// (and, for S > 1, up to 8 query vectors) in one pass over the rows, fp32 accumulation, causal by
+// true position. Partial results of every split are merged by combine(); the probabilities of an
+// observation are computed from the logits the kernels leave behind when asked.
+//
+// Shapes: queries fp32 [B, S, Hq, D] (Hq = G * Hkv); out fp32 [B, S, Hq, D]; a KV head's query
+// vectors m = s * G + j are taken 8 at a time (a "tile"); logits (optional) fp32
+// [B * Hkv, S * G, rows_total] in log2 units; probs fp32 [B, Hkv, S, rows_total].
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/cuda_common.cuh"
+
+namespace kvslim::cuda {
+
+constexpr int kTileRows = 8;    // query vectors per tile (rows g of the mma; g + 8 hold their low parts)
+constexpr int kGroupRows = 32;  // rows per quantization group (the packed kernels' unit)
+
+constexpr int kInlinePositions = 16;  // query positions passed with the launch itself
+
+struct QueryArgs {
+  const float* q = nullptr;            // [B, S, Hq, D]
+  const std::int64_t* qpos = nullptr;  // device [S] absolute positions of the query tokens, or null:
+  std::int64_t qpos_inline[kInlinePositions] = {};  // ... these (S <= kInlinePositions)
+  int B = 0, S = 0, Hq = 0, Hkv = 0, G = 0, D = 0;
+  float scale_log2 = 0.f;              // logit scale * log2(e)
+  const int* seq_rows = nullptr;       // optional device [B]: rows sequence b sees (its own length)
+  float* logits = nullptr;             // optional [B * Hkv, S * G, rows_total]
+  long long rows_total = 0;
+  KVSLIM_HD int tiles() const { return (S * G + kTileRows - 1) / kTileRows; }
+};
+
+// Per split, per tile, per (b, h): unnormalised accumulators and (max, sum) of each tile row.
+struct Partials {
+  float* acc = nullptr;  // [parts, tiles, B * Hkv, 8, D]
+  float* ml = nullptr;   // [parts, tiles, B * Hkv, 8, 2]
+  int parts = 0;         // capacity
+};
+
+// kivi storage: n_groups full groups of 32 rows per (b, h).
+struct PackedRows {
+  const std::uint8_t* k_codes = nullptr;   // [B * Hkv, cap, row_bytes]
+  const std::uint8_t* v_codes = nullptr;   // [B * Hkv, cap, row_bytes]
+  const std::uint16_t* k_params = nullptr; // fp16 [B * Hkv, cap / 32, 2, D]: scale row, zero row
+  const std::uint16_t* v_params = nullptr;
+  long long codes_stride = 0;              // bytes between heads
+  long long params_stride = 0;             // elements between heads
+  const std::int64_t* pos = nullptr;       // [cap] positions of the rows (the same for every head)
+  int n_groups = 0;
+  int bits = 0;
+  int row_offset = 0;                      // cache row of the first row
+};
+
+// Dense rows (full's slots, a staging window): n_rows rows per (b, h).
+struct DenseRows {
+  const std::uint16_t* k = nullptr;        // [B * Hkv, stride, D] fp16 or bf16
+  const std::uint16_t* v = nullptr;
+  long long head_stride = 0;               // elements between heads (capacity * D, capacity % 16 == 0)
+  const std::int64_t* pos = nullptr;       // [n_rows]
+  int n_rows = 0;
+  DenseType type = DenseType::f16;
+  int row_offset = 0;
+};
+
+// Splits each kernel would use for this much work (at least 1 when there are rows).
+int packed_splits(const QueryArgs& q, int n_groups, int sm_count);
+int dense_splits(const QueryArgs& q, int n_rows, int sm_count);
+
+// Launch on `stream`; each writes parts [part_base, part_base + splits).
+void launch_packed(const QueryArgs& q, const PackedRows& rows, const Partials& parts, int part_base, int splits,
+                   cudaStream_t stream);
+void launch_dense(const QueryArgs& q, const DenseRows& rows, const Partials& parts, int part_base, int splits,
+                  cudaStream_t stream);
+// Merges parts [0, n_parts) into out [B, S, Hq, D]; writes each query vector's final (max, sum)
+// into final_ml [B * Hkv, S * G, 2] when given (probs need them).
+void launch_combine(const QueryArgs& q, const Partials& parts, int n_parts, float* out, float* final_ml,
+                    cudaStream_t stream);
+// probs [B, Hkv, S, rows_total] = sum over the G query heads of exp2(logit - max) / sum.
+void launch_probs(const QueryArgs& q, const float* final_ml, float* probs, cudaStream_t stream);
+
+// Whether the kernels take this head_dim / bits.
+bool supported_head_dim(int D);
+bool supported_bits(int bits);
+
+}  // namespace kvslim::cuda

@@ -1,0 +1,593 @@
+#include "cuda/device_cache.h"
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstring>
+
+#include "cache/block_intake.h"
+#include "kvslim/cuda.h"
+#include "kvslim/dtype.h"
+#include "kvslim/errors.h"
+#include "quant/quant_kernels.h"
+
+namespace kvslim::cuda {
+namespace {
+
+[[noreturn]] void reject(std::string_view method, const std::string& what) {
+  throw InputError(std::string(method) + " cache (cuda): " + what);
+}
+
+void check_device_pointer(std::string_view method, const void* p, int device, const char* name) {
+  cudaPointerAttributes attr{};
+  const cudaError_t err = cudaPointerGetAttributes(&attr, p);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // clear it: the pointer is simply not CUDA's
+    reject(method, std::string(name) + " is not CUDA memory (" + cudaGetErrorString(err) + ")");
+  }
+  if ((attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) || attr.device != device) {
+    reject(method, std::string(name) + " is not memory of cuda:" + std::to_string(device) +
+                       " (the cache lives there; host or other-device data is never copied implicitly)");
+  }
+}
+
+std::size_t round_up(std::size_t x, std::size_t m) { return (x + m - 1) / m * m; }
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// DeviceCache
+
+DeviceCache::DeviceCache(std::string method, int device) : method_(std::move(method)), device_(device) {
+  DeviceGuard guard(device_);
+  KVSLIM_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device_));
+  bad_.reserve(sizeof(int));
+  const int none = INT_MAX;
+  KVSLIM_CUDA_CHECK(cudaMemcpy(bad_.get(), &none, sizeof(int), cudaMemcpyHostToDevice));
+  KVSLIM_CUDA_CHECK(cudaMallocHost(&bad_host_, sizeof(int)));
+  *bad_host_ = INT_MAX;
+  KVSLIM_CUDA_CHECK(cudaEventCreateWithFlags(&flag_event_, cudaEventDisableTiming));
+}
+
+DeviceCache::~DeviceCache() {
+  DeviceGuard guard(device_);
+  cudaStreamSynchronize(stream_);  // our kernels may still read the buffers
+  if (flag_event_) cudaEventDestroy(flag_event_);
+  if (bad_host_) cudaFreeHost(bad_host_);
+}
+
+void DeviceCache::check_pending_error(bool wait) const {
+  if (poisoned_) throw InputError(poison_message_);
+  const cudaError_t st = wait ? cudaEventSynchronize(flag_event_) : cudaEventQuery(flag_event_);
+  if (st == cudaErrorNotReady) return;
+  KVSLIM_CUDA_CHECK(st);
+  if (*bad_host_ != INT_MAX) {
+    poisoned_ = true;
+    poison_message_ = method_ + " cache (cuda): an earlier append held a NaN, infinite or out-of-fp16-range "
+                      "(|x| > 65504) value in keys or values (first at row " + std::to_string(*bad_host_) +
+                      " of that block's [batch * heads * tokens]); the cache refuses every call until reset()";
+    throw InputError(poison_message_);
+  }
+}
+
+void DeviceCache::synchronize() const {
+  DeviceGuard guard(device_);
+  KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  check_pending_error(true);
+}
+
+void DeviceCache::append(const KVBlock& keys, const KVBlock& values, std::span<const std::int64_t> positions) {
+  DeviceGuard guard(device_);
+  check_pending_error(false);
+  std::vector<std::int64_t> resolved =
+      check_append(method_, MemorySpace::cuda, keys, values, positions, batch_, heads_, dim_, next_position_);
+  if (!supported_head_dim(static_cast<int>(keys.head_dim))) {
+    reject(method_, "keys " + keys.shape_string() + ": the device kernels take head_dim 64 or 128");
+  }
+  const std::size_t BH = keys.batch * keys.heads;
+  if (BH * keys.tokens >= static_cast<std::size_t>(INT_MAX) / 2 || BH > 65535 || keys.tokens > INT_MAX / 4) {
+    reject(method_, "keys " + keys.shape_string() + ": too many rows for one device append");
+  }
+  check_device_pointer(method_, keys.data, device_, "keys.data");
+  check_device_pointer(method_, values.data, device_, "values.data");
+  const auto stream = static_cast<cudaStream_t>(keys.stream);
+
+  AppendInput in;
+  in.keys = keys.data;
+  in.values = values.data;
+  in.dtype = keys.dtype;
+  in.BH = static_cast<int>(BH);
+  in.S = static_cast<int>(keys.tokens);
+  in.D = static_cast<int>(keys.head_dim);
+  in.first_position = resolved[0];
+  in.bad_element = bad_.as<int>();
+  bool contiguous = true;
+  for (std::size_t s = 1; s < resolved.size() && contiguous; ++s) contiguous = resolved[s] == resolved[0] + static_cast<std::int64_t>(s);
+  DeviceBuffer uploaded;
+  if (!contiguous) {
+    uploaded.reserve(resolved.size() * sizeof(std::int64_t));
+    KVSLIM_CUDA_CHECK(cudaMemcpyAsync(uploaded.get(), resolved.data(), resolved.size() * sizeof(std::int64_t),
+                                      cudaMemcpyHostToDevice, stream));
+    in.positions = uploaded.as<std::int64_t>();
+  }
+  if (batch_ == 0) {
+    batch_ = keys.batch;
+    heads_ = keys.heads;
+    dim_ = keys.head_dim;
+  }
+  stream_ = stream;
+  absorb(in, resolved, stream);
+  KVSLIM_CUDA_CHECK(cudaMemcpyAsync(bad_host_, bad_.get(), sizeof(int), cudaMemcpyDeviceToHost, stream));
+  KVSLIM_CUDA_CHECK(cudaEventRecord(flag_event_, stream));
+  if (!contiguous) KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream));  // `uploaded` dies here
+  positions_.insert(positions_.end(), resolved.begin(), resolved.end());
+  tokens_seen_ += keys.tokens;
+  next_position_ = resolved.back() + 1;
+}
+
+void DeviceCache::attend(const QueryBlock& queries, std::span<const std::int64_t> query_positions, float* out,
+                         float* probs, const ParallelFor*) const {
+  DeviceGuard guard(device_);
+  const auto fail = [&](const std::string& what) { reject(method_, "attend: " + what); };
+  if (queries.space != MemorySpace::cuda) {
+    fail("queries are in " + std::string(memory_space_name(queries.space)) + " memory; this cache is on cuda:" +
+         std::to_string(device_) + " (queries, out and probs must be device memory there)");
+  }
+  check_pending_error(false);
+  if (queries.tokens == 0) return;
+  if (queries.data == nullptr || out == nullptr) fail("queries and out must not be null");
+  if (query_positions.size() != queries.tokens) {
+    fail(std::to_string(query_positions.size()) + " query positions for " + std::to_string(queries.tokens) +
+         " query tokens");
+  }
+  if (!std::isfinite(queries.scale)) fail("scale must be finite");
+  check_device_pointer(method_, queries.data, device_, "queries.data");
+  check_device_pointer(method_, out, device_, "out");
+  if (probs) check_device_pointer(method_, probs, device_, "probs");
+  const auto stream = static_cast<cudaStream_t>(queries.stream);
+  const std::size_t out_elems = queries.batch * queries.tokens * queries.heads * queries.head_dim;
+  if (batch_ == 0) {
+    if (queries.heads == 0 || queries.head_dim == 0) fail("queries need heads >= 1 and head_dim >= 1");
+    KVSLIM_CUDA_CHECK(cudaMemsetAsync(out, 0, out_elems * sizeof(float), stream));
+    return;
+  }
+  if (queries.batch != batch_ || queries.head_dim != dim_ || queries.heads == 0 || queries.heads % heads_ != 0) {
+    fail("queries [batch=" + std::to_string(queries.batch) + ", tokens=" + std::to_string(queries.tokens) +
+         ", heads=" + std::to_string(queries.heads) + ", head_dim=" + std::to_string(queries.head_dim) +
+         "] do not match the cache [batch=" + std::to_string(batch_) + ", kv_heads=" + std::to_string(heads_) +
+         ", head_dim=" + std::to_string(dim_) + "] (heads must be a multiple of kv_heads)");
+  }
+  if (queries.tokens * queries.heads / heads_ > static_cast<std::size_t>(INT_MAX) / 8) fail("too many query vectors");
+  stream_ = stream;
+
+  QueryArgs q;
+  q.q = queries.data;
+  q.B = static_cast<int>(batch_);
+  q.S = static_cast<int>(queries.tokens);
+  q.Hq = static_cast<int>(queries.heads);
+  q.Hkv = static_cast<int>(heads_);
+  q.G = q.Hq / q.Hkv;
+  q.D = static_cast<int>(dim_);
+  const float scale = queries.scale == 0.f ? 1.f / std::sqrt(static_cast<float>(dim_)) : queries.scale;
+  q.scale_log2 = scale * 1.4426950408889634f;
+  q.rows_total = static_cast<long long>(rows());
+  if (queries.tokens <= static_cast<std::size_t>(kInlinePositions)) {
+    std::copy(query_positions.begin(), query_positions.end(), q.qpos_inline);
+  } else {
+    qpos_.reserve(queries.tokens * sizeof(std::int64_t));
+    KVSLIM_CUDA_CHECK(cudaMemcpyAsync(qpos_.get(), query_positions.data(), queries.tokens * sizeof(std::int64_t),
+                                      cudaMemcpyHostToDevice, stream));
+    q.qpos = qpos_.as<std::int64_t>();
+  }
+  const std::size_t BH = batch_ * heads_, vectors = queries.tokens * static_cast<std::size_t>(q.G);
+  if (probs) {
+    logits_.reserve(BH * vectors * rows() * sizeof(float));
+    final_ml_.reserve(BH * vectors * 2 * sizeof(float));
+    q.logits = logits_.as<float>();
+  }
+  Partials parts;
+  const int n_parts = launch_segments(q, parts, true, stream);
+  const std::size_t slots = static_cast<std::size_t>(std::max(n_parts, 1)) * q.tiles() * BH * kTileRows;
+  parts_acc_.reserve(slots * dim_ * sizeof(float));
+  parts_ml_.reserve(slots * 2 * sizeof(float));
+  parts.acc = parts_acc_.as<float>();
+  parts.ml = parts_ml_.as<float>();
+  parts.parts = n_parts;
+  launch_segments(q, parts, false, stream);
+  launch_combine(q, parts, n_parts, out, probs ? final_ml_.as<float>() : nullptr, stream);
+  if (probs) launch_probs(q, final_ml_.as<float>(), probs, stream);
+}
+
+CacheView DeviceCache::materialize() const {
+  synchronize();
+  const std::size_t N = rows(), BH = batch_ * heads_;
+  if (N == 0 || BH == 0) return CacheView{};
+  view_keys_.resize(BH * N * dim_);
+  view_values_.resize(BH * N * dim_);
+  view_positions_.resize(BH * N);
+  for (std::size_t bh = 0; bh < BH; ++bh) {
+    download_rows(bh, view_keys_.data() + bh * N * dim_, view_values_.data() + bh * N * dim_);
+    std::copy(positions_.begin(), positions_.end(), view_positions_.begin() + static_cast<std::ptrdiff_t>(bh * N));
+  }
+  CacheView v;
+  v.batch = batch_;
+  v.heads = heads_;
+  v.tokens = N;
+  v.head_dim = dim_;
+  v.head_stride = N;
+  v.keys = view_keys_.data();
+  v.values = view_values_.data();
+  v.positions = view_positions_.data();
+  return v;
+}
+
+CacheStats DeviceCache::stats() const {
+  synchronize();
+  CacheStats st;
+  st.method = method_;
+  st.batch = batch_;
+  st.heads = heads_;
+  st.head_dim = dim_;
+  st.tokens_seen = tokens_seen_;
+  const std::size_t N = rows(), BH = batch_ * heads_;
+  st.kept_per_head.assign(BH, N);
+  st.tokens_kept = N;
+  const std::size_t dev = device_bytes();
+  st.resident_bytes = dev + positions_.capacity() * sizeof(std::int64_t);
+  st.view_bytes = parts_acc_.bytes() + parts_ml_.bytes() + final_ml_.bytes() + logits_.bytes() + qpos_.bytes() +
+                  (view_keys_.capacity() + view_values_.capacity()) * sizeof(std::uint16_t);
+  st.kept_fp16_bytes = 2 * BH * N * dim_ * 2;
+  st.seen_fp16_bytes = static_cast<std::size_t>(tokens_seen_) * BH * dim_ * 2 * 2;
+  st.compression_ratio = st.resident_bytes == 0 ? 1.0 : static_cast<double>(st.seen_fp16_bytes) / st.resident_bytes;
+  st.figures.emplace_back("device_bytes", static_cast<double>(dev));
+  st.figures.emplace_back("device", static_cast<double>(device_));
+  add_figures(st);
+  return st;
+}
+
+void DeviceCache::reset() {
+  DeviceGuard guard(device_);
+  KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  clear();
+  batch_ = heads_ = dim_ = 0;
+  tokens_seen_ = 0;
+  next_position_ = 0;
+  positions_.clear();
+  positions_.shrink_to_fit();
+  const int none = INT_MAX;
+  KVSLIM_CUDA_CHECK(cudaMemcpy(bad_.get(), &none, sizeof(int), cudaMemcpyHostToDevice));
+  *bad_host_ = INT_MAX;
+  poisoned_ = false;
+  poison_message_.clear();
+}
+
+// ---------------------------------------------------------------------------------------------
+// full
+
+void DeviceDenseCache::grow(std::size_t rows, cudaStream_t stream) {
+  const std::size_t cap = round_up(std::max({rows, reserved_, capacity_ * 2, std::size_t{16}}), 16);
+  const std::size_t BH = batch_ * heads_, D = dim_;
+  DeviceBuffer k, v, pos;
+  k.reserve(BH * cap * D * 2);
+  v.reserve(BH * cap * D * 2);
+  pos.reserve(cap * sizeof(std::int64_t));
+  if (n_ > 0) {
+    KVSLIM_CUDA_CHECK(cudaMemcpy2DAsync(k.get(), cap * D * 2, k_.get(), capacity_ * D * 2, n_ * D * 2, BH,
+                                        cudaMemcpyDeviceToDevice, stream));
+    KVSLIM_CUDA_CHECK(cudaMemcpy2DAsync(v.get(), cap * D * 2, v_.get(), capacity_ * D * 2, n_ * D * 2, BH,
+                                        cudaMemcpyDeviceToDevice, stream));
+    KVSLIM_CUDA_CHECK(cudaMemcpyAsync(pos.get(), pos_.get(), n_ * sizeof(std::int64_t), cudaMemcpyDeviceToDevice, stream));
+    KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream));  // before the old buffers go
+  }
+  k_ = std::move(k);
+  v_ = std::move(v);
+  pos_ = std::move(pos);
+  capacity_ = cap;
+}
+
+void DeviceDenseCache::absorb(const AppendInput& in, const std::vector<std::int64_t>&, cudaStream_t stream) {
+  if (n_ == 0) type_ = in.dtype == DType::bf16 ? DenseType::bf16 : DenseType::f16;
+  if (n_ + in.S > capacity_) grow(n_ + in.S, stream);
+  launch_dense_append(in, k_.as<std::uint16_t>(), v_.as<std::uint16_t>(), type_, static_cast<long long>(capacity_),
+                      static_cast<int>(n_), pos_.as<std::int64_t>(), stream);
+  n_ += in.S;
+}
+
+int DeviceDenseCache::launch_segments(const QueryArgs& q, const Partials& parts, bool count_only,
+                                      cudaStream_t stream) const {
+  const int splits = dense_splits(q, static_cast<int>(n_), sm_count_);
+  if (!count_only) {
+    DenseRows rows;
+    rows.k = k_.as<std::uint16_t>();
+    rows.v = v_.as<std::uint16_t>();
+    rows.head_stride = static_cast<long long>(capacity_ * dim_);
+    rows.pos = pos_.as<std::int64_t>();
+    rows.n_rows = static_cast<int>(n_);
+    rows.type = type_;
+    launch_dense(q, rows, parts, 0, splits, stream);
+  }
+  return splits;
+}
+
+void DeviceDenseCache::download_rows(std::size_t bh, std::uint16_t* keys, std::uint16_t* values) const {
+  const std::size_t D = dim_;
+  KVSLIM_CUDA_CHECK(cudaMemcpy(keys, k_.as<std::uint16_t>() + bh * capacity_ * D, n_ * D * 2, cudaMemcpyDeviceToHost));
+  KVSLIM_CUDA_CHECK(cudaMemcpy(values, v_.as<std::uint16_t>() + bh * capacity_ * D, n_ * D * 2, cudaMemcpyDeviceToHost));
+  if (type_ == DenseType::bf16) {
+    for (std::size_t i = 0; i < n_ * D; ++i) {
+      keys[i] = f32_to_fp16(bf16_to_f32(keys[i]));
+      values[i] = f32_to_fp16(bf16_to_f32(values[i]));
+    }
+  }
+}
+
+void DeviceDenseCache::clear() {
+  k_.release();
+  v_.release();
+  pos_.release();
+  capacity_ = n_ = 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// kivi
+
+DeviceKiviCache::DeviceKiviCache(int device, int bits, int staging)
+    : DeviceCache("kivi", device), bits_(bits), staging_(staging) {}
+
+std::size_t DeviceKiviCache::device_bytes() const {
+  std::size_t b = k_codes_.bytes() + v_codes_.bytes() + k_params_.bytes() + v_params_.bytes() + pos_.bytes();
+  for (int i = 0; i < 2; ++i) b += stage_k_[i].bytes() + stage_v_[i].bytes() + stage_pos_[i].bytes();
+  return b;
+}
+
+void DeviceKiviCache::grow_codes(std::size_t groups, cudaStream_t stream) {
+  const std::size_t cap = std::max({groups, group_capacity_ * 2, std::size_t{4}});
+  const std::size_t BH = batch_ * heads_, D = dim_, RB = static_cast<std::size_t>(row_bytes_);
+  DeviceBuffer kc, vc, kp, vp, pos;
+  kc.reserve(BH * cap * 32 * RB);
+  vc.reserve(BH * cap * 32 * RB);
+  kp.reserve(BH * cap * 2 * D * 2);
+  vp.reserve(BH * cap * 2 * D * 2);
+  pos.reserve(cap * 32 * sizeof(std::int64_t));
+  if (groups_ > 0) {
+    const std::size_t g = static_cast<std::size_t>(groups_);
+    KVSLIM_CUDA_CHECK(cudaMemcpy2DAsync(kc.get(), cap * 32 * RB, k_codes_.get(), group_capacity_ * 32 * RB, g * 32 * RB,
+                                        BH, cudaMemcpyDeviceToDevice, stream));
+    KVSLIM_CUDA_CHECK(cudaMemcpy2DAsync(vc.get(), cap * 32 * RB, v_codes_.get(), group_capacity_ * 32 * RB, g * 32 * RB,
+                                        BH, cudaMemcpyDeviceToDevice, stream));
+    KVSLIM_CUDA_CHECK(cudaMemcpy2DAsync(kp.get(), cap * 4 * D, k_params_.get(), group_capacity_ * 4 * D, g * 4 * D, BH,
+                                        cudaMemcpyDeviceToDevice, stream));
+    KVSLIM_CUDA_CHECK(cudaMemcpy2DAsync(vp.get(), cap * 4 * D, v_params_.get(), group_capacity_ * 4 * D, g * 4 * D, BH,
+                                        cudaMemcpyDeviceToDevice, stream));
+    KVSLIM_CUDA_CHECK(cudaMemcpyAsync(pos.get(), pos_.get(), g * 32 * sizeof(std::int64_t), cudaMemcpyDeviceToDevice, stream));
+    KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
+  k_codes_ = std::move(kc);
+  v_codes_ = std::move(vc);
+  k_params_ = std::move(kp);
+  v_params_ = std::move(vp);
+  pos_ = std::move(pos);
+  group_capacity_ = cap;
+}
+
+void DeviceKiviCache::absorb(const AppendInput& in, const std::vector<std::int64_t>&, cudaStream_t stream) {
+  const std::size_t BH = batch_ * heads_, D = dim_;
+  if (row_bytes_ == 0) {
+    row_bytes_ = static_cast<int>(D) * bits_ / 8;
+    for (int i = 0; i < 2; ++i) {
+      stage_k_[i].reserve(BH * staging_ * D * 2);
+      stage_v_[i].reserve(BH * staging_ * D * 2);
+      stage_pos_[i].reserve(staging_ * sizeof(std::int64_t));
+    }
+  }
+  const int total = staged_ + in.S;
+  const int compress = total >= staging_ ? total / 32 * 32 : 0;
+  if (compress > 0 && static_cast<std::size_t>(groups_ + compress / 32) > group_capacity_) {
+    grow_codes(static_cast<std::size_t>(groups_ + compress / 32), stream);
+  }
+  KiviStore store;
+  store.k_codes = k_codes_.as<std::uint8_t>();
+  store.v_codes = v_codes_.as<std::uint8_t>();
+  store.k_params = k_params_.as<std::uint16_t>();
+  store.v_params = v_params_.as<std::uint16_t>();
+  store.pos = pos_.as<std::int64_t>();
+  store.capacity = static_cast<long long>(group_capacity_ * 32);
+  store.bits = bits_;
+  const int out = compress > 0 ? 1 - cur_ : cur_;
+  StagingWindow w;
+  w.k_in = stage_k_[cur_].as<std::uint16_t>();
+  w.v_in = stage_v_[cur_].as<std::uint16_t>();
+  w.pos_in = stage_pos_[cur_].as<std::int64_t>();
+  w.k_out = stage_k_[out].as<std::uint16_t>();
+  w.v_out = stage_v_[out].as<std::uint16_t>();
+  w.pos_out = stage_pos_[out].as<std::int64_t>();
+  w.capacity = staging_;
+  w.staged = staged_;
+  launch_kivi_append(in, store, groups_, compress, w, stream);
+  cur_ = out;
+  groups_ += compress / 32;
+  staged_ = total - compress;
+}
+
+int DeviceKiviCache::launch_segments(const QueryArgs& q, const Partials& parts, bool count_only,
+                                     cudaStream_t stream) const {
+  const int ps = groups_ > 0 ? packed_splits(q, groups_, sm_count_) : 0;
+  const int ds = staged_ > 0 ? dense_splits(q, staged_, sm_count_) : 0;
+  if (!count_only) {
+    if (ps > 0) {
+      PackedRows rows;
+      rows.k_codes = k_codes_.as<std::uint8_t>();
+      rows.v_codes = v_codes_.as<std::uint8_t>();
+      rows.k_params = k_params_.as<std::uint16_t>();
+      rows.v_params = v_params_.as<std::uint16_t>();
+      rows.codes_stride = static_cast<long long>(group_capacity_ * 32 * row_bytes_);
+      rows.params_stride = static_cast<long long>(group_capacity_ * 2 * dim_);
+      rows.pos = pos_.as<std::int64_t>();
+      rows.n_groups = groups_;
+      rows.bits = bits_;
+      launch_packed(q, rows, parts, 0, ps, stream);
+    }
+    if (ds > 0) {
+      DenseRows rows;
+      rows.k = stage_k_[cur_].as<std::uint16_t>();
+      rows.v = stage_v_[cur_].as<std::uint16_t>();
+      rows.head_stride = static_cast<long long>(staging_) * static_cast<long long>(dim_);
+      rows.pos = stage_pos_[cur_].as<std::int64_t>();
+      rows.n_rows = staged_;
+      rows.type = DenseType::f16;
+      rows.row_offset = groups_ * 32;
+      launch_dense(q, rows, parts, ps, ds, stream);
+    }
+  }
+  return ps + ds;
+}
+
+DeviceKiviCache::Snapshot DeviceKiviCache::snapshot() const {
+  synchronize();
+  Snapshot s;
+  s.groups = groups_;
+  s.staged = staged_;
+  s.row_bytes = row_bytes_;
+  const std::size_t BH = batch_ * heads_, D = dim_, RB = static_cast<std::size_t>(row_bytes_), G = groups_;
+  for (auto* v : {&s.k_codes, &s.v_codes}) v->resize(BH);
+  for (auto* v : {&s.k_params, &s.v_params, &s.stage_k, &s.stage_v}) v->resize(BH);
+  for (std::size_t bh = 0; bh < BH; ++bh) {
+    s.k_codes[bh].resize(G * 32 * RB);
+    s.v_codes[bh].resize(G * 32 * RB);
+    s.k_params[bh].resize(G * 2 * D);
+    s.v_params[bh].resize(G * 2 * D);
+    s.stage_k[bh].resize(staged_ * D);
+    s.stage_v[bh].resize(staged_ * D);
+    if (G > 0) {
+      KVSLIM_CUDA_CHECK(cudaMemcpy(s.k_codes[bh].data(), k_codes_.as<std::uint8_t>() + bh * group_capacity_ * 32 * RB,
+                                   G * 32 * RB, cudaMemcpyDeviceToHost));
+      KVSLIM_CUDA_CHECK(cudaMemcpy(s.v_codes[bh].data(), v_codes_.as<std::uint8_t>() + bh * group_capacity_ * 32 * RB,
+                                   G * 32 * RB, cudaMemcpyDeviceToHost));
+      KVSLIM_CUDA_CHECK(cudaMemcpy(s.k_params[bh].data(), k_params_.as<std::uint16_t>() + bh * group_capacity_ * 2 * D,
+                                   G * 4 * D, cudaMemcpyDeviceToHost));
+      KVSLIM_CUDA_CHECK(cudaMemcpy(s.v_params[bh].data(), v_params_.as<std::uint16_t>() + bh * group_capacity_ * 2 * D,
+                                   G * 4 * D, cudaMemcpyDeviceToHost));
+    }
+    if (staged_ > 0) {
+      KVSLIM_CUDA_CHECK(cudaMemcpy(s.stage_k[bh].data(), stage_k_[cur_].as<std::uint16_t>() + bh * staging_ * D,
+                                   staged_ * D * 2, cudaMemcpyDeviceToHost));
+      KVSLIM_CUDA_CHECK(cudaMemcpy(s.stage_v[bh].data(), stage_v_[cur_].as<std::uint16_t>() + bh * staging_ * D,
+                                   staged_ * D * 2, cudaMemcpyDeviceToHost));
+    }
+  }
+  return s;
+}
+
+void DeviceKiviCache::download_rows(std::size_t bh, std::uint16_t* keys, std::uint16_t* values) const {
+  const std::size_t D = dim_, RB = static_cast<std::size_t>(row_bytes_), G = groups_;
+  std::vector<std::uint8_t> kc(G * 32 * RB), vc(G * 32 * RB);
+  std::vector<std::uint16_t> kp(G * 2 * D), vp(G * 2 * D);
+  if (G > 0) {
+    KVSLIM_CUDA_CHECK(cudaMemcpy(kc.data(), k_codes_.as<std::uint8_t>() + bh * group_capacity_ * 32 * RB, kc.size(),
+                                 cudaMemcpyDeviceToHost));
+    KVSLIM_CUDA_CHECK(cudaMemcpy(vc.data(), v_codes_.as<std::uint8_t>() + bh * group_capacity_ * 32 * RB, vc.size(),
+                                 cudaMemcpyDeviceToHost));
+    KVSLIM_CUDA_CHECK(cudaMemcpy(kp.data(), k_params_.as<std::uint16_t>() + bh * group_capacity_ * 2 * D, kp.size() * 2,
+                                 cudaMemcpyDeviceToHost));
+    KVSLIM_CUDA_CHECK(cudaMemcpy(vp.data(), v_params_.as<std::uint16_t>() + bh * group_capacity_ * 2 * D, vp.size() * 2,
+                                 cudaMemcpyDeviceToHost));
+  }
+  const auto& k = quant::simd_kernels();
+  std::vector<float> scale(D), zero(D);
+  std::vector<std::uint16_t*> out_rows(32);
+  for (std::size_t g = 0; g < G; ++g) {
+    for (int which = 0; which < 2; ++which) {
+      const std::uint16_t* p = (which ? vp : kp).data() + g * 2 * D;
+      k.params_to_f32(p, p + D, D, scale.data(), zero.data());
+      std::uint16_t* dst = (which ? values : keys) + g * 32 * D;
+      for (int r = 0; r < 32; ++r) out_rows[r] = dst + r * D;
+      k.decode_rows_f16((which ? vc : kc).data() + g * 32 * RB, 32, D, scale.data(), zero.data(), bits_, out_rows.data());
+    }
+  }
+  if (staged_ > 0) {
+    KVSLIM_CUDA_CHECK(cudaMemcpy(keys + G * 32 * D, stage_k_[cur_].as<std::uint16_t>() + bh * staging_ * D,
+                                 staged_ * D * 2, cudaMemcpyDeviceToHost));
+    KVSLIM_CUDA_CHECK(cudaMemcpy(values + G * 32 * D, stage_v_[cur_].as<std::uint16_t>() + bh * staging_ * D,
+                                 staged_ * D * 2, cudaMemcpyDeviceToHost));
+  }
+}
+
+void DeviceKiviCache::clear() {
+  k_codes_.release();
+  v_codes_.release();
+  k_params_.release();
+  v_params_.release();
+  pos_.release();
+  for (int i = 0; i < 2; ++i) {
+    stage_k_[i].release();
+    stage_v_[i].release();
+    stage_pos_[i].release();
+  }
+  cur_ = 0;
+  group_capacity_ = 0;
+  groups_ = staged_ = 0;
+  row_bytes_ = 0;
+}
+
+void DeviceKiviCache::add_figures(CacheStats& st) const {
+  st.figures.emplace_back("kivi_bits", bits_);
+  st.figures.emplace_back("staging_tokens", staged_);
+  st.figures.emplace_back("compressed_groups", groups_);
+}
+
+// ---------------------------------------------------------------------------------------------
+// kvslim/cuda.h
+
+bool built() { return true; }
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+std::string device_description(int device) {
+  cudaDeviceProp p{};
+  KVSLIM_CUDA_CHECK(cudaGetDeviceProperties(&p, device));
+  int runtime = 0, driver = 0;
+  cudaRuntimeGetVersion(&runtime);
+  cudaDriverGetVersion(&driver);
+  return std::string(p.name) + ", sm_" + std::to_string(p.major) + std::to_string(p.minor) + ", " +
+         std::to_string(p.multiProcessorCount) + " SMs, " + std::to_string(p.totalGlobalMem >> 20) +
+         " MiB, L2 " + std::to_string(p.l2CacheSize >> 20) + " MiB, runtime " + std::to_string(runtime / 1000) + "." +
+         std::to_string(runtime % 1000 / 10) + ", driver " + std::to_string(driver / 1000) + "." +
+         std::to_string(driver % 1000 / 10);
+}
+
+std::unique_ptr<KVCache> make_cache(const KVCacheConfig& c) {
+  const int device = c.device_index();
+  if (device < 0) throw ConfigError("KVCacheConfig.device = \"" + c.device + "\": not a CUDA device");
+  const int n = device_count();
+  if (device >= n) {
+    throw ConfigError("KVCacheConfig.device = \"" + c.device + "\": this process sees " + std::to_string(n) +
+                      " CUDA device(s)");
+  }
+  if (c.method == "full") return std::make_unique<DeviceDenseCache>(device);
+  if (c.method == "kivi") {
+    if (c.kivi_bits != 2 && c.kivi_bits != 4 && c.kivi_bits != 8) {
+      throw ConfigError("KVCacheConfig.kivi_bits = " + std::to_string(c.kivi_bits) +
+                        ": the CUDA kernels read 2-, 4- or 8-bit codes");
+    }
+    if (c.kivi_group_size != 32) {
+      throw ConfigError("KVCacheConfig.kivi_group_size = " + std::to_string(c.kivi_group_size) +
+                        ": the CUDA kernels use groups of 32 rows");
+    }
+    if (c.kivi_staging <= 0) {
+      throw ConfigError("KVCacheConfig.kivi_staging = 0 (every call compressed alone) has no CUDA storage; use a "
+                        "window (a multiple of 32, default 128)");
+    }
+    return std::make_unique<DeviceKiviCache>(device, c.kivi_bits, c.kivi_staging);
+  }
+  throw ConfigError("KVCacheConfig.method = \"" + c.method + "\" has no CUDA storage yet (device \"" + c.device +
+                    "\" takes full and kivi)");
+}
+
+}  // namespace kvslim::cuda

@@ -1,0 +1,129 @@
+// The device caches (kvslim/cuda.h): what they share (intake checks, the deferred input-error
+// flag, the attention workspace and the split/combine orchestration), the dense store of `full`,
+// and kivi's packed-code store with its fp16 staging window.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cuda/append.h"
+#include "cuda/attend.h"
+#include "cuda/device_buffer.h"
+#include "kvslim/cache.h"
+#include "kvslim/config.h"
+
+namespace kvslim::cuda {
+
+class DeviceCache : public KVCache {
+ public:
+  DeviceCache(std::string method, int device);
+  ~DeviceCache() override;
+
+  void append(const KVBlock& keys, const KVBlock& values, std::span<const std::int64_t> positions = {}) final;
+  void attend(const QueryBlock& queries, std::span<const std::int64_t> query_positions, float* out,
+              float* probs = nullptr, const ParallelFor* parallel = nullptr) const final;
+  std::size_t rows() const final { return positions_.size(); }
+  CacheView materialize() const final;
+  CacheStats stats() const final;
+  void reset() final;
+  std::string_view method() const final { return method_; }
+
+  int device() const { return device_; }
+  // Waits for this cache's last work and raises a pending input error (tests, tools).
+  void synchronize() const;
+  // The stream of the last call (where the cache's state is ordered).
+  cudaStream_t stream() const { return stream_; }
+
+ protected:
+  // The method's part of append, after every check: enqueue on `stream`.
+  virtual void absorb(const AppendInput& in, const std::vector<std::int64_t>& positions, cudaStream_t stream) = 0;
+  // Launches the attention kernels of every segment into the workspace's parts, in row order;
+  // returns the number of parts written. `splits_only` = true: just count them.
+  virtual int launch_segments(const QueryArgs& q, const Partials& parts, bool count_only, cudaStream_t stream) const = 0;
+  // fp16 rows of head bh into keys/values [rows, D] (host), after synchronize().
+  virtual void download_rows(std::size_t bh, std::uint16_t* keys, std::uint16_t* values) const = 0;
+  virtual std::size_t device_bytes() const = 0;
+  virtual void clear() = 0;
+  virtual void add_figures(CacheStats&) const {}
+
+  std::size_t batch_ = 0, heads_ = 0, dim_ = 0;
+  int sm_count_ = 0;
+
+ private:
+  void check_pending_error(bool wait) const;
+
+  std::string method_;
+  int device_;
+  std::uint64_t tokens_seen_ = 0;
+  std::int64_t next_position_ = 0;
+  std::vector<std::int64_t> positions_;  // host mirror, cache row order
+  mutable cudaStream_t stream_ = nullptr;
+  // Deferred input check: append kernels atomicMin the first bad row into bad_; a copy to pinned
+  // host memory follows each append, and flag_event_ says when it has landed.
+  DeviceBuffer bad_;
+  int* bad_host_ = nullptr;
+  cudaEvent_t flag_event_ = nullptr;
+  mutable bool poisoned_ = false;
+  mutable std::string poison_message_;
+  // Attention workspace (grown on demand).
+  mutable DeviceBuffer parts_acc_, parts_ml_, final_ml_, logits_, qpos_;
+  // materialize() scratch.
+  mutable std::vector<std::uint16_t> view_keys_, view_values_;
+  mutable std::vector<std::int64_t> view_positions_;
+};
+
+// full: every row as fp16 (bf16 when the blocks are bf16) slots, [B*H, capacity, D].
+class DeviceDenseCache final : public DeviceCache {
+ public:
+  explicit DeviceDenseCache(int device) : DeviceCache("full", device) {}
+  void reserve(std::size_t tokens) override { reserved_ = tokens; }
+  DenseType store_type() const { return type_; }
+
+ private:
+  void absorb(const AppendInput& in, const std::vector<std::int64_t>& positions, cudaStream_t stream) override;
+  int launch_segments(const QueryArgs& q, const Partials& parts, bool count_only, cudaStream_t stream) const override;
+  void download_rows(std::size_t bh, std::uint16_t* keys, std::uint16_t* values) const override;
+  std::size_t device_bytes() const override { return k_.bytes() + v_.bytes() + pos_.bytes(); }
+  void clear() override;
+  void grow(std::size_t rows, cudaStream_t stream);
+
+  DeviceBuffer k_, v_, pos_;
+  std::size_t capacity_ = 0, n_ = 0, reserved_ = 0;
+  DenseType type_ = DenseType::f16;
+};
+
+// kivi: groups of 32 rows, keys and values quantized per channel at `bits`, then a window of
+// fp16 rows (the newest, < staging) compressed a whole number of groups at a time.
+class DeviceKiviCache final : public DeviceCache {
+ public:
+  DeviceKiviCache(int device, int bits, int staging);
+
+  // Host copies of the stored state, for tests: codes [B*H][groups*32*row_bytes], params
+  // [B*H][groups*2*D] (fp16 scale row then zero row per group), window rows fp16 [B*H][staged*D].
+  struct Snapshot {
+    int groups = 0, staged = 0, row_bytes = 0;
+    std::vector<std::vector<std::uint8_t>> k_codes, v_codes;
+    std::vector<std::vector<std::uint16_t>> k_params, v_params, stage_k, stage_v;
+  };
+  Snapshot snapshot() const;
+
+ private:
+  void absorb(const AppendInput& in, const std::vector<std::int64_t>& positions, cudaStream_t stream) override;
+  int launch_segments(const QueryArgs& q, const Partials& parts, bool count_only, cudaStream_t stream) const override;
+  void download_rows(std::size_t bh, std::uint16_t* keys, std::uint16_t* values) const override;
+  std::size_t device_bytes() const override;
+  void clear() override;
+  void add_figures(CacheStats& st) const override;
+  void grow_codes(std::size_t groups, cudaStream_t stream);
+
+  int bits_, staging_, row_bytes_ = 0;
+  DeviceBuffer k_codes_, v_codes_, k_params_, v_params_, pos_;
+  DeviceBuffer stage_k_[2], stage_v_[2], stage_pos_[2];
+  int cur_ = 0;                     // which window buffer is live
+  std::size_t group_capacity_ = 0;  // groups the code store holds
+  int groups_ = 0, staged_ = 0;
+};
+
+}  // namespace kvslim::cuda

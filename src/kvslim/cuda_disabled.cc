@@ -1,0 +1,16 @@
+// kvslim/cuda.h when kvslim is built without CUDA (KVSLIM_CUDA off, or no nvcc found).
+#include "kvslim/cuda.h"
+
+#include "kvslim/errors.h"
+
+namespace kvslim::cuda {
+
+bool built() { return false; }
+int device_count() { return 0; }
+std::string device_description(int) { return "kvslim was built without CUDA"; }
+std::unique_ptr<KVCache> make_cache(const KVCacheConfig& config) {
+  throw ConfigError("KVCacheConfig.device = \"" + config.device +
+                    "\": this kvslim was built without CUDA (configure with -DKVSLIM_CUDA=ON where nvcc is installed)");
+}
+
+}  // namespace kvslim::cuda

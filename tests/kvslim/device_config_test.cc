@@ -1,0 +1,60 @@
+// Where a cache lives: KVCacheConfig.device, and the memory-space checks every cache makes (these
+// run everywhere; tests/cuda holds the GPU tests).
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "kvslim/cuda.h"
+#include "kvslim/errors.h"
+#include "kvslim/kvslim.h"
+
+namespace kvslim {
+namespace {
+
+TEST(DeviceConfig, DeviceFieldParsesAndValidates) {
+  KVCacheConfig c;
+  EXPECT_EQ(c.device_index(), -1);
+  c.set("device", "cuda");
+  EXPECT_EQ(c.device_index(), 0);
+  c.set("device", "cuda:3");
+  EXPECT_EQ(c.device_index(), 3);
+  c.validate();
+  for (const char* bad : {"gpu", "cuda:", "cuda:-1", "cuda:1x", "CUDA"}) {
+    c.device = bad;
+    EXPECT_THROW(c.validate(), ConfigError) << bad;
+  }
+}
+
+TEST(DeviceConfig, ACudaCacheWithoutAGpuIsAClearConfigError) {
+  if (cuda::device_count() > 0) GTEST_SKIP() << "this machine has a GPU";
+  KVCacheConfig c;
+  c.device = "cuda";
+  try {
+    KVCacheFactory::create(c);
+    FAIL() << "expected ConfigError";
+  } catch (const ConfigError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("cuda"), std::string::npos) << what;
+  }
+}
+
+TEST(DeviceConfig, CpuCachesRefuseDeviceBlocksAndQueries) {
+  for (const char* method : {"full", "kivi", "zipcache", "h2o"}) {
+    KVCacheConfig c;
+    c.method = method;
+    auto cache = KVCacheFactory::create(c);
+    std::vector<float> k(2 * 4 * 64, 0.5f);
+    KVBlock dev{k.data(), DType::f32, 1, 2, 4, 64, MemorySpace::cuda, nullptr};
+    EXPECT_THROW(cache->append(dev, dev), InputError) << method;
+    const KVBlock host = make_block(k.data(), 1, 2, 4, 64);
+    cache->append(host, host);
+    std::vector<float> q(4 * 64), out(4 * 64);
+    const std::vector<std::int64_t> qp{3};
+    EXPECT_THROW(cache->attend(QueryBlock{q.data(), 1, 1, 4, 64, 0.f, MemorySpace::cuda, nullptr}, qp, out.data()),
+                 InputError)
+        << method;
+  }
+}
+
+}  // namespace
+}  // namespace kvslim
