@@ -6,9 +6,13 @@
     view = caches[0].update(keys, values)      # numpy arrays or torch tensors, [B, H_kv, S, D]
     caches.resident_bytes()
 
+GPU: Config(..., device="cuda") makes caches whose storage and kernels live in GPU memory; append
+and attend then take torch CUDA tensors (read in place, on torch's current stream).
+
 HF transformers models: see kvslim.hf.
 """
 from ._kvslim import ConfigError, InputError, attend_kernels, simd_target
+from ._kvslim import cuda_built, cuda_device_count, cuda_device_description
 from ._config import Config, methods
 from ._cache import Cache, CacheSet, View
 
@@ -23,6 +27,6 @@ def has_attend() -> bool:
 
 __all__ = [
     "Config", "ConfigError", "InputError", "Cache", "CacheSet", "View", "attend_kernels", "has_attend", "methods",
-    "simd_target",
+    "simd_target", "cuda_built", "cuda_device_count", "cuda_device_description",
 ]
 __version__ = "0.1.0"

@@ -58,3 +58,24 @@ def as_float32(x, name: str):
     if not isinstance(x, np.ndarray):
         raise InputError(f"{name}: expected a numpy array or torch tensor, got {type(x).__name__}")
     return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def is_cuda_tensor(x) -> bool:
+    torch = _torch()
+    return torch is not None and isinstance(x, torch.Tensor) and x.device.type == "cuda"
+
+
+def cuda_block(x, name: str):
+    """(data_ptr, shape, dtype name, stream) of a CUDA tensor for the device caches: read in place
+    (a non-contiguous tensor is made contiguous on its GPU, never copied through the host); the
+    stream is torch's current stream on that device, so kvslim's kernels follow the caller's work."""
+    torch = _torch()
+    t = x.detach()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    names = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+    if t.dtype not in names:
+        raise InputError(f"{name}: torch dtype {t.dtype} is not float32, float16 or bfloat16")
+    if t.dim() != 4:
+        raise InputError(f"{name}: expected 4 dimensions, got {t.dim()}")
+    return t, names[t.dtype], torch.cuda.current_stream(t.device).cuda_stream

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _kvslim
-from ._arrays import as_block, as_float32, as_positions
+from ._arrays import as_block, as_float32, as_positions, cuda_block, is_cuda_tensor
 from ._config import Config
 
 
@@ -88,8 +88,17 @@ class Cache:
 
     # -- the attend contract (issue 11), when the library has it: kvslim.has_attend() --
     def append(self, keys, values, positions=None) -> None:
-        """Absorbs a block [B, H_kv, S, D] (as update) without materialising anything."""
+        """Absorbs a block [B, H_kv, S, D] (as update) without materialising anything. A cache made
+        with Config(device="cuda") takes torch CUDA tensors, read in place on torch's current stream."""
         self._need_attend("append")
+        if is_cuda_tensor(keys) or is_cuda_tensor(values):
+            k, kd, stream = cuda_block(keys, "keys")
+            v, vd, _ = cuda_block(values, "values")
+            if kd != vd or k.shape != v.shape or k.device != v.device:
+                raise _kvslim.InputError(f"values: {tuple(v.shape)} {v.dtype} on {v.device} differs from keys' "
+                                         f"{tuple(k.shape)} {k.dtype} on {k.device}")
+            self._core.append_device(k.data_ptr(), v.data_ptr(), list(k.shape), kd, as_positions(positions), stream)
+            return
         k, kd = as_block(keys, "keys")
         v, vd = as_block(values, "values")
         if kd != vd:
@@ -102,6 +111,22 @@ class Cache:
         [B, S, H_q, D], probs fp32 [B, H_kv, S, rows()] summed over each KV group, or None); probs can
         be passed straight to observe_attention."""
         self._need_attend("attend")
+        if is_cuda_tensor(queries):
+            # Device caches: out (and probs) are allocated on the queries' GPU, nothing leaves it.
+            import torch
+            q = queries.detach().to(torch.float32).contiguous()
+            if q.dim() != 4:
+                raise _kvslim.InputError(f"queries: expected 4 dimensions [batch, tokens, heads, head_dim], got {q.dim()}")
+            B, S, H, D = q.shape
+            out = torch.empty((B, S, H, D), dtype=torch.float32, device=q.device)
+            p = None
+            if probs:
+                p = torch.empty((B, self._core.stats()["heads"], S, self._core.rows()), dtype=torch.float32, device=q.device)
+            stream = torch.cuda.current_stream(q.device).cuda_stream
+            self._core.attend_device(q.data_ptr(), [B, S, H, D], as_positions(query_positions, "query_positions"),
+                                     0.0 if scale is None else float(scale), out.data_ptr(),
+                                     0 if p is None else p.data_ptr(), stream)
+            return out, p
         return self._core.attend(as_float32(queries, "queries"), as_positions(query_positions, "query_positions"),
                                  0.0 if scale is None else float(scale), bool(probs))
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "arrays.h"
+#include "device_arrays.h"
 #include "kvslim/kvslim.h"
 
 namespace kvslim {
@@ -206,6 +207,7 @@ PYBIND11_MODULE(_kvslim, m) {
       .def_property_readonly("method", [](const KVCache& c) { return std::string(c.method()); })
       .def_property_readonly("layer_id", &KVCache::layer_id);
   m.attr("has_attend") = bind_attend<KVCache, QueryBlock>(cache_class);
+  kvslim::python::bind_device_methods(m, cache_class);
 
   m.def("create_cache", &KVCacheFactory::create, py::arg("config"),
         "A lone cache (no coordinator: squeeze behaves as uniform-budget H2O).");

@@ -1,0 +1,83 @@
+#include "device_arrays.h"
+
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kvslim/cuda.h"
+#include "kvslim/errors.h"
+
+namespace kvslim::python {
+namespace {
+
+namespace py = pybind11;
+using Positions = py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>;
+
+DType dtype_of(const std::string& name, const char* what) {
+  if (name == "f32") return DType::f32;
+  if (name == "f16") return DType::f16;
+  if (name == "bf16") return DType::bf16;
+  throw InputError(std::string(what) + ": element type \"" + name + "\" is not f32, f16 or bf16");
+}
+
+std::vector<std::size_t> shape4(const std::vector<std::int64_t>& shape, const char* what) {
+  if (shape.size() != 4) throw InputError(std::string(what) + ": expected 4 dimensions");
+  std::vector<std::size_t> out;
+  for (std::int64_t d : shape) {
+    if (d < 0) throw InputError(std::string(what) + ": negative dimension");
+    out.push_back(static_cast<std::size_t>(d));
+  }
+  return out;
+}
+
+}  // namespace
+
+void bind_device_methods(py::module_& m, py::class_<KVCache>& cls) {
+  m.def("cuda_built", &cuda::built, "Whether this kvslim has its CUDA caches and kernels.");
+  m.def("cuda_device_count", &cuda::device_count, "GPUs kvslim can use (0 without CUDA or a GPU).");
+  m.def("cuda_device_description", &cuda::device_description, py::arg("device") = 0);
+  // keys / values: device pointers of contiguous [B, H, S, D] tensors of `dtype` ("f32", "f16",
+  // "bf16"); stream: the cudaStream_t (as an int) the caller's work on them is ordered on.
+  cls.def(
+      "append_device",
+      [](KVCache& c, std::uintptr_t keys, std::uintptr_t values, const std::vector<std::int64_t>& shape,
+         const std::string& dtype, const std::optional<Positions>& positions, std::uintptr_t stream) {
+        const auto s = shape4(shape, "keys");
+        const DType t = dtype_of(dtype, "keys");
+        const auto* st = reinterpret_cast<void*>(stream);
+        const KVBlock k{reinterpret_cast<const void*>(keys), t, s[0], s[1], s[2], s[3], MemorySpace::cuda,
+                        const_cast<void*>(st)};
+        KVBlock v = k;
+        v.data = reinterpret_cast<const void*>(values);
+        std::span<const std::int64_t> p;
+        if (positions) {
+          if (positions->ndim() != 1) throw InputError("positions: expected a 1-D array of int64 positions");
+          p = {positions->data(), static_cast<std::size_t>(positions->shape(0))};
+        }
+        c.append(k, v, p);
+      },
+      py::arg("keys"), py::arg("values"), py::arg("shape"), py::arg("dtype"), py::arg("positions") = py::none(),
+      py::arg("stream") = 0);
+  // queries: device fp32 [B, S, H_q, D]; out: device fp32 [B, S, H_q, D]; probs: 0 or device fp32
+  // [B, H_kv, S, rows()].
+  cls.def(
+      "attend_device",
+      [](const KVCache& c, std::uintptr_t queries, const std::vector<std::int64_t>& shape,
+         const Positions& query_positions, float scale, std::uintptr_t out, std::uintptr_t probs,
+         std::uintptr_t stream) {
+        const auto s = shape4(shape, "queries");
+        if (query_positions.ndim() != 1) throw InputError("query_positions: expected a 1-D array of int64 positions");
+        const QueryBlock q{reinterpret_cast<const float*>(queries), s[0], s[1], s[2], s[3], scale, MemorySpace::cuda,
+                           reinterpret_cast<void*>(stream)};
+        c.attend(q, {query_positions.data(), static_cast<std::size_t>(query_positions.shape(0))},
+                 reinterpret_cast<float*>(out), reinterpret_cast<float*>(probs));
+      },
+      py::arg("queries"), py::arg("shape"), py::arg("query_positions"), py::arg("scale"), py::arg("out"),
+      py::arg("probs") = 0, py::arg("stream") = 0);
+}
+
+}  // namespace kvslim::python
