@@ -16,6 +16,7 @@
 #include <cmath>
 
 #include "cuda/attend.h"
+#include "cuda/fragment_maps.h"
 
 namespace kvslim::cuda {
 namespace {
@@ -26,68 +27,9 @@ constexpr int kStages = 3;
 constexpr float kPScale = 16384.f;  // P * 2^14 before the 16-bit split: small weights stay normal
 constexpr float kPUnscale = 1.f / 16384.f;
 
-// ---------------------------------------------------------------------------------------------
-// Channel maps. A lane's share of a row, and which channel each half of each register holds.
-
-// kivi keys (B operand, lane t): bytes [t*RB/4, (t+1)*RB/4) of the packed row. Pair p = (word wi,
-// code slot j, byte h); element e: channel i0 + h + 2e + j*RB with i0 = t*RB/4 + 4*wi (the CPU's
-// plane layout: byte i holds channels i, i+RB, i+2RB, ... at bit offsets 0, bits, ...).
-template <int BITS, int D>
-struct PackedMap {
-  static constexpr int RB = D * BITS / 8;    // packed row bytes
-  static constexpr int NJ = 8 / BITS;        // codes per byte
-  static constexpr int KW = RB / 16;         // key words per lane
-  static constexpr int BPLV = RB / 8;        // value bytes per lane (lane g of a token row)
-  static constexpr int VW = BPLV >= 4 ? BPLV / 4 : 1;
-  static constexpr int XI = BPLV >= 4 ? 2 : 1;
-  static constexpr std::uint32_t MASK2 = BITS == 8 ? 0u : ((1u << BITS) - 1u) * 0x00010001u;
-
-  __device__ static int key_channel(int p, int e, int t) {
-    const int pw = 2 * NJ, wi = p / pw, r = p % pw, j = r / 2, h = r % 2;
-    return t * (RB / 4) + 4 * wi + h + 2 * e + j * RB;
-  }
-  // Register of pair p from the lane's key words.
-  __device__ static std::uint32_t key_b(const std::uint32_t* w, int p) {
-    const int pw = 2 * NJ, wi = p / pw, r = p % pw, j = r / 2, h = r % 2;
-    if constexpr (BITS == 8) {
-      return codes_to_half2(byte_perm(w[wi], 0u, h ? 0x4341u : 0x4240u));
-    } else {
-      return codes_to_half2((w[wi] >> (8 * h + j * BITS)) & MASK2);
-    }
-  }
-  // Values (B operand, lane g = channel group n): bytes [n*BPLV, (n+1)*BPLV) of each token row.
-  // n-tile nt = ((wi * XI + xi) * 2 + h) * NJ + j; channel n*BPLV + 4wi + 2xi + h + j*RB.
-  __device__ static int value_channel(int nt, int n) {
-    const int j = nt % NJ, h = (nt / NJ) % 2, xi = (nt / (2 * NJ)) % XI, wi = nt / (2 * NJ * XI);
-    return n * BPLV + 4 * wi + 2 * xi + h + j * RB;
-  }
-  // (token a, token b) codes of n-tile nt as an fp16 pair, from the two tokens' words.
-  __device__ static std::uint32_t value_b(const std::uint32_t* wa, const std::uint32_t* wb, int nt) {
-    const int j = nt % NJ, h = (nt / NJ) % 2, xi = (nt / (2 * NJ)) % XI, wi = nt / (2 * NJ * XI);
-    const std::uint32_t x = byte_perm(wa[wi], wb[wi], xi ? 0x7632u : 0x5410u);  // [a_k, a_k+1, b_k, b_k+1]
-    if constexpr (BITS == 8) {
-      return codes_to_half2(byte_perm(x, 0u, h ? 0x4341u : 0x4240u));
-    } else {
-      return codes_to_half2((x >> (8 * h + j * BITS)) & MASK2);
-    }
-  }
-};
-
 __device__ __forceinline__ std::uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
-
-// Dense rows. Keys (lane t): 16-byte chunks 4c + t of the row, c < D/32; pair p = 4c + wi holds
-// channels (4c + t)*8 + 2wi + {0, 1} -- the loaded words are the B registers as they are.
-// Values (lane g = n): chunks n + 8c, c < D/64; n-tile nt = (c*4 + wi)*2 + e: channel (n + 8c)*8 + 2wi + e.
-template <int D>
-struct DenseMap {
-  __device__ static int key_channel(int p, int e, int t) { return (4 * (p / 4) + t) * 8 + 2 * (p % 4) + e; }
-  __device__ static int value_channel(int nt, int n) {
-    const int e = nt % 2, wi = (nt / 2) % 4, c = nt / 8;
-    return (n + 8 * c) * 8 + 2 * wi + e;
-  }
-};
 
 // ---------------------------------------------------------------------------------------------
 // State shared by both kernels.
@@ -517,7 +459,7 @@ __global__ void __launch_bounds__(kThreads) attend_dense_kernel(QueryArgs a, Den
         for (int e = 0; e < 2; ++e) {
           const std::uint32_t sel = e ? 0x7632u : 0x5410u;
           float c[4] = {0.f, 0.f, 0.f, 0.f};
-          mma16816<T>(c, pf, byte_perm(word(vt[0], wi), word(vt[1], wi), sel), byte_perm(word(vt[2], wi), word(vt[3], wi), sel));
+          mma16816<T>(c, pf, prmt(word(vt[0], wi), word(vt[1], wi), sel), prmt(word(vt[2], wi), word(vt[3], wi), sel));
           const int nt = (c8 * 4 + wi) * 2 + e;
           st.acc[nt][0] += (c[0] + c[2]) * kPUnscale;
           st.acc[nt][1] += (c[1] + c[3]) * kPUnscale;

@@ -95,18 +95,6 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-__device__ __forceinline__ std::uint32_t byte_perm(std::uint32_t a, std::uint32_t b, std::uint32_t sel) {
-  return __byte_perm(a, b, sel);
-}
-
-// Two codes (bits 0.. and 16.. of x after masking) as the fp16 pair (c0, c1): 1024 + c is exact in
-// fp16 for c < 1024, so OR-ing the code into 0x6400 and subtracting 1024 converts without I2F.
-__device__ __forceinline__ std::uint32_t codes_to_half2(std::uint32_t x_masked) {
-  const std::uint32_t biased = x_masked | 0x64006400u;
-  const __half2 v = __hsub2(*reinterpret_cast<const __half2*>(&biased), __half2(__half(1024.0f), __half(1024.0f)));
-  return *reinterpret_cast<const std::uint32_t*>(&v);
-}
-
 __device__ __forceinline__ float warp_max4(float v) {  // over the 4 lanes of a quad (same g)
   v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
   return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
