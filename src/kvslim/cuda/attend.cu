@@ -12,6 +12,7 @@
 // into the tensor cores as exact small fp16 integers and the group's scale is folded into the
 // query fragment (re-made every group); values: sum_t p_t v_tc = scale_c sum_t p_t code_tc +
 // zero_c sum_t p_t, applied as a group's sums leave the accumulators.
+#include <atomic>
 #include <cfloat>
 #include <cmath>
 
@@ -526,9 +527,17 @@ __global__ void probs_kernel(QueryArgs a, const float* final_ml, float* probs) {
   }
 }
 
+// Raises a kernel's dynamic shared-memory limit once per process and device (the launch path
+// stays a launch).
 template <typename Kernel>
 void set_smem(Kernel k, int bytes) {
+  static std::atomic<unsigned long long> done{0};  // bit d: device d done
+  int device = 0;
+  KVSLIM_CUDA_CHECK(cudaGetDevice(&device));
+  const unsigned long long bit = device < 64 ? 1ull << device : 0;
+  if (bit != 0 && (done.load(std::memory_order_acquire) & bit)) return;
   KVSLIM_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  done.fetch_or(bit, std::memory_order_acq_rel);
 }
 
 int splits_for(const QueryArgs& q, int units, int sm_count) {
