@@ -528,10 +528,9 @@ __global__ void probs_kernel(QueryArgs a, const float* final_ml, float* probs) {
 }
 
 // Raises a kernel's dynamic shared-memory limit once per process and device (the launch path
-// stays a launch).
+// stays a launch). `done` is the caller's own flag word: one per kernel instantiation.
 template <typename Kernel>
-void set_smem(Kernel k, int bytes) {
-  static std::atomic<unsigned long long> done{0};  // bit d: device d done
+void set_smem(Kernel k, int bytes, std::atomic<unsigned long long>& done) {
   int device = 0;
   KVSLIM_CUDA_CHECK(cudaGetDevice(&device));
   const unsigned long long bit = device < 64 ? 1ull << device : 0;
@@ -556,7 +555,8 @@ void packed_launch(const QueryArgs& q, const PackedRows& rows, const Partials& p
   const int red = kWarps * kTileRows * (D + 2) * 4;
   const int smem = kTileRows * D * 4 + std::max(kWarps * kStages * STAGE, red);
   auto kernel = attend_packed_kernel<BITS, D>;
-  set_smem(kernel, smem);
+  static std::atomic<unsigned long long> done{0};
+  set_smem(kernel, smem, done);
   const int per = (rows.n_groups + splits - 1) / splits;
   kernel<<<dim3(splits, q.tiles(), q.B * q.Hkv), kThreads, smem, stream>>>(q, rows, parts, part_base, per);
   KVSLIM_CUDA_LAUNCHED("attend_packed_kernel");
@@ -569,7 +569,8 @@ void dense_launch(const QueryArgs& q, const DenseRows& rows, const Partials& par
   const int red = kWarps * kTileRows * (D + 2) * 4;
   const int smem = kTileRows * D * 4 + std::max(kWarps * kStages * STAGE, red);
   auto kernel = attend_dense_kernel<T, D>;
-  set_smem(kernel, smem);
+  static std::atomic<unsigned long long> done{0};
+  set_smem(kernel, smem, done);
   const int units = (rows.n_rows + 15) / 16;
   const int per = (units + splits - 1) / splits;
   kernel<<<dim3(splits, q.tiles(), q.B * q.Hkv), kThreads, smem, stream>>>(q, rows, parts, part_base, per);
