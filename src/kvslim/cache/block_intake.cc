@@ -45,7 +45,7 @@ std::vector<std::int64_t> check_append(std::string_view method_, MemorySpace spa
   }
   if (keys.data == nullptr || values.data == nullptr) reject(method_, "keys or values has no data pointer");
   if (keys.batch != values.batch || keys.heads != values.heads || keys.tokens != values.tokens ||
-      keys.head_dim != values.head_dim || keys.dtype != values.dtype) {
+      keys.head_dim != values.head_dim) {
     reject(method_, "keys " + keys.shape_string() + " and values " + values.shape_string() + " differ in shape");
   }
   if (keys.batch == 0 || keys.heads == 0 || keys.tokens == 0 || keys.head_dim == 0) {

@@ -81,6 +81,10 @@ void DeviceCache::append(const KVBlock& keys, const KVBlock& values, std::span<c
   check_pending_error(false);
   std::vector<std::int64_t> resolved =
       check_append(method_, MemorySpace::cuda, keys, values, positions, batch_, heads_, dim_, next_position_);
+  if (keys.dtype != values.dtype) {
+    reject(method_, "keys are " + std::string(dtype_name(keys.dtype)) + " and values " +
+                        std::string(dtype_name(values.dtype)) + "; a device append takes one element type for both");
+  }
   if (!supported_head_dim(static_cast<int>(keys.head_dim))) {
     reject(method_, "keys " + keys.shape_string() + ": the device kernels take head_dim 64 or 128");
   }
