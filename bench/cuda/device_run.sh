@@ -13,18 +13,19 @@ export LD_LIBRARY_PATH="$PWD/devbin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 chmod +x devbin/kvslim devbin/cuda_tests
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv; nvcc --version | tail -2;
   python3 -c 'import torch; print("torch", torch.__version__)'; } > "$OUT"/machine.txt 2>&1
-timeout 150 devbin/cuda_tests 2>&1 | tail -n 60 > "$OUT"/tests.txt
+timeout 120 devbin/cuda_tests 2>&1 | tail -n 60 > "$OUT"/tests.txt
 echo "tests exit: ${PIPESTATUS[0]}" >> "$OUT"/tests.txt
 SAN="CudaAttend.ZeroQueryAndFlatGroups:CudaAttend.BatchWithOwnLengthsAtTheKernelLevel:CudaCache.*"
-[ "${1:-}" = quick ] || SAN="$SAN:CudaKivi.*"
-{ timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 devbin/cuda_tests --gtest_filter="$SAN" 2>&1 | tail -n 25
+[ "${1:-}" = quick ] || [ "${1:-}" = first ] || SAN="$SAN:CudaKivi.*"
+{ timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 devbin/cuda_tests --gtest_filter="$SAN" 2>&1 | tail -n 25
   echo "memcheck exit: ${PIPESTATUS[0]}"
-  timeout 60 compute-sanitizer --tool racecheck --error-exitcode 9 devbin/cuda_tests \
+  timeout 40 compute-sanitizer --tool racecheck --error-exitcode 9 devbin/cuda_tests \
     --gtest_filter=CudaAttend.ZeroQueryAndFlatGroups:CudaAttend.BatchWithOwnLengthsAtTheKernelLevel 2>&1 | tail -n 12
   echo "racecheck exit: ${PIPESTATUS[0]}"; } > "$OUT"/sanitizer.txt
 BENCH_ARGS=""
 BENCH_TIMEOUT=300
 [ "${1:-}" = quick ] && { BENCH_ARGS="--batch 1 8 --context 32768 --head-dim 128"; BENCH_TIMEOUT=90; }
+[ "${1:-}" = first ] && BENCH_TIMEOUT=130
 timeout ${BENCH_TIMEOUT:-300} devbin/kvslim bench attend --device cuda $BENCH_ARGS --json "$OUT"/attend_cuda.json > "$OUT"/attend_cuda.txt 2>&1
 timeout ${BENCH_TIMEOUT:-300} python3 bench/cuda/sdpa_bench.py --kvslim "$OUT"/attend_cuda.json --json "$OUT"/sdpa.json > "$OUT"/compare.txt 2>&1
 cat "$OUT"/tests.txt | tail -n 5; tail -n 4 "$OUT"/sanitizer.txt; cat "$OUT"/compare.txt

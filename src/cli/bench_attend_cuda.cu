@@ -85,6 +85,13 @@ float elapsed_ms(cudaEvent_t a, cudaEvent_t b) {
   return ms;
 }
 
+void write_json(const std::string& path, const std::string& rows_so_far) {
+  if (path.empty()) return;
+  std::ofstream f(path);
+  f << rows_so_far << "]}\n";
+  if (!f) throw std::runtime_error("--json " + path + ": cannot write");
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -170,6 +177,7 @@ int run_cuda_attend_bench(const CudaAttendOptions& o) {
                         first_row ? "" : ", ", D, B, N, Hq, H, name.c_str(), us, bytes, gbs, layers);
           json += row;
           first_row = false;
+          write_json(o.json, json);  // after every row: a run cut short keeps what it measured
         }
       }
     }
@@ -222,13 +230,8 @@ int run_cuda_attend_bench(const CudaAttendOptions& o) {
                     ", {\"kind\": \"append\", \"batch\": %zu, \"cache\": \"%s\", \"us\": %.3f, \"copy_us\": %.3f}", B,
                     name.c_str(), append_us, copy_us);
       json += row;
+      write_json(o.json, json);
     }
-  }
-  json += "]}\n";
-  if (!o.json.empty()) {
-    std::ofstream f(o.json);
-    f << json;
-    if (!f) throw std::runtime_error("--json " + o.json + ": cannot write");
   }
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
