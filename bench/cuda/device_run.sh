@@ -13,7 +13,7 @@ export LD_LIBRARY_PATH="$PWD/devbin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 chmod +x devbin/kvslim devbin/cuda_tests
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv; nvcc --version | tail -2;
   python3 -c 'import torch; print("torch", torch.__version__)'; } > "$OUT"/machine.txt 2>&1
-timeout 120 devbin/cuda_tests 2>&1 | tail -n 60 > "$OUT"/tests.txt
+timeout 120 devbin/cuda_tests 2>&1 | grep -v "^\[       OK\|^\[ RUN" | tail -c 60000 > "$OUT"/tests.txt
 echo "tests exit: ${PIPESTATUS[0]}" >> "$OUT"/tests.txt
 SAN="CudaAttend.ZeroQueryAndFlatGroups:CudaAttend.BatchWithOwnLengthsAtTheKernelLevel:CudaCache.*"
 [ "${1:-}" = quick ] || [ "${1:-}" = first ] || SAN="$SAN:CudaKivi.*"
@@ -26,6 +26,7 @@ BENCH_ARGS=""
 BENCH_TIMEOUT=300
 [ "${1:-}" = quick ] && { BENCH_ARGS="--batch 1 8 --context 32768 --head-dim 128"; BENCH_TIMEOUT=90; }
 [ "${1:-}" = first ] && BENCH_TIMEOUT=130
+[ "${1:-}" = mid ] && { BENCH_ARGS="--batch 1 8 32 --context 32768 131072 --head-dim 128"; BENCH_TIMEOUT=120; }
 timeout ${BENCH_TIMEOUT:-300} devbin/kvslim bench attend --device cuda $BENCH_ARGS --json "$OUT"/attend_cuda.json > "$OUT"/attend_cuda.txt 2>&1
 timeout ${BENCH_TIMEOUT:-300} python3 bench/cuda/sdpa_bench.py --kvslim "$OUT"/attend_cuda.json --json "$OUT"/sdpa.json > "$OUT"/compare.txt 2>&1
 cat "$OUT"/tests.txt | tail -n 5; tail -n 4 "$OUT"/sanitizer.txt; cat "$OUT"/compare.txt

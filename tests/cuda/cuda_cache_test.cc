@@ -283,6 +283,8 @@ void gpu_attend(const KVCache& gpu, const std::vector<float>& q, std::size_t B, 
 
 void check_attend(Pair& p, int bits, std::size_t Hq, const std::vector<std::int64_t>& qpos, unsigned seed,
                   const std::string& what) {
+  // bf16 rows take the queries as bf16 high + low parts (16 significant bits, against fp16's 22).
+  const double loose = bits == 0 && p.dtype == DType::bf16 ? 5.0 : 1.0;
   const CacheStats st = p.gpu->stats();
   const std::size_t B = st.batch, D = st.head_dim, S = qpos.size();
   const auto q = normal(B * S * Hq * D, seed);
@@ -294,13 +296,13 @@ void check_attend(Pair& p, int bits, std::size_t Hq, const std::vector<std::int6
   double err = 0, norm = 0;
   for (std::size_t i = 0; i < out.size(); ++i) {
     ASSERT_TRUE(std::isfinite(out[i])) << what << " out[" << i << "] = " << out[i];
-    ASSERT_NEAR(out[i], ref[i], 2e-4 * (1.0 + std::fabs(ref[i]))) << what << " out[" << i << "]";
+    ASSERT_NEAR(out[i], ref[i], loose * 2e-4 * (1.0 + std::fabs(ref[i]))) << what << " out[" << i << "]";
     err += (out[i] - ref[i]) * (out[i] - ref[i]);
     norm += ref[i] * ref[i];
   }
-  EXPECT_LE(std::sqrt(err / std::max(norm, 1e-30)), 2e-5) << what << " relative L2 error of out";
+  EXPECT_LE(std::sqrt(err / std::max(norm, 1e-30)), loose * 2e-5) << what << " relative L2 error of out";
   for (std::size_t i = 0; i < probs.size(); ++i) {
-    ASSERT_NEAR(probs[i], ref_probs[i], 2e-5) << what << " probs[" << i << "]";
+    ASSERT_NEAR(probs[i], ref_probs[i], loose * 2e-5) << what << " probs[" << i << "]";
   }
   // The CPU cache over the same appends, within the CPU kernels' own tolerance.
   std::vector<float> cpu_out(out.size());
@@ -440,7 +442,7 @@ TEST(CudaAttend, BatchWithOwnLengthsAtTheKernelLevel) {
   rows.head_stride = static_cast<long long>(cap) * D;
   rows.pos = dpos.as<std::int64_t>();
   rows.n_rows = N;
-  const int splits = cuda::dense_splits(a, N, 132);
+  const int splits = cuda::dense_splits(a, N, 132, cuda::DenseType::f16);
   acc.reserve(static_cast<std::size_t>(splits) * B * H * 8 * D * 4);
   ml.reserve(static_cast<std::size_t>(splits) * B * H * 8 * 2 * 4);
   cuda::Partials parts{acc.as<float>(), ml.as<float>(), splits};

@@ -183,11 +183,11 @@ void launch_kivi_append(const AppendInput& in, const KiviStore& store, int n_gro
     kivi_group_kernel<<<dim3(compress / 32, in.BH, 2), in.D, 32 * in.D, stream>>>(in, store, n_groups, window);
     KVSLIM_CUDA_LAUNCHED("kivi_group_kernel");
   }
-  const int tail = total - compress;
+  // compress == 0: the whole input joins the window after its staged rows; else the input's last
+  // total - compress rows start the fresh window.
+  const int tail = compress == 0 ? in.S : total - compress;
   if (tail > 0) {
-    // compress == 0: the whole input joins the window after its staged rows; else the input's last
-    // `tail` rows start the fresh window.
-    const int first_input_row = compress == 0 ? 0 : in.S - tail;
+    const int first_input_row = in.S - tail;
     const int out_row0 = compress == 0 ? window.staged : 0;
     kivi_tail_kernel<<<dim3(tail, in.BH), in.D, 0, stream>>>(in, window, first_input_row, out_row0);
     KVSLIM_CUDA_LAUNCHED("kivi_tail_kernel");

@@ -282,18 +282,29 @@ __global__ void __launch_bounds__(kThreads) attend_packed_kernel(QueryArgs a, Pa
     }
 
     // Scores of the group's 32 tokens: 4 n-tiles of 8 (token nt*8 + g is this lane's B column).
+    // Four independent accumulators (one per n-tile) so consecutive mma's do not wait on each other.
     float s[4][2];
+    {
+      std::uint32_t w[4][Map::KW];
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
-      std::uint32_t w[Map::KW];
-      const std::uint32_t* src = reinterpret_cast<const std::uint32_t*>(kc + (nt * 8 + r.g) * RB + r.t * (RB / 4));
+      for (int nt = 0; nt < 4; ++nt) {
+        const std::uint32_t* src = reinterpret_cast<const std::uint32_t*>(kc + (nt * 8 + r.g) * RB + r.t * (RB / 4));
 #pragma unroll
-      for (int i = 0; i < Map::KW; ++i) w[i] = src[i];
-      float c[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int i = 0; i < Map::KW; ++i) w[nt][i] = src[i];
+      }
+      float c[4][4] = {};
 #pragma unroll
-      for (int ks = 0; ks < KS; ++ks) mma16816<DenseType::f16>(c, af[ks], Map::key_b(w, 2 * ks), Map::key_b(w, 2 * ks + 1));
-      s[nt][0] = fmaf(c[0] + c[2], up, bias);
-      s[nt][1] = fmaf(c[1] + c[3], up, bias);
+      for (int ks = 0; ks < KS; ++ks) {
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          mma16816<DenseType::f16>(c[nt], af[ks], Map::key_b(w[nt], 2 * ks), Map::key_b(w[nt], 2 * ks + 1));
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        s[nt][0] = fmaf(c[nt][0] + c[nt][2], up, bias);
+        s[nt][1] = fmaf(c[nt][1] + c[nt][3], up, bias);
+      }
     }
 
     const long long row0 = rows.row_offset + static_cast<long long>(u) * kGroupRows;
@@ -424,18 +435,22 @@ __global__ void __launch_bounds__(kThreads) attend_dense_kernel(QueryArgs a, Den
     const unsigned char* vb = kb + UNIT * ROW_BYTES;
 
     float s[2][2];
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      const unsigned char* krow = kb + (nt * 8 + r.g) * ROW_BYTES;
-      float c[4] = {0.f, 0.f, 0.f, 0.f};
+    {
+      float c[2][4] = {};
 #pragma unroll
       for (int ch = 0; ch < D / 32; ++ch) {
-        const uint4 w = *reinterpret_cast<const uint4*>(krow + (4 * ch + r.t) * 16);
-        mma16816<T>(c, af[2 * ch], w.x, w.y);
-        mma16816<T>(c, af[2 * ch + 1], w.z, w.w);
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          const uint4 w = *reinterpret_cast<const uint4*>(kb + (nt * 8 + r.g) * ROW_BYTES + (4 * ch + r.t) * 16);
+          mma16816<T>(c[nt], af[2 * ch], w.x, w.y);
+          mma16816<T>(c[nt], af[2 * ch + 1], w.z, w.w);
+        }
       }
-      s[nt][0] = (c[0] + c[2]) * up;
-      s[nt][1] = (c[1] + c[3]) * up;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        s[nt][0] = (c[nt][0] + c[nt][2]) * up;
+        s[nt][1] = (c[nt][1] + c[nt][3]) * up;
+      }
     }
     const int n_valid = min(UNIT, rows.n_rows - u * UNIT);
     const std::int64_t* upos = rows.pos + static_cast<long long>(u) * UNIT;
@@ -527,6 +542,11 @@ __global__ void probs_kernel(QueryArgs a, const float* final_ml, float* probs) {
   }
 }
 
+template <typename Kernel>
+void set_smem_always(Kernel k, int bytes) {
+  KVSLIM_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+}
+
 // Raises a kernel's dynamic shared-memory limit once per process and device (the launch path
 // stays a launch). `done` is the caller's own flag word: one per kernel instantiation.
 template <typename Kernel>
@@ -539,12 +559,49 @@ void set_smem(Kernel k, int bytes, std::atomic<unsigned long long>& done) {
   done.fetch_or(bit, std::memory_order_acq_rel);
 }
 
-int splits_for(const QueryArgs& q, int units, int sm_count) {
+// Splits so that the grid is one full wave of resident CTAs (`resident` per SM, from the kernel's
+// occupancy): fewer leave SMs idle at small batch, more add a partial second wave.
+int splits_for(const QueryArgs& q, int units, int sm_count, int resident) {
   if (units <= 0) return 0;
   const long long ctas = static_cast<long long>(q.tiles()) * q.B * q.Hkv;
-  const long long want = (static_cast<long long>(sm_count) * 3 + ctas - 1) / ctas;  // ~3 CTAs per SM
-  const long long most = (units + 2 * kWarps - 1) / (2 * kWarps);                  // >= 2 units a warp
+  const long long wave = static_cast<long long>(sm_count) * std::max(resident, 1);
+  const long long want = std::max(1LL, wave / ctas);
+  const long long most = (units + 2 * kWarps - 1) / (2 * kWarps);  // >= 2 units a warp
   return static_cast<int>(std::max(1LL, std::min(want, most)));
+}
+
+template <typename Kernel>
+int resident_ctas(Kernel k, int smem) {
+  int n = 0;
+  KVSLIM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, kThreads, smem));
+  return n;
+}
+
+template <int BITS, int D>
+int packed_smem() {
+  constexpr int RB = D * BITS / 8;
+  constexpr int STAGE = 2 * kGroupRows * RB + 2 * 2 * D * 2;
+  return kTileRows * D * 4 + std::max(kWarps * kStages * STAGE, kWarps * kTileRows * (D + 2) * 4);
+}
+template <int D>
+int dense_smem() {
+  return kTileRows * D * 4 + std::max(kWarps * kStages * 2 * 16 * D * 2, kWarps * kTileRows * (D + 2) * 4);
+}
+template <int BITS, int D>
+int packed_resident() {
+  static const int n = [] {
+    set_smem_always(attend_packed_kernel<BITS, D>, packed_smem<BITS, D>());
+    return resident_ctas(attend_packed_kernel<BITS, D>, packed_smem<BITS, D>());
+  }();
+  return n;
+}
+template <DenseType T, int D>
+int dense_resident() {
+  static const int n = [] {
+    set_smem_always(attend_dense_kernel<T, D>, dense_smem<D>());
+    return resident_ctas(attend_dense_kernel<T, D>, dense_smem<D>());
+  }();
+  return n;
 }
 
 template <int BITS, int D>
@@ -582,8 +639,22 @@ void dense_launch(const QueryArgs& q, const DenseRows& rows, const Partials& par
 bool supported_head_dim(int D) { return D == 64 || D == 128; }
 bool supported_bits(int bits) { return bits == 2 || bits == 4 || bits == 8; }
 
-int packed_splits(const QueryArgs& q, int n_groups, int sm_count) { return splits_for(q, n_groups, sm_count); }
-int dense_splits(const QueryArgs& q, int n_rows, int sm_count) { return splits_for(q, (n_rows + 15) / 16, sm_count); }
+int packed_splits(const QueryArgs& q, int n_groups, int sm_count, int bits) {
+  int resident = 2;
+#define KVSLIM_RES_CASE(B, DD) \
+  if (bits == B && q.D == DD) resident = packed_resident<B, DD>();
+  KVSLIM_RES_CASE(2, 64) KVSLIM_RES_CASE(4, 64) KVSLIM_RES_CASE(8, 64)
+  KVSLIM_RES_CASE(2, 128) KVSLIM_RES_CASE(4, 128) KVSLIM_RES_CASE(8, 128)
+#undef KVSLIM_RES_CASE
+  return splits_for(q, n_groups, sm_count, resident);
+}
+int dense_splits(const QueryArgs& q, int n_rows, int sm_count, DenseType type) {
+  int resident = 2;
+  const bool bf = type == DenseType::bf16;
+  if (q.D == 64) resident = bf ? dense_resident<DenseType::bf16, 64>() : dense_resident<DenseType::f16, 64>();
+  if (q.D == 128) resident = bf ? dense_resident<DenseType::bf16, 128>() : dense_resident<DenseType::f16, 128>();
+  return splits_for(q, (n_rows + 15) / 16, sm_count, resident);
+}
 
 void launch_packed(const QueryArgs& q, const PackedRows& rows, const Partials& parts, int part_base, int splits,
                    cudaStream_t stream) {

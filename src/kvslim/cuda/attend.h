@@ -67,8 +67,9 @@ struct DenseRows {
 };
 
 // Splits each kernel would use for this much work (at least 1 when there are rows).
-int packed_splits(const QueryArgs& q, int n_groups, int sm_count);
-int dense_splits(const QueryArgs& q, int n_rows, int sm_count);
+// (One full wave of resident CTAs: the kernel's occupancy decides.)
+int packed_splits(const QueryArgs& q, int n_groups, int sm_count, int bits);
+int dense_splits(const QueryArgs& q, int n_rows, int sm_count, DenseType type);
 
 // Launch on `stream`; each writes parts [part_base, part_base + splits).
 void launch_packed(const QueryArgs& q, const PackedRows& rows, const Partials& parts, int part_base, int splits,

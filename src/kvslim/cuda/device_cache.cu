@@ -299,7 +299,7 @@ void DeviceDenseCache::absorb(const AppendInput& in, const std::vector<std::int6
 
 int DeviceDenseCache::launch_segments(const QueryArgs& q, const Partials& parts, bool count_only,
                                       cudaStream_t stream) const {
-  const int splits = dense_splits(q, static_cast<int>(n_), sm_count_);
+  const int splits = dense_splits(q, static_cast<int>(n_), sm_count_, type_);
   if (!count_only) {
     DenseRows rows;
     rows.k = k_.as<std::uint16_t>();
@@ -415,8 +415,8 @@ void DeviceKiviCache::absorb(const AppendInput& in, const std::vector<std::int64
 
 int DeviceKiviCache::launch_segments(const QueryArgs& q, const Partials& parts, bool count_only,
                                      cudaStream_t stream) const {
-  const int ps = groups_ > 0 ? packed_splits(q, groups_, sm_count_) : 0;
-  const int ds = staged_ > 0 ? dense_splits(q, staged_, sm_count_) : 0;
+  const int ps = groups_ > 0 ? packed_splits(q, groups_, sm_count_, bits_) : 0;
+  const int ds = staged_ > 0 ? dense_splits(q, staged_, sm_count_, DenseType::f16) : 0;
   if (!count_only) {
     if (ps > 0) {
       PackedRows rows;
