@@ -1,0 +1,459 @@
+// Block-quantized gemv and dequantization kernels (engine/quant_gemv.h), compiled for every target
+// Highway knows and chosen at run time. x86 targets (AVX2, AVX3, AVX3_DL) use 256-bit integer dot
+// products on the raw vectors (`.raw` of Highway's types is not needed: the kernels are written on
+// the intrinsics each target's attributes enable); the other targets a portable loop with the same
+// arithmetic. HWY_WANT_AVX3_DL is set for this library (CMake), so VNNI machines get `vpdpbusd`.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "engine/quant_gemv.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "engine/gguf.h"
+#include "engine/quant_gemv.h"
+#include "kvslim/dtype.h"
+
+#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+#include <immintrin.h>
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace kvslim::engine::qgemv {
+namespace HWY_NAMESPACE {
+
+inline float Half(const std::uint8_t* p) {
+  std::uint16_t h;
+  std::memcpy(&h, p, 2);
+  return fp16_to_f32(h);
+}
+
+// 6-bit scale and min of sub-block j of a Q4_K / Q5_K super-block (12 packed bytes at s).
+inline void ScaleMinK4(const std::uint8_t* s, int j, int& sc, int& m) {
+  if (j < 4) {
+    sc = s[j] & 63;
+    m = s[j + 4] & 63;
+  } else {
+    sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+    m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+#undef KVSLIM_QGEMV_X86  // this file is compiled once per target
+#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+#define KVSLIM_QGEMV_X86 1
+#else
+#define KVSLIM_QGEMV_X86 0
+#endif
+
+#if KVSLIM_QGEMV_X86
+// ---------------------------------------------------------------------------------------------
+// x86: 32 codes per 256-bit vector.
+
+// acc + per-4-byte sums of u[i] * s[i] (u unsigned, s signed). Without VNNI the pair sums go
+// through int16: exact while |u| * 127 * 2 < 32768, i.e. u <= 128 (every caller's codes are).
+HWY_INLINE __m256i DotU8S8(__m256i acc, __m256i u, __m256i s) {
+#if HWY_TARGET == HWY_AVX3_DL
+  // The EVEX (AVX512_VNNI + VL) encoding, written out: Highway 1.0's AVX3_DL target string enables
+  // "avxvnni", so GCC encodes the intrinsic as AVX-VNNI ({vex} vpdpbusd), which AVX-512 VNNI CPUs
+  // need not have (this machine's does not: SIGILL), and it names no avx512vnni for the zmm form.
+  __asm__("%{evex%} vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
+  return acc;
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
+}
+
+HWY_INLINE float HSum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+HWY_INLINE __m256i Load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
+float DotQ8_0(const std::uint8_t* row, const Q8Blocks& x, std::size_t nb) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  const __m256i zero = _mm256_setzero_si256();
+  std::size_t b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    const std::uint8_t* b0 = row + 34 * b;
+    const std::uint8_t* b1 = b0 + 34;
+    const __m256i w0 = Load32(b0 + 2), w1 = Load32(b1 + 2);
+    const __m256i p0 = DotU8S8(zero, _mm256_abs_epi8(w0), _mm256_sign_epi8(Load32(x.q.data() + 32 * b), w0));
+    const __m256i p1 = DotU8S8(zero, _mm256_abs_epi8(w1), _mm256_sign_epi8(Load32(x.q.data() + 32 * b + 32), w1));
+    acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(Half(b0) * x.d[b]), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(Half(b1) * x.d[b + 1]), acc1);
+  }
+  for (; b < nb; ++b) {
+    const std::uint8_t* b0 = row + 34 * b;
+    const __m256i w0 = Load32(b0 + 2);
+    const __m256i p0 = DotU8S8(zero, _mm256_abs_epi8(w0), _mm256_sign_epi8(Load32(x.q.data() + 32 * b), w0));
+    acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(Half(b0) * x.d[b]), acc0);
+  }
+  return HSum(_mm256_add_ps(acc0, acc1));
+}
+
+// Q4_0 codes q in 0..15 stand for q - 8: dot(q - 8, x) = dot(q, x) - 8 * sum(x).
+HWY_INLINE __m256i Q4_0Codes(const std::uint8_t* qs) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0f));
+}
+
+float DotQ4_0(const std::uint8_t* row, const Q8Blocks& x, std::size_t nb) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  const __m256i zero = _mm256_setzero_si256();
+  float corr = 0;
+  std::size_t b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    const std::uint8_t* b0 = row + 18 * b;
+    const std::uint8_t* b1 = b0 + 18;
+    const float d0 = Half(b0), d1 = Half(b1);
+    const __m256i p0 = DotU8S8(zero, Q4_0Codes(b0 + 2), Load32(x.q.data() + 32 * b));
+    const __m256i p1 = DotU8S8(zero, Q4_0Codes(b1 + 2), Load32(x.q.data() + 32 * b + 32));
+    acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(d0 * x.d[b]), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(d1 * x.d[b + 1]), acc1);
+    corr += d0 * x.ds[b] + d1 * x.ds[b + 1];
+  }
+  for (; b < nb; ++b) {
+    const std::uint8_t* b0 = row + 18 * b;
+    const float d0 = Half(b0);
+    const __m256i p0 = DotU8S8(zero, Q4_0Codes(b0 + 2), Load32(x.q.data() + 32 * b));
+    acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(d0 * x.d[b]), acc0);
+    corr += d0 * x.ds[b];
+  }
+  return HSum(_mm256_add_ps(acc0, acc1)) - 8.0f * corr;
+}
+
+// Q4_K (bits 4) and Q5_K (bits 5): sub-block j of super-block i is activation block 8i + j;
+// x = d * sc * q - dmin * m, so dot = sum_j d * sc_j * dot(q, x_j) - dmin * m_j * sum(x_j).
+template <int kBits>
+float DotQK_MinMax(const std::uint8_t* row, const Q8Blocks& x, std::size_t n_super) {
+  constexpr std::size_t kBlockBytes = kBits == 4 ? 144 : 176;
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  const __m256i zero = _mm256_setzero_si256(), m4 = _mm256_set1_epi8(0x0f), bit4 = _mm256_set1_epi8(0x10);
+  float corr = 0;
+  for (std::size_t i = 0; i < n_super; ++i) {
+    const std::uint8_t* blk = row + kBlockBytes * i;
+    const float d = Half(blk), dmin = Half(blk + 2);
+    const std::uint8_t* scales = blk + 4;
+    const std::uint8_t* qs = blk + 16 + (kBits == 5 ? 32 : 0);
+    __m256i qh = zero;
+    if constexpr (kBits == 5) qh = Load32(blk + 16);
+    const std::size_t b = 8 * i;
+    float mins = 0;
+    for (int j = 0; j < 4; ++j) {
+      int sc0, m0, sc1, m1;
+      ScaleMinK4(scales, 2 * j, sc0, m0);
+      ScaleMinK4(scales, 2 * j + 1, sc1, m1);
+      const __m256i q = Load32(qs + 32 * j);
+      __m256i lo = _mm256_and_si256(q, m4);
+      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+      if constexpr (kBits == 5) {
+        const __m256i mlo = _mm256_set1_epi8(static_cast<char>(1 << (2 * j)));
+        const __m256i mhi = _mm256_set1_epi8(static_cast<char>(1 << (2 * j + 1)));
+        lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, mlo), mlo), bit4));
+        hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, mhi), mhi), bit4));
+      }
+      const std::size_t b0 = b + 2 * j, b1 = b0 + 1;
+      const __m256i p0 = DotU8S8(zero, lo, Load32(x.q.data() + 32 * b0));
+      const __m256i p1 = DotU8S8(zero, hi, Load32(x.q.data() + 32 * b1));
+      acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(d * static_cast<float>(sc0) * x.d[b0]), acc0);
+      acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(d * static_cast<float>(sc1) * x.d[b1]), acc1);
+      mins += static_cast<float>(m0) * x.ds[b0] + static_cast<float>(m1) * x.ds[b1];
+    }
+    corr += dmin * mins;
+  }
+  return HSum(_mm256_add_ps(acc0, acc1)) - corr;
+}
+
+// Q6_K: codes 0..63 stand for q - 32, one int8 scale per 16 values; the 32 values of activation
+// block b are two scale groups: int32 lanes 0-3 sum its first 16 products, lanes 4-7 the rest.
+float DotQ6_K(const std::uint8_t* row, const Q8Blocks& x, std::size_t n_super) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  const __m256i zero = _mm256_setzero_si256(), m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x30);
+  float corr = 0;
+  for (std::size_t i = 0; i < n_super; ++i) {
+    const std::uint8_t* blk = row + 210 * i;
+    const float d = Half(blk + 208);
+    const auto* sc = reinterpret_cast<const std::int8_t*>(blk + 192);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i l0 = Load32(blk + 64 * h), l1 = Load32(blk + 64 * h + 32), qh = Load32(blk + 128 + 32 * h);
+      const __m256i u[4] = {
+          _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m2)),
+          _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m2)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2)),
+      };
+      for (int k = 0; k < 4; ++k) {
+        const std::size_t b = 8 * i + 4 * h + k;
+        const int s0 = sc[8 * h + 2 * k], s1 = sc[8 * h + 2 * k + 1];
+        const __m256i p = DotU8S8(zero, u[k], Load32(x.q.data() + 32 * b));
+        const float dd = d * x.d[b];
+        const __m256 scale = _mm256_set_m128(_mm_set1_ps(dd * static_cast<float>(s1)), _mm_set1_ps(dd * static_cast<float>(s0)));
+        if (k % 2 == 0) {
+          acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc0);
+        } else {
+          acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc1);
+        }
+        corr += dd * static_cast<float>(s0 * x.s16[2 * b] + s1 * x.s16[2 * b + 1]);
+      }
+    }
+  }
+  return HSum(_mm256_add_ps(acc0, acc1)) - 32.0f * corr;
+}
+
+#else
+// ---------------------------------------------------------------------------------------------
+// Portable targets: the same sums, one code at a time.
+
+inline std::int32_t DotI8(const std::int8_t* a, const std::int8_t* b, int n) {
+  std::int32_t s = 0;
+  for (int i = 0; i < n; ++i) s += static_cast<std::int32_t>(a[i]) * b[i];
+  return s;
+}
+
+float DotQ8_0(const std::uint8_t* row, const Q8Blocks& x, std::size_t nb) {
+  float acc = 0;
+  for (std::size_t b = 0; b < nb; ++b) {
+    const std::uint8_t* blk = row + 34 * b;
+    acc += Half(blk) * x.d[b] *
+           static_cast<float>(DotI8(reinterpret_cast<const std::int8_t*>(blk + 2), x.q.data() + 32 * b, 32));
+  }
+  return acc;
+}
+
+float DotQ4_0(const std::uint8_t* row, const Q8Blocks& x, std::size_t nb) {
+  float acc = 0;
+  for (std::size_t b = 0; b < nb; ++b) {
+    const std::uint8_t* blk = row + 18 * b;
+    std::int8_t w[32];
+    for (int j = 0; j < 16; ++j) {
+      w[j] = static_cast<std::int8_t>((blk[2 + j] & 15) - 8);
+      w[j + 16] = static_cast<std::int8_t>((blk[2 + j] >> 4) - 8);
+    }
+    acc += Half(blk) * x.d[b] * static_cast<float>(DotI8(w, x.q.data() + 32 * b, 32));
+  }
+  return acc;
+}
+
+template <int kBits>
+float DotQK_MinMax(const std::uint8_t* row, const Q8Blocks& x, std::size_t n_super) {
+  constexpr std::size_t kBlockBytes = kBits == 4 ? 144 : 176;
+  float acc = 0;
+  for (std::size_t i = 0; i < n_super; ++i) {
+    const std::uint8_t* blk = row + kBlockBytes * i;
+    const float d = Half(blk), dmin = Half(blk + 2);
+    const std::uint8_t* qh = blk + 16;
+    const std::uint8_t* qs = blk + 16 + (kBits == 5 ? 32 : 0);
+    for (int j = 0; j < 8; ++j) {
+      int sc, m;
+      ScaleMinK4(blk + 4, j, sc, m);
+      std::int8_t w[32];
+      for (int l = 0; l < 32; ++l) {
+        int q = j % 2 == 0 ? qs[32 * (j / 2) + l] & 15 : qs[32 * (j / 2) + l] >> 4;
+        if (kBits == 5) q |= ((qh[l] >> j) & 1) << 4;
+        w[l] = static_cast<std::int8_t>(q);
+      }
+      const std::size_t b = 8 * i + static_cast<std::size_t>(j);
+      acc += d * static_cast<float>(sc) * x.d[b] * static_cast<float>(DotI8(w, x.q.data() + 32 * b, 32)) -
+             dmin * static_cast<float>(m) * x.ds[b];
+    }
+  }
+  return acc;
+}
+
+float DotQ6_K(const std::uint8_t* row, const Q8Blocks& x, std::size_t n_super) {
+  float acc = 0;
+  for (std::size_t i = 0; i < n_super; ++i) {
+    const std::uint8_t* blk = row + 210 * i;
+    const float d = Half(blk + 208);
+    const auto* sc = reinterpret_cast<const std::int8_t*>(blk + 192);
+    std::int8_t w[256];
+    for (int e = 0; e < 256; ++e) {
+      const std::uint8_t* ql = blk + 64 * (e / 128);
+      const std::uint8_t* qh = blk + 128 + 32 * (e / 128);
+      const int p = e % 128, l = p % 32, quarter = p / 32;
+      const int low = ql[l + (quarter % 2) * 32];
+      const int code = (quarter < 2 ? low & 15 : low >> 4) | (((qh[l] >> (2 * quarter)) & 3) << 4);
+      w[e] = static_cast<std::int8_t>(code - 32);
+    }
+    for (int g = 0; g < 16; ++g) {
+      const std::size_t b = 8 * i + static_cast<std::size_t>(g / 2);
+      acc += d * static_cast<float>(sc[g]) * x.d[b] *
+             static_cast<float>(DotI8(w + 16 * g, x.q.data() + 256 * i + 16 * g, 16));
+    }
+  }
+  return acc;
+}
+#endif
+
+void GemvRows(WeightType type, const void* w, std::size_t row_bytes, std::size_t cols, const Q8Blocks& x, float* y,
+              std::size_t r0, std::size_t r1) {
+  const auto* base = static_cast<const std::uint8_t*>(w);
+  for (std::size_t r = r0; r < r1; ++r) {
+    const std::uint8_t* row = base + r * row_bytes;
+    switch (type) {
+      case WeightType::q8_0: y[r] = DotQ8_0(row, x, cols / 32); break;
+      case WeightType::q4_0: y[r] = DotQ4_0(row, x, cols / 32); break;
+      case WeightType::q4_k: y[r] = DotQK_MinMax<4>(row, x, cols / 256); break;
+      case WeightType::q5_k: y[r] = DotQK_MinMax<5>(row, x, cols / 256); break;
+      case WeightType::q6_k: y[r] = DotQ6_K(row, x, cols / 256); break;
+      default: y[r] = 0; break;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dequantization (prefill tiles, embedding rows).
+
+#if KVSLIM_QGEMV_X86
+// out[0..32) = float(codes[i] (signed bytes) + bias) * scale - offset, bias applied in int.
+HWY_INLINE void Store32(__m256i codes, int bias, float scale, float offset, float* out) {
+  const __m256 s = _mm256_set1_ps(scale), o = _mm256_set1_ps(offset);
+  const __m256i bv = _mm256_set1_epi32(bias);
+  const __m128i lo = _mm256_castsi256_si128(codes), hi = _mm256_extracti128_si256(codes, 1);
+  const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+  for (int k = 0; k < 4; ++k) {
+    const __m256i v = _mm256_add_epi32(_mm256_cvtepi8_epi32(parts[k]), bv);
+    _mm256_storeu_ps(out + 8 * k, _mm256_sub_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(v), s), o));
+  }
+}
+
+void Dequantize(WeightType type, const void* src, float* dst, std::size_t n) {
+  const auto* p = static_cast<const std::uint8_t*>(src);
+  const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x30), bit4 = _mm256_set1_epi8(0x10);
+  switch (type) {
+    case WeightType::q8_0:
+      for (std::size_t b = 0; b < n / 32; ++b) Store32(Load32(p + 34 * b + 2), 0, Half(p + 34 * b), 0.0f, dst + 32 * b);
+      return;
+    case WeightType::q4_0:
+      for (std::size_t b = 0; b < n / 32; ++b) Store32(Q4_0Codes(p + 18 * b + 2), -8, Half(p + 18 * b), 0.0f, dst + 32 * b);
+      return;
+    case WeightType::q4_k:
+    case WeightType::q5_k: {
+      const bool five = type == WeightType::q5_k;
+      const std::size_t bb = five ? 176 : 144;
+      for (std::size_t i = 0; i < n / 256; ++i) {
+        const std::uint8_t* blk = p + bb * i;
+        const float d = Half(blk), dmin = Half(blk + 2);
+        const std::uint8_t* qs = blk + 16 + (five ? 32 : 0);
+        const __m256i qh = five ? Load32(blk + 16) : _mm256_setzero_si256();
+        for (int j = 0; j < 4; ++j) {
+          int sc0, m0, sc1, m1;
+          ScaleMinK4(blk + 4, 2 * j, sc0, m0);
+          ScaleMinK4(blk + 4, 2 * j + 1, sc1, m1);
+          const __m256i q = Load32(qs + 32 * j);
+          __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+          if (five) {
+            const __m256i mlo = _mm256_set1_epi8(static_cast<char>(1 << (2 * j)));
+            const __m256i mhi = _mm256_set1_epi8(static_cast<char>(1 << (2 * j + 1)));
+            lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, mlo), mlo), bit4));
+            hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, mhi), mhi), bit4));
+          }
+          float* out = dst + 256 * i + 64 * j;
+          Store32(lo, 0, d * static_cast<float>(sc0), dmin * static_cast<float>(m0), out);
+          Store32(hi, 0, d * static_cast<float>(sc1), dmin * static_cast<float>(m1), out + 32);
+        }
+      }
+      return;
+    }
+    case WeightType::q6_k:
+      for (std::size_t i = 0; i < n / 256; ++i) {
+        const std::uint8_t* blk = p + 210 * i;
+        const float d = Half(blk + 208);
+        const auto* sc = reinterpret_cast<const std::int8_t*>(blk + 192);
+        for (int h = 0; h < 2; ++h) {
+          const __m256i l0 = Load32(blk + 64 * h), l1 = Load32(blk + 64 * h + 32), qh = Load32(blk + 128 + 32 * h);
+          const __m256i u[4] = {
+              _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m2)),
+              _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2)),
+              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m2)),
+              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2)),
+          };
+          for (int k = 0; k < 4; ++k) {
+            alignas(32) float tmp[32];
+            // Two scale groups of 16: decode with scale 1, then scale each half.
+            Store32(u[k], -32, 1.0f, 0.0f, tmp);
+            float* out = dst + 256 * i + 128 * h + 32 * k;
+            const float s0 = d * static_cast<float>(sc[8 * h + 2 * k]), s1 = d * static_cast<float>(sc[8 * h + 2 * k + 1]);
+            for (int l = 0; l < 16; ++l) out[l] = s0 * tmp[l];
+            for (int l = 16; l < 32; ++l) out[l] = s1 * tmp[l];
+          }
+        }
+      }
+      return;
+    default: return;
+  }
+}
+#else
+void Dequantize(WeightType type, const void* src, float* dst, std::size_t n) {
+  gguf::TensorType t = gguf::TensorType::q8_0;
+  switch (type) {
+    case WeightType::q8_0: t = gguf::TensorType::q8_0; break;
+    case WeightType::q4_0: t = gguf::TensorType::q4_0; break;
+    case WeightType::q4_k: t = gguf::TensorType::q4_k; break;
+    case WeightType::q5_k: t = gguf::TensorType::q5_k; break;
+    case WeightType::q6_k: t = gguf::TensorType::q6_k; break;
+    default: return;
+  }
+  gguf::to_float(static_cast<const std::byte*>(src), t, dst, n);
+}
+#endif
+
+const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
+
+}  // namespace HWY_NAMESPACE
+}  // namespace kvslim::engine::qgemv
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace kvslim::engine::qgemv {
+
+HWY_EXPORT(GemvRows);
+HWY_EXPORT(Dequantize);
+HWY_EXPORT(TargetName);
+
+void quantize_activation(const float* x, std::size_t n, Q8Blocks& out) {
+  out.n = n;
+  if (out.q.size() < n) out.q.resize(n);
+  if (out.d.size() < n / 32) {
+    out.d.resize(n / 32);
+    out.ds.resize(n / 32);
+  }
+  if (out.s16.size() < n / 16) out.s16.resize(n / 16);
+  for (std::size_t b = 0; b < n / 32; ++b) {
+    const float* v = x + 32 * b;
+    float amax = 0;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(v[j]));
+    const float d = amax / 127.0f;
+    const float id = d != 0 ? 1.0f / d : 0.0f;
+    std::int8_t* q = out.q.data() + 32 * b;
+    std::int32_t s0 = 0, s1 = 0;
+    for (int j = 0; j < 32; ++j) {
+      q[j] = static_cast<std::int8_t>(std::lrintf(v[j] * id));
+      (j < 16 ? s0 : s1) += q[j];
+    }
+    out.d[b] = d;
+    out.ds[b] = d * static_cast<float>(s0 + s1);
+    out.s16[2 * b] = s0;
+    out.s16[2 * b + 1] = s1;
+  }
+}
+
+void gemv_rows(WeightType type, const void* w, std::size_t row_bytes, std::size_t cols, const Q8Blocks& x, float* y,
+               std::size_t r0, std::size_t r1) {
+  HWY_DYNAMIC_DISPATCH(GemvRows)(type, w, row_bytes, cols, x, y, r0, r1);
+}
+
+void dequantize(WeightType type, const void* src, float* dst, std::size_t n) {
+  HWY_DYNAMIC_DISPATCH(Dequantize)(type, src, dst, n);
+}
+
+const char* target_name() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
+
+}  // namespace kvslim::engine::qgemv
+#endif  // HWY_ONCE
