@@ -27,7 +27,11 @@ namespace HWY_NAMESPACE {
 inline float Half(const std::uint8_t* p) {
   std::uint16_t h;
   std::memcpy(&h, p, 2);
+#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  return _cvtsh_ss(h);  // F16C
+#else
   return fp16_to_f32(h);
+#endif
 }
 
 // 6-bit scale and min of sub-block j of a Q4_K / Q5_K super-block (12 packed bytes at s).
@@ -75,24 +79,27 @@ HWY_INLINE float HSum(__m256 v) {
 
 HWY_INLINE __m256i Load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 
-float DotQ8_0(const std::uint8_t* row, const Q8Blocks& x, std::size_t nb) {
+// Blocks [0, nb) of `row`, the activation's blocks from `x0` on.
+float DotQ8_0(const std::uint8_t* row, const Q8Blocks& x, std::size_t nb, std::size_t x0 = 0) {
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
   const __m256i zero = _mm256_setzero_si256();
+  const std::int8_t* xq = x.q.data() + 32 * x0;
+  const float* xd = x.d.data() + x0;
   std::size_t b = 0;
   for (; b + 2 <= nb; b += 2) {
     const std::uint8_t* b0 = row + 34 * b;
     const std::uint8_t* b1 = b0 + 34;
     const __m256i w0 = Load32(b0 + 2), w1 = Load32(b1 + 2);
-    const __m256i p0 = DotU8S8(zero, _mm256_abs_epi8(w0), _mm256_sign_epi8(Load32(x.q.data() + 32 * b), w0));
-    const __m256i p1 = DotU8S8(zero, _mm256_abs_epi8(w1), _mm256_sign_epi8(Load32(x.q.data() + 32 * b + 32), w1));
-    acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(Half(b0) * x.d[b]), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(Half(b1) * x.d[b + 1]), acc1);
+    const __m256i p0 = DotU8S8(zero, _mm256_abs_epi8(w0), _mm256_sign_epi8(Load32(xq + 32 * b), w0));
+    const __m256i p1 = DotU8S8(zero, _mm256_abs_epi8(w1), _mm256_sign_epi8(Load32(xq + 32 * b + 32), w1));
+    acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(Half(b0) * xd[b]), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(Half(b1) * xd[b + 1]), acc1);
   }
   for (; b < nb; ++b) {
     const std::uint8_t* b0 = row + 34 * b;
     const __m256i w0 = Load32(b0 + 2);
-    const __m256i p0 = DotU8S8(zero, _mm256_abs_epi8(w0), _mm256_sign_epi8(Load32(x.q.data() + 32 * b), w0));
-    acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(Half(b0) * x.d[b]), acc0);
+    const __m256i p0 = DotU8S8(zero, _mm256_abs_epi8(w0), _mm256_sign_epi8(Load32(xq + 32 * b), w0));
+    acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(Half(b0) * xd[b]), acc0);
   }
   return HSum(_mm256_add_ps(acc0, acc1));
 }
@@ -103,7 +110,10 @@ HWY_INLINE __m256i Q4_0Codes(const std::uint8_t* qs) {
   return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0f));
 }
 
-float DotQ4_0(const std::uint8_t* row, const Q8Blocks& x, std::size_t nb) {
+float DotQ4_0(const std::uint8_t* row, const Q8Blocks& x, std::size_t nb, std::size_t x0 = 0) {
+  const std::int8_t* xq = x.q.data() + 32 * x0;
+  const float* xd = x.d.data() + x0;
+  const float* xds = x.ds.data() + x0;
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
   const __m256i zero = _mm256_setzero_si256();
   float corr = 0;
@@ -112,18 +122,18 @@ float DotQ4_0(const std::uint8_t* row, const Q8Blocks& x, std::size_t nb) {
     const std::uint8_t* b0 = row + 18 * b;
     const std::uint8_t* b1 = b0 + 18;
     const float d0 = Half(b0), d1 = Half(b1);
-    const __m256i p0 = DotU8S8(zero, Q4_0Codes(b0 + 2), Load32(x.q.data() + 32 * b));
-    const __m256i p1 = DotU8S8(zero, Q4_0Codes(b1 + 2), Load32(x.q.data() + 32 * b + 32));
-    acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(d0 * x.d[b]), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(d1 * x.d[b + 1]), acc1);
-    corr += d0 * x.ds[b] + d1 * x.ds[b + 1];
+    const __m256i p0 = DotU8S8(zero, Q4_0Codes(b0 + 2), Load32(xq + 32 * b));
+    const __m256i p1 = DotU8S8(zero, Q4_0Codes(b1 + 2), Load32(xq + 32 * b + 32));
+    acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(d0 * xd[b]), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(d1 * xd[b + 1]), acc1);
+    corr += d0 * xds[b] + d1 * xds[b + 1];
   }
   for (; b < nb; ++b) {
     const std::uint8_t* b0 = row + 18 * b;
     const float d0 = Half(b0);
-    const __m256i p0 = DotU8S8(zero, Q4_0Codes(b0 + 2), Load32(x.q.data() + 32 * b));
-    acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(d0 * x.d[b]), acc0);
-    corr += d0 * x.ds[b];
+    const __m256i p0 = DotU8S8(zero, Q4_0Codes(b0 + 2), Load32(xq + 32 * b));
+    acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(d0 * xd[b]), acc0);
+    corr += d0 * xds[b];
   }
   return HSum(_mm256_add_ps(acc0, acc1)) - 8.0f * corr;
 }
@@ -205,6 +215,123 @@ float DotQ6_K(const std::uint8_t* row, const Q8Blocks& x, std::size_t n_super) {
   }
   return HSum(_mm256_add_ps(acc0, acc1)) - 32.0f * corr;
 }
+
+#if HWY_TARGET == HWY_AVX3_DL
+// ---------------------------------------------------------------------------------------------
+// AVX-512 VNNI: two activation blocks per zmm, scales for 8 blocks computed as one vector and
+// spread to the lanes with one permute per pair (no per-block scalar work in the inner loop).
+
+HWY_INLINE __m512i DotU8S8x64(__m512i acc, __m512i u, __m512i s) {
+  __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));  // EVEX: a zmm form has no VEX encoding
+  return acc;
+}
+
+// Lane index vectors: pair k of 8 blocks -> [2k x8, 2k+1 x8] (two contiguous blocks) or, for
+// Q4_0's nibble layout, [2k x4, 2k+1 x4, 2k x4, 2k+1 x4].
+HWY_INLINE __m512i PairIndex(int k) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32(2 * k)), _mm256_set1_epi32(2 * k + 1), 1);
+}
+HWY_INLINE __m512i NibblePairIndex(int k) {
+  const __m128i a = _mm_set1_epi32(2 * k), b = _mm_set1_epi32(2 * k + 1);
+  const __m256i ab = _mm256_inserti128_si256(_mm256_castsi128_si256(a), b, 1);
+  return _mm512_inserti64x4(_mm512_castsi256_si512(ab), ab, 1);
+}
+
+// fp16 scales of 8 blocks `stride` bytes apart (at p, p + stride, ...) as floats.
+HWY_INLINE __m256 Scales8(const std::uint8_t* p, std::size_t stride) {
+  std::uint16_t h[8];
+  for (int k = 0; k < 8; ++k) std::memcpy(&h[k], p + k * stride, 2);
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
+}
+
+float DotQ4_0Wide(const std::uint8_t* row, const Q8Blocks& x, std::size_t nb) {
+  __m512 acc = _mm512_setzero_ps();
+  __m256 corr = _mm256_setzero_ps();
+  const __m256i m4 = _mm256_set1_epi8(0x0f);
+  const __m512i zero = _mm512_setzero_si512();
+  const __m512i idx[4] = {NibblePairIndex(0), NibblePairIndex(1), NibblePairIndex(2), NibblePairIndex(3)};
+  std::size_t b = 0;
+  for (; b + 8 <= nb; b += 8) {
+    const std::uint8_t* blk = row + 18 * b;
+    const __m256 dw = Scales8(blk, 18);
+    const __m512 sv = _mm512_castps256_ps512(_mm256_mul_ps(dw, _mm256_loadu_ps(x.d.data() + b)));
+    corr = _mm256_fmadd_ps(dw, _mm256_loadu_ps(x.ds.data() + b), corr);
+    for (int k = 0; k < 4; ++k) {
+      const std::uint8_t* p0 = blk + 36 * k + 2;
+      const __m256i v = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(p0 + 18), reinterpret_cast<const __m128i*>(p0));
+      const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+      const __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+      const __m512i s = _mm512_loadu_si512(x.q_pairs.data() + 32 * (b + 2 * k));
+      const __m512i p = DotU8S8x64(zero, u, s);
+      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_permutexvar_ps(idx[k], sv), acc);
+    }
+  }
+  float total = _mm512_reduce_add_ps(acc) - 8.0f * HSum(corr);
+  if (b < nb) total += DotQ4_0(row + 18 * b, x, nb - b, b);
+  return total;
+}
+
+float DotQ8_0Wide(const std::uint8_t* row, const Q8Blocks& x, std::size_t nb) {
+  // Codes w + 128 as unsigned bytes (w ^ 0x80): dot(w, x) = dot(w + 128, x) - 128 * sum(x).
+  __m512 acc = _mm512_setzero_ps();
+  __m256 corr = _mm256_setzero_ps();
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80)), zero = _mm512_setzero_si512();
+  const __m512i idx[4] = {PairIndex(0), PairIndex(1), PairIndex(2), PairIndex(3)};
+  std::size_t b = 0;
+  for (; b + 8 <= nb; b += 8) {
+    const std::uint8_t* blk = row + 34 * b;
+    const __m256 dw = Scales8(blk, 34);
+    const __m512 sv = _mm512_castps256_ps512(_mm256_mul_ps(dw, _mm256_loadu_ps(x.d.data() + b)));
+    corr = _mm256_fmadd_ps(dw, _mm256_loadu_ps(x.ds.data() + b), corr);
+    for (int k = 0; k < 4; ++k) {
+      const std::uint8_t* p0 = blk + 68 * k + 2;
+      const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(Load32(p0)), Load32(p0 + 34), 1);
+      const __m512i s = _mm512_loadu_si512(x.q.data() + 32 * (b + 2 * k));
+      const __m512i p = DotU8S8x64(zero, _mm512_xor_si512(w, flip), s);
+      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_permutexvar_ps(idx[k], sv), acc);
+    }
+  }
+  float total = _mm512_reduce_add_ps(acc) - 128.0f * HSum(corr);
+  if (b < nb) total += DotQ8_0(row + 34 * b, x, nb - b, b);
+  return total;
+}
+
+// Q4_K: the 8 sub-blocks of a super-block are 8 consecutive activation blocks; sub-blocks 2j and
+// 2j+1 share 32 code bytes (low / high nibbles), which is exactly the contiguous 64 activation bytes.
+float DotQ4_KWide(const std::uint8_t* row, const Q8Blocks& x, std::size_t n_super) {
+  __m512 acc = _mm512_setzero_ps();
+  __m256 corr = _mm256_setzero_ps();
+  const __m256i m4 = _mm256_set1_epi8(0x0f);
+  const __m512i zero = _mm512_setzero_si512();
+  const __m512i idx[4] = {PairIndex(0), PairIndex(1), PairIndex(2), PairIndex(3)};
+  for (std::size_t i = 0; i < n_super; ++i) {
+    const std::uint8_t* blk = row + 144 * i;
+    const float d = Half(blk), dmin = Half(blk + 2);
+    // The 8 six-bit scales and mins, four at a time in 32-bit words (ScaleMinK4's layout):
+    // scales 0-3 = w0 & 63, mins 0-3 = w1 & 63, scales 4-7 = (w2 & 15) | (w0 >> 6) << 4,
+    // mins 4-7 = (w2 >> 4 & 15) | (w1 >> 6) << 4, per byte.
+    std::uint32_t w[3];
+    std::memcpy(w, blk + 4, 12);
+    const std::uint32_t sc_lo = w[0] & 0x3f3f3f3fu, mn_lo = w[1] & 0x3f3f3f3fu;
+    const std::uint32_t sc_hi = (w[2] & 0x0f0f0f0fu) | (((w[0] >> 6) & 0x03030303u) << 4);
+    const std::uint32_t mn_hi = ((w[2] >> 4) & 0x0f0f0f0fu) | (((w[1] >> 6) & 0x03030303u) << 4);
+    const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>((std::uint64_t{sc_hi} << 32) | sc_lo))));
+    const __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>((std::uint64_t{mn_hi} << 32) | mn_lo))));
+    const std::size_t b = 8 * i;
+    const __m512 sv = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(d), sc), _mm256_loadu_ps(x.d.data() + b)));
+    corr = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(dmin), mn), _mm256_loadu_ps(x.ds.data() + b), corr);
+    for (int j = 0; j < 4; ++j) {
+      const __m256i q = Load32(blk + 16 + 32 * j);
+      const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+      const __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+      const __m512i s = _mm512_loadu_si512(x.q.data() + 32 * (b + 2 * j));
+      const __m512i p = DotU8S8x64(zero, u, s);
+      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_permutexvar_ps(idx[j], sv), acc);
+    }
+  }
+  return _mm512_reduce_add_ps(acc) - HSum(corr);
+}
+#endif
 
 #else
 // ---------------------------------------------------------------------------------------------
@@ -297,9 +424,15 @@ void GemvRows(WeightType type, const void* w, std::size_t row_bytes, std::size_t
   for (std::size_t r = r0; r < r1; ++r) {
     const std::uint8_t* row = base + r * row_bytes;
     switch (type) {
+#if HWY_TARGET == HWY_AVX3_DL
+      case WeightType::q8_0: y[r] = DotQ8_0Wide(row, x, cols / 32); break;
+      case WeightType::q4_0: y[r] = DotQ4_0Wide(row, x, cols / 32); break;
+      case WeightType::q4_k: y[r] = DotQ4_KWide(row, x, cols / 256); break;
+#else
       case WeightType::q8_0: y[r] = DotQ8_0(row, x, cols / 32); break;
       case WeightType::q4_0: y[r] = DotQ4_0(row, x, cols / 32); break;
       case WeightType::q4_k: y[r] = DotQK_MinMax<4>(row, x, cols / 256); break;
+#endif
       case WeightType::q5_k: y[r] = DotQK_MinMax<5>(row, x, cols / 256); break;
       case WeightType::q6_k: y[r] = DotQ6_K(row, x, cols / 256); break;
       default: y[r] = 0; break;
@@ -441,6 +574,16 @@ void quantize_activation(const float* x, std::size_t n, Q8Blocks& out) {
     out.ds[b] = d * static_cast<float>(s0 + s1);
     out.s16[2 * b] = s0;
     out.s16[2 * b + 1] = s1;
+  }
+  const std::size_t pairs = n / 64;
+  if (out.q_pairs.size() < pairs * 64) out.q_pairs.resize(pairs * 64);
+  for (std::size_t p = 0; p < pairs; ++p) {
+    const std::int8_t* a = out.q.data() + 64 * p;
+    std::int8_t* o = out.q_pairs.data() + 64 * p;
+    std::memcpy(o, a, 16);
+    std::memcpy(o + 16, a + 32, 16);
+    std::memcpy(o + 32, a + 16, 16);
+    std::memcpy(o + 48, a + 48, 16);
   }
 }
 

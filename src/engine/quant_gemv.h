@@ -28,6 +28,9 @@ struct Q8Blocks {
   std::vector<float> d;           // [n / 32] scale of each block: x ~ q * d
   std::vector<float> ds;          // [n / 32] d * (sum of the block's 32 codes)
   std::vector<std::int32_t> s16;  // [n / 16] sum of each 16 codes (Q6_K's sub-blocks)
+  // [n / 64 * 64] the codes of block pairs (2p, 2p+1) as Q4_0's nibbles pair them: first halves
+  // of both blocks, then second halves (q_2p[0:16], q_2p+1[0:16], q_2p[16:32], q_2p+1[16:32]).
+  std::vector<std::int8_t> q_pairs;
 };
 // Quantizes x[n] into `out` (its buffers grow as needed, never shrink: no allocation once warm).
 void quantize_activation(const float* x, std::size_t n, Q8Blocks& out);
