@@ -298,14 +298,20 @@ float DotQ8_0Wide(const std::uint8_t* row, const Q8Blocks& x, std::size_t nb) {
 
 // Q4_K: the 8 sub-blocks of a super-block are 8 consecutive activation blocks; sub-blocks 2j and
 // 2j+1 share 32 code bytes (low / high nibbles), which is exactly the contiguous 64 activation bytes.
-float DotQ4_KWide(const std::uint8_t* row, const Q8Blocks& x, std::size_t n_super) {
+// Q5_K (kBits 5) as Q4_K with bit 4 of each code from qh.
+template <int kBits>
+float DotQK_Wide(const std::uint8_t* row, const Q8Blocks& x, std::size_t n_super) {
+  constexpr std::size_t kBlockBytes = kBits == 4 ? 144 : 176;
   __m512 acc = _mm512_setzero_ps();
   __m256 corr = _mm256_setzero_ps();
-  const __m256i m4 = _mm256_set1_epi8(0x0f);
+  const __m256i m4 = _mm256_set1_epi8(0x0f), bit4 = _mm256_set1_epi8(0x10);
   const __m512i zero = _mm512_setzero_si512();
   const __m512i idx[4] = {PairIndex(0), PairIndex(1), PairIndex(2), PairIndex(3)};
   for (std::size_t i = 0; i < n_super; ++i) {
-    const std::uint8_t* blk = row + 144 * i;
+    const std::uint8_t* blk = row + kBlockBytes * i;
+    const std::uint8_t* qs = blk + 16 + (kBits == 5 ? 32 : 0);
+    __m256i qh = _mm256_setzero_si256();
+    if constexpr (kBits == 5) qh = Load32(blk + 16);
     const float d = Half(blk), dmin = Half(blk + 2);
     // The 8 six-bit scales and mins, four at a time in 32-bit words (ScaleMinK4's layout):
     // scales 0-3 = w0 & 63, mins 0-3 = w1 & 63, scales 4-7 = (w2 & 15) | (w0 >> 6) << 4,
@@ -321,8 +327,14 @@ float DotQ4_KWide(const std::uint8_t* row, const Q8Blocks& x, std::size_t n_supe
     const __m512 sv = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(d), sc), _mm256_loadu_ps(x.d.data() + b)));
     corr = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(dmin), mn), _mm256_loadu_ps(x.ds.data() + b), corr);
     for (int j = 0; j < 4; ++j) {
-      const __m256i q = Load32(blk + 16 + 32 * j);
-      const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+      const __m256i q = Load32(qs + 32 * j);
+      __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+      if constexpr (kBits == 5) {
+        const __m256i mlo = _mm256_set1_epi8(static_cast<char>(1 << (2 * j)));
+        const __m256i mhi = _mm256_set1_epi8(static_cast<char>(1 << (2 * j + 1)));
+        lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, mlo), mlo), bit4));
+        hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, mhi), mhi), bit4));
+      }
       const __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
       const __m512i s = _mm512_loadu_si512(x.q.data() + 32 * (b + 2 * j));
       const __m512i p = DotU8S8x64(zero, u, s);
@@ -330,6 +342,43 @@ float DotQ4_KWide(const std::uint8_t* row, const Q8Blocks& x, std::size_t n_supe
     }
   }
   return _mm512_reduce_add_ps(acc) - HSum(corr);
+}
+
+// Q6_K: the 16 per-16 scales of a super-block times d and their activation block's scale as one
+// zmm; each zmm of codes (two activation blocks) covers 4 of them, spread with one permute.
+float DotQ6_KWide(const std::uint8_t* row, const Q8Blocks& x, std::size_t n_super) {
+  __m512 acc = _mm512_setzero_ps(), corr = _mm512_setzero_ps();
+  const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x30);
+  const __m512i zero = _mm512_setzero_si512();
+  const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  __m512i idx[4];
+  for (int q = 0; q < 4; ++q) {
+    idx[q] = _mm512_setr_epi32(4 * q, 4 * q, 4 * q, 4 * q, 4 * q + 1, 4 * q + 1, 4 * q + 1, 4 * q + 1, 4 * q + 2,
+                               4 * q + 2, 4 * q + 2, 4 * q + 2, 4 * q + 3, 4 * q + 3, 4 * q + 3, 4 * q + 3);
+  }
+  for (std::size_t i = 0; i < n_super; ++i) {
+    const std::uint8_t* blk = row + 210 * i;
+    const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192))));
+    const __m512 xd = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(x.d.data() + 8 * i)));
+    const __m512 sv = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(Half(blk + 208)), sc), xd);
+    corr = _mm512_fmadd_ps(sv, _mm512_cvtepi32_ps(_mm512_loadu_si512(x.s16.data() + 16 * i)), corr);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i l0 = Load32(blk + 64 * h), l1 = Load32(blk + 64 * h + 32), qh = Load32(blk + 128 + 32 * h);
+      const __m256i u[4] = {
+          _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m2)),
+          _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m2)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2)),
+      };
+      for (int kk = 0; kk < 2; ++kk) {
+        const __m512i zu = _mm512_inserti64x4(_mm512_castsi256_si512(u[2 * kk]), u[2 * kk + 1], 1);
+        const __m512i s = _mm512_loadu_si512(x.q.data() + 32 * (8 * i + 4 * h + 2 * kk));
+        const __m512i p = DotU8S8x64(zero, zu, s);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_permutexvar_ps(idx[2 * h + kk], sv), acc);
+      }
+    }
+  }
+  return _mm512_reduce_add_ps(acc) - 32.0f * _mm512_reduce_add_ps(corr);
 }
 #endif
 
@@ -427,14 +476,16 @@ void GemvRows(WeightType type, const void* w, std::size_t row_bytes, std::size_t
 #if HWY_TARGET == HWY_AVX3_DL
       case WeightType::q8_0: y[r] = DotQ8_0Wide(row, x, cols / 32); break;
       case WeightType::q4_0: y[r] = DotQ4_0Wide(row, x, cols / 32); break;
-      case WeightType::q4_k: y[r] = DotQ4_KWide(row, x, cols / 256); break;
+      case WeightType::q4_k: y[r] = DotQK_Wide<4>(row, x, cols / 256); break;
+      case WeightType::q5_k: y[r] = DotQK_Wide<5>(row, x, cols / 256); break;
+      case WeightType::q6_k: y[r] = DotQ6_KWide(row, x, cols / 256); break;
 #else
       case WeightType::q8_0: y[r] = DotQ8_0(row, x, cols / 32); break;
       case WeightType::q4_0: y[r] = DotQ4_0(row, x, cols / 32); break;
       case WeightType::q4_k: y[r] = DotQK_MinMax<4>(row, x, cols / 256); break;
-#endif
       case WeightType::q5_k: y[r] = DotQK_MinMax<5>(row, x, cols / 256); break;
       case WeightType::q6_k: y[r] = DotQ6_K(row, x, cols / 256); break;
+#endif
       default: y[r] = 0; break;
     }
   }
