@@ -356,6 +356,33 @@ TEST(GgufErrors, EveryUnsupportedTensorTypeIsNamed) {
                 "F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K"});
 }
 
+TEST(GgufErrors, KQuantRowsAndSizesAreChecked) {
+  // A Q4_K row must be whole 256-value super-blocks.
+  {
+    gguf::Writer w;
+    w.add_string("general.architecture", "llama");
+    w.add_tensor("a", TensorType::q4_k, {128, 2}, std::vector<std::byte>(144));
+    expect_error([&] { gguf::parse(w.bytes(), "x.gguf"); }, {"tensor 'a'", "Q4_K", "multiple of 256", "128"});
+  }
+  // A Q6_K tensor whose blocks run past the end of the file (2 super-blocks claimed, 1 stored).
+  {
+    gguf::Writer w;
+    w.add_string("general.architecture", "llama");
+    w.add_tensor("b", TensorType::q6_k, {256, 2}, std::vector<std::byte>(210));
+    std::vector<std::byte> bytes = w.bytes();
+    expect_error([&] { gguf::parse(bytes, "x.gguf"); }, {"tensor 'b'", "420 bytes"});
+  }
+  // Sizes follow the block counts: 3 rows of 512 Q5_K values = 6 super-blocks of 176 bytes.
+  {
+    gguf::Writer w;
+    w.add_string("general.architecture", "llama");
+    w.add_tensor("c", TensorType::q5_k, {512, 3}, std::vector<std::byte>(6 * 176));
+    const std::vector<std::byte> bytes = w.bytes();
+    const gguf::Header h = gguf::parse(bytes, "x.gguf");
+    EXPECT_EQ(h.tensors.at(0).nbytes, 6u * 176u);
+  }
+}
+
 TEST(GgufErrors, MissingKeyAndUnexpectedTensorAreNamed) {
   TempDir tmp;
   {
