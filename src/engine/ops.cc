@@ -364,6 +364,28 @@ void matmul(const Matrix& w, const float* x, std::size_t n, float* y, float* til
     for (std::size_t s = 0; s < n; ++s) gemv(w, x + s * w.cols, y + s * w.rows, pool);
     return;
   }
+  if (is_block_type(w.type) && qgemv::gemm_is_packed()) {
+    // Block weights on AVX-512 VNNI: int8 products over repacked 16-row tiles (quant_gemv.h), each
+    // token's activation quantized once; the pool splits the rows in multiples of 16.
+    thread_local std::vector<qgemv::Q8Blocks> caller_xs;
+    std::vector<qgemv::Q8Blocks>& xs = caller_xs;  // a local reference: the workers read the caller's
+    if (xs.size() < n) xs.resize(n);
+    for (std::size_t s = 0; s < n; ++s) qgemv::quantize_activation(x + s * w.cols, w.cols, xs[s]);
+    const int parts = pool != nullptr ? pool->threads() : 1;
+    const std::size_t per = (w.rows + parts - 1) / parts;
+    const std::size_t step = (per + 15) / 16 * 16;
+    auto part = [&](int i) {
+      const std::size_t r0 = std::min(w.rows, static_cast<std::size_t>(i) * step);
+      const std::size_t r1 = std::min(w.rows, r0 + step);
+      if (r0 < r1) qgemv::gemm_rows(w.type, w.data, w.row_bytes(), w.cols, xs.data(), n, y, w.rows, r0, r1);
+    };
+    if (pool != nullptr) {
+      pool->for_each(parts, part);
+    } else {
+      part(0);
+    }
+    return;
+  }
   const int parts = pool != nullptr ? pool->threads() : 1;
   if (parts == 1 || w.rows < 32 * static_cast<std::size_t>(parts)) {
     matmul_rows(w, x, n, y, tile, w.type == WeightType::f32 ? w.rows : tile_rows, 0, w.rows);

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "engine/gguf.h"
 #include "engine/quant_gemv.h"
@@ -491,6 +492,217 @@ void GemvRows(WeightType type, const void* w, std::size_t row_bytes, std::size_t
   }
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// Prefill: Y[t, r] for several tokens. AVX3_DL repacks 16 weight rows at a time into unsigned
+// byte codes laid out [unit of 16 values][4-byte chunk][row][4 bytes] with an fp32 scale and offset
+// per (unit, row) (value = scale * code - offset), so one vpdpbusd with the token's 4 activation
+// bytes broadcast advances 16 rows at once; every (unit, token) then costs one convert and two FMAs
+// for 16 rows. Other targets run the gemv kernel once per token.
+
+#if HWY_TARGET == HWY_AVX3_DL
+// Row `row` of `type` as unsigned codes [cols] and per-16 scale / offset [cols / 16].
+void DecodeCodes(WeightType type, const std::uint8_t* row, std::size_t cols, std::uint8_t* codes, float* sc, float* off) {
+  const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x30), bit4 = _mm256_set1_epi8(0x10);
+  auto store = [&](std::size_t e, __m256i c, float s0, float o0, float s1, float o1) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + e), c);
+    sc[e / 16] = s0;
+    off[e / 16] = o0;
+    sc[e / 16 + 1] = s1;
+    off[e / 16 + 1] = o1;
+  };
+  switch (type) {
+    case WeightType::q8_0:
+      for (std::size_t b = 0; b < cols / 32; ++b) {
+        const float d = Half(row + 34 * b);
+        store(32 * b, _mm256_xor_si256(Load32(row + 34 * b + 2), _mm256_set1_epi8(static_cast<char>(0x80))), d, 128 * d, d, 128 * d);
+      }
+      return;
+    case WeightType::q4_0:
+      for (std::size_t b = 0; b < cols / 32; ++b) {
+        const float d = Half(row + 18 * b);
+        store(32 * b, Q4_0Codes(row + 18 * b + 2), d, 8 * d, d, 8 * d);
+      }
+      return;
+    case WeightType::q4_k:
+    case WeightType::q5_k: {
+      const bool five = type == WeightType::q5_k;
+      const std::size_t bb = five ? 176 : 144;
+      for (std::size_t i = 0; i < cols / 256; ++i) {
+        const std::uint8_t* blk = row + bb * i;
+        const float d = Half(blk), dmin = Half(blk + 2);
+        const std::uint8_t* qs = blk + 16 + (five ? 32 : 0);
+        const __m256i qh = five ? Load32(blk + 16) : _mm256_setzero_si256();
+        for (int j = 0; j < 4; ++j) {
+          int sc0, m0, sc1, m1;
+          ScaleMinK4(blk + 4, 2 * j, sc0, m0);
+          ScaleMinK4(blk + 4, 2 * j + 1, sc1, m1);
+          const __m256i q = Load32(qs + 32 * j);
+          __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+          if (five) {
+            const __m256i mlo = _mm256_set1_epi8(static_cast<char>(1 << (2 * j)));
+            const __m256i mhi = _mm256_set1_epi8(static_cast<char>(1 << (2 * j + 1)));
+            lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, mlo), mlo), bit4));
+            hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, mhi), mhi), bit4));
+          }
+          const float s0 = d * static_cast<float>(sc0), o0 = dmin * static_cast<float>(m0);
+          const float s1 = d * static_cast<float>(sc1), o1 = dmin * static_cast<float>(m1);
+          store(256 * i + 64 * j, lo, s0, o0, s0, o0);
+          store(256 * i + 64 * j + 32, hi, s1, o1, s1, o1);
+        }
+      }
+      return;
+    }
+    case WeightType::q6_k:
+      for (std::size_t i = 0; i < cols / 256; ++i) {
+        const std::uint8_t* blk = row + 210 * i;
+        const float d = Half(blk + 208);
+        const auto* scl = reinterpret_cast<const std::int8_t*>(blk + 192);
+        for (int h = 0; h < 2; ++h) {
+          const __m256i l0 = Load32(blk + 64 * h), l1 = Load32(blk + 64 * h + 32), qh = Load32(blk + 128 + 32 * h);
+          const __m256i u[4] = {
+              _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m2)),
+              _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2)),
+              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m2)),
+              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2)),
+          };
+          for (int k = 0; k < 4; ++k) {
+            const float s0 = d * static_cast<float>(scl[8 * h + 2 * k]), s1 = d * static_cast<float>(scl[8 * h + 2 * k + 1]);
+            store(256 * i + 128 * h + 32 * k, u[k], s0, 32 * s0, s1, 32 * s1);
+          }
+        }
+      }
+      return;
+    default: return;
+  }
+}
+
+// acc + w (16 rows x 4 unsigned bytes) . the 4 signed bytes at p broadcast to every row.
+HWY_INLINE __m512i DotBcast(__m512i acc, __m512i w, const std::int8_t* p) {
+  __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*reinterpret_cast<const std::int32_t*>(p)));
+  return acc;
+}
+
+// Formats whose two 16-value halves of a 32-value block share the scale and offset (all but
+// Q6_K): one int32 sum per (block, token), then one convert and two FMAs for 16 rows.
+template <int NT>
+void TileTokens32(const std::uint8_t* tc, const float* ts, const float* to, std::size_t units, const Q8Blocks* xs,
+                  std::size_t t0, float* y, std::size_t ldy, std::size_t r0, std::size_t nr) {
+  __m512 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  const __m512i zero = _mm512_setzero_si512();
+  for (std::size_t b = 0; b < units / 2; ++b) {
+    const std::uint8_t* w = tc + b * 512;
+    __m512i wv[8];
+    for (int c = 0; c < 8; ++c) wv[c] = _mm512_loadu_si512(w + 64 * c);
+    const __m512 sv = _mm512_loadu_ps(ts + 32 * b), ov = _mm512_loadu_ps(to + 32 * b);
+    for (int t = 0; t < NT; ++t) {
+      const Q8Blocks& x = xs[t0 + t];
+      const std::int8_t* xq = x.q.data() + 32 * b;
+      __m512i p = DotBcast(zero, wv[0], xq);
+      for (int c = 1; c < 8; ++c) p = DotBcast(p, wv[c], xq + 4 * c);
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(sv, _mm512_set1_ps(x.d[b])), acc[t]);
+      acc[t] = _mm512_fnmadd_ps(ov, _mm512_set1_ps(x.ds[b]), acc[t]);
+    }
+  }
+  const __mmask16 m = static_cast<__mmask16>((1u << nr) - 1u);
+  for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(y + (t0 + t) * ldy + r0, m, acc[t]);
+}
+
+template <int NT>
+void TileTokens(const std::uint8_t* tc, const float* ts, const float* to, std::size_t units, const Q8Blocks* xs,
+                std::size_t t0, float* y, std::size_t ldy, std::size_t r0, std::size_t nr) {
+  __m512 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  const __m512i zero = _mm512_setzero_si512();
+  for (std::size_t u = 0; u < units; ++u) {
+    const std::uint8_t* w = tc + u * 256;
+    const __m512i w0 = _mm512_loadu_si512(w), w1 = _mm512_loadu_si512(w + 64), w2 = _mm512_loadu_si512(w + 128),
+                  w3 = _mm512_loadu_si512(w + 192);
+    const __m512 sv = _mm512_loadu_ps(ts + 16 * u), ov = _mm512_loadu_ps(to + 16 * u);
+    for (int t = 0; t < NT; ++t) {
+      const Q8Blocks& x = xs[t0 + t];
+      const std::int8_t* xq = x.q.data() + 16 * u;
+      __m512i p = DotBcast(zero, w0, xq);
+      p = DotBcast(p, w1, xq + 4);
+      p = DotBcast(p, w2, xq + 8);
+      p = DotBcast(p, w3, xq + 12);
+      const float dx = x.d[u / 2];
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(sv, _mm512_set1_ps(dx)), acc[t]);
+      acc[t] = _mm512_fnmadd_ps(ov, _mm512_set1_ps(dx * static_cast<float>(x.s16[u])), acc[t]);
+    }
+  }
+  const __mmask16 m = static_cast<__mmask16>((1u << nr) - 1u);
+  for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(y + (t0 + t) * ldy + r0, m, acc[t]);
+}
+#endif
+
+void GemmRows(WeightType type, const void* w, std::size_t row_bytes, std::size_t cols, const Q8Blocks* xs, std::size_t n,
+              float* y, std::size_t ldy, std::size_t r0, std::size_t r1) {
+#if HWY_TARGET == HWY_AVX3_DL
+  const std::size_t units = cols / 16;
+  thread_local std::vector<std::uint8_t> row_codes, tile_codes;
+  thread_local std::vector<float> row_s, row_o, tile_s, tile_o;
+  if (row_codes.size() < cols + 64) row_codes.resize(cols + 64);
+  if (row_s.size() < units) {
+    row_s.resize(units);
+    row_o.resize(units);
+  }
+  if (tile_codes.size() < 16 * cols) tile_codes.resize(16 * cols);
+  if (tile_s.size() < 16 * units) {
+    tile_s.resize(16 * units);
+    tile_o.resize(16 * units);
+  }
+  const auto* base = static_cast<const std::uint8_t*>(w);
+  for (std::size_t rt = r0; rt < r1; rt += 16) {
+    const std::size_t nr = std::min<std::size_t>(16, r1 - rt);
+    for (std::size_t r = 0; r < 16; ++r) {
+      if (r < nr) {
+        DecodeCodes(type, base + (rt + r) * row_bytes, cols, row_codes.data(), row_s.data(), row_o.data());
+      } else {
+        std::memset(row_codes.data(), 0, cols);
+        std::fill_n(row_s.data(), units, 0.0f);
+        std::fill_n(row_o.data(), units, 0.0f);
+      }
+      for (std::size_t u = 0; u < units; ++u) {
+        for (int c = 0; c < 4; ++c) std::memcpy(tile_codes.data() + ((u * 4 + c) * 16 + r) * 4, row_codes.data() + 16 * u + 4 * c, 4);
+        tile_s[u * 16 + r] = row_s[u];
+        tile_o[u * 16 + r] = row_o[u];
+      }
+    }
+    const std::uint8_t* tc = tile_codes.data();
+    const float *ts = tile_s.data(), *to = tile_o.data();
+    std::size_t t = 0;
+    if (type == WeightType::q6_k) {
+      for (; t + 4 <= n; t += 4) TileTokens<4>(tc, ts, to, units, xs, t, y, ldy, rt, nr);
+      switch (n - t) {
+        case 3: TileTokens<3>(tc, ts, to, units, xs, t, y, ldy, rt, nr); break;
+        case 2: TileTokens<2>(tc, ts, to, units, xs, t, y, ldy, rt, nr); break;
+        case 1: TileTokens<1>(tc, ts, to, units, xs, t, y, ldy, rt, nr); break;
+        default: break;
+      }
+    } else {
+      for (; t + 4 <= n; t += 4) TileTokens32<4>(tc, ts, to, units, xs, t, y, ldy, rt, nr);
+      switch (n - t) {
+        case 3: TileTokens32<3>(tc, ts, to, units, xs, t, y, ldy, rt, nr); break;
+        case 2: TileTokens32<2>(tc, ts, to, units, xs, t, y, ldy, rt, nr); break;
+        case 1: TileTokens32<1>(tc, ts, to, units, xs, t, y, ldy, rt, nr); break;
+        default: break;
+      }
+    }
+  }
+#else
+  thread_local std::vector<float> col;
+  if (col.size() < r1) col.resize(r1);
+  for (std::size_t t = 0; t < n; ++t) {
+    GemvRows(type, w, row_bytes, cols, xs[t], col.data(), r0, r1);
+    std::copy(col.data() + r0, col.data() + r1, y + t * ldy + r0);
+  }
+#endif
+}
+
+bool GemmIsPacked() { return HWY_TARGET == HWY_AVX3_DL; }
+
 // ---------------------------------------------------------------------------------------------
 // Dequantization (prefill tiles, embedding rows).
 
@@ -600,6 +812,8 @@ namespace kvslim::engine::qgemv {
 HWY_EXPORT(GemvRows);
 HWY_EXPORT(Dequantize);
 HWY_EXPORT(TargetName);
+HWY_EXPORT(GemmRows);
+HWY_EXPORT(GemmIsPacked);
 
 void quantize_activation(const float* x, std::size_t n, Q8Blocks& out) {
   out.n = n;
@@ -648,6 +862,13 @@ void dequantize(WeightType type, const void* src, float* dst, std::size_t n) {
 }
 
 const char* target_name() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
+
+void gemm_rows(WeightType type, const void* w, std::size_t row_bytes, std::size_t cols, const Q8Blocks* xs, std::size_t n,
+               float* y, std::size_t ldy, std::size_t r0, std::size_t r1) {
+  HWY_DYNAMIC_DISPATCH(GemmRows)(type, w, row_bytes, cols, xs, n, y, ldy, r0, r1);
+}
+
+bool gemm_is_packed() { return HWY_DYNAMIC_DISPATCH(GemmIsPacked)(); }
 
 }  // namespace kvslim::engine::qgemv
 #endif  // HWY_ONCE

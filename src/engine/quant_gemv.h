@@ -40,6 +40,14 @@ void quantize_activation(const float* x, std::size_t n, Q8Blocks& out);
 void gemv_rows(WeightType type, const void* w, std::size_t row_bytes, std::size_t cols, const Q8Blocks& x, float* y,
                std::size_t r0, std::size_t r1);
 
+// Prefill's product over several tokens: y[t * ldy + r] = dot(row r, xs[t]) for t < n, r in
+// [r0, r1). On AVX-512 VNNI (gemm_is_packed()) 16 rows at a time are repacked into unsigned codes
+// with a scale and offset per 16 values, and each vpdpbusd advances 16 rows of one token; elsewhere
+// it is gemv_rows per token.
+void gemm_rows(WeightType type, const void* w, std::size_t row_bytes, std::size_t cols, const Q8Blocks* xs, std::size_t n,
+               float* y, std::size_t ldy, std::size_t r0, std::size_t r1);
+bool gemm_is_packed();
+
 // n values of `type` (whole blocks) decoded to fp32 with SIMD: the same values as gguf::to_float.
 void dequantize(WeightType type, const void* src, float* dst, std::size_t n);
 
