@@ -310,7 +310,7 @@ void gemv(const Matrix& w, const float* x, float* y, ThreadPool* pool) {
   const bool blocks = is_block_type(w.type);
   thread_local qgemv::Q8Blocks caller_xq;
   qgemv::Q8Blocks& xq = caller_xq;  // a local reference: the pool's workers read the caller's blocks
-  if (blocks) qgemv::quantize_activation(x, w.cols, xq);
+  if (blocks) qgemv::quantize_activation(x, w.cols, xq, qgemv::activation_format(w.type));
   auto rows = [&](std::size_t r0, std::size_t r1) {
     if (blocks) {
       qgemv::gemv_rows(w.type, w.data, w.row_bytes(), w.cols, xq, y, r0, r1);
@@ -370,7 +370,8 @@ void matmul(const Matrix& w, const float* x, std::size_t n, float* y, float* til
     thread_local std::vector<qgemv::Q8Blocks> caller_xs;
     std::vector<qgemv::Q8Blocks>& xs = caller_xs;  // a local reference: the workers read the caller's
     if (xs.size() < n) xs.resize(n);
-    for (std::size_t s = 0; s < n; ++s) qgemv::quantize_activation(x + s * w.cols, w.cols, xs[s]);
+    const qgemv::ActivationFormat format = qgemv::activation_format(w.type);
+    for (std::size_t s = 0; s < n; ++s) qgemv::quantize_activation(x + s * w.cols, w.cols, xs[s], format);
     const int parts = pool != nullptr ? pool->threads() : 1;
     const std::size_t per = (w.rows + parts - 1) / parts;
     const std::size_t step = (per + 15) / 16 * 16;

@@ -815,7 +815,12 @@ HWY_EXPORT(TargetName);
 HWY_EXPORT(GemmRows);
 HWY_EXPORT(GemmIsPacked);
 
-void quantize_activation(const float* x, std::size_t n, Q8Blocks& out) {
+ActivationFormat activation_format(WeightType type) {
+  return type == WeightType::q4_k || type == WeightType::q5_k || type == WeightType::q6_k ? ActivationFormat::q8_k
+                                                                                          : ActivationFormat::q8_0;
+}
+
+void quantize_activation(const float* x, std::size_t n, Q8Blocks& out, ActivationFormat format) {
   out.n = n;
   if (out.q.size() < n) out.q.resize(n);
   if (out.d.size() < n / 32) {
@@ -823,22 +828,43 @@ void quantize_activation(const float* x, std::size_t n, Q8Blocks& out) {
     out.ds.resize(n / 32);
   }
   if (out.s16.size() < n / 16) out.s16.resize(n / 16);
-  for (std::size_t b = 0; b < n / 32; ++b) {
-    const float* v = x + 32 * b;
-    float amax = 0;
-    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(v[j]));
-    const float d = amax / 127.0f;
-    const float id = d != 0 ? 1.0f / d : 0.0f;
-    std::int8_t* q = out.q.data() + 32 * b;
-    std::int32_t s0 = 0, s1 = 0;
-    for (int j = 0; j < 32; ++j) {
-      q[j] = static_cast<std::int8_t>(std::lrintf(v[j] * id));
-      (j < 16 ? s0 : s1) += q[j];
+  // Per 32 values (or, q8_K, per 256): codes q and the scale d the products use.
+  const std::size_t group = format == ActivationFormat::q8_k ? 256 : 32;
+  for (std::size_t g = 0; g < n / group; ++g) {
+    const float* v = x + group * g;
+    float amax = 0, max = 0;  // the largest magnitude, and the value that has it
+    for (std::size_t j = 0; j < group; ++j) {
+      if (std::fabs(v[j]) > amax) {
+        amax = std::fabs(v[j]);
+        max = v[j];
+      }
     }
-    out.d[b] = d;
-    out.ds[b] = d * static_cast<float>(s0 + s1);
-    out.s16[2 * b] = s0;
-    out.s16[2 * b + 1] = s1;
+    float d = 0, id = 0;
+    switch (format) {
+      case ActivationFormat::fine: d = amax / 127.0f, id = d != 0 ? 1.0f / d : 0.0f; break;
+      case ActivationFormat::q8_0:  // ggml's x86 quantize_row_q8_0: codes from 127 / amax, d stored as fp16
+        id = amax != 0 ? 127.0f / amax : 0.0f;
+        d = fp16_to_f32(f32_to_fp16(amax / 127.0f));
+        break;
+      case ActivationFormat::q8_k:  // ggml's quantize_row_q8_K_ref: iscale = -127 / max, d = 1 / iscale
+        if (amax != 0) {
+          id = -127.0f / max;
+          d = 1.0f / id;
+        }
+        break;
+    }
+    for (std::size_t b = group * g / 32; b < group * (g + 1) / 32; ++b) {
+      std::int8_t* q = out.q.data() + 32 * b;
+      std::int32_t s0 = 0, s1 = 0;
+      for (int j = 0; j < 32; ++j) {
+        q[j] = static_cast<std::int8_t>(std::min(127L, std::lrintf(x[32 * b + j] * id)));
+        (j < 16 ? s0 : s1) += q[j];
+      }
+      out.d[b] = d;
+      out.ds[b] = d * static_cast<float>(s0 + s1);
+      out.s16[2 * b] = s0;
+      out.s16[2 * b + 1] = s1;
+    }
   }
   const std::size_t pairs = n / 64;
   if (out.q_pairs.size() < pairs * 64) out.q_pairs.resize(pairs * 64);

@@ -32,8 +32,18 @@ struct Q8Blocks {
   // of both blocks, then second halves (q_2p[0:16], q_2p+1[0:16], q_2p[16:32], q_2p+1[16:32]).
   std::vector<std::int8_t> q_pairs;
 };
-// Quantizes x[n] into `out` (its buffers grow as needed, never shrink: no allocation once warm).
-void quantize_activation(const float* x, std::size_t n, Q8Blocks& out);
+// How the activation is rounded to int8 (the kernels take any of them: each 32 values carry their
+// scale). q8_0 / q8_k are llama.cpp's CPU formats (ggml's quantize_row_q8_0 on x86: codes from
+// 127 / max|x|, the scale stored as fp16; quantize_row_q8_K_ref: one scale per 256 values, from the
+// signed value of largest magnitude), so that kvslim's int8 products over a GGUF's blocks are
+// llama.cpp's, up to the order of the fp32 sums; fine: one fp32 scale per 32 values (the least
+// rounding, for tests and comparisons).
+enum class ActivationFormat { fine, q8_0, q8_k };
+// The format llama.cpp pairs with a weight type: q8_0 for Q8_0 / Q4_0, q8_K for the K-quants.
+ActivationFormat activation_format(WeightType type);
+// Quantizes x[n] into `out` (its buffers grow as needed, never shrink: no allocation once warm);
+// n a multiple of 32 (256 for q8_k).
+void quantize_activation(const float* x, std::size_t n, Q8Blocks& out, ActivationFormat format = ActivationFormat::fine);
 
 // y[r] = dot(row r of w, x) for r in [r0, r1). w: `type`'s blocks, rows of `row_bytes` bytes
 // holding `cols` values (a multiple of the type's block size); x.n == cols.

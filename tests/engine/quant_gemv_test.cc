@@ -312,6 +312,33 @@ TEST(QuantGemv, EveryTargetDequantizesAsTheFormat) {
   }
 }
 
+TEST(QuantGemv, LlamaCppActivationFormats) {
+  const std::vector<float> x = random_values(512, 77, 3.0f);
+  qgemv::Q8Blocks q0, qk, fine;
+  qgemv::quantize_activation(x.data(), 512, q0, qgemv::ActivationFormat::q8_0);
+  qgemv::quantize_activation(x.data(), 512, qk, qgemv::ActivationFormat::q8_k);
+  qgemv::quantize_activation(x.data(), 512, fine);
+  EXPECT_EQ(qgemv::activation_format(WeightType::q4_0), qgemv::ActivationFormat::q8_0);
+  EXPECT_EQ(qgemv::activation_format(WeightType::q6_k), qgemv::ActivationFormat::q8_k);
+  for (std::size_t b = 0; b < 16; ++b) {
+    // q8_0: the scale is an fp16 value; q8_K: one scale per 256 values (signed: -max / 127).
+    EXPECT_EQ(q0.d[b], fp16_to_f32(f32_to_fp16(q0.d[b])));
+    EXPECT_EQ(qk.d[b], qk.d[b / 8 * 8]);
+    for (std::size_t j = 0; j < 32; ++j) {
+      const std::size_t i = 32 * b + j;
+      EXPECT_LE(std::abs(q0.q[i]), 127);
+      EXPECT_LE(std::abs(qk.q[i]), 127);
+      EXPECT_NEAR(q0.q[i] * q0.d[b], x[i], std::fabs(q0.d[b]) * 0.51 + 1e-3 * std::fabs(x[i]));
+      EXPECT_NEAR(qk.q[i] * qk.d[b], x[i], std::fabs(qk.d[b]) * 0.51);
+      EXPECT_NEAR(fine.q[i] * fine.d[b], x[i], fine.d[b] * 0.51);
+    }
+    std::int32_t sum = 0;
+    for (std::size_t j = 0; j < 16; ++j) sum += qk.q[32 * b + j];
+    EXPECT_EQ(qk.s16[2 * b], sum);
+    EXPECT_FLOAT_EQ(qk.ds[b], qk.d[b] * static_cast<float>(qk.s16[2 * b] + qk.s16[2 * b + 1]));
+  }
+}
+
 TEST(QuantGemv, ZeroScalesAndZeroActivationGiveZero) {
   const std::size_t cols = 256;
   std::vector<float> x(cols, 0.0f);
