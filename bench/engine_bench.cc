@@ -7,12 +7,15 @@
 
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <vector>
 
 #include "engine/model.h"
 #include "engine/ops.h"
+#include "engine/quant_gemv.h"
 #include "engine/random_model.h"
 #include "engine/sampler.h"
+#include "kvslim/dtype.h"
 
 namespace kvslim::engine {
 namespace {
@@ -62,6 +65,67 @@ void BM_Gemv(benchmark::State& state) {
 BENCHMARK(BM_Gemv)
     ->ArgsProduct({{static_cast<int>(WeightType::bf16), static_cast<int>(WeightType::f16), static_cast<int>(WeightType::f32)},
                    {1, 2}})
+    ->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// The same shape in a block format (random code bytes, fp16 scales that keep values small).
+const std::vector<std::uint8_t>& block_bytes(WeightType type) {
+  static std::map<WeightType, std::vector<std::uint8_t>> cache;
+  auto& b = cache[type];
+  if (b.empty()) {
+    const std::size_t bb = weight_type_size(type), blocks = kRows * kCols / weight_block_elements(type);
+    b.resize(blocks * bb);
+    Rng rng(2);
+    for (auto& byte : b) byte = static_cast<std::uint8_t>(rng.next());
+    const std::uint16_t small = f32_to_fp16(0.001f);
+    for (std::size_t k = 0; k < blocks; ++k) {
+      std::uint8_t* blk = b.data() + k * bb;
+      if (type == WeightType::q6_k) {
+        std::memcpy(blk + 208, &small, 2);
+      } else {
+        std::memcpy(blk, &small, 2);
+        if (type == WeightType::q4_k || type == WeightType::q5_k) std::memcpy(blk + 2, &small, 2);
+      }
+    }
+  }
+  return b;
+}
+
+// Decode's product over block-quantized weights (engine/quant_gemv.h): bytes are the blocks' bytes.
+void BM_GemvQuant(benchmark::State& state) {
+  const auto type = static_cast<WeightType>(state.range(0));
+  const int threads = static_cast<int>(state.range(1));
+  const Matrix w{type, block_bytes(type).data(), kRows, kCols};
+  std::vector<float> x(kCols), y(kRows);
+  for (std::size_t i = 0; i < kCols; ++i) x[i] = static_cast<float>(i % 17) * 0.1f - 0.8f;
+  ThreadPool pool(threads);
+  for (auto _ : state) {
+    gemv(w, x.data(), y.data(), &pool);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * w.nbytes()));
+  state.SetLabel(std::string(weight_type_name(type)) + " " + qgemv::target_name());
+}
+BENCHMARK(BM_GemvQuant)
+    ->ArgsProduct({{static_cast<int>(WeightType::q4_0), static_cast<int>(WeightType::q8_0), static_cast<int>(WeightType::q4_k),
+                    static_cast<int>(WeightType::q5_k), static_cast<int>(WeightType::q6_k)},
+                   {1, 2}})
+    ->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// Prefill's product over block-quantized weights: tiles dequantized to fp32, then sgemm.
+void BM_MatmulQuant(benchmark::State& state) {
+  const std::size_t n = static_cast<std::size_t>(state.range(1));
+  const auto type = static_cast<WeightType>(state.range(0));
+  const Matrix w{type, block_bytes(type).data(), 2048, 2048};
+  std::vector<float> x(n * 2048, 0.25f), y(n * 2048), tile(256 * 2048);
+  for (auto _ : state) {
+    matmul(w, x.data(), n, y.data(), tile.data(), 256);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(state.iterations() * n), benchmark::Counter::kIsRate);
+  state.SetLabel(weight_type_name(type));
+}
+BENCHMARK(BM_MatmulQuant)
+    ->ArgsProduct({{static_cast<int>(WeightType::q4_0), static_cast<int>(WeightType::q4_k)}, {16, 128}})
     ->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_Matmul(benchmark::State& state) {

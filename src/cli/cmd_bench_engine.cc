@@ -18,6 +18,7 @@
 #include "cli/option_checks.h"
 #include "engine/model.h"
 #include "engine/ops.h"
+#include "engine/quant_gemv.h"
 #include "engine/sampler.h"
 #include "engine/tee_cache.h"
 #include "kvslim/convert.h"
@@ -110,8 +111,12 @@ int run(const Options& o) {
   const auto [gemv_gbs, copy_gbs] = bandwidth(model, pool, o.repeats);
   std::printf("model %s: %d layers, hidden %d, %.1f M parameters, %.1f MB read per decode step\n", o.model.c_str(),
               c.num_layers, c.hidden_size, model.parameter_count() / 1e6, model.decode_weight_bytes() / 1e6);
+  const bool block_weights = is_block_type(model.weights().layers.at(0).w_up.type);
+  const std::string gemv_kernels = block_weights ? std::string(weight_type_name(model.weights().layers[0].w_up.type)) +
+                                                       " int8 blocks, " + qgemv::target_name()
+                                                 : std::string(gemv_target_name());
   std::printf("gemv (%s, %d threads): %.2f GB/s of weights; memcpy: %.2f GB/s copied; ratio %.2f\n",
-              gemv_target_name(), o.threads, gemv_gbs, copy_gbs, gemv_gbs / copy_gbs);
+              gemv_kernels.c_str(), o.threads, gemv_gbs, copy_gbs, gemv_gbs / copy_gbs);
   // Prefill's products run on OpenBLAS's kernels, which it picks at load time (OPENBLAS_CORETYPE
   // overrides): their instruction set moves prefill speed by about 1.5x on an AVX-512 machine.
   const char* blas_core = openblas_get_corename();
@@ -119,7 +124,7 @@ int run(const Options& o) {
               blas_core != nullptr ? blas_core : "?", o.threads);
   std::printf("heap: %s; kivi / zipcache codes read by: %s\n", heap_description(o.heap), attend_packed_kernels());
   nlohmann::ordered_json out = {{"model", o.model},
-                                {"gemv_target", gemv_target_name()},
+                                {"gemv_target", gemv_kernels},
                                 {"blas_core", openblas_get_corename() != nullptr ? openblas_get_corename() : "?"},
                                 {"threads", o.threads},
                                 {"heap", o.heap},

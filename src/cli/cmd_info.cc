@@ -28,7 +28,7 @@ int run(const Options& o) {
   std::map<std::string, std::uint64_t> types;  // stored weight type -> elements
   for (const std::string& name : model.store().names()) {
     const TensorInfo* t = model.store().find(name);
-    types[weight_type_name(t->type)] += t->nbytes / weight_type_size(t->type);
+    types[weight_type_name(t->type)] += weight_elements(t->type, t->nbytes);
   }
   nlohmann::ordered_json out = {
       {"model", o.model},

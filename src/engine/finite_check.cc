@@ -1,5 +1,6 @@
 #include "engine/finite_check.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <span>
@@ -25,6 +26,16 @@ bool has_non_finite(const void* data, WeightType type, std::size_t n) {
     case WeightType::f32: return any_exponent_saturated<std::uint32_t>(data, n, 0x7f800000u);
     case WeightType::f16: return any_exponent_saturated<std::uint16_t>(data, n, 0x7c00u);
     case WeightType::bf16: return any_exponent_saturated<std::uint16_t>(data, n, 0x7f80u);
+    default: break;
+  }
+  // Block formats: decoded a chunk of whole blocks at a time (a NaN/Inf can only come from a scale).
+  const std::size_t chunk = weight_block_elements(type) * 64;
+  std::vector<float> tmp(chunk);
+  const auto* p = static_cast<const std::uint8_t*>(data);
+  for (std::size_t i = 0; i < n; i += chunk) {
+    const std::size_t m = std::min(chunk, n - i);
+    convert_weights(p + weight_bytes(type, i), type, tmp.data(), m);
+    if (!all_finite(tmp.data(), m)) return true;
   }
   return false;
 }

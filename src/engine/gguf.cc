@@ -218,13 +218,18 @@ std::string tensor_type_name(std::uint32_t ggml_type) {
 bool tensor_type_supported(std::uint32_t t) {
   switch (static_cast<TensorType>(t)) {
     case TensorType::f32: case TensorType::f16: case TensorType::bf16: case TensorType::q8_0: case TensorType::q4_0:
+    case TensorType::q4_k: case TensorType::q5_k: case TensorType::q6_k:
       return true;
   }
   return false;
 }
 
 std::size_t block_elements(TensorType type) {
-  return type == TensorType::q8_0 || type == TensorType::q4_0 ? 32 : 1;
+  switch (type) {
+    case TensorType::q8_0: case TensorType::q4_0: return 32;
+    case TensorType::q4_k: case TensorType::q5_k: case TensorType::q6_k: return 256;
+    default: return 1;
+  }
 }
 
 std::size_t block_bytes(TensorType type) {
@@ -233,6 +238,9 @@ std::size_t block_bytes(TensorType type) {
     case TensorType::f16: case TensorType::bf16: return 2;
     case TensorType::q8_0: return 34;
     case TensorType::q4_0: return 18;
+    case TensorType::q4_k: return 144;
+    case TensorType::q5_k: return 176;
+    case TensorType::q6_k: return 210;
   }
   return 0;
 }
@@ -368,6 +376,15 @@ Header parse(std::span<const std::byte> file_bytes, const std::string& file_name
 // ---------------------------------------------------------------------------------------------
 // File
 
+void File::release_pages(const std::byte* p, std::size_t n) const {
+  const auto* base = static_cast<const std::byte*>(map_);
+  if (map_ == nullptr || p < base || p + n > base + size_ || n == 0) return;
+  const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const std::uintptr_t begin = (reinterpret_cast<std::uintptr_t>(p) + page - 1) / page * page;
+  const std::uintptr_t end = (reinterpret_cast<std::uintptr_t>(p) + n) / page * page;
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
 std::shared_ptr<const File> File::open(const std::filesystem::path& path) {
   std::shared_ptr<File> f(new File());
   f->name_ = path.string();
@@ -467,6 +484,162 @@ void quantize_q4_0(const float* x, std::byte* blocks, std::size_t n) {
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// K-quants
+
+namespace {
+
+// Sub-block j's 6-bit scale and min from the 12 packed bytes of a Q4_K / Q5_K super-block.
+void k_scale_min(const std::byte* s, int j, int& scale, int& min) {
+  auto b = [&](int i) { return std::to_integer<int>(s[i]); };
+  if (j < 4) {
+    scale = b(j) & 63;
+    min = b(j + 4) & 63;
+  } else {
+    scale = (b(j + 4) & 15) | ((b(j - 4) >> 6) << 4);
+    min = (b(j + 4) >> 4) | ((b(j) >> 6) << 4);
+  }
+}
+void k_set_scale_min(std::byte* s, int j, int scale, int min) {
+  auto set = [&](int i, int v) { s[i] = static_cast<std::byte>(v); };
+  auto get = [&](int i) { return std::to_integer<int>(s[i]); };
+  if (j < 4) {
+    set(j, (get(j) & 0xc0) | scale);
+    set(j + 4, (get(j + 4) & 0xc0) | min);
+  } else {
+    set(j + 4, (scale & 15) | ((min & 15) << 4));
+    set(j - 4, (get(j - 4) & 63) | ((scale >> 4) << 6));
+    set(j, (get(j) & 63) | ((min >> 4) << 6));
+  }
+}
+
+// Q4_K / Q5_K (bits 4 or 5): values of one super-block.
+void dequantize_k_minmax(const std::byte* blk, float* out, int bits) {
+  const float d = read_scale(blk), dmin = read_scale(blk + 2);
+  const std::byte* scales = blk + 4;
+  const std::byte* qh = blk + 16;
+  const std::byte* qs = blk + 16 + (bits == 5 ? 32 : 0);
+  for (int j = 0; j < 8; ++j) {
+    int sc = 0, m = 0;
+    k_scale_min(scales, j, sc, m);
+    const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
+    for (int l = 0; l < 32; ++l) {
+      const int byte = std::to_integer<int>(qs[32 * (j / 2) + l]);
+      int q = j % 2 == 0 ? byte & 15 : byte >> 4;
+      if (bits == 5) q |= ((std::to_integer<int>(qh[l]) >> j) & 1) << 4;
+      out[32 * j + l] = d1 * static_cast<float>(q) - m1;
+    }
+  }
+}
+
+void quantize_k_minmax(const float* x, std::byte* blk, int bits) {
+  const int qmax = (1 << bits) - 1;
+  float scale[8], min[8];  // per sub-block: x ~ scale * q - min, min >= 0
+  for (int j = 0; j < 8; ++j) {
+    float lo = 0, hi = 0;
+    for (int l = 0; l < 32; ++l) {
+      lo = std::min(lo, x[32 * j + l]);
+      hi = std::max(hi, x[32 * j + l]);
+    }
+    min[j] = -lo;
+    scale[j] = (hi - lo) / static_cast<float>(qmax);
+  }
+  const float max_scale = *std::max_element(scale, scale + 8), max_min = *std::max_element(min, min + 8);
+  const float d = max_scale / 63.0f, dmin = max_min / 63.0f;
+  write_scale(blk, d);
+  write_scale(blk + 2, dmin);
+  const float df = read_scale(blk), dminf = read_scale(blk + 2);  // what the decoder will use
+  std::byte* scales = blk + 4;
+  std::memset(scales, 0, 12);
+  std::byte* qh = blk + 16;
+  std::byte* qs = blk + 16 + (bits == 5 ? 32 : 0);
+  if (bits == 5) std::memset(qh, 0, 32);
+  std::memset(qs, 0, 128);
+  for (int j = 0; j < 8; ++j) {
+    const int sc = df > 0 ? std::min(63, static_cast<int>(std::lround(scale[j] / df))) : 0;
+    const int m = dminf > 0 ? std::min(63, static_cast<int>(std::lround(min[j] / dminf))) : 0;
+    k_set_scale_min(scales, j, sc, m);
+    const float step = df * static_cast<float>(sc), offset = dminf * static_cast<float>(m);
+    for (int l = 0; l < 32; ++l) {
+      const int q = step > 0 ? std::clamp(static_cast<int>(std::lround((x[32 * j + l] + offset) / step)), 0, qmax) : 0;
+      std::byte& byte = qs[32 * (j / 2) + l];
+      byte |= static_cast<std::byte>(j % 2 == 0 ? (q & 15) : (q & 15) << 4);
+      if (bits == 5) qh[l] |= static_cast<std::byte>(((q >> 4) & 1) << j);
+    }
+  }
+}
+
+// Q6_K element e (< 256) of a super-block: its 6-bit code (0..63).
+int q6_code(const std::byte* blk, int e) {
+  const std::byte* ql = blk + 64 * (e / 128);
+  const std::byte* qh = blk + 128 + 32 * (e / 128);
+  const int p = e % 128, l = p % 32, quarter = p / 32;  // quarter: which 32 of the half
+  const int low = std::to_integer<int>(ql[l + (quarter % 2) * 32]);
+  const int nib = quarter < 2 ? low & 15 : low >> 4;
+  return nib | (((std::to_integer<int>(qh[l]) >> (2 * quarter)) & 3) << 4);
+}
+
+}  // namespace
+
+void dequantize_q4_k(const std::byte* blocks, float* out, std::size_t n) {
+  for (std::size_t b = 0; b < n / 256; ++b) dequantize_k_minmax(blocks + b * 144, out + b * 256, 4);
+}
+void dequantize_q5_k(const std::byte* blocks, float* out, std::size_t n) {
+  for (std::size_t b = 0; b < n / 256; ++b) dequantize_k_minmax(blocks + b * 176, out + b * 256, 5);
+}
+void dequantize_q6_k(const std::byte* blocks, float* out, std::size_t n) {
+  for (std::size_t b = 0; b < n / 256; ++b) {
+    const std::byte* blk = blocks + b * 210;
+    const float d = read_scale(blk + 208);
+    for (int e = 0; e < 256; ++e) {
+      const int sc = static_cast<std::int8_t>(std::to_integer<int>(blk[192 + e / 16]));
+      out[b * 256 + e] = d * static_cast<float>(sc) * static_cast<float>(q6_code(blk, e) - 32);
+    }
+  }
+}
+
+void quantize_q4_k(const float* x, std::byte* blocks, std::size_t n) {
+  for (std::size_t b = 0; b < n / 256; ++b) quantize_k_minmax(x + b * 256, blocks + b * 144, 4);
+}
+void quantize_q5_k(const float* x, std::byte* blocks, std::size_t n) {
+  for (std::size_t b = 0; b < n / 256; ++b) quantize_k_minmax(x + b * 256, blocks + b * 176, 5);
+}
+void quantize_q6_k(const float* x, std::byte* blocks, std::size_t n) {
+  for (std::size_t b = 0; b < n / 256; ++b) {
+    const float* v = x + b * 256;
+    std::byte* blk = blocks + b * 210;
+    std::memset(blk, 0, 210);
+    float scale[16];  // per 16 values: x ~ scale * (q - 32), q - 32 in -32..31
+    for (int j = 0; j < 16; ++j) {
+      float amax = 0, max = 0;
+      for (int l = 0; l < 16; ++l) {
+        if (std::fabs(v[16 * j + l]) > amax) {
+          amax = std::fabs(v[16 * j + l]);
+          max = v[16 * j + l];
+        }
+      }
+      scale[j] = max / -32.0f;
+    }
+    float amax = 0;
+    for (float s : scale) amax = std::max(amax, std::fabs(s));
+    write_scale(blk + 208, amax / 127.0f);
+    const float d = read_scale(blk + 208);
+    for (int j = 0; j < 16; ++j) {
+      const int sc = d > 0 ? std::clamp(static_cast<int>(std::lround(scale[j] / d)), -128, 127) : 0;
+      blk[192 + j] = static_cast<std::byte>(static_cast<std::uint8_t>(static_cast<std::int8_t>(sc)));
+      const float step = d * static_cast<float>(sc);
+      for (int l = 0; l < 16; ++l) {
+        const int e = 16 * j + l;
+        const int q = step != 0 ? std::clamp(static_cast<int>(std::lround(v[e] / step)), -32, 31) + 32 : 32;
+        const int p = e % 128, ll = p % 32, quarter = p / 32;
+        std::byte& low = blk[64 * (e / 128) + ll + (quarter % 2) * 32];
+        low |= static_cast<std::byte>(quarter < 2 ? (q & 15) : (q & 15) << 4);
+        blk[128 + 32 * (e / 128) + ll] |= static_cast<std::byte>((q >> 4) << (2 * quarter));
+      }
+    }
+  }
+}
+
 void to_float(const std::byte* data, TensorType type, float* out, std::size_t n) {
   switch (type) {
     case TensorType::f32: std::memcpy(out, data, n * 4); return;
@@ -486,6 +659,9 @@ void to_float(const std::byte* data, TensorType type, float* out, std::size_t n)
       return;
     case TensorType::q8_0: dequantize_q8_0(data, out, n); return;
     case TensorType::q4_0: dequantize_q4_0(data, out, n); return;
+    case TensorType::q4_k: dequantize_q4_k(data, out, n); return;
+    case TensorType::q5_k: dequantize_q5_k(data, out, n); return;
+    case TensorType::q6_k: dequantize_q6_k(data, out, n); return;
   }
 }
 

@@ -31,15 +31,18 @@ enum class ValueType : std::uint32_t {
 };
 const char* value_type_name(ValueType type);
 
-// ggml tensor types as numbered in the file (ggml.h). kvslim reads F32, F16, BF16, Q8_0, Q4_0;
-// the others are named so an error can say which types a file uses.
-enum class TensorType : std::uint32_t { f32 = 0, f16 = 1, q4_0 = 2, q8_0 = 8, bf16 = 30 };
+// ggml tensor types as numbered in the file (ggml.h). kvslim reads F32, F16, BF16, Q8_0, Q4_0 and
+// the K-quants Q4_K, Q5_K, Q6_K (what Q4_K_M / Q5_K_M files hold); the others are named so an error
+// can say which types a file uses.
+enum class TensorType : std::uint32_t {
+  f32 = 0, f16 = 1, q4_0 = 2, q8_0 = 8, q4_k = 12, q5_k = 13, q6_k = 14, bf16 = 30,
+};
 // "F32", "Q4_K", ... for any ggml type id (unknown ids as "type N").
 std::string tensor_type_name(std::uint32_t ggml_type);
 // Whether kvslim can read tensors of this type.
 bool tensor_type_supported(std::uint32_t ggml_type);
 // Elements per block and bytes per block of a supported type (1 and the element size for the
-// plain float types, 32 and 34 / 18 for Q8_0 / Q4_0).
+// plain float types, 32 and 34 / 18 for Q8_0 / Q4_0, 256 and 144 / 176 / 210 for Q4_K / Q5_K / Q6_K).
 std::size_t block_elements(TensorType type);
 std::size_t block_bytes(TensorType type);
 
@@ -102,6 +105,11 @@ class File {
   File& operator=(const File&) = delete;
   const Header& header() const { return header_; }
   const std::string& name() const { return name_; }
+  // Hands the whole pages inside [p, p + n) (a range of this file's mapping) back to the kernel
+  // (madvise DONTNEED: a later read maps them from the file again). For tensors the loader copied
+  // elsewhere, so the copy and the mapping are not both resident. A range outside the mapping is
+  // ignored.
+  void release_pages(const std::byte* p, std::size_t n) const;
 
  private:
   File() = default;
@@ -119,7 +127,28 @@ void dequantize_q4_0(const std::byte* blocks, float* out, std::size_t n);
 // ggml's reference quantizers (quantize_row_q8_0_ref / quantize_row_q4_0_ref): the same codes.
 void quantize_q8_0(const float* x, std::byte* blocks, std::size_t n);
 void quantize_q4_0(const float* x, std::byte* blocks, std::size_t n);
-// Any supported type to fp32 (exact for F32/F16/BF16; the format's own decoding for Q8_0/Q4_0).
+
+// K-quants: super-blocks of 256 values (n must be a multiple of 256), ggml's layouts bit for bit.
+// Q4_K (144 bytes): f16 d, f16 dmin, 12 bytes of 6-bit (scale, min) pairs for 8 sub-blocks of 32
+//   (sub-block j < 4: scale = s[j] & 63, min = s[j+4] & 63; j >= 4: scale = (s[j+4] & 15) |
+//   (s[j-4] >> 6) << 4, min = (s[j+4] >> 4) | (s[j] >> 6) << 4), 128 bytes of 4-bit codes: bytes
+//   32i..32i+31 hold sub-block 2i in their low nibbles and 2i+1 in their high ones;
+//   x = d * scale * q - dmin * min.
+// Q5_K (176 bytes): as Q4_K with 32 bytes qh (after the scales, before the codes): bit 2i / 2i+1 of
+//   qh[l] is bit 4 of element l of sub-block 2i / 2i+1 (q in 0..31).
+// Q6_K (210 bytes): 128 bytes ql (low 4 bits), 64 bytes qh (high 2 bits), 16 int8 scales (one per
+//   16 values), f16 d. Per half h of 128 values (ql + 64h, qh + 32h), l < 32: element l takes ql[l]
+//   low nibble and qh[l] bits 0-1, l+32: ql[l+32] low and bits 2-3, l+64: ql[l] high and bits 4-5,
+//   l+96: ql[l+32] high and bits 6-7; x = d * scale[element / 16] * (q - 32).
+void dequantize_q4_k(const std::byte* blocks, float* out, std::size_t n);
+void dequantize_q5_k(const std::byte* blocks, float* out, std::size_t n);
+void dequantize_q6_k(const std::byte* blocks, float* out, std::size_t n);
+// Simple K-quant encoders (round to nearest with per-sub-block min/max scales, not llama.cpp's
+// searched ones): valid files for tests and `kvslim convert --type q4_k/q5_k/q6_k`.
+void quantize_q4_k(const float* x, std::byte* blocks, std::size_t n);
+void quantize_q5_k(const float* x, std::byte* blocks, std::size_t n);
+void quantize_q6_k(const float* x, std::byte* blocks, std::size_t n);
+// Any supported type to fp32 (exact for F32/F16/BF16; the format's own decoding for the others).
 void to_float(const std::byte* data, TensorType type, float* out, std::size_t n);
 
 // Writes a GGUF v3 file: metadata in the order added, tensors in the order added (alignment 32).

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -12,6 +13,7 @@
 
 #include "engine/json_util.h"
 #include "engine/model.h"
+#include "engine/ops.h"
 #include "engine/tokenizer.h"
 #include "engine/utf8.h"
 #include "kvslim/dtype.h"
@@ -151,6 +153,13 @@ std::size_t hf_row_of_gguf_row(std::size_t r, std::size_t head_dim) {
   return head * head_dim + (within % 2) * (head_dim / 2) + within / 2;
 }
 
+// KVSLIM_GGUF_DEQUANTIZE=1: block-quantized weights are expanded to fp32 at load, as kvslim did
+// before it had quantized kernels (4-7x the memory; for A/B benchmarks of those kernels).
+bool dequantize_at_load() {
+  const char* v = std::getenv("KVSLIM_GGUF_DEQUANTIZE");
+  return v != nullptr && std::string(v) == "1";
+}
+
 // Memory the store's tensor views point into: the mapped file and converted copies.
 struct Owner {
   std::shared_ptr<const void> keep_alive;  // the mapped file
@@ -198,10 +207,12 @@ GgufModel read_gguf_model(const std::filesystem::path& path) { return read_gguf_
 GgufModel read_gguf_model(std::shared_ptr<const gguf::File> file) {
   const gguf::Header& h = file->header();
   const std::string name = file->name();
-  return read_gguf_model(h, name, std::move(file));
+  const gguf::File* mapped = file.get();
+  return read_gguf_model(h, name, std::move(file), mapped);
 }
 
-GgufModel read_gguf_model(const gguf::Header& h, const std::string& fname, std::shared_ptr<const void> keep_alive) {
+GgufModel read_gguf_model(const gguf::Header& h, const std::string& fname, std::shared_ptr<const void> keep_alive,
+                          const gguf::File* mapped) {
   const Meta meta{h, fname};
 
   // Every tensor type kvslim cannot read, each with its tensors, in one message.
@@ -216,7 +227,8 @@ GgufModel read_gguf_model(const gguf::Header& h, const std::string& fname, std::
       if (names.size() > 1) list += " and " + std::to_string(names.size() - 1) + " more";
       list += ")";
     }
-    throw ModelFileError(fname + ": unsupported tensor types: " + list + " (kvslim reads F32, F16, BF16, Q8_0, Q4_0)");
+    throw ModelFileError(fname + ": unsupported tensor types: " + list +
+                         " (kvslim reads F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K)");
   }
 
   ModelConfig c;
@@ -308,16 +320,20 @@ GgufModel read_gguf_model(const gguf::Header& h, const std::string& fname, std::
       case TensorType::f32: info.type = WeightType::f32; break;
       case TensorType::f16: info.type = WeightType::f16; break;
       case TensorType::bf16: info.type = WeightType::bf16; break;
-      case TensorType::q8_0:
-      case TensorType::q4_0: {
-        // Dequantized once to fp32: ggml's own decoding, so kvslim computes with the same values.
-        std::byte* out = owner->allocate(n * 4);
-        gguf::to_float(data, type, reinterpret_cast<float*>(out), n);
-        data = out;
-        nbytes = n * 4;
-        info.type = WeightType::f32;
-        break;
-      }
+      // Block formats stay as stored: the engine's kernels read them (engine/quant_gemv.h).
+      case TensorType::q8_0: info.type = WeightType::q8_0; break;
+      case TensorType::q4_0: info.type = WeightType::q4_0; break;
+      case TensorType::q4_k: info.type = WeightType::q4_k; break;
+      case TensorType::q5_k: info.type = WeightType::q5_k; break;
+      case TensorType::q6_k: info.type = WeightType::q6_k; break;
+    }
+    if (is_block_type(info.type) && dequantize_at_load()) {
+      // The previous behaviour, for A/B benchmarks: fp32 copies (ggml's own decoding).
+      std::byte* out = owner->allocate(n * 4);
+      convert_weights(data, info.type, reinterpret_cast<float*>(out), n);
+      data = out;
+      nbytes = n * 4;
+      info.type = WeightType::f32;
     }
     const bool qk = t.name.ends_with(".attn_q.weight") || t.name.ends_with(".attn_k.weight") ||
                     t.name.ends_with(".attn_q.bias") || t.name.ends_with(".attn_k.bias");
@@ -327,11 +343,14 @@ GgufModel read_gguf_model(const gguf::Header& h, const std::string& fname, std::
         throw ModelFileError(fname + ": tensor '" + t.name + "' has " + std::to_string(rows) +
                              " rows, not a multiple of the head size " + std::to_string(d));
       }
+      // Rows are whole blocks in every type, so the permutation moves bytes, not values.
       const std::size_t row_bytes = nbytes / rows;
       std::byte* out = owner->allocate(nbytes);
       for (std::size_t r = 0; r < rows; ++r) std::memcpy(out + hf_row_of_gguf_row(r, d) * row_bytes, data + r * row_bytes, row_bytes);
+      if (mapped != nullptr) mapped->release_pages(data, nbytes);  // the copy is what is read now
       data = out;
-    } else if (data == t.data && reinterpret_cast<std::uintptr_t>(data) % weight_type_size(info.type) != 0) {
+    } else if (!is_block_type(info.type) && data == t.data &&
+               reinterpret_cast<std::uintptr_t>(data) % weight_type_size(info.type) != 0) {
       std::byte* out = owner->allocate(nbytes);  // alignment 1..2 files: keep the aligned-view promise
       std::memcpy(out, data, nbytes);
       data = out;
@@ -439,7 +458,10 @@ gguf::TensorType parse_tensor_type(const std::string& name) {
   if (n == "bf16") return TensorType::bf16;
   if (n == "q8_0") return TensorType::q8_0;
   if (n == "q4_0") return TensorType::q4_0;
-  throw std::invalid_argument("unknown weight type '" + name + "' (supported: f32, f16, bf16, q8_0, q4_0)");
+  if (n == "q4_k") return TensorType::q4_k;
+  if (n == "q5_k") return TensorType::q5_k;
+  if (n == "q6_k") return TensorType::q6_k;
+  throw std::invalid_argument("unknown weight type '" + name + "' (supported: f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k)");
 }
 
 namespace {
@@ -464,6 +486,9 @@ std::vector<std::byte> encode(const std::vector<float>& x, TensorType type) {
       break;
     case TensorType::q8_0: gguf::quantize_q8_0(x.data(), out.data(), n); break;
     case TensorType::q4_0: gguf::quantize_q4_0(x.data(), out.data(), n); break;
+    case TensorType::q4_k: gguf::quantize_q4_k(x.data(), out.data(), n); break;
+    case TensorType::q5_k: gguf::quantize_q5_k(x.data(), out.data(), n); break;
+    case TensorType::q6_k: gguf::quantize_q6_k(x.data(), out.data(), n); break;
   }
   return out;
 }
@@ -475,6 +500,9 @@ std::uint32_t file_type_of(TensorType t) {
     case TensorType::f16: return 1;
     case TensorType::q4_0: return 2;
     case TensorType::q8_0: return 7;
+    case TensorType::q4_k: return 15;  // LLAMA_FTYPE_MOSTLY_Q4_K_M
+    case TensorType::q5_k: return 17;  // LLAMA_FTYPE_MOSTLY_Q5_K_M
+    case TensorType::q6_k: return 18;  // LLAMA_FTYPE_MOSTLY_Q6_K
     case TensorType::bf16: return 32;
   }
   return 1;

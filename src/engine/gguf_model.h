@@ -1,10 +1,13 @@
 // A Llama-family model from a GGUF file (llama.cpp's format) and a GGUF file from an HF model
 // directory, so that the same model runs in kvslim and llama.cpp.
 //
-// Import: architectures llama and qwen2; weights F32/F16/BF16 (read in place from the mmap) and
-// Q8_0/Q4_0 (dequantized once at load to fp32, exactly as ggml decodes them); the q/k row
-// permutation llama.cpp's converter applies to llama-arch files is undone (qwen2 files keep HF's
-// NeoX layout); rope_freqs.weight (llama3 frequency scaling) becomes per-frequency divisors.
+// Import: architectures llama and qwen2; weights F32/F16/BF16 and the block formats Q8_0, Q4_0,
+// Q4_K, Q5_K, Q6_K, all read in place from the mmap in their stored type (the engine's kernels
+// read the blocks directly, engine/quant_gemv.h); the q/k row permutation llama.cpp's converter
+// applies to llama-arch files is undone by copying those rows (whole blocks) into HF order, and
+// the mapped pages of the originals are handed back, so resident weights stay the file's tensor
+// bytes; qwen2 files keep HF's NeoX layout; rope_freqs.weight (llama3 frequency scaling) becomes
+// per-frequency divisors.
 // The tokenizer is the embedded tokenizer.huggingface.json when the file has one, else it is
 // rebuilt from tokenizer.ggml.* (gpt2-style byte-level BPE, pre-tokenizer by tokenizer.ggml.pre).
 #pragma once
@@ -34,7 +37,9 @@ struct GgufModel {
 GgufModel read_gguf_model(const std::filesystem::path& path);
 GgufModel read_gguf_model(std::shared_ptr<const gguf::File> file);
 // From a parsed header whose views stay valid while `keep_alive` lives (the fuzz entry point).
-GgufModel read_gguf_model(const gguf::Header& header, const std::string& file_name, std::shared_ptr<const void> keep_alive);
+// `mapped`: the file the views point into, whose pages of copied tensors may be released.
+GgufModel read_gguf_model(const gguf::Header& header, const std::string& file_name, std::shared_ptr<const void> keep_alive,
+                          const gguf::File* mapped = nullptr);
 
 // tokenizer.json text for the file's tokenizer (embedded, or rebuilt from tokenizer.ggml.*).
 std::string gguf_tokenizer_json(const gguf::Header& header, const std::string& file_name);
@@ -61,7 +66,8 @@ struct GgufExportOptions {
 void write_gguf(const Model& model, const std::string& tokenizer_json, const std::filesystem::path& out,
                 const GgufExportOptions& options = {});
 
-// "f32", "f16", "bf16", "q8_0", "q4_0" -> type (case-insensitive); throws std::invalid_argument.
+// "f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k" -> type (case-insensitive); throws
+// std::invalid_argument.
 gguf::TensorType parse_tensor_type(const std::string& name);
 
 }  // namespace kvslim::engine

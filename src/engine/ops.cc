@@ -17,6 +17,7 @@
 #include "kvslim/convert.h"
 #include "kvslim/dtype.h"
 #include "kvslim/kernels.h"  // the library's internal SIMD kernels (softmax, SwiGLU)
+#include "engine/quant_gemv.h"
 
 namespace kvslim::engine {
 
@@ -25,11 +26,16 @@ DType to_dtype(WeightType t) {
     case WeightType::f32: return DType::f32;
     case WeightType::f16: return DType::f16;
     case WeightType::bf16: return DType::bf16;
+    default: break;
   }
-  return DType::f32;
+  throw std::invalid_argument(std::string("weight type ") + weight_type_name(t) + " is a block format, not a DType");
 }
 
 void convert_weights(const void* src, WeightType type, float* dst, std::size_t n) {
+  if (is_block_type(type)) {
+    qgemv::dequantize(type, src, dst, n);
+    return;
+  }
   convert_to_f32(src, to_dtype(type), dst, n);
 }
 
@@ -121,6 +127,7 @@ float dot_scalar(const void* row, WeightType type, const float* x, std::size_t n
       for (std::size_t i = 0; i < n; ++i) acc += bf16_to_f32(w[i]) * x[i];
       break;
     }
+    default: break;  // block types never come here (gemv sends them to qgemv)
   }
   return acc;
 }
@@ -167,7 +174,7 @@ KVSLIM_AVX2 void gemv_rows_avx2(const Matrix& w, const float* x, float* y, std::
     }
     float acc = hsum8(_mm256_add_ps(a0, a1));
     if (i < n) {
-      const std::size_t off = i * w.element_size();
+      const std::size_t off = i * weight_type_size(T);
       acc += dot_scalar(static_cast<const std::uint8_t*>(w.row(r)) + off, T, x + i, n - i);
     }
     y[r] = acc;
@@ -206,7 +213,7 @@ KVSLIM_AVX512 void gemv_rows_avx512(const Matrix& w, const float* x, float* y, s
     }
     float acc = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
     if (i < n) {
-      const std::size_t off = i * w.element_size();
+      const std::size_t off = i * weight_type_size(T);
       acc += dot_scalar(static_cast<const std::uint8_t*>(w.row(r)) + off, T, x + i, n - i);
     }
     y[r] = acc;
@@ -250,6 +257,7 @@ void gemv_rows(const Matrix& w, const float* x, float* y, std::size_t r0, std::s
         case WeightType::f32: return gemv_rows_avx512<WeightType::f32>(w, x, y, r0, r1);
         case WeightType::f16: return gemv_rows_avx512<WeightType::f16>(w, x, y, r0, r1);
         case WeightType::bf16: return gemv_rows_avx512<WeightType::bf16>(w, x, y, r0, r1);
+        default: break;
       }
       break;
     case Target::avx2:
@@ -257,6 +265,7 @@ void gemv_rows(const Matrix& w, const float* x, float* y, std::size_t r0, std::s
         case WeightType::f32: return gemv_rows_avx2<WeightType::f32>(w, x, y, r0, r1);
         case WeightType::f16: return gemv_rows_avx2<WeightType::f16>(w, x, y, r0, r1);
         case WeightType::bf16: return gemv_rows_avx2<WeightType::bf16>(w, x, y, r0, r1);
+        default: break;
       }
       break;
     case Target::scalar: break;
@@ -296,10 +305,23 @@ void gemv_force_target(const std::string& name) {
 }
 
 void gemv(const Matrix& w, const float* x, float* y, ThreadPool* pool) {
+  // Block-quantized weights: x as int8 blocks once per call (the caller's thread-local buffer
+  // grows to the widest matrix once and is then reused: no allocation per token).
+  const bool blocks = is_block_type(w.type);
+  thread_local qgemv::Q8Blocks caller_xq;
+  qgemv::Q8Blocks& xq = caller_xq;  // a local reference: the pool's workers read the caller's blocks
+  if (blocks) qgemv::quantize_activation(x, w.cols, xq, qgemv::activation_format(w.type));
+  auto rows = [&](std::size_t r0, std::size_t r1) {
+    if (blocks) {
+      qgemv::gemv_rows(w.type, w.data, w.row_bytes(), w.cols, xq, y, r0, r1);
+    } else {
+      gemv_rows(w, x, y, r0, r1);
+    }
+  };
   // Below ~256K weights the hand-off costs more than the second core saves.
   constexpr std::size_t kParallelMinElements = 1 << 18;
   if (pool == nullptr || pool->threads() == 1 || w.rows * w.cols < kParallelMinElements) {
-    gemv_rows(w, x, y, 0, w.rows);
+    rows(0, w.rows);
     return;
   }
   const int parts = pool->threads();
@@ -309,7 +331,7 @@ void gemv(const Matrix& w, const float* x, float* y, ThreadPool* pool) {
   auto part = [&](int i) {
     const std::size_t r0 = std::min(w.rows, static_cast<std::size_t>(i) * step);
     const std::size_t r1 = std::min(w.rows, r0 + step);
-    if (r0 < r1) gemv_rows(w, x, y, r0, r1);
+    if (r0 < r1) rows(r0, r1);
   };
   pool->for_each(parts, part);
 }
@@ -340,6 +362,29 @@ void matmul(const Matrix& w, const float* x, std::size_t n, float* y, float* til
             std::size_t tile_rows, ThreadPool* pool) {
   if (n <= 2) {  // converting the whole matrix costs more than reading it twice
     for (std::size_t s = 0; s < n; ++s) gemv(w, x + s * w.cols, y + s * w.rows, pool);
+    return;
+  }
+  if (is_block_type(w.type) && qgemv::gemm_is_packed()) {
+    // Block weights on AVX-512 VNNI: int8 products over repacked 16-row tiles (quant_gemv.h), each
+    // token's activation quantized once; the pool splits the rows in multiples of 16.
+    thread_local std::vector<qgemv::Q8Blocks> caller_xs;
+    std::vector<qgemv::Q8Blocks>& xs = caller_xs;  // a local reference: the workers read the caller's
+    if (xs.size() < n) xs.resize(n);
+    const qgemv::ActivationFormat format = qgemv::activation_format(w.type);
+    for (std::size_t s = 0; s < n; ++s) qgemv::quantize_activation(x + s * w.cols, w.cols, xs[s], format);
+    const int parts = pool != nullptr ? pool->threads() : 1;
+    const std::size_t per = (w.rows + parts - 1) / parts;
+    const std::size_t step = (per + 15) / 16 * 16;
+    auto part = [&](int i) {
+      const std::size_t r0 = std::min(w.rows, static_cast<std::size_t>(i) * step);
+      const std::size_t r1 = std::min(w.rows, r0 + step);
+      if (r0 < r1) qgemv::gemm_rows(w.type, w.data, w.row_bytes(), w.cols, xs.data(), n, y, w.rows, r0, r1);
+    };
+    if (pool != nullptr) {
+      pool->for_each(parts, part);
+    } else {
+      part(0);
+    }
     return;
   }
   const int parts = pool != nullptr ? pool->threads() : 1;

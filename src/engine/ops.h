@@ -18,21 +18,22 @@
 namespace kvslim::engine {
 
 // A weight matrix as stored in the model file: [rows = out_features, cols = in_features],
-// row-major, element type `type`. Not owned (points into the mmap'ed file).
+// row-major, element type `type` (for a block type each row is cols / block_elements blocks).
+// Not owned (points into the mmap'ed file).
 struct Matrix {
   WeightType type = WeightType::f32;
   const void* data = nullptr;
   std::size_t rows = 0, cols = 0;
 
-  std::size_t element_size() const { return type == WeightType::f32 ? 4 : 2; }
-  std::size_t nbytes() const { return rows * cols * element_size(); }
-  const void* row(std::size_t r) const {
-    return static_cast<const std::uint8_t*>(data) + r * cols * element_size();
-  }
+  std::size_t row_bytes() const { return weight_bytes(type, cols); }
+  std::size_t nbytes() const { return rows * row_bytes(); }
+  const void* row(std::size_t r) const { return static_cast<const std::uint8_t*>(data) + r * row_bytes(); }
 };
 
+// The library's DType of a plain float weight type (f32/f16/bf16; throws for a block type).
 DType to_dtype(WeightType type);
-// dst[i] = float(src[i]) for n elements of `type` (exact: bf16/f16 embed into f32).
+// dst[i] = float(src[i]) for n elements of `type` (exact: bf16/f16 embed into f32; block types:
+// the format's own decoding, n a multiple of the block size, src at a block boundary).
 void convert_weights(const void* src, WeightType type, float* dst, std::size_t n);
 
 // A tiny persistent pool: `run(n, fn)` calls fn(i) for i in [0, n) spread over the threads, the
@@ -71,6 +72,8 @@ class ThreadPool {
 
 // y[r] = sum_c w[r, c] * x[c]  (x: [cols], y: [rows]). Reads the weights in their stored type with
 // the widest SIMD this CPU has; splits the rows over `pool` when the matrix is large enough.
+// Block types (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K) go through engine/quant_gemv.h: x is quantized to
+// int8 blocks of 32 once per call and every row is an integer dot product over its stored blocks.
 void gemv(const Matrix& w, const float* x, float* y, ThreadPool* pool = nullptr);
 // The instruction set gemv uses on this machine ("avx512", "avx2", "scalar").
 const char* gemv_target_name();
@@ -78,7 +81,7 @@ const char* gemv_target_name();
 void gemv_force_target(const std::string& name);
 
 // Y[s, r] = sum_c X[s, c] * W[r, c]  (X: [n, cols] row stride cols, Y: [n, rows]). f32 weights go
-// straight to sgemm; bf16/f16 weights are converted `tile_rows` rows at a time into `tile`
+// straight to sgemm; bf16/f16 and block-quantized weights are converted `tile_rows` rows at a time into `tile`
 // ([tile_rows, cols] floats, caller-owned), so peak memory stays one tile. With a pool of T
 // threads the weight rows are split T ways, each part converting into its own 1/T of the tile
 // and calling sgemm itself: BLAS is expected to run single-threaded (the Transformer sets it).

@@ -21,11 +21,26 @@
 
 namespace kvslim::engine {
 
-enum class WeightType { f32, f16, bf16 };
+// How weights are stored. f32/f16/bf16: one value per element (safetensors and GGUF). The others
+// are ggml's block formats, read from GGUF files and kept as stored (engine/gguf.h describes them):
+// a row of a matrix is a whole number of blocks.
+enum class WeightType { f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k };
 
-// Bytes per element of a weight type.
+// Bytes per block of a weight type (per element for f32/f16/bf16: their blocks are one element).
 std::size_t weight_type_size(WeightType type);
-// "F32", "F16", "BF16" as safetensors spells them.
+// Elements per block: 1 for f32/f16/bf16, 32 for Q8_0/Q4_0, 256 for the K-quants.
+std::size_t weight_block_elements(WeightType type);
+// Whether `type` is a block format (quantized).
+inline bool is_block_type(WeightType type) { return weight_block_elements(type) > 1; }
+// Elements held by `nbytes` of `type` (whole blocks).
+inline std::size_t weight_elements(WeightType type, std::size_t nbytes) {
+  return nbytes / weight_type_size(type) * weight_block_elements(type);
+}
+// Bytes of `elements` values of `type` (a multiple of the block size).
+inline std::size_t weight_bytes(WeightType type, std::size_t elements) {
+  return elements / weight_block_elements(type) * weight_type_size(type);
+}
+// "F32", "F16", "BF16" as safetensors spells them; "Q8_0", "Q4_K", ... as ggml does.
 const char* weight_type_name(WeightType type);
 
 struct TensorInfo {

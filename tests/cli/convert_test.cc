@@ -61,7 +61,7 @@ TEST_F(CliConvert, BadInputGivesOneLineErrorAndNonZeroExit) {
   r = run("convert " + (dir_ / "missing").string() + " " + (dir_ / "x.gguf").string());
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("kvslim: error:"), std::string::npos) << r.err;
-  r = run("convert " + (dir_ / "hf").string() + " " + (dir_ / "x.gguf").string() + " --type q5_k");
+  r = run("convert " + (dir_ / "hf").string() + " " + (dir_ / "x.gguf").string() + " --type q3_k");
   EXPECT_NE(r.exit_code, 0);
   r = run("bench kld --model " + gguf);
   EXPECT_EQ(r.exit_code, 1);

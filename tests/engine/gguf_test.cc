@@ -50,7 +50,7 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 std::vector<float> tensor_as_float(const TensorInfo& t) {
-  std::vector<float> out(t.nbytes / weight_type_size(t.type));
+  std::vector<float> out(weight_elements(t.type, t.nbytes));
   convert_weights(t.data, t.type, out.data(), out.size());
   return out;
 }
@@ -344,15 +344,43 @@ TEST(GgufErrors, UnsupportedArchitectureIsNamed) {
 TEST(GgufErrors, EveryUnsupportedTensorTypeIsNamed) {
   TempDir tmp;
   gguf::Writer w = tiny_writer("llama", false);
-  // Q4_K (12) and Q6_K (14) blocks: 144 and 210 bytes per 256 values.
-  w.add_tensor("token_embd.weight", static_cast<TensorType>(14), {256, 1}, std::vector<std::byte>(210));
-  w.add_tensor("blk.0.attn_q.weight", static_cast<TensorType>(12), {256, 1}, std::vector<std::byte>(144));
-  w.add_tensor("blk.0.attn_k.weight", static_cast<TensorType>(12), {256, 1}, std::vector<std::byte>(144));
+  // Q3_K (11) and Q2_K (10) blocks: 110 and 84 bytes per 256 values (the K-quants kvslim reads,
+  // Q4_K / Q5_K / Q6_K, are tested in quant_gemv_test.cc).
+  w.add_tensor("token_embd.weight", static_cast<TensorType>(10), {256, 1}, std::vector<std::byte>(84));
+  w.add_tensor("blk.0.attn_q.weight", static_cast<TensorType>(11), {256, 1}, std::vector<std::byte>(110));
+  w.add_tensor("blk.0.attn_k.weight", static_cast<TensorType>(11), {256, 1}, std::vector<std::byte>(110));
   w.add_tensor("blk.0.attn_v.weight", TensorType::q8_0, {256, 1}, std::vector<std::byte>(272));
   w.write(tmp / "m.gguf");
   expect_error([&] { Model::load(tmp / "m.gguf"); },
-               {"unsupported tensor types", "Q4_K (blk.0.attn_q.weight and 1 more)", "Q6_K (token_embd.weight)",
-                "F32, F16, BF16, Q8_0, Q4_0"});
+               {"unsupported tensor types", "Q3_K (blk.0.attn_q.weight and 1 more)", "Q2_K (token_embd.weight)",
+                "F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K"});
+}
+
+TEST(GgufErrors, KQuantRowsAndSizesAreChecked) {
+  // A Q4_K row must be whole 256-value super-blocks.
+  {
+    gguf::Writer w;
+    w.add_string("general.architecture", "llama");
+    w.add_tensor("a", TensorType::q4_k, {128, 2}, std::vector<std::byte>(144));
+    expect_error([&] { gguf::parse(w.bytes(), "x.gguf"); }, {"tensor 'a'", "Q4_K", "multiple of 256", "128"});
+  }
+  // A Q6_K tensor whose blocks run past the end of the file (2 super-blocks claimed, 1 stored).
+  {
+    gguf::Writer w;
+    w.add_string("general.architecture", "llama");
+    w.add_tensor("b", TensorType::q6_k, {256, 2}, std::vector<std::byte>(210));
+    std::vector<std::byte> bytes = w.bytes();
+    expect_error([&] { gguf::parse(bytes, "x.gguf"); }, {"tensor 'b'", "420 bytes"});
+  }
+  // Sizes follow the block counts: 3 rows of 512 Q5_K values = 6 super-blocks of 176 bytes.
+  {
+    gguf::Writer w;
+    w.add_string("general.architecture", "llama");
+    w.add_tensor("c", TensorType::q5_k, {512, 3}, std::vector<std::byte>(6 * 176));
+    const std::vector<std::byte> bytes = w.bytes();
+    const gguf::Header h = gguf::parse(bytes, "x.gguf");
+    EXPECT_EQ(h.tensors.at(0).nbytes, 6u * 176u);
+  }
 }
 
 TEST(GgufErrors, MissingKeyAndUnexpectedTensorAreNamed) {

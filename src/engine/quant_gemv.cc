@@ -1,0 +1,908 @@
+// Block-quantized gemv and dequantization kernels (engine/quant_gemv.h), compiled for every target
+// Highway knows and chosen at run time. x86 targets (AVX2, AVX3, AVX3_DL) use 256-bit integer dot
+// products on the raw vectors (`.raw` of Highway's types is not needed: the kernels are written on
+// the intrinsics each target's attributes enable); the other targets a portable loop with the same
+// arithmetic. HWY_WANT_AVX3_DL is set for this library (CMake), so VNNI machines get `vpdpbusd`.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "engine/quant_gemv.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "engine/gguf.h"
+#include "engine/quant_gemv.h"
+#include "kvslim/dtype.h"
+
+#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+#include <immintrin.h>
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace kvslim::engine::qgemv {
+namespace HWY_NAMESPACE {
+
+inline float Half(const std::uint8_t* p) {
+  std::uint16_t h;
+  std::memcpy(&h, p, 2);
+#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  return _cvtsh_ss(h);  // F16C
+#else
+  return fp16_to_f32(h);
+#endif
+}
+
+// 6-bit scale and min of sub-block j of a Q4_K / Q5_K super-block (12 packed bytes at s).
+inline void ScaleMinK4(const std::uint8_t* s, int j, int& sc, int& m) {
+  if (j < 4) {
+    sc = s[j] & 63;
+    m = s[j + 4] & 63;
+  } else {
+    sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+    m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+#undef KVSLIM_QGEMV_X86  // this file is compiled once per target
+#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+#define KVSLIM_QGEMV_X86 1
+#else
+#define KVSLIM_QGEMV_X86 0
+#endif
+
+#if KVSLIM_QGEMV_X86
+// ---------------------------------------------------------------------------------------------
+// x86: 32 codes per 256-bit vector.
+
+// acc + per-4-byte sums of u[i] * s[i] (u unsigned, s signed). Without VNNI the pair sums go
+// through int16: exact while |u| * 127 * 2 < 32768, i.e. u <= 128 (every caller's codes are).
+HWY_INLINE __m256i DotU8S8(__m256i acc, __m256i u, __m256i s) {
+#if HWY_TARGET == HWY_AVX3_DL
+  // The EVEX (AVX512_VNNI + VL) encoding, written out: Highway 1.0's AVX3_DL target string enables
+  // "avxvnni", so GCC encodes the intrinsic as AVX-VNNI ({vex} vpdpbusd), which AVX-512 VNNI CPUs
+  // need not have (this machine's does not: SIGILL), and it names no avx512vnni for the zmm form.
+  __asm__("%{evex%} vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
+  return acc;
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
+}
+
+HWY_INLINE float HSum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+HWY_INLINE __m256i Load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
+// Blocks [0, nb) of `row`, the activation's blocks from `x0` on.
+float DotQ8_0(const std::uint8_t* row, const Q8Blocks& x, std::size_t nb, std::size_t x0 = 0) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  const __m256i zero = _mm256_setzero_si256();
+  const std::int8_t* xq = x.q.data() + 32 * x0;
+  const float* xd = x.d.data() + x0;
+  std::size_t b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    const std::uint8_t* b0 = row + 34 * b;
+    const std::uint8_t* b1 = b0 + 34;
+    const __m256i w0 = Load32(b0 + 2), w1 = Load32(b1 + 2);
+    const __m256i p0 = DotU8S8(zero, _mm256_abs_epi8(w0), _mm256_sign_epi8(Load32(xq + 32 * b), w0));
+    const __m256i p1 = DotU8S8(zero, _mm256_abs_epi8(w1), _mm256_sign_epi8(Load32(xq + 32 * b + 32), w1));
+    acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(Half(b0) * xd[b]), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(Half(b1) * xd[b + 1]), acc1);
+  }
+  for (; b < nb; ++b) {
+    const std::uint8_t* b0 = row + 34 * b;
+    const __m256i w0 = Load32(b0 + 2);
+    const __m256i p0 = DotU8S8(zero, _mm256_abs_epi8(w0), _mm256_sign_epi8(Load32(xq + 32 * b), w0));
+    acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(Half(b0) * xd[b]), acc0);
+  }
+  return HSum(_mm256_add_ps(acc0, acc1));
+}
+
+// Q4_0 codes q in 0..15 stand for q - 8: dot(q - 8, x) = dot(q, x) - 8 * sum(x).
+HWY_INLINE __m256i Q4_0Codes(const std::uint8_t* qs) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0f));
+}
+
+float DotQ4_0(const std::uint8_t* row, const Q8Blocks& x, std::size_t nb, std::size_t x0 = 0) {
+  const std::int8_t* xq = x.q.data() + 32 * x0;
+  const float* xd = x.d.data() + x0;
+  const float* xds = x.ds.data() + x0;
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  const __m256i zero = _mm256_setzero_si256();
+  float corr = 0;
+  std::size_t b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    const std::uint8_t* b0 = row + 18 * b;
+    const std::uint8_t* b1 = b0 + 18;
+    const float d0 = Half(b0), d1 = Half(b1);
+    const __m256i p0 = DotU8S8(zero, Q4_0Codes(b0 + 2), Load32(xq + 32 * b));
+    const __m256i p1 = DotU8S8(zero, Q4_0Codes(b1 + 2), Load32(xq + 32 * b + 32));
+    acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(d0 * xd[b]), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(d1 * xd[b + 1]), acc1);
+    corr += d0 * xds[b] + d1 * xds[b + 1];
+  }
+  for (; b < nb; ++b) {
+    const std::uint8_t* b0 = row + 18 * b;
+    const float d0 = Half(b0);
+    const __m256i p0 = DotU8S8(zero, Q4_0Codes(b0 + 2), Load32(xq + 32 * b));
+    acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(d0 * xd[b]), acc0);
+    corr += d0 * xds[b];
+  }
+  return HSum(_mm256_add_ps(acc0, acc1)) - 8.0f * corr;
+}
+
+// Q4_K (bits 4) and Q5_K (bits 5): sub-block j of super-block i is activation block 8i + j;
+// x = d * sc * q - dmin * m, so dot = sum_j d * sc_j * dot(q, x_j) - dmin * m_j * sum(x_j).
+template <int kBits>
+float DotQK_MinMax(const std::uint8_t* row, const Q8Blocks& x, std::size_t n_super) {
+  constexpr std::size_t kBlockBytes = kBits == 4 ? 144 : 176;
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  const __m256i zero = _mm256_setzero_si256(), m4 = _mm256_set1_epi8(0x0f), bit4 = _mm256_set1_epi8(0x10);
+  float corr = 0;
+  for (std::size_t i = 0; i < n_super; ++i) {
+    const std::uint8_t* blk = row + kBlockBytes * i;
+    const float d = Half(blk), dmin = Half(blk + 2);
+    const std::uint8_t* scales = blk + 4;
+    const std::uint8_t* qs = blk + 16 + (kBits == 5 ? 32 : 0);
+    __m256i qh = zero;
+    if constexpr (kBits == 5) qh = Load32(blk + 16);
+    const std::size_t b = 8 * i;
+    float mins = 0;
+    for (int j = 0; j < 4; ++j) {
+      int sc0, m0, sc1, m1;
+      ScaleMinK4(scales, 2 * j, sc0, m0);
+      ScaleMinK4(scales, 2 * j + 1, sc1, m1);
+      const __m256i q = Load32(qs + 32 * j);
+      __m256i lo = _mm256_and_si256(q, m4);
+      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+      if constexpr (kBits == 5) {
+        const __m256i mlo = _mm256_set1_epi8(static_cast<char>(1 << (2 * j)));
+        const __m256i mhi = _mm256_set1_epi8(static_cast<char>(1 << (2 * j + 1)));
+        lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, mlo), mlo), bit4));
+        hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, mhi), mhi), bit4));
+      }
+      const std::size_t b0 = b + 2 * j, b1 = b0 + 1;
+      const __m256i p0 = DotU8S8(zero, lo, Load32(x.q.data() + 32 * b0));
+      const __m256i p1 = DotU8S8(zero, hi, Load32(x.q.data() + 32 * b1));
+      acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(d * static_cast<float>(sc0) * x.d[b0]), acc0);
+      acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(d * static_cast<float>(sc1) * x.d[b1]), acc1);
+      mins += static_cast<float>(m0) * x.ds[b0] + static_cast<float>(m1) * x.ds[b1];
+    }
+    corr += dmin * mins;
+  }
+  return HSum(_mm256_add_ps(acc0, acc1)) - corr;
+}
+
+// Q6_K: codes 0..63 stand for q - 32, one int8 scale per 16 values; the 32 values of activation
+// block b are two scale groups: int32 lanes 0-3 sum its first 16 products, lanes 4-7 the rest.
+float DotQ6_K(const std::uint8_t* row, const Q8Blocks& x, std::size_t n_super) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  const __m256i zero = _mm256_setzero_si256(), m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x30);
+  float corr = 0;
+  for (std::size_t i = 0; i < n_super; ++i) {
+    const std::uint8_t* blk = row + 210 * i;
+    const float d = Half(blk + 208);
+    const auto* sc = reinterpret_cast<const std::int8_t*>(blk + 192);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i l0 = Load32(blk + 64 * h), l1 = Load32(blk + 64 * h + 32), qh = Load32(blk + 128 + 32 * h);
+      const __m256i u[4] = {
+          _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m2)),
+          _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m2)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2)),
+      };
+      for (int k = 0; k < 4; ++k) {
+        const std::size_t b = 8 * i + 4 * h + k;
+        const int s0 = sc[8 * h + 2 * k], s1 = sc[8 * h + 2 * k + 1];
+        const __m256i p = DotU8S8(zero, u[k], Load32(x.q.data() + 32 * b));
+        const float dd = d * x.d[b];
+        const __m256 scale = _mm256_set_m128(_mm_set1_ps(dd * static_cast<float>(s1)), _mm_set1_ps(dd * static_cast<float>(s0)));
+        if (k % 2 == 0) {
+          acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc0);
+        } else {
+          acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc1);
+        }
+        corr += dd * static_cast<float>(s0 * x.s16[2 * b] + s1 * x.s16[2 * b + 1]);
+      }
+    }
+  }
+  return HSum(_mm256_add_ps(acc0, acc1)) - 32.0f * corr;
+}
+
+#if HWY_TARGET == HWY_AVX3_DL
+// ---------------------------------------------------------------------------------------------
+// AVX-512 VNNI: two activation blocks per zmm, scales for 8 blocks computed as one vector and
+// spread to the lanes with one permute per pair (no per-block scalar work in the inner loop).
+
+HWY_INLINE __m512i DotU8S8x64(__m512i acc, __m512i u, __m512i s) {
+  __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));  // EVEX: a zmm form has no VEX encoding
+  return acc;
+}
+
+// Lane index vectors: pair k of 8 blocks -> [2k x8, 2k+1 x8] (two contiguous blocks) or, for
+// Q4_0's nibble layout, [2k x4, 2k+1 x4, 2k x4, 2k+1 x4].
+HWY_INLINE __m512i PairIndex(int k) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32(2 * k)), _mm256_set1_epi32(2 * k + 1), 1);
+}
+HWY_INLINE __m512i NibblePairIndex(int k) {
+  const __m128i a = _mm_set1_epi32(2 * k), b = _mm_set1_epi32(2 * k + 1);
+  const __m256i ab = _mm256_inserti128_si256(_mm256_castsi128_si256(a), b, 1);
+  return _mm512_inserti64x4(_mm512_castsi256_si512(ab), ab, 1);
+}
+
+// fp16 scales of 8 blocks `stride` bytes apart (at p, p + stride, ...) as floats.
+HWY_INLINE __m256 Scales8(const std::uint8_t* p, std::size_t stride) {
+  std::uint16_t h[8];
+  for (int k = 0; k < 8; ++k) std::memcpy(&h[k], p + k * stride, 2);
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
+}
+
+// The fp16 scales of 8 Q4_0 blocks (offsets 0, 18, ..., 126: inside 128 bytes) with one two-source
+// word permute instead of 8 scalar loads.
+HWY_INLINE __m256 Scales8Q4_0(const std::uint8_t* p) {
+  alignas(64) static constexpr std::int16_t kWords[32] = {0, 9, 18, 27, 36, 45, 54, 63};
+  const __m512i idx = _mm512_load_si512(kWords);
+  const __m512i lo = _mm512_loadu_si512(p), hi = _mm512_loadu_si512(p + 64);
+  return _mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_permutex2var_epi16(lo, idx, hi)));
+}
+
+float DotQ4_0Wide(const std::uint8_t* row, const Q8Blocks& x, std::size_t nb) {
+  __m512 acc = _mm512_setzero_ps();
+  __m256 corr = _mm256_setzero_ps();
+  const __m512i m4x = _mm512_set1_epi8(0x0f);
+  const __m512i zero = _mm512_setzero_si512();
+  const __m512i idx[4] = {NibblePairIndex(0), NibblePairIndex(1), NibblePairIndex(2), NibblePairIndex(3)};
+  std::size_t b = 0;
+  for (; b + 8 <= nb; b += 8) {
+    const std::uint8_t* blk = row + 18 * b;
+    const __m256 dw = Scales8Q4_0(blk);
+    const __m512 sv = _mm512_castps256_ps512(_mm256_mul_ps(dw, _mm256_loadu_ps(x.d.data() + b)));
+    corr = _mm256_fmadd_ps(dw, _mm256_loadu_ps(x.ds.data() + b), corr);
+    for (int k = 0; k < 4; ++k) {
+      const std::uint8_t* p0 = blk + 36 * k + 2;
+      const __m256i v = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(p0 + 18), reinterpret_cast<const __m128i*>(p0));
+      const __m512i u = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1), m4x);
+      const __m512i s = _mm512_loadu_si512(x.q_pairs.data() + 32 * (b + 2 * k));
+      const __m512i p = DotU8S8x64(zero, u, s);
+      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_permutexvar_ps(idx[k], sv), acc);
+    }
+  }
+  float total = _mm512_reduce_add_ps(acc) - 8.0f * HSum(corr);
+  if (b < nb) total += DotQ4_0(row + 18 * b, x, nb - b, b);
+  return total;
+}
+
+float DotQ8_0Wide(const std::uint8_t* row, const Q8Blocks& x, std::size_t nb) {
+  // Codes w + 128 as unsigned bytes (w ^ 0x80): dot(w, x) = dot(w + 128, x) - 128 * sum(x).
+  __m512 acc = _mm512_setzero_ps();
+  __m256 corr = _mm256_setzero_ps();
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80)), zero = _mm512_setzero_si512();
+  const __m512i idx[4] = {PairIndex(0), PairIndex(1), PairIndex(2), PairIndex(3)};
+  std::size_t b = 0;
+  for (; b + 8 <= nb; b += 8) {
+    const std::uint8_t* blk = row + 34 * b;
+    const __m256 dw = Scales8(blk, 34);
+    const __m512 sv = _mm512_castps256_ps512(_mm256_mul_ps(dw, _mm256_loadu_ps(x.d.data() + b)));
+    corr = _mm256_fmadd_ps(dw, _mm256_loadu_ps(x.ds.data() + b), corr);
+    for (int k = 0; k < 4; ++k) {
+      const std::uint8_t* p0 = blk + 68 * k + 2;
+      const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(Load32(p0)), Load32(p0 + 34), 1);
+      const __m512i s = _mm512_loadu_si512(x.q.data() + 32 * (b + 2 * k));
+      const __m512i p = DotU8S8x64(zero, _mm512_xor_si512(w, flip), s);
+      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_permutexvar_ps(idx[k], sv), acc);
+    }
+  }
+  float total = _mm512_reduce_add_ps(acc) - 128.0f * HSum(corr);
+  if (b < nb) total += DotQ8_0(row + 34 * b, x, nb - b, b);
+  return total;
+}
+
+// Q4_K: the 8 sub-blocks of a super-block are 8 consecutive activation blocks; sub-blocks 2j and
+// 2j+1 share 32 code bytes (low / high nibbles), which is exactly the contiguous 64 activation bytes.
+// Q5_K (kBits 5) as Q4_K with bit 4 of each code from qh.
+template <int kBits>
+float DotQK_Wide(const std::uint8_t* row, const Q8Blocks& x, std::size_t n_super) {
+  constexpr std::size_t kBlockBytes = kBits == 4 ? 144 : 176;
+  __m512 acc = _mm512_setzero_ps();
+  __m256 corr = _mm256_setzero_ps();
+  const __m256i m4 = _mm256_set1_epi8(0x0f), bit4 = _mm256_set1_epi8(0x10);
+  const __m512i zero = _mm512_setzero_si512();
+  const __m512i idx[4] = {PairIndex(0), PairIndex(1), PairIndex(2), PairIndex(3)};
+  for (std::size_t i = 0; i < n_super; ++i) {
+    const std::uint8_t* blk = row + kBlockBytes * i;
+    const std::uint8_t* qs = blk + 16 + (kBits == 5 ? 32 : 0);
+    __m256i qh = _mm256_setzero_si256();
+    if constexpr (kBits == 5) qh = Load32(blk + 16);
+    const float d = Half(blk), dmin = Half(blk + 2);
+    // The 8 six-bit scales and mins, four at a time in 32-bit words (ScaleMinK4's layout):
+    // scales 0-3 = w0 & 63, mins 0-3 = w1 & 63, scales 4-7 = (w2 & 15) | (w0 >> 6) << 4,
+    // mins 4-7 = (w2 >> 4 & 15) | (w1 >> 6) << 4, per byte.
+    std::uint32_t w[3];
+    std::memcpy(w, blk + 4, 12);
+    const std::uint32_t sc_lo = w[0] & 0x3f3f3f3fu, mn_lo = w[1] & 0x3f3f3f3fu;
+    const std::uint32_t sc_hi = (w[2] & 0x0f0f0f0fu) | (((w[0] >> 6) & 0x03030303u) << 4);
+    const std::uint32_t mn_hi = ((w[2] >> 4) & 0x0f0f0f0fu) | (((w[1] >> 6) & 0x03030303u) << 4);
+    const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>((std::uint64_t{sc_hi} << 32) | sc_lo))));
+    const __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>((std::uint64_t{mn_hi} << 32) | mn_lo))));
+    const std::size_t b = 8 * i;
+    const __m512 sv = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(d), sc), _mm256_loadu_ps(x.d.data() + b)));
+    corr = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(dmin), mn), _mm256_loadu_ps(x.ds.data() + b), corr);
+    for (int j = 0; j < 4; ++j) {
+      const __m256i q = Load32(qs + 32 * j);
+      __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+      if constexpr (kBits == 5) {
+        const __m256i mlo = _mm256_set1_epi8(static_cast<char>(1 << (2 * j)));
+        const __m256i mhi = _mm256_set1_epi8(static_cast<char>(1 << (2 * j + 1)));
+        lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, mlo), mlo), bit4));
+        hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, mhi), mhi), bit4));
+      }
+      const __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+      const __m512i s = _mm512_loadu_si512(x.q.data() + 32 * (b + 2 * j));
+      const __m512i p = DotU8S8x64(zero, u, s);
+      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_permutexvar_ps(idx[j], sv), acc);
+    }
+  }
+  return _mm512_reduce_add_ps(acc) - HSum(corr);
+}
+
+// Q6_K: the 16 per-16 scales of a super-block times d and their activation block's scale as one
+// zmm; each zmm of codes (two activation blocks) covers 4 of them, spread with one permute.
+float DotQ6_KWide(const std::uint8_t* row, const Q8Blocks& x, std::size_t n_super) {
+  __m512 acc = _mm512_setzero_ps(), corr = _mm512_setzero_ps();
+  const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x30);
+  const __m512i zero = _mm512_setzero_si512();
+  const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  __m512i idx[4];
+  for (int q = 0; q < 4; ++q) {
+    idx[q] = _mm512_setr_epi32(4 * q, 4 * q, 4 * q, 4 * q, 4 * q + 1, 4 * q + 1, 4 * q + 1, 4 * q + 1, 4 * q + 2,
+                               4 * q + 2, 4 * q + 2, 4 * q + 2, 4 * q + 3, 4 * q + 3, 4 * q + 3, 4 * q + 3);
+  }
+  for (std::size_t i = 0; i < n_super; ++i) {
+    const std::uint8_t* blk = row + 210 * i;
+    const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192))));
+    const __m512 xd = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(x.d.data() + 8 * i)));
+    const __m512 sv = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(Half(blk + 208)), sc), xd);
+    corr = _mm512_fmadd_ps(sv, _mm512_cvtepi32_ps(_mm512_loadu_si512(x.s16.data() + 16 * i)), corr);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i l0 = Load32(blk + 64 * h), l1 = Load32(blk + 64 * h + 32), qh = Load32(blk + 128 + 32 * h);
+      const __m256i u[4] = {
+          _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m2)),
+          _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m2)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2)),
+      };
+      for (int kk = 0; kk < 2; ++kk) {
+        const __m512i zu = _mm512_inserti64x4(_mm512_castsi256_si512(u[2 * kk]), u[2 * kk + 1], 1);
+        const __m512i s = _mm512_loadu_si512(x.q.data() + 32 * (8 * i + 4 * h + 2 * kk));
+        const __m512i p = DotU8S8x64(zero, zu, s);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_permutexvar_ps(idx[2 * h + kk], sv), acc);
+      }
+    }
+  }
+  return _mm512_reduce_add_ps(acc) - 32.0f * _mm512_reduce_add_ps(corr);
+}
+#endif
+
+#else
+// ---------------------------------------------------------------------------------------------
+// Portable targets: the same sums, one code at a time.
+
+inline std::int32_t DotI8(const std::int8_t* a, const std::int8_t* b, int n) {
+  std::int32_t s = 0;
+  for (int i = 0; i < n; ++i) s += static_cast<std::int32_t>(a[i]) * b[i];
+  return s;
+}
+
+float DotQ8_0(const std::uint8_t* row, const Q8Blocks& x, std::size_t nb) {
+  float acc = 0;
+  for (std::size_t b = 0; b < nb; ++b) {
+    const std::uint8_t* blk = row + 34 * b;
+    acc += Half(blk) * x.d[b] *
+           static_cast<float>(DotI8(reinterpret_cast<const std::int8_t*>(blk + 2), x.q.data() + 32 * b, 32));
+  }
+  return acc;
+}
+
+float DotQ4_0(const std::uint8_t* row, const Q8Blocks& x, std::size_t nb) {
+  float acc = 0;
+  for (std::size_t b = 0; b < nb; ++b) {
+    const std::uint8_t* blk = row + 18 * b;
+    std::int8_t w[32];
+    for (int j = 0; j < 16; ++j) {
+      w[j] = static_cast<std::int8_t>((blk[2 + j] & 15) - 8);
+      w[j + 16] = static_cast<std::int8_t>((blk[2 + j] >> 4) - 8);
+    }
+    acc += Half(blk) * x.d[b] * static_cast<float>(DotI8(w, x.q.data() + 32 * b, 32));
+  }
+  return acc;
+}
+
+template <int kBits>
+float DotQK_MinMax(const std::uint8_t* row, const Q8Blocks& x, std::size_t n_super) {
+  constexpr std::size_t kBlockBytes = kBits == 4 ? 144 : 176;
+  float acc = 0;
+  for (std::size_t i = 0; i < n_super; ++i) {
+    const std::uint8_t* blk = row + kBlockBytes * i;
+    const float d = Half(blk), dmin = Half(blk + 2);
+    const std::uint8_t* qh = blk + 16;
+    const std::uint8_t* qs = blk + 16 + (kBits == 5 ? 32 : 0);
+    for (int j = 0; j < 8; ++j) {
+      int sc, m;
+      ScaleMinK4(blk + 4, j, sc, m);
+      std::int8_t w[32];
+      for (int l = 0; l < 32; ++l) {
+        int q = j % 2 == 0 ? qs[32 * (j / 2) + l] & 15 : qs[32 * (j / 2) + l] >> 4;
+        if (kBits == 5) q |= ((qh[l] >> j) & 1) << 4;
+        w[l] = static_cast<std::int8_t>(q);
+      }
+      const std::size_t b = 8 * i + static_cast<std::size_t>(j);
+      acc += d * static_cast<float>(sc) * x.d[b] * static_cast<float>(DotI8(w, x.q.data() + 32 * b, 32)) -
+             dmin * static_cast<float>(m) * x.ds[b];
+    }
+  }
+  return acc;
+}
+
+float DotQ6_K(const std::uint8_t* row, const Q8Blocks& x, std::size_t n_super) {
+  float acc = 0;
+  for (std::size_t i = 0; i < n_super; ++i) {
+    const std::uint8_t* blk = row + 210 * i;
+    const float d = Half(blk + 208);
+    const auto* sc = reinterpret_cast<const std::int8_t*>(blk + 192);
+    std::int8_t w[256];
+    for (int e = 0; e < 256; ++e) {
+      const std::uint8_t* ql = blk + 64 * (e / 128);
+      const std::uint8_t* qh = blk + 128 + 32 * (e / 128);
+      const int p = e % 128, l = p % 32, quarter = p / 32;
+      const int low = ql[l + (quarter % 2) * 32];
+      const int code = (quarter < 2 ? low & 15 : low >> 4) | (((qh[l] >> (2 * quarter)) & 3) << 4);
+      w[e] = static_cast<std::int8_t>(code - 32);
+    }
+    for (int g = 0; g < 16; ++g) {
+      const std::size_t b = 8 * i + static_cast<std::size_t>(g / 2);
+      acc += d * static_cast<float>(sc[g]) * x.d[b] *
+             static_cast<float>(DotI8(w + 16 * g, x.q.data() + 256 * i + 16 * g, 16));
+    }
+  }
+  return acc;
+}
+#endif
+
+void GemvRows(WeightType type, const void* w, std::size_t row_bytes, std::size_t cols, const Q8Blocks& x, float* y,
+              std::size_t r0, std::size_t r1) {
+  const auto* base = static_cast<const std::uint8_t*>(w);
+  for (std::size_t r = r0; r < r1; ++r) {
+    const std::uint8_t* row = base + r * row_bytes;
+    switch (type) {
+#if HWY_TARGET == HWY_AVX3_DL
+      case WeightType::q8_0: y[r] = DotQ8_0Wide(row, x, cols / 32); break;
+      case WeightType::q4_0: y[r] = DotQ4_0Wide(row, x, cols / 32); break;
+      case WeightType::q4_k: y[r] = DotQK_Wide<4>(row, x, cols / 256); break;
+      case WeightType::q5_k: y[r] = DotQK_Wide<5>(row, x, cols / 256); break;
+      case WeightType::q6_k: y[r] = DotQ6_KWide(row, x, cols / 256); break;
+#else
+      case WeightType::q8_0: y[r] = DotQ8_0(row, x, cols / 32); break;
+      case WeightType::q4_0: y[r] = DotQ4_0(row, x, cols / 32); break;
+      case WeightType::q4_k: y[r] = DotQK_MinMax<4>(row, x, cols / 256); break;
+      case WeightType::q5_k: y[r] = DotQK_MinMax<5>(row, x, cols / 256); break;
+      case WeightType::q6_k: y[r] = DotQ6_K(row, x, cols / 256); break;
+#endif
+      default: y[r] = 0; break;
+    }
+  }
+}
+
+
+// ---------------------------------------------------------------------------------------------
+// Prefill: Y[t, r] for several tokens. AVX3_DL repacks 16 weight rows at a time into unsigned
+// byte codes laid out [unit of 16 values][4-byte chunk][row][4 bytes] with an fp32 scale and offset
+// per (unit, row) (value = scale * code - offset), so one vpdpbusd with the token's 4 activation
+// bytes broadcast advances 16 rows at once; every (unit, token) then costs one convert and two FMAs
+// for 16 rows. Other targets run the gemv kernel once per token.
+
+#if HWY_TARGET == HWY_AVX3_DL
+// Row `row` of `type` as unsigned codes [cols] and per-16 scale / offset [cols / 16].
+void DecodeCodes(WeightType type, const std::uint8_t* row, std::size_t cols, std::uint8_t* codes, float* sc, float* off) {
+  const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x30), bit4 = _mm256_set1_epi8(0x10);
+  auto store = [&](std::size_t e, __m256i c, float s0, float o0, float s1, float o1) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + e), c);
+    sc[e / 16] = s0;
+    off[e / 16] = o0;
+    sc[e / 16 + 1] = s1;
+    off[e / 16 + 1] = o1;
+  };
+  switch (type) {
+    case WeightType::q8_0:
+      for (std::size_t b = 0; b < cols / 32; ++b) {
+        const float d = Half(row + 34 * b);
+        store(32 * b, _mm256_xor_si256(Load32(row + 34 * b + 2), _mm256_set1_epi8(static_cast<char>(0x80))), d, 128 * d, d, 128 * d);
+      }
+      return;
+    case WeightType::q4_0:
+      for (std::size_t b = 0; b < cols / 32; ++b) {
+        const float d = Half(row + 18 * b);
+        store(32 * b, Q4_0Codes(row + 18 * b + 2), d, 8 * d, d, 8 * d);
+      }
+      return;
+    case WeightType::q4_k:
+    case WeightType::q5_k: {
+      const bool five = type == WeightType::q5_k;
+      const std::size_t bb = five ? 176 : 144;
+      for (std::size_t i = 0; i < cols / 256; ++i) {
+        const std::uint8_t* blk = row + bb * i;
+        const float d = Half(blk), dmin = Half(blk + 2);
+        const std::uint8_t* qs = blk + 16 + (five ? 32 : 0);
+        const __m256i qh = five ? Load32(blk + 16) : _mm256_setzero_si256();
+        for (int j = 0; j < 4; ++j) {
+          int sc0, m0, sc1, m1;
+          ScaleMinK4(blk + 4, 2 * j, sc0, m0);
+          ScaleMinK4(blk + 4, 2 * j + 1, sc1, m1);
+          const __m256i q = Load32(qs + 32 * j);
+          __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+          if (five) {
+            const __m256i mlo = _mm256_set1_epi8(static_cast<char>(1 << (2 * j)));
+            const __m256i mhi = _mm256_set1_epi8(static_cast<char>(1 << (2 * j + 1)));
+            lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, mlo), mlo), bit4));
+            hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, mhi), mhi), bit4));
+          }
+          const float s0 = d * static_cast<float>(sc0), o0 = dmin * static_cast<float>(m0);
+          const float s1 = d * static_cast<float>(sc1), o1 = dmin * static_cast<float>(m1);
+          store(256 * i + 64 * j, lo, s0, o0, s0, o0);
+          store(256 * i + 64 * j + 32, hi, s1, o1, s1, o1);
+        }
+      }
+      return;
+    }
+    case WeightType::q6_k:
+      for (std::size_t i = 0; i < cols / 256; ++i) {
+        const std::uint8_t* blk = row + 210 * i;
+        const float d = Half(blk + 208);
+        const auto* scl = reinterpret_cast<const std::int8_t*>(blk + 192);
+        for (int h = 0; h < 2; ++h) {
+          const __m256i l0 = Load32(blk + 64 * h), l1 = Load32(blk + 64 * h + 32), qh = Load32(blk + 128 + 32 * h);
+          const __m256i u[4] = {
+              _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m2)),
+              _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2)),
+              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m2)),
+              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2)),
+          };
+          for (int k = 0; k < 4; ++k) {
+            const float s0 = d * static_cast<float>(scl[8 * h + 2 * k]), s1 = d * static_cast<float>(scl[8 * h + 2 * k + 1]);
+            store(256 * i + 128 * h + 32 * k, u[k], s0, 32 * s0, s1, 32 * s1);
+          }
+        }
+      }
+      return;
+    default: return;
+  }
+}
+
+// acc + w (16 rows x 4 unsigned bytes) . the 4 signed bytes at p broadcast to every row.
+HWY_INLINE __m512i DotBcast(__m512i acc, __m512i w, const std::int8_t* p) {
+  __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*reinterpret_cast<const std::int32_t*>(p)));
+  return acc;
+}
+
+// Formats whose two 16-value halves of a 32-value block share the scale and offset (all but
+// Q6_K): one int32 sum per (block, token), then one convert and two FMAs for 16 rows.
+template <int NT>
+void TileTokens32(const std::uint8_t* tc, const float* ts, const float* to, std::size_t units, const Q8Blocks* xs,
+                  std::size_t t0, float* y, std::size_t ldy, std::size_t r0, std::size_t nr) {
+  __m512 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  const __m512i zero = _mm512_setzero_si512();
+  for (std::size_t b = 0; b < units / 2; ++b) {
+    const std::uint8_t* w = tc + b * 512;
+    __m512i wv[8];
+    for (int c = 0; c < 8; ++c) wv[c] = _mm512_loadu_si512(w + 64 * c);
+    const __m512 sv = _mm512_loadu_ps(ts + 32 * b), ov = _mm512_loadu_ps(to + 32 * b);
+    for (int t = 0; t < NT; ++t) {
+      const Q8Blocks& x = xs[t0 + t];
+      const std::int8_t* xq = x.q.data() + 32 * b;
+      __m512i p = DotBcast(zero, wv[0], xq);
+      for (int c = 1; c < 8; ++c) p = DotBcast(p, wv[c], xq + 4 * c);
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(sv, _mm512_set1_ps(x.d[b])), acc[t]);
+      acc[t] = _mm512_fnmadd_ps(ov, _mm512_set1_ps(x.ds[b]), acc[t]);
+    }
+  }
+  const __mmask16 m = static_cast<__mmask16>((1u << nr) - 1u);
+  for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(y + (t0 + t) * ldy + r0, m, acc[t]);
+}
+
+template <int NT>
+void TileTokens(const std::uint8_t* tc, const float* ts, const float* to, std::size_t units, const Q8Blocks* xs,
+                std::size_t t0, float* y, std::size_t ldy, std::size_t r0, std::size_t nr) {
+  __m512 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  const __m512i zero = _mm512_setzero_si512();
+  for (std::size_t u = 0; u < units; ++u) {
+    const std::uint8_t* w = tc + u * 256;
+    const __m512i w0 = _mm512_loadu_si512(w), w1 = _mm512_loadu_si512(w + 64), w2 = _mm512_loadu_si512(w + 128),
+                  w3 = _mm512_loadu_si512(w + 192);
+    const __m512 sv = _mm512_loadu_ps(ts + 16 * u), ov = _mm512_loadu_ps(to + 16 * u);
+    for (int t = 0; t < NT; ++t) {
+      const Q8Blocks& x = xs[t0 + t];
+      const std::int8_t* xq = x.q.data() + 16 * u;
+      __m512i p = DotBcast(zero, w0, xq);
+      p = DotBcast(p, w1, xq + 4);
+      p = DotBcast(p, w2, xq + 8);
+      p = DotBcast(p, w3, xq + 12);
+      const float dx = x.d[u / 2];
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(sv, _mm512_set1_ps(dx)), acc[t]);
+      acc[t] = _mm512_fnmadd_ps(ov, _mm512_set1_ps(dx * static_cast<float>(x.s16[u])), acc[t]);
+    }
+  }
+  const __mmask16 m = static_cast<__mmask16>((1u << nr) - 1u);
+  for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(y + (t0 + t) * ldy + r0, m, acc[t]);
+}
+#endif
+
+void GemmRows(WeightType type, const void* w, std::size_t row_bytes, std::size_t cols, const Q8Blocks* xs, std::size_t n,
+              float* y, std::size_t ldy, std::size_t r0, std::size_t r1) {
+#if HWY_TARGET == HWY_AVX3_DL
+  const std::size_t units = cols / 16;
+  thread_local std::vector<std::uint8_t> row_codes, tile_codes;
+  thread_local std::vector<float> row_s, row_o, tile_s, tile_o;
+  if (row_codes.size() < cols + 64) row_codes.resize(cols + 64);
+  if (row_s.size() < units) {
+    row_s.resize(units);
+    row_o.resize(units);
+  }
+  if (tile_codes.size() < 16 * cols) tile_codes.resize(16 * cols);
+  if (tile_s.size() < 16 * units) {
+    tile_s.resize(16 * units);
+    tile_o.resize(16 * units);
+  }
+  const auto* base = static_cast<const std::uint8_t*>(w);
+  for (std::size_t rt = r0; rt < r1; rt += 16) {
+    const std::size_t nr = std::min<std::size_t>(16, r1 - rt);
+    for (std::size_t r = 0; r < 16; ++r) {
+      if (r < nr) {
+        DecodeCodes(type, base + (rt + r) * row_bytes, cols, row_codes.data(), row_s.data(), row_o.data());
+      } else {
+        std::memset(row_codes.data(), 0, cols);
+        std::fill_n(row_s.data(), units, 0.0f);
+        std::fill_n(row_o.data(), units, 0.0f);
+      }
+      for (std::size_t u = 0; u < units; ++u) {
+        for (int c = 0; c < 4; ++c) std::memcpy(tile_codes.data() + ((u * 4 + c) * 16 + r) * 4, row_codes.data() + 16 * u + 4 * c, 4);
+        tile_s[u * 16 + r] = row_s[u];
+        tile_o[u * 16 + r] = row_o[u];
+      }
+    }
+    const std::uint8_t* tc = tile_codes.data();
+    const float *ts = tile_s.data(), *to = tile_o.data();
+    std::size_t t = 0;
+    if (type == WeightType::q6_k) {
+      for (; t + 4 <= n; t += 4) TileTokens<4>(tc, ts, to, units, xs, t, y, ldy, rt, nr);
+      switch (n - t) {
+        case 3: TileTokens<3>(tc, ts, to, units, xs, t, y, ldy, rt, nr); break;
+        case 2: TileTokens<2>(tc, ts, to, units, xs, t, y, ldy, rt, nr); break;
+        case 1: TileTokens<1>(tc, ts, to, units, xs, t, y, ldy, rt, nr); break;
+        default: break;
+      }
+    } else {
+      for (; t + 4 <= n; t += 4) TileTokens32<4>(tc, ts, to, units, xs, t, y, ldy, rt, nr);
+      switch (n - t) {
+        case 3: TileTokens32<3>(tc, ts, to, units, xs, t, y, ldy, rt, nr); break;
+        case 2: TileTokens32<2>(tc, ts, to, units, xs, t, y, ldy, rt, nr); break;
+        case 1: TileTokens32<1>(tc, ts, to, units, xs, t, y, ldy, rt, nr); break;
+        default: break;
+      }
+    }
+  }
+#else
+  thread_local std::vector<float> col;
+  if (col.size() < r1) col.resize(r1);
+  for (std::size_t t = 0; t < n; ++t) {
+    GemvRows(type, w, row_bytes, cols, xs[t], col.data(), r0, r1);
+    std::copy(col.data() + r0, col.data() + r1, y + t * ldy + r0);
+  }
+#endif
+}
+
+bool GemmIsPacked() { return HWY_TARGET == HWY_AVX3_DL; }
+
+// ---------------------------------------------------------------------------------------------
+// Dequantization (prefill tiles, embedding rows).
+
+#if KVSLIM_QGEMV_X86
+// out[0..32) = float(codes[i] (signed bytes) + bias) * scale - offset, bias applied in int.
+HWY_INLINE void Store32(__m256i codes, int bias, float scale, float offset, float* out) {
+  const __m256 s = _mm256_set1_ps(scale), o = _mm256_set1_ps(offset);
+  const __m256i bv = _mm256_set1_epi32(bias);
+  const __m128i lo = _mm256_castsi256_si128(codes), hi = _mm256_extracti128_si256(codes, 1);
+  const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+  for (int k = 0; k < 4; ++k) {
+    const __m256i v = _mm256_add_epi32(_mm256_cvtepi8_epi32(parts[k]), bv);
+    _mm256_storeu_ps(out + 8 * k, _mm256_sub_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(v), s), o));
+  }
+}
+
+void Dequantize(WeightType type, const void* src, float* dst, std::size_t n) {
+  const auto* p = static_cast<const std::uint8_t*>(src);
+  const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x30), bit4 = _mm256_set1_epi8(0x10);
+  switch (type) {
+    case WeightType::q8_0:
+      for (std::size_t b = 0; b < n / 32; ++b) Store32(Load32(p + 34 * b + 2), 0, Half(p + 34 * b), 0.0f, dst + 32 * b);
+      return;
+    case WeightType::q4_0:
+      for (std::size_t b = 0; b < n / 32; ++b) Store32(Q4_0Codes(p + 18 * b + 2), -8, Half(p + 18 * b), 0.0f, dst + 32 * b);
+      return;
+    case WeightType::q4_k:
+    case WeightType::q5_k: {
+      const bool five = type == WeightType::q5_k;
+      const std::size_t bb = five ? 176 : 144;
+      for (std::size_t i = 0; i < n / 256; ++i) {
+        const std::uint8_t* blk = p + bb * i;
+        const float d = Half(blk), dmin = Half(blk + 2);
+        const std::uint8_t* qs = blk + 16 + (five ? 32 : 0);
+        const __m256i qh = five ? Load32(blk + 16) : _mm256_setzero_si256();
+        for (int j = 0; j < 4; ++j) {
+          int sc0, m0, sc1, m1;
+          ScaleMinK4(blk + 4, 2 * j, sc0, m0);
+          ScaleMinK4(blk + 4, 2 * j + 1, sc1, m1);
+          const __m256i q = Load32(qs + 32 * j);
+          __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+          if (five) {
+            const __m256i mlo = _mm256_set1_epi8(static_cast<char>(1 << (2 * j)));
+            const __m256i mhi = _mm256_set1_epi8(static_cast<char>(1 << (2 * j + 1)));
+            lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, mlo), mlo), bit4));
+            hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, mhi), mhi), bit4));
+          }
+          float* out = dst + 256 * i + 64 * j;
+          Store32(lo, 0, d * static_cast<float>(sc0), dmin * static_cast<float>(m0), out);
+          Store32(hi, 0, d * static_cast<float>(sc1), dmin * static_cast<float>(m1), out + 32);
+        }
+      }
+      return;
+    }
+    case WeightType::q6_k:
+      for (std::size_t i = 0; i < n / 256; ++i) {
+        const std::uint8_t* blk = p + 210 * i;
+        const float d = Half(blk + 208);
+        const auto* sc = reinterpret_cast<const std::int8_t*>(blk + 192);
+        for (int h = 0; h < 2; ++h) {
+          const __m256i l0 = Load32(blk + 64 * h), l1 = Load32(blk + 64 * h + 32), qh = Load32(blk + 128 + 32 * h);
+          const __m256i u[4] = {
+              _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m2)),
+              _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2)),
+              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m2)),
+              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2)),
+          };
+          for (int k = 0; k < 4; ++k) {
+            alignas(32) float tmp[32];
+            // Two scale groups of 16: decode with scale 1, then scale each half.
+            Store32(u[k], -32, 1.0f, 0.0f, tmp);
+            float* out = dst + 256 * i + 128 * h + 32 * k;
+            const float s0 = d * static_cast<float>(sc[8 * h + 2 * k]), s1 = d * static_cast<float>(sc[8 * h + 2 * k + 1]);
+            for (int l = 0; l < 16; ++l) out[l] = s0 * tmp[l];
+            for (int l = 16; l < 32; ++l) out[l] = s1 * tmp[l];
+          }
+        }
+      }
+      return;
+    default: return;
+  }
+}
+#else
+void Dequantize(WeightType type, const void* src, float* dst, std::size_t n) {
+  gguf::TensorType t = gguf::TensorType::q8_0;
+  switch (type) {
+    case WeightType::q8_0: t = gguf::TensorType::q8_0; break;
+    case WeightType::q4_0: t = gguf::TensorType::q4_0; break;
+    case WeightType::q4_k: t = gguf::TensorType::q4_k; break;
+    case WeightType::q5_k: t = gguf::TensorType::q5_k; break;
+    case WeightType::q6_k: t = gguf::TensorType::q6_k; break;
+    default: return;
+  }
+  gguf::to_float(static_cast<const std::byte*>(src), t, dst, n);
+}
+#endif
+
+const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
+
+}  // namespace HWY_NAMESPACE
+}  // namespace kvslim::engine::qgemv
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace kvslim::engine::qgemv {
+
+HWY_EXPORT(GemvRows);
+HWY_EXPORT(Dequantize);
+HWY_EXPORT(TargetName);
+HWY_EXPORT(GemmRows);
+HWY_EXPORT(GemmIsPacked);
+
+ActivationFormat activation_format(WeightType type) {
+  return type == WeightType::q4_k || type == WeightType::q5_k || type == WeightType::q6_k ? ActivationFormat::q8_k
+                                                                                          : ActivationFormat::q8_0;
+}
+
+void quantize_activation(const float* x, std::size_t n, Q8Blocks& out, ActivationFormat format) {
+  out.n = n;
+  if (out.q.size() < n) out.q.resize(n);
+  if (out.d.size() < n / 32) {
+    out.d.resize(n / 32);
+    out.ds.resize(n / 32);
+  }
+  if (out.s16.size() < n / 16) out.s16.resize(n / 16);
+  // Per 32 values (or, q8_K, per 256): codes q and the scale d the products use.
+  const std::size_t group = format == ActivationFormat::q8_k ? 256 : 32;
+  for (std::size_t g = 0; g < n / group; ++g) {
+    const float* v = x + group * g;
+    float amax = 0, max = 0;  // the largest magnitude, and the value that has it
+    for (std::size_t j = 0; j < group; ++j) {
+      if (std::fabs(v[j]) > amax) {
+        amax = std::fabs(v[j]);
+        max = v[j];
+      }
+    }
+    float d = 0, id = 0;
+    switch (format) {
+      case ActivationFormat::fine: d = amax / 127.0f, id = d != 0 ? 1.0f / d : 0.0f; break;
+      case ActivationFormat::q8_0:  // ggml's x86 quantize_row_q8_0: codes from 127 / amax, d stored as fp16
+        id = amax != 0 ? 127.0f / amax : 0.0f;
+        d = fp16_to_f32(f32_to_fp16(amax / 127.0f));
+        break;
+      case ActivationFormat::q8_k:  // ggml's quantize_row_q8_K_ref: iscale = -127 / max, d = 1 / iscale
+        if (amax != 0) {
+          id = -127.0f / max;
+          d = 1.0f / id;
+        }
+        break;
+    }
+    for (std::size_t b = group * g / 32; b < group * (g + 1) / 32; ++b) {
+      std::int8_t* q = out.q.data() + 32 * b;
+      std::int32_t s0 = 0, s1 = 0;
+      for (int j = 0; j < 32; ++j) {
+        q[j] = static_cast<std::int8_t>(std::min(127L, std::lrintf(x[32 * b + j] * id)));
+        (j < 16 ? s0 : s1) += q[j];
+      }
+      out.d[b] = d;
+      out.ds[b] = d * static_cast<float>(s0 + s1);
+      out.s16[2 * b] = s0;
+      out.s16[2 * b + 1] = s1;
+    }
+  }
+  const std::size_t pairs = n / 64;
+  if (out.q_pairs.size() < pairs * 64) out.q_pairs.resize(pairs * 64);
+  for (std::size_t p = 0; p < pairs; ++p) {
+    const std::int8_t* a = out.q.data() + 64 * p;
+    std::int8_t* o = out.q_pairs.data() + 64 * p;
+    std::memcpy(o, a, 16);
+    std::memcpy(o + 16, a + 32, 16);
+    std::memcpy(o + 32, a + 16, 16);
+    std::memcpy(o + 48, a + 48, 16);
+  }
+}
+
+void gemv_rows(WeightType type, const void* w, std::size_t row_bytes, std::size_t cols, const Q8Blocks& x, float* y,
+               std::size_t r0, std::size_t r1) {
+  HWY_DYNAMIC_DISPATCH(GemvRows)(type, w, row_bytes, cols, x, y, r0, r1);
+}
+
+void dequantize(WeightType type, const void* src, float* dst, std::size_t n) {
+  HWY_DYNAMIC_DISPATCH(Dequantize)(type, src, dst, n);
+}
+
+const char* target_name() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
+
+void gemm_rows(WeightType type, const void* w, std::size_t row_bytes, std::size_t cols, const Q8Blocks* xs, std::size_t n,
+               float* y, std::size_t ldy, std::size_t r0, std::size_t r1) {
+  HWY_DYNAMIC_DISPATCH(GemmRows)(type, w, row_bytes, cols, xs, n, y, ldy, r0, r1);
+}
+
+bool gemm_is_packed() { return HWY_DYNAMIC_DISPATCH(GemmIsPacked)(); }
+
+}  // namespace kvslim::engine::qgemv
+#endif  // HWY_ONCE

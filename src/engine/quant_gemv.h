@@ -1,0 +1,67 @@
+// Matrix-vector products over ggml's block-quantized weights (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K; block
+// layouts in engine/gguf.h), read as stored: decode never expands a weight matrix to fp32.
+//
+// As llama.cpp does, the activation x is quantized once per product to int8 blocks of 32 values
+// (Q8Blocks: scale d = max|x| / 127, q = round(x / d), kept with the per-block code sums), and each
+// weight row is a sum of integer dot products (unsigned weight codes x signed activation codes:
+// AVX-512 VNNI `vpdpbusd`, or AVX2 `vpmaddubsw` + `vpmaddwd`), each scaled by the weight block's
+// and the activation block's scales in fp32. Unlike llama.cpp's q8_K (one scale per 256 values),
+// every 32 activation values have their own fp32 scale, so the K-quants lose no more to the
+// activation's rounding than Q8_0 / Q4_0 do.
+//
+// SIMD through Highway with run-time dispatch (quant_gemv.cc): AVX3_DL (VNNI), AVX3 and AVX2 run
+// x86 integer kernels; the other targets a portable loop. tests/engine/quant_gemv_test.cc checks
+// every target this machine has against a double-precision reference over the dequantized blocks.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "engine/safetensors.h"
+
+namespace kvslim::engine::qgemv {
+
+// x as int8 blocks of 32 (n a multiple of 32).
+struct Q8Blocks {
+  std::size_t n = 0;
+  std::vector<std::int8_t> q;     // [n] codes in -127..127
+  std::vector<float> d;           // [n / 32] scale of each block: x ~ q * d
+  std::vector<float> ds;          // [n / 32] d * (sum of the block's 32 codes)
+  std::vector<std::int32_t> s16;  // [n / 16] sum of each 16 codes (Q6_K's sub-blocks)
+  // [n / 64 * 64] the codes of block pairs (2p, 2p+1) as Q4_0's nibbles pair them: first halves
+  // of both blocks, then second halves (q_2p[0:16], q_2p+1[0:16], q_2p[16:32], q_2p+1[16:32]).
+  std::vector<std::int8_t> q_pairs;
+};
+// How the activation is rounded to int8 (the kernels take any of them: each 32 values carry their
+// scale). q8_0 / q8_k are llama.cpp's CPU formats (ggml's quantize_row_q8_0 on x86: codes from
+// 127 / max|x|, the scale stored as fp16; quantize_row_q8_K_ref: one scale per 256 values, from the
+// signed value of largest magnitude), so that kvslim's int8 products over a GGUF's blocks are
+// llama.cpp's, up to the order of the fp32 sums; fine: one fp32 scale per 32 values (the least
+// rounding, for tests and comparisons).
+enum class ActivationFormat { fine, q8_0, q8_k };
+// The format llama.cpp pairs with a weight type: q8_0 for Q8_0 / Q4_0, q8_K for the K-quants.
+ActivationFormat activation_format(WeightType type);
+// Quantizes x[n] into `out` (its buffers grow as needed, never shrink: no allocation once warm);
+// n a multiple of 32 (256 for q8_k).
+void quantize_activation(const float* x, std::size_t n, Q8Blocks& out, ActivationFormat format = ActivationFormat::fine);
+
+// y[r] = dot(row r of w, x) for r in [r0, r1). w: `type`'s blocks, rows of `row_bytes` bytes
+// holding `cols` values (a multiple of the type's block size); x.n == cols.
+void gemv_rows(WeightType type, const void* w, std::size_t row_bytes, std::size_t cols, const Q8Blocks& x, float* y,
+               std::size_t r0, std::size_t r1);
+
+// Prefill's product over several tokens: y[t * ldy + r] = dot(row r, xs[t]) for t < n, r in
+// [r0, r1). On AVX-512 VNNI (gemm_is_packed()) 16 rows at a time are repacked into unsigned codes
+// with a scale and offset per 16 values, and each vpdpbusd advances 16 rows of one token; elsewhere
+// it is gemv_rows per token.
+void gemm_rows(WeightType type, const void* w, std::size_t row_bytes, std::size_t cols, const Q8Blocks* xs, std::size_t n,
+               float* y, std::size_t ldy, std::size_t r0, std::size_t r1);
+bool gemm_is_packed();
+
+// n values of `type` (whole blocks) decoded to fp32 with SIMD: the same values as gguf::to_float.
+void dequantize(WeightType type, const void* src, float* dst, std::size_t n);
+
+// The Highway target gemv_rows runs on ("AVX3_DL", "AVX2", ...).
+const char* target_name();
+
+}  // namespace kvslim::engine::qgemv
