@@ -1,4 +1,5 @@
 #include "eviction_cache.h"
+#include "cache/observation_check.h"
 
 #include <algorithm>
 
@@ -33,6 +34,7 @@ void EvictionCache::attend(const QueryBlock& queries, std::span<const std::int64
 
 void EvictionCache::observe_attention(const AttentionObservation& obs) {
   if (!attention_scored()) return;
+  check_observation_finite(obs, method_ + " cache");
   core_.observe(obs, eviction_limit());
   after_step();
 }

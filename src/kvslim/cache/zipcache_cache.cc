@@ -1,4 +1,5 @@
 #include "cache/zipcache_cache.h"
+#include "cache/observation_check.h"
 
 #include <algorithm>
 #include <cmath>
@@ -213,6 +214,7 @@ CacheView ZipCacheCache::materialize() const { return decode_view(); }
 
 void ZipCacheCache::observe_attention(const AttentionObservation& obs) {
   if (!options_.attention_saliency || staged_ == 0) return;
+  check_observation_finite(obs, options_.method + " cache");
   const std::string& m = options_.method;
   const std::size_t N = kept_tokens();
   if (obs.probs == nullptr || obs.batch != intake_.batch() || obs.heads != intake_.heads() || obs.tokens != N ||
