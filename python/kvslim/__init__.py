@@ -10,7 +10,7 @@ HF transformers models: see kvslim.hf.
 """
 from ._kvslim import ConfigError, InputError, attend_kernels, simd_target
 from ._config import Config, methods
-from ._cache import Cache, CacheSet, View
+from ._cache import Cache, CacheSet, StaleViewError, View
 
 
 
@@ -22,7 +22,7 @@ def has_attend() -> bool:
 
 
 __all__ = [
-    "Config", "ConfigError", "InputError", "Cache", "CacheSet", "View", "attend_kernels", "has_attend", "methods",
+    "Config", "ConfigError", "InputError", "Cache", "CacheSet", "StaleViewError", "View", "attend_kernels", "has_attend", "methods",
     "simd_target",
 ]
 __version__ = "0.1.0"
