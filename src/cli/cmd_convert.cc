@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cli/command.h"
+#include "cli/option_checks.h"
 #include "engine/model_file_limits.h"
 #include "engine/gguf_model.h"
 #include "engine/json_util.h"
@@ -23,6 +24,8 @@ struct Options {
 
 int run(const Options& o) {
   if (is_gguf_path(o.model)) throw std::invalid_argument(o.model + ": already a GGUF file (convert reads an HF model directory)");
+  // The output is checked before anything is read: never one of the model's own files.
+  check_outputs({{o.out, "output"}}, model_inputs(o.model, "model"));
   const Model model = Model::load(o.model);
   const std::filesystem::path tok_path = std::filesystem::path(o.model) / "tokenizer.json";
   std::string tokenizer_json;
@@ -46,7 +49,7 @@ const CommandRegistrar registrar(
     [](CLI::App& app) {
       auto o = std::make_shared<Options>();
       app.add_option("model", o->model, "HF model directory (config.json, *.safetensors, tokenizer.json)")->required();
-      app.add_option("out", o->out, "output .gguf file")->required();
+      app.add_option("out", o->out, "output .gguf file (written to a temporary file beside it, then renamed; never one of the model's files)")->required();
       app.add_option("--type", o->type, "weight matrix type: f32, f16, bf16, q8_0, q4_0 (norms and biases stay f32)")
           ->capture_default_str()
           ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0", "q4_0"}));

@@ -40,6 +40,15 @@ TEST(KldFile, RoundTripAndStatisticsMatchADirectComputation) {
     KldWriter w(tmp / "b.kld", h);
     w.add_chunk(std::span<const float>(base).first(15));
     w.add_chunk(std::span<const float>(base).subspan(15));
+    w.finish();
+  }
+  {  // Issue 26: an unfinished writer (an error mid-run) leaves no file, and no temporary beside it.
+    KldWriter w(tmp / "unfinished.kld", h);
+    w.add_chunk(std::span<const float>(base).first(15));
+  }
+  EXPECT_FALSE(std::filesystem::exists(tmp / "unfinished.kld"));
+  for (const auto& e : std::filesystem::directory_iterator(tmp.path())) {
+    EXPECT_EQ(e.path().filename().string().find("kvslim-tmp"), std::string::npos) << e.path();
   }
   KldReader r(tmp / "b.kld");
   EXPECT_EQ(r.header().n_ctx, 8u);

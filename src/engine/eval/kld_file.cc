@@ -1,5 +1,7 @@
 #include "engine/eval/kld_file.h"
 
+#include "engine/output_file.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -45,14 +47,22 @@ const std::vector<std::uint16_t>& KldReader::next_chunk() {
 }
 
 KldWriter::KldWriter(const std::filesystem::path& path, const KldHeader& header)
-    : name_(path.string()), out_(path, std::ios::binary | std::ios::trunc), header_(header) {
-  if (!out_) throw std::runtime_error(name_ + ": cannot open for writing");
-  out_.write(kMagic, 8);
-  out_.write(reinterpret_cast<const char*>(&header_.n_ctx), 4);
-  out_.write(reinterpret_cast<const char*>(&header_.n_vocab), 4);
-  out_.write(reinterpret_cast<const char*>(&header_.n_chunk), 4);
-  out_.write(reinterpret_cast<const char*>(header_.tokens.data()), static_cast<std::streamsize>(header_.tokens.size() * 4));
+    : name_(path.string()), out_(std::make_unique<AtomicFile>(path, path.string())), header_(header) {
+  out_->write(kMagic, 8);
+  out_->write(&header_.n_ctx, 4);
+  out_->write(&header_.n_vocab, 4);
+  out_->write(&header_.n_chunk, 4);
+  out_->write(header_.tokens.data(), header_.tokens.size() * 4);
   row_.resize(header_.row_u16());
+}
+
+KldWriter::~KldWriter() = default;
+
+void KldWriter::finish() {
+  if (chunks_ != static_cast<std::size_t>(header_.n_chunk)) {
+    throw std::logic_error(name_ + ": " + std::to_string(chunks_) + " of " + std::to_string(header_.n_chunk) + " chunks written");
+  }
+  out_->commit();
 }
 
 void KldWriter::add_chunk(std::span<const float> logits) {
@@ -81,9 +91,9 @@ void KldWriter::add_chunk(std::span<const float> logits) {
         row_[4 + i] = l[i] > min_logit ? static_cast<std::uint16_t>(std::lround(inv_scale * (l[i] - min_logit))) : 0;
       }
     }
-    out_.write(reinterpret_cast<const char*>(row_.data()), static_cast<std::streamsize>(row_.size() * 2));
+    out_->write(row_.data(), row_.size() * 2);
   }
-  if (!out_) throw std::runtime_error(name_ + ": write failed");
+  ++chunks_;
 }
 
 void KldStats::add(std::span<const float> logits, const std::uint16_t* base_row, int token) {
