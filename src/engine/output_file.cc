@@ -105,7 +105,8 @@ std::vector<fs::path> model_input_files(const fs::path& model) {
     for (const auto& entry : fs::directory_iterator(model, ec)) {
       const std::string name = entry.path().filename().string();
       auto ends_with = [&](std::string_view s) { return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0; };
-      if (ends_with(".safetensors") || ends_with(".safetensors.index.json") || ends_with(".gguf") || name == "config.json" ||
+      // Not *.gguf: a directory's model is its safetensors; a GGUF converted into it may be replaced.
+      if (ends_with(".safetensors") || ends_with(".safetensors.index.json") || name == "config.json" ||
           name == "generation_config.json" || name == "tokenizer.json" || name == "tokenizer_config.json" ||
           name.rfind("heldout", 0) == 0) {
         files.push_back(entry.path());

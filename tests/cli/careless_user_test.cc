@@ -101,6 +101,10 @@ TEST_F(CliCareless, ConvertRefusesToWriteOverTheModelItReads) {
   const Result r = run_cli("convert " + model().string() + " " + (model() / "model.safetensors").string());
   expect_one_line_error(r, "is an input", "convert m m/model.safetensors");
   EXPECT_EQ(slurp(model() / "model.safetensors"), before);
+  // A GGUF converted into the model directory is an output, not an input: converting again replaces it.
+  ASSERT_EQ(run_cli("convert " + model().string() + " " + (model() / "model.gguf").string()).exit_code, 0);
+  EXPECT_EQ(run_cli("convert " + model().string() + " " + (model() / "model.gguf").string()).exit_code, 0);
+  fs::remove(model() / "model.gguf");
   // Through a symlink too.
   fs::create_symlink(model() / "config.json", path("link.gguf"));
   expect_one_line_error(run_cli("convert " + model().string() + " " + path("link.gguf").string()), "is an input", "symlink");
