@@ -30,23 +30,23 @@ STRESS = textwrap.dedent("""
     def drive(seed):
         cache = common if shared else make()
         rng = np.random.default_rng(seed)
-        big = rng.standard_normal((1, 2, 64, 64)).astype(np.float32)
+        big = rng.standard_normal((1, 4, 256, 128)).astype(np.float32)  # large: numpy copies them without the GIL
         one = big[:, :, :1]
         try:
             for step in range(STEPS):
                 try:
-                    view = cache.update(big if step % 8 == 0 else one, big if step % 8 == 0 else one)
+                    view = cache.update(big if step % 2 == 0 else one, big if step % 2 == 0 else one)
                     float(view.keys.astype(np.float32).sum())  # read the copy while the other thread writes
                     view.positions.max()
                     cache.view().values.sum()
                     cache.stats()
                     if cache.needs()["attention"]:
                         t = cache.view().tokens
-                        probs = np.full((1, 2, 1, t), 1.0 / max(t, 1), np.float32)
+                        probs = np.full((1, 4, 1, t), 1.0 / max(t, 1), np.float32)
                         cache.observe_attention(probs, np.array([10**6 + step], np.int64))
                     if kvslim.has_attend():
                         cache.append(one, one)
-                        q = rng.standard_normal((1, 1, 4, 64)).astype(np.float32)
+                        q = rng.standard_normal((1, 1, 8, 128)).astype(np.float32)
                         out, probs = cache.attend(q, np.array([10**7 + step]), probs=True)
                         assert np.isfinite(out).all()
                         cache.rows()
@@ -58,7 +58,7 @@ STRESS = textwrap.dedent("""
                         pass
                     else:
                         crashes.append("a copy=False view read after update did not raise")
-                    if step % 50 == 49:
+                    if step % 10 == 9:  # frees the store: a view still aliasing it would be read after free
                         cache.reset()
                 except (kvslim.InputError, kvslim.ConfigError) as e:
                     errors.append(str(e))
@@ -79,7 +79,7 @@ STRESS = textwrap.dedent("""
 @pytest.mark.parametrize("shared", ["shared", "separate"])
 @pytest.mark.parametrize("method", kvslim.methods())
 def test_two_threads_never_crash(method, shared):
-    out = subprocess.run([sys.executable, "-c", STRESS, method, shared, "200"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", STRESS, method, shared, "250"], capture_output=True, text=True,
                          env=dict(os.environ), timeout=600)
     assert out.returncode == 0, f"{method} {shared}: exit {out.returncode}\n{out.stdout}\n{out.stderr[-3000:]}"
 
@@ -105,3 +105,17 @@ def test_a_set_driven_from_two_threads_layer_by_layer():
         for t in threads: t.start()
         for t in threads: t.join()
         assert not failures, (method, failures)
+
+
+def test_the_binding_copies_the_view_inside_the_call():
+    # The deterministic half of the rule above: the arrays the C++ call returns by default own
+    # their memory (they were copied with the GIL held); only copy=False aliases the cache.
+    import numpy as np
+    cache = kvslim.Cache()
+    k = np.ones((1, 2, 300, 16), np.float32)
+    keys, values, positions = cache._core.update_and_fetch(k, k, None, "")
+    assert all(a.flags.owndata and a.flags.writeable for a in (keys, values, positions))
+    keys, values, positions = cache._core.view()
+    assert all(a.flags.owndata for a in (keys, values, positions))
+    aliased = cache._core.view(False)
+    assert not any(a.flags.owndata for a in aliased)
