@@ -95,6 +95,23 @@ TEST(KldFile, RejectsOtherFiles) {
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("implausible sizes"), std::string::npos) << e.what();
   }
+  // Issue 26: a plausible header on a short file is refused before its token list is allocated;
+  // a directory is named as one.
+  std::string claims = "_logits_";
+  for (std::uint32_t v : {1u << 16, 1000u, 1000u}) claims.append(reinterpret_cast<const char*>(&v), 4);
+  testing::write_file(tmp / "short", claims);
+  try {
+    KldReader r(tmp / "short");
+    ADD_FAILURE() << "expected an error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("truncated (its header claims"), std::string::npos) << e.what();
+  }
+  try {
+    KldReader r(tmp.path());
+    ADD_FAILURE() << "expected an error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("is a directory"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -15,7 +15,10 @@ constexpr char kMagic[8] = {'_', 'l', 'o', 'g', 'i', 't', 's', '_'};
 
 }  // namespace
 
-KldReader::KldReader(const std::filesystem::path& path) : name_(path.string()), in_(path, std::ios::binary) {
+KldReader::KldReader(const std::filesystem::path& path) : name_(path.string()) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) throw std::runtime_error(name_ + ": is a directory, expected a logits file");
+  in_.open(path, std::ios::binary);
   if (!in_) throw std::runtime_error(name_ + ": cannot open");
   char magic[8];
   in_.read(magic, 8);
@@ -33,6 +36,16 @@ KldReader::KldReader(const std::filesystem::path& path) : name_(path.string()), 
       static_cast<std::uint64_t>(header_.n_chunk) * header_.n_ctx > (std::uint64_t{1} << 28)) {
     throw std::runtime_error(name_ + ": implausible sizes (n_ctx " + std::to_string(header_.n_ctx) + " x n_vocab " +
                              std::to_string(header_.n_vocab) + ", " + std::to_string(header_.n_chunk) + " chunks)");
+  }
+  // A regular file must hold what its header claims before anything is allocated for it.
+  if (std::filesystem::is_regular_file(path, ec)) {
+    const std::uint64_t need = 20 + std::uint64_t{4} * header_.n_chunk * header_.n_ctx +
+                               std::uint64_t{2} * header_.n_chunk * header_.rows_per_chunk() * header_.row_u16();
+    const std::uint64_t have = std::filesystem::file_size(path, ec);
+    if (!ec && have < need) {
+      throw std::runtime_error(name_ + ": truncated (its header claims " + std::to_string(need) + " bytes, the file has " +
+                               std::to_string(have) + ")");
+    }
   }
   header_.tokens.resize(static_cast<std::size_t>(header_.n_chunk) * header_.n_ctx);
   in_.read(reinterpret_cast<char*>(header_.tokens.data()), static_cast<std::streamsize>(header_.tokens.size() * 4));
