@@ -34,8 +34,7 @@ void EvictionCache::attend(const QueryBlock& queries, std::span<const std::int64
 
 void EvictionCache::observe_attention(const AttentionObservation& obs) {
   if (!attention_scored()) return;
-  check_observation_finite(obs, method_ + " cache");
-  core_.observe(obs, eviction_limit());
+  core_.observe(obs, eviction_limit(), method_ + " cache");
   after_step();
 }
 

@@ -143,11 +143,12 @@ double SqueezeCache::measure_attention_signal(const AttentionObservation& obs) c
 }
 
 void SqueezeCache::observe_attention(const AttentionObservation& obs) {
-  check_observation_finite(obs, "squeeze cache");
   if (coordinator_ && (entropy_signal_ || coverage_signal_) && !reported_ && !has_pending_) {
-    if (obs.probs == nullptr || obs.tokens != core_.rows() || obs.batch * obs.heads != core_.heads_total()) {
+    if (obs.probs == nullptr || obs.tokens != core_.rows() || obs.batch * obs.heads != core_.heads_total() ||
+        obs.stride < obs.tokens) {
       throw InputError("squeeze cache: attention observation does not match the last view");
     }
+    check_observation_finite(obs, "squeeze cache");
     pending_concentration_ = measure_attention_signal(obs);
     has_pending_ = true;
   }

@@ -214,7 +214,6 @@ CacheView ZipCacheCache::materialize() const { return decode_view(); }
 
 void ZipCacheCache::observe_attention(const AttentionObservation& obs) {
   if (!options_.attention_saliency || staged_ == 0) return;
-  check_observation_finite(obs, options_.method + " cache");
   const std::string& m = options_.method;
   const std::size_t N = kept_tokens();
   if (obs.probs == nullptr || obs.batch != intake_.batch() || obs.heads != intake_.heads() || obs.tokens != N ||
@@ -229,6 +228,7 @@ void ZipCacheCache::observe_attention(const AttentionObservation& obs) {
     throw InputError(m + " cache: attention observation has " + std::to_string(obs.query_positions.size()) +
                      " query positions for " + std::to_string(obs.queries) + " queries");
   }
+  check_observation_finite(obs, m + " cache");  // after the shape checks: it reads every weight
   const std::size_t first = N - staged_;  // the window is the tail of the view
   // How many queries could see each staged token (causal: query position >= token position).
   std::vector<float> visible(staged_, static_cast<float>(obs.queries));
