@@ -50,7 +50,7 @@ class ModelVsReference : public ::testing::TestWithParam<Case> {
  protected:
   void SetUp() override {
     dir_ = temp_model_dir(GetParam().name);
-    write_random_model(dir_, GetParam().spec);
+    write_random_model(dir_, GetParam().spec, /*force=*/true);
   }
   void TearDown() override { fs::remove_all(dir_); }
   fs::path dir_;
@@ -117,7 +117,7 @@ class SmallModel : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = temp_model_dir(::testing::UnitTest::GetInstance()->current_test_info()->name());
-    write_random_model(dir_, RandomModelSpec{.num_layers = 3, .vocab_size = 61});
+    write_random_model(dir_, RandomModelSpec{.num_layers = 3, .vocab_size = 61}, /*force=*/true);
   }
   void TearDown() override { fs::remove_all(dir_); }
   fs::path dir_;
