@@ -147,7 +147,8 @@ const Model& bench_model() {
     const auto dir = std::filesystem::temp_directory_path() / ("kvslim_engine_bench_" + std::to_string(getpid()));
     write_random_model(dir, RandomModelSpec{.hidden_size = 1024, .intermediate_size = 2816, .num_layers = 4,
                                             .num_heads = 16, .num_kv_heads = 4, .head_dim = 64, .vocab_size = 8192,
-                                            .dtype = WeightType::bf16});
+                                            .dtype = WeightType::bf16},
+                       /*force=*/true);
     Model m = Model::load(dir);
     std::filesystem::remove_all(dir);  // the mapping stays valid after unlink
     CacheSet caches = KVCacheBuilder::for_model(m.cache_spec(), KVCacheConfig{});

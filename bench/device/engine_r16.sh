@@ -11,7 +11,7 @@ K=devbin/kvslim
 export OPENBLAS_CORETYPE=SkylakeX  # OpenBLAS picks its SSE3 kernels on that virtual CPU otherwise
 lscpu | grep -E "Model name|^CPU\(s\)|Thread|MHz" > "$OUT"/cpu.txt
 grep -o -w -E "avx512vnni|avx512_vnni|avx512vbmi|avx512_vbmi" /proc/cpuinfo | sort -u >> "$OUT"/cpu.txt
-$K random-model --out /tmp/r16 --hidden 1024 --intermediate 1024 --layers 16 --heads 32 --kv-heads 8 \
+$K random-model --force --out /tmp/r16 --hidden 1024 --intermediate 1024 --layers 16 --heads 32 --kv-heads 8 \
   --head-dim 128 --vocab 512 --max-positions 40000 > "$OUT"/model.txt 2>&1
 M="full kivi kivi@kivi_bits=4 zipcache h2o"
 timeout 150 $K bench engine --model /tmp/r16 --context 8192 --method $M --set h2o_budget=2048 --decode-tokens 32 \

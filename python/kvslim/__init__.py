@@ -14,7 +14,7 @@ HF transformers models: see kvslim.hf.
 from ._kvslim import ConfigError, InputError, attend_kernels, simd_target
 from ._kvslim import cuda_built, cuda_device_count, cuda_device_description
 from ._config import Config, methods
-from ._cache import Cache, CacheSet, View
+from ._cache import Cache, CacheSet, StaleViewError, View
 
 
 
@@ -26,7 +26,7 @@ def has_attend() -> bool:
 
 
 __all__ = [
-    "Config", "ConfigError", "InputError", "Cache", "CacheSet", "View", "attend_kernels", "has_attend", "methods",
-    "simd_target", "cuda_built", "cuda_device_count", "cuda_device_description",
+    "Config", "ConfigError", "InputError", "Cache", "CacheSet", "StaleViewError", "View", "attend_kernels", "has_attend",
+    "methods", "simd_target", "cuda_built", "cuda_device_count", "cuda_device_description",
 ]
 __version__ = "0.1.0"

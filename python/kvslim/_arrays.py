@@ -47,6 +47,9 @@ def as_positions(p, name: str = "positions"):
     a = np.asarray(p)
     if a.dtype.kind not in "iu":
         raise InputError(f"{name}: positions must be integers, got {a.dtype}")
+    if a.dtype.kind == "u" and a.dtype.itemsize >= 8 and a.size and int(a.max()) > np.iinfo(np.int64).max:
+        # uint64 above 2^63 - 1 used to wrap to negative int64 positions (issue 26).
+        raise InputError(f"{name}: position {int(a.max())} is above the largest position, {np.iinfo(np.int64).max}")
     return np.ascontiguousarray(a, dtype=np.int64)
 
 

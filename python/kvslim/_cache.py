@@ -1,8 +1,6 @@
 """Cache (one layer) and CacheSet (every layer of a model) over the C++ caches."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from . import _kvslim
@@ -10,22 +8,57 @@ from ._arrays import as_block, as_float32, as_positions, cuda_block, is_cuda_ten
 from ._config import Config
 
 
-@dataclass
+class StaleViewError(_kvslim.InputError):
+    """A copy=False view read after its cache changed (update, append, observe, reset)."""
+
+
 class View:
     """What a layer attends over: `tokens` rows per (batch, head), fp16.
 
     keys, values: [B, H_kv, T, D] float16; positions: [B, H_kv, T] int64 (the absolute position of
-    every row; rows are NOT in position order after evictions). With copy=False the arrays alias
-    the cache's storage: read-only, and valid only until the next update/observe/reset of this
-    cache or of another cache of the same CacheSet.
+    every row; rows are NOT in position order after evictions). By default (copy=True) the arrays
+    are the caller's own, copied inside the call that made them (with the GIL held, so another
+    thread's call on the same cache cannot change them). With copy=False they alias the cache's
+    storage: read-only and valid only until the next update/append/observe/reset of this cache
+    (or a reset of its CacheSet); reading view.keys/values/positions after that raises
+    StaleViewError instead of reading freed memory. An array taken out of such a view (k =
+    view.keys) is not checked: keep the view, not its arrays, or use copy=True.
     """
-    keys: np.ndarray
-    values: np.ndarray
-    positions: np.ndarray
+    __slots__ = ("_keys", "_values", "_positions", "_cache", "_generation")
+
+    def __init__(self, keys, values, positions, cache=None, generation=0):
+        self._keys, self._values, self._positions = keys, values, positions
+        self._cache, self._generation = cache, generation  # cache is None: the arrays are owned
+
+    def _check(self):
+        if self._cache is not None and self._cache._generation != self._generation:
+            raise StaleViewError("a copy=False view was read after its cache changed (update, append, observe or "
+                                 "reset); take a new view, or use copy=True")
+
+    @property
+    def keys(self) -> np.ndarray:
+        self._check()
+        return self._keys
+
+    @property
+    def values(self) -> np.ndarray:
+        self._check()
+        return self._values
+
+    @property
+    def positions(self) -> np.ndarray:
+        self._check()
+        return self._positions
 
     @property
     def tokens(self) -> int:
-        return self.keys.shape[2]
+        return self._keys.shape[2]
+
+    def __iter__(self):
+        return iter((self.keys, self.values, self.positions))
+
+    def __repr__(self) -> str:
+        return f"kvslim.View(tokens={self.tokens}, {'aliasing the cache' if self._cache is not None else 'owned'})"
 
     def torch(self, device=None, dtype=None):
         """(keys, values, positions) as torch tensors (a copy when device or dtype changes)."""
@@ -37,11 +70,9 @@ class View:
         return k, v, p
 
 
-def _view(arrays, copy: bool) -> View:
-    k, v, p = arrays
-    if copy:
-        k, v, p = k.copy(), v.copy(), p.copy()
-    return View(k, v, p)
+def _view(arrays, cache, copy: bool) -> View:
+    k, v, p = arrays  # copy=True: already copied by the binding, inside the call
+    return View(k, v, p) if copy else View(k, v, p, cache, cache._generation)
 
 
 class Stats(dict):
@@ -74,6 +105,10 @@ class Cache:
             _core = _kvslim.create_cache((config or Config())._c)
         self._core = _core
         self._owner = _owner  # the CacheSet a layer belongs to (keeps it alive)
+        self._generation = 0  # bumped by every call that may move or free the storage (copy=False views)
+
+    def _changed(self) -> None:
+        self._generation += 1
 
     # -- the contract (today: update_and_fetch; see README "Python" for the append/attend move) --
     def update(self, keys, values, positions=None, *, copy: bool = True) -> View:
@@ -84,9 +119,10 @@ class Cache:
         v, vd = as_block(values, "values")
         if kd != vd:
             raise _kvslim.InputError(f"values: element type {v.dtype}/{vd or v.dtype} differs from keys' {k.dtype}/{kd or k.dtype}")
-        return _view(self._core.update_and_fetch(k, v, as_positions(positions), kd), copy)
+        self._changed()
+        return _view(self._core.update_and_fetch(k, v, as_positions(positions), kd, bool(copy)), self, copy)
 
-    # -- the attend contract (issue 11), when the library has it: kvslim.has_attend() --
+    # -- append + attend over the cache's own (compressed) storage, when the library has it: kvslim.has_attend() --
     def append(self, keys, values, positions=None) -> None:
         """Absorbs a block [B, H_kv, S, D] (as update) without materialising anything. A cache made
         with Config(device="cuda") takes torch CUDA tensors, read in place on torch's current stream."""
@@ -103,6 +139,7 @@ class Cache:
         v, vd = as_block(values, "values")
         if kd != vd:
             raise _kvslim.InputError(f"values: element type {v.dtype}/{vd or v.dtype} differs from keys' {k.dtype}/{kd or k.dtype}")
+        self._changed()
         self._core.append(k, v, as_positions(positions), kd)
 
     def attend(self, queries, query_positions, scale: float | None = None, probs: bool = False):
@@ -141,7 +178,8 @@ class Cache:
 
     def view(self, *, copy: bool = True) -> View:
         """The current view without absorbing anything."""
-        return _view(self._core.view(), copy)
+        self._changed()  # view() writes a compressed cache's scratch: a mutating call (kvslim/cache.h)
+        return _view(self._core.view(bool(copy)), self, copy)
 
     materialize = view
 
@@ -149,12 +187,14 @@ class Cache:
         return Stats(self._core.stats())
 
     def reset(self) -> None:
+        self._changed()
         self._core.reset()
 
     def reserve(self, tokens: int) -> None:
         """A hint: this layer will be given at most `tokens` tokens in all (prompt plus generated).
         A cache that keeps every token (full) then allocates once instead of growing x1.5 (each
         growth copies the whole store); bounded caches ignore it."""
+        self._changed()
         self._core.reserve(_reserve_tokens(tokens))
 
     def needs(self) -> dict:
@@ -166,11 +206,15 @@ class Cache:
     def observe_attention(self, probs, query_positions) -> None:
         """Attention of the last step over the view the last update returned: probs [B, H_kv, Q, T]
         (summed over the query heads of each KV group), query_positions [Q]."""
-        self._core.observe_attention(as_float32(probs, "probs"), as_positions(query_positions, "query_positions"))
+        probs, query_positions = as_float32(probs, "probs"), as_positions(query_positions, "query_positions")
+        self._changed()
+        self._core.observe_attention(probs, query_positions)
 
     def observe_hidden(self, before, after) -> None:
         """Hidden states before and after the attention block (plus residual), [B, T, hidden]."""
-        self._core.observe_hidden(as_float32(before, "before"), as_float32(after, "after"))
+        before, after = as_float32(before, "before"), as_float32(after, "after")
+        self._changed()
+        self._core.observe_hidden(before, after)
 
     @property
     def method(self) -> str:
@@ -198,7 +242,13 @@ class CacheSet:
         if layers is None:
             if None in (num_layers, kv_heads, head_dim):
                 raise TypeError("CacheSet needs num_layers, kv_heads and head_dim, or layers=[...]")
+            if not isinstance(num_layers, int) or isinstance(num_layers, bool) or num_layers <= 0:
+                # [...] * -3 is an empty list: a set of 0 layers used to be built without a word.
+                raise _kvslim.InputError(f"num_layers must be a positive integer, got {num_layers!r}")
             layers = [(True, kv_heads, head_dim)] * num_layers
+        layers = list(layers)
+        if not layers:
+            raise _kvslim.InputError("layers: at least one layer is needed")
         spec = []
         for i, layer in enumerate(layers):
             attention, heads, dim = layer
@@ -222,10 +272,16 @@ class CacheSet:
         return iter(self._layers)
 
     def reset(self) -> None:
+        for c in self._layers:
+            if c is not None:
+                c._changed()
         self._core.reset()
 
     def reserve(self, tokens: int) -> None:
         """Cache.reserve(tokens) on every layer: the run's length, when the caller knows it."""
+        for c in self._layers:
+            if c is not None:
+                c._changed()
         self._core.reserve(_reserve_tokens(tokens))
 
     def resident_bytes(self) -> int:

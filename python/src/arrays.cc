@@ -1,5 +1,7 @@
 #include "arrays.h"
 
+#include <cstring>
+
 #include <vector>
 
 #include "kvslim/errors.h"
@@ -46,7 +48,7 @@ KVBlock as_block(const py::array& a, const std::string& dtype, const char* name)
   return b;
 }
 
-py::tuple view_arrays(const CacheView& v, py::handle owner) {
+py::tuple view_arrays(const CacheView& v, py::handle owner, bool copy) {
   const auto B = static_cast<py::ssize_t>(v.batch), H = static_cast<py::ssize_t>(v.heads);
   const auto T = static_cast<py::ssize_t>(v.tokens), D = static_cast<py::ssize_t>(v.head_dim);
   const auto hs = static_cast<py::ssize_t>(v.head_stride);
@@ -57,6 +59,20 @@ py::tuple view_arrays(const CacheView& v, py::handle owner) {
                           py::array_t<std::int64_t>(std::vector<py::ssize_t>{B, H, 0}));
   }
   // Rows of head (b, h) start at (b * H + h) * head_stride; only the first `tokens` are valid.
+  if (copy) {
+    py::array keys(f16, std::vector<py::ssize_t>{B, H, T, D});
+    py::array values(f16, std::vector<py::ssize_t>{B, H, T, D});
+    py::array_t<std::int64_t> positions(std::vector<py::ssize_t>{B, H, T});
+    auto* k = static_cast<std::uint16_t*>(keys.mutable_data());
+    auto* val = static_cast<std::uint16_t*>(values.mutable_data());
+    std::int64_t* p = positions.mutable_data();
+    for (py::ssize_t bh = 0; bh < B * H; ++bh) {
+      std::memcpy(k + bh * T * D, v.keys + bh * hs * D, static_cast<std::size_t>(T * D) * 2);
+      std::memcpy(val + bh * T * D, v.values + bh * hs * D, static_cast<std::size_t>(T * D) * 2);
+      std::memcpy(p + bh * T, v.positions + bh * hs, static_cast<std::size_t>(T) * 8);
+    }
+    return py::make_tuple(keys, values, positions);
+  }
   const std::vector<py::ssize_t> kv_shape{B, H, T, D};
   const std::vector<py::ssize_t> kv_strides{H * hs * D * 2, hs * D * 2, D * 2, 2};
   const std::vector<py::ssize_t> pos_shape{B, H, T};

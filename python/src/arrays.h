@@ -19,9 +19,11 @@ namespace py = pybind11;
 // `dtype` ("f16" or "bf16"; torch bf16 tensors arrive this way). Throws InputError naming `name`.
 KVBlock as_block(const py::array& a, const std::string& dtype, const char* name);
 
-// The view as numpy arrays that alias the cache's storage (`owner` keeps the cache alive; the
-// memory is only valid until the next mutating call -- the Python side copies unless asked not to).
+// The view as numpy arrays. copy=true: fresh arrays owning a copy, made here while the GIL is
+// held (a copy made later in Python could run while another thread changes the cache: issue 26).
+// copy=false: arrays that alias the cache's storage (`owner` keeps the cache alive; the memory is
+// only valid until the next mutating call, which the Python View checks).
 // Returns (keys fp16 [B, H, T, D], values fp16 [B, H, T, D], positions int64 [B, H, T]).
-py::tuple view_arrays(const CacheView& v, py::handle owner);
+py::tuple view_arrays(const CacheView& v, py::handle owner, bool copy);
 
 }  // namespace kvslim::python

@@ -2,8 +2,8 @@
 // (python/kvslim) wraps it: torch tensors in, config typing, the HF integration.
 //
 // Contract bound here: update_and_fetch (absorb a block, return the fp16 view) and view(), the
-// observation hooks, and -- when the library has the attend contract (issue 11: append + attend over
-// the cache's own storage) -- append(), attend() and rows(). That contract is detected at compile
+// observation hooks, and -- when the library has the attend contract (append + attend computed over
+// the cache's own, possibly compressed, storage) -- append(), attend() and rows(). That contract is detected at compile
 // time (bind_attend below) so this file builds against the library before and after it lands;
 // once it is merged the detection can go.
 #include <pybind11/numpy.h>
@@ -179,17 +179,20 @@ PYBIND11_MODULE(_kvslim, m) {
       .def(
           "update_and_fetch",
           [](py::object self, const py::array& keys, const py::array& values, const std::optional<PositionsArray>& positions,
-             const std::string& dtype) {
+             const std::string& dtype, bool copy) {
             KVCache& c = self.cast<KVCache&>();
             const KVBlock k = as_block(keys, dtype, "keys");
             const KVBlock v = as_block(values, dtype, "values");
             if (k.dtype != v.dtype) throw InputError("values: element type differs from keys'");
-            // The GIL stays held: a cache is not thread-safe, and the GIL serialises callers.
+            // Threads: no call of this module releases the GIL, so calls on one cache from several
+            // Python threads are serialised by it; the view is copied (copy=true) before the call
+            // returns, i.e. before another thread can change the cache (issue 26).
             const CacheView view = c.update_and_fetch(k, v, as_positions(positions, "positions"));
-            return view_arrays(view, self);
+            return view_arrays(view, self, copy);
           },
-          py::arg("keys"), py::arg("values"), py::arg("positions") = py::none(), py::arg("dtype") = "")
-      .def("view", [](py::object self) { return view_arrays(self.cast<KVCache&>().view(), self); })
+          py::arg("keys"), py::arg("values"), py::arg("positions") = py::none(), py::arg("dtype") = "", py::arg("copy") = true)
+      .def("view", [](py::object self, bool copy) { return view_arrays(self.cast<KVCache&>().view(), self, copy); },
+           py::arg("copy") = true)
       .def("stats", [](const KVCache& c) { return stats_dict(c.stats()); })
       .def("reset", &KVCache::reset)
       .def("reserve", &KVCache::reserve, py::arg("tokens"))

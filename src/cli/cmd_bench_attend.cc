@@ -90,8 +90,8 @@ int run(const Options& o) {
     auto each = [&task](int i) { task(static_cast<std::size_t>(i)); };
     pool.for_each(static_cast<int>(n), each);
   };
-  if (o.caches.empty() || o.caches.front() != "full") throw std::invalid_argument("--cache: list full first (the ratios divide by it)");
   for (const std::string& name : o.caches) config_of(name);  // every name checked before any work
+  if (o.caches.empty() || o.caches.front() != "full") throw std::invalid_argument("--cache: list full first (the ratios divide by it)");
   const double copy = memcpy_gbs(o.threads);
   std::printf("decode attention of one layer: %d KV heads, %d query heads, 1 query token, %d threads; best of %d\n",
               o.kv_heads, o.q_heads, o.threads, o.repeats);

@@ -101,12 +101,23 @@ std::pair<double, double> bandwidth(const Model& model, ThreadPool& pool, int re
 }
 
 int run(const Options& o) {
-  if (!o.json.empty()) check_output_path(o.json, "--json");
+  check_outputs({{o.json, "--json"}}, model_inputs(o.model));
   configure_heap(o.heap);
   std::vector<KVCacheConfig> configs;  // checked before the model loads
   for (const std::string& method : o.methods) configs.push_back(cache_config(method, o.sets));
   const Model model = Model::load(o.model);
   const ModelConfig& c = model.config();
+  // Every context before the first run: a late refusal used to lose the runs already measured
+  // and the --json (issue 26).
+  for (std::size_t ctx : o.contexts) {
+    const std::size_t need = ctx + static_cast<std::size_t>(o.decode_tokens);
+    if (!o.allow_long_context && need > static_cast<std::size_t>(c.max_position_embeddings)) {
+      throw std::invalid_argument("--context " + std::to_string(ctx) + ": with " + std::to_string(o.decode_tokens) +
+                                  " decode steps (--decode-tokens) it needs " + std::to_string(need) +
+                                  " positions, past the model's max_position_embeddings " +
+                                  std::to_string(c.max_position_embeddings) + " (--allow-long-context runs it anyway)");
+    }
+  }
   ThreadPool pool(o.threads);
   const auto [gemv_gbs, copy_gbs] = bandwidth(model, pool, o.repeats);
   std::printf("model %s: %d layers, hidden %d, %.1f M parameters, %.1f MB read per decode step\n", o.model.c_str(),
@@ -217,9 +228,7 @@ int run(const Options& o) {
     }
   }
   if (!o.json.empty()) {
-    std::ofstream f(o.json);
-    f << out.dump(2) << "\n";
-    if (!f) throw std::runtime_error("bench engine: cannot write --json file " + o.json);
+    write_json_output(o.json, out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace), "--json");
   }
   return 0;
 }
@@ -228,7 +237,7 @@ const CommandRegistrar registrar("bench engine", "engine prefill/decode tokens/s
                                  [](CLI::App& app) {
   auto o = std::make_shared<Options>();
   app.add_option("--model", o->model, "model directory (see `kvslim random-model`)")->required();
-  app.add_option("--context", o->contexts, "prompt lengths")->capture_default_str();
+  app.add_option("--context", o->contexts, "prompt lengths")->capture_default_str()->check(CLI::Range(1, 1 << 26));
   app.add_option("--method", o->methods, "KV cache methods; name@key=value,... gives one its own options (kivi@kivi_bits=4)")
       ->capture_default_str();
   app.add_option("--set", o->sets, "cache options key=value, applied to every method")->capture_default_str();

@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/option_checks.h"
+#include "engine/text_input.h"
 #include "engine/eval/kld_file.h"
 #include "engine/gguf_model.h"
 #include "engine/model.h"
@@ -37,6 +39,16 @@ int run(const Options& o) {
     throw std::invalid_argument("give --ref NAME=FILE (its tokens are used) or --text FILE (tokenized here), not both");
   }
   if (!o.text.empty() && o.write_base.empty()) throw std::invalid_argument("--text needs --write-base (nothing to compare with)");
+  // Every output checked before any work, and never one of the inputs (a --write-base over the
+  // --ref it compares with destroyed hours of llama-perplexity work: issue 26).
+  {
+    std::vector<FlagPath> inputs = model_inputs(o.model);
+    for (const std::string& r : o.refs) {
+      if (const auto eq = r.find('='); eq != std::string::npos) inputs.push_back({r.substr(eq + 1), "--ref"});
+    }
+    if (!o.text.empty()) inputs.push_back({o.text, "--text"});
+    check_outputs({{o.write_base, "--write-base"}, {o.json, "--json"}}, inputs);
+  }
   const Model model = Model::load(o.model);
   const Tokenizer tokenizer = load_model_tokenizer(o.model);
   const std::optional<int> bos = tokenizer.bos_id();
@@ -55,12 +67,14 @@ int run(const Options& o) {
   }
   KldHeader own;  // --text: chunks of this run's own tokenization
   if (!o.text.empty()) {
-    std::ifstream in(o.text, std::ios::binary);
-    if (!in) throw std::invalid_argument("--text " + o.text + ": cannot read");
-    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string text = read_text_input(o.text, "--text");
+    if (text.empty()) throw std::invalid_argument("--text " + o.text + ": the file is empty");
     const std::vector<int> ids = tokenizer.encode(text, /*add_special_tokens=*/false);
-    const std::size_t n_chunk = std::min(o.chunks, ids.size() / o.ctx);
-    if (o.ctx < 4 || n_chunk == 0) throw std::invalid_argument("--text: " + std::to_string(ids.size()) + " tokens, fewer than one --ctx chunk");
+    const std::size_t n_chunk = std::min(o.chunks, ids.size() / o.ctx);  // --ctx >= 4 (its range)
+    if (n_chunk == 0) {
+      throw std::invalid_argument("--text: " + std::to_string(ids.size()) + " tokens, fewer than one --ctx chunk of " +
+                                  std::to_string(o.ctx));
+    }
     own.n_ctx = static_cast<std::uint32_t>(o.ctx);
     own.n_vocab = model.config().vocab_size;
     own.n_chunk = static_cast<std::int32_t>(n_chunk);
@@ -115,6 +129,7 @@ int run(const Options& o) {
     }
     if (writer) writer->add_chunk(scored);
   }
+  if (writer) writer->finish();
   resident_per_token /= h.n_chunk;
   const std::string label = o.label.empty() ? o.method : o.label;
   nlohmann::ordered_json out = {{"engine", "kvslim"},
@@ -142,11 +157,7 @@ int run(const Options& o) {
                 100 * s.same_top_fraction(), std::exp(s.mean_nll()), std::exp(s.mean_nll_base()));
   }
   std::printf("\n");
-  if (!o.json.empty()) {
-    std::ofstream f(o.json);
-    f << out.dump(2) << "\n";
-    if (!f) throw std::runtime_error("bench kld: cannot write " + o.json);
-  }
+  if (!o.json.empty()) write_json_output(o.json, out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace), "--json");
   return 0;
 }
 
@@ -157,8 +168,8 @@ const CommandRegistrar registrar(
       app.add_option("--model", o->model, "model directory or .gguf file")->required();
       app.add_option("--ref", o->refs, "NAME=FILE: a --kl-divergence-base file to compare with (repeatable; the first gives the tokens)");
       app.add_option("--text", o->text, "instead of --ref: tokenize this text into chunks (with --write-base)");
-      app.add_option("--ctx", o->ctx, "with --text: tokens per chunk")->capture_default_str();
-      app.add_option("--chunks", o->chunks, "with --text: chunks at most")->capture_default_str();
+      app.add_option("--ctx", o->ctx, "with --text: tokens per chunk")->capture_default_str()->check(CLI::Range(4, 1 << 24));
+      app.add_option("--chunks", o->chunks, "with --text: chunks at most")->capture_default_str()->check(CLI::Range(1, 1 << 24));
       app.add_option("--method", o->method, "KV cache method")->capture_default_str()->check(CLI::IsMember(method_names()));
       app.add_option("--set", o->sets, "cache option key=value (repeatable)");
       app.add_option("--label", o->label, "name of this point in the output (default: the method)");

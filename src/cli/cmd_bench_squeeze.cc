@@ -195,6 +195,10 @@ int run_bench(const std::vector<int>& layers, const std::vector<int>& seqs, cons
               const std::vector<double>& strengths, const std::vector<std::string>& prefills, int repeats,
               const std::string& heap, const std::string& json_path) {
   if (!json_path.empty()) check_output_path(json_path, "--json");
+  // A sweep with nothing to run is an error, not an empty table and exit 0.
+  if (std::none_of(seqs.begin(), seqs.end(), [&](int S) { return std::any_of(avgs.begin(), avgs.end(), [&](int a) { return a <= S; }); })) {
+    throw std::invalid_argument("--seq/--avg: no configuration to run, every --avg exceeds every --seq (the original skips avg > seq)");
+  }
   configure_heap(heap);
   std::vector<Result> results;
   std::printf("kvslim bench squeeze: %zu heads x head_dim %zu, n_sink %d, batch 1; SIMD %s; latency = median of %d runs\n",
@@ -262,9 +266,7 @@ int run_bench(const std::vector<int>& layers, const std::vector<int>& seqs, cons
                      {"compression_ratio", r.compression_ratio}, {"resident_ratio", r.resident_ratio},
                      {"latency_ms", r.latency_ms}, {"page_faults", r.page_faults}});
     }
-    std::ofstream f(json_path);
-    if (!f) throw std::runtime_error("bench squeeze: cannot write --json file " + json_path);
-    f << out.dump(2) << "\n";
+    write_json_output(json_path, out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace), "--json");
     std::printf("wrote %s (%zu configs)\n", json_path.c_str(), results.size());
   }
   return 0;
@@ -281,10 +283,12 @@ struct Options {
 const CommandRegistrar registrar(
     "bench squeeze", "the original squeeze benchmark sweep, original figures beside kvslim's", [](CLI::App& app) {
       auto o = std::make_shared<Options>();
-      app.add_option("--layers", o->layers, "n_layers values")->capture_default_str();
-      app.add_option("--seq", o->seqs, "seq_len values")->capture_default_str();
-      app.add_option("--avg", o->avgs, "avg_budget values")->capture_default_str();
-      app.add_option("--strength", o->strengths, "squeeze_strength values")->capture_default_str();
+      // Every numeric flag has its range (issue 26): --avg above the sinks (the budget must
+      // leave room for a recent token), --seq at least one --avg (the original skips avg > seq).
+      app.add_option("--layers", o->layers, "n_layers values")->capture_default_str()->check(CLI::Range(1, 4096));
+      app.add_option("--seq", o->seqs, "seq_len values")->capture_default_str()->check(CLI::Range(kSink + 1, 1 << 20));
+      app.add_option("--avg", o->avgs, "avg_budget values")->capture_default_str()->check(CLI::Range(kSink + 1, 1 << 20));
+      app.add_option("--strength", o->strengths, "squeeze_strength values")->capture_default_str()->check(finite_range(0.0, 1.0));
       app.add_option("--prefill", o->prefills, "prefill orders: deferred (kvslim default), eager (documented)")
           ->capture_default_str()
           ->check(CLI::IsMember({"deferred", "eager"}));

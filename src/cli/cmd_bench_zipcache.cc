@@ -174,9 +174,7 @@ int run(const Options& o) {
     }
   }
   if (!o.json.empty()) {
-    std::ofstream f(o.json);
-    if (!f) throw std::runtime_error("bench zipcache: cannot write --json file " + o.json);
-    f << nlohmann::json{{"sweep", out}, {"long_generation", gen}}.dump(2) << "\n";
+    write_json_output(o.json, nlohmann::json{{"sweep", out}, {"long_generation", gen}}.dump(2, ' ', false, nlohmann::json::error_handler_t::replace), "--json");
     std::printf("wrote %s\n", o.json.c_str());
   }
   return 0;

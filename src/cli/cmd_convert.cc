@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cli/command.h"
+#include "cli/option_checks.h"
 #include "engine/model_file_limits.h"
 #include "engine/gguf_model.h"
 #include "engine/json_util.h"
@@ -39,6 +40,8 @@ std::function<gguf::TensorType(const std::string&, gguf::TensorType)> q4_k_m_mix
 
 int run(const Options& o) {
   if (is_gguf_path(o.model)) throw std::invalid_argument(o.model + ": already a GGUF file (convert reads an HF model directory)");
+  // The output is checked before anything is read: never one of the model's own files.
+  check_outputs({{o.out, "output"}}, model_inputs(o.model, "model"));
   const Model model = Model::load(o.model);
   const std::filesystem::path tok_path = std::filesystem::path(o.model) / "tokenizer.json";
   std::string tokenizer_json;
@@ -67,7 +70,7 @@ const CommandRegistrar registrar(
     [](CLI::App& app) {
       auto o = std::make_shared<Options>();
       app.add_option("model", o->model, "HF model directory (config.json, *.safetensors, tokenizer.json)")->required();
-      app.add_option("out", o->out, "output .gguf file")->required();
+      app.add_option("out", o->out, "output .gguf file (written to a temporary file beside it, then renamed; never one of the model's files)")->required();
       app.add_option("--type", o->type,
                      "weight matrix type: f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k, or q4_k_m (llama.cpp's mix: "
                      "Q4_K with Q6_K for output and some attn_v / ffn_down); K-quants use a simple round-to-nearest "

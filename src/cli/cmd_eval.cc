@@ -1,6 +1,9 @@
 // `kvslim eval`: what each KV method costs, at equal memory, on a real model. Text fidelity and
 // retrieval against the full cache at several memory levels, decode speed at the longest context;
 // a terminal table, --json and a gnuplot --plot. Protocol and results: docs/results.md.
+#include <stdlib.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +20,8 @@
 #include "engine/eval/report.h"
 #include "engine/gguf_model.h"
 #include "engine/model.h"
+#include "engine/output_file.h"
+#include "engine/text_input.h"
 #include "engine/tokenizer.h"
 
 namespace kvslim::cli {
@@ -26,7 +31,8 @@ using namespace kvslim::engine;
 using namespace kvslim::engine::eval;
 
 struct Options {
-  std::string model, preset = "quick", methods, text, json, plot;
+  std::string model, preset = "quick", methods, text, json, plot, table;
+  bool wide = false;
   std::vector<double> levels, depths;
   std::vector<std::size_t> contexts, lengths;
   std::vector<std::string> tasks;
@@ -36,16 +42,16 @@ struct Options {
   bool no_progress = false, list = false, no_speed = false;
 };
 
-std::string read_text(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
+// The held-out text: bounded and checked (engine/text_input.h); `flag` names where it came from.
+std::string read_text(const std::filesystem::path& path, const std::string& flag) {
+  std::error_code ec;
+  if (flag != "--text" && !std::filesystem::exists(path, ec)) {
     throw std::runtime_error("held-out text " + path.string() +
-                             ": cannot read it (pass --text FILE, or put heldout_sample.txt in the model directory)");
+                             ": not found (pass --text FILE, or put heldout_sample.txt in the model directory)");
   }
-  std::ostringstream s;
-  s << in.rdbuf();
-  if (s.str().empty()) throw std::runtime_error("held-out text " + path.string() + ": the file is empty");
-  return s.str();
+  const std::string text = read_text_input(path.string(), flag);
+  if (text.empty()) throw std::runtime_error(flag + " " + path.string() + ": the file is empty");
+  return text;
 }
 
 int list_variants() {
@@ -59,9 +65,14 @@ int list_variants() {
 int run(const Options& o, CLI::App& app) {
   if (o.list) return list_variants();
   if (o.model.empty()) throw std::invalid_argument("--model DIR is required");
-  // Output paths before the evaluation, not after it.
-  if (!o.json.empty()) check_output_path(o.json, "--json");
-  if (!o.plot.empty()) check_output_path(o.plot, "--plot");
+  // Output paths before the evaluation, not after it; none may be an input.
+  {
+    std::vector<FlagPath> inputs = model_inputs(o.model);
+    if (!o.text.empty()) inputs.push_back({o.text, "--text"});
+    check_outputs({{o.json, "--json"}, {o.json.empty() ? "" : o.json + ".partial", "--json (FILE.partial)"}, {o.plot, "--plot"},
+                   {o.table, "--table"}},
+                  inputs);
+  }
   const std::filesystem::path dir(o.model);
   const Model model = Model::load(dir);
   EvalOptions e = EvalOptions::for_preset(o.preset, static_cast<std::size_t>(model.config().max_position_embeddings));
@@ -85,6 +96,7 @@ int run(const Options& o, CLI::App& app) {
   e.speed = !o.no_speed;
   if (!o.json.empty()) e.partial_json = o.json + ".partial";  // removed once the whole run is written
   e.validate();
+  e.check_model_context(static_cast<std::size_t>(model.config().max_position_embeddings));
   // A bad --methods list is refused before any file is read or any note is printed.
   (void)select_variants(e.methods, e.preset == "quick");
 
@@ -92,7 +104,7 @@ int run(const Options& o, CLI::App& app) {
   // A .gguf's held-out text sits beside it; a directory's inside it.
   const std::filesystem::path text_dir = is_gguf_path(dir) ? dir.parent_path() : dir;
   const std::filesystem::path text_path = o.text.empty() ? text_dir / "heldout_sample.txt" : std::filesystem::path(o.text);
-  const std::string text = read_text(text_path);
+  const std::string text = read_text(text_path, o.text.empty() ? "held-out text" : "--text");
 
   EvalInputs in;
   in.model_dir = o.model;
@@ -102,7 +114,7 @@ int run(const Options& o, CLI::App& app) {
   const std::filesystem::path indist_path = dir / "heldout_indist_sample.txt";
   if (std::filesystem::exists(indist_path)) {
     in.indist_source = indist_path.string();
-    in.indist_tokens = tokenizer.encode(read_text(indist_path), /*add_special_tokens=*/false);
+    in.indist_tokens = tokenizer.encode(read_text(indist_path, "held-out text"), /*add_special_tokens=*/false);
   } else {
     // Part of the report (stdout): stderr carries progress and the one-line error only.
     std::printf("note: %s not found; text fidelity on the out-of-domain held-out text only\n",
@@ -122,7 +134,35 @@ int run(const Options& o, CLI::App& app) {
   }
 
   const EvalResults results = run_eval(model, in, e);
-  print_table(stdout, results);
+  if (o.wide) {
+    print_table(stdout, results);
+  } else {
+    // The full table is 200+ columns: a summary on screen, the table in a file named there.
+    char* buf = nullptr;
+    std::size_t len = 0;
+    std::FILE* mem = ::open_memstream(&buf, &len);
+    if (mem == nullptr) throw std::runtime_error("cannot format the table (out of memory)");
+    print_table(mem, results);
+    std::fclose(mem);
+    const std::string table(buf, len);
+    std::free(buf);
+    print_summary(stdout, results);
+    std::string table_path = o.table;
+    if (table_path.empty()) {
+      std::string tmpl = (std::filesystem::temp_directory_path() / "kvslim-eval-XXXXXX.txt").string();
+      const int fd = ::mkstemps(tmpl.data(), 4);
+      const bool ok = fd >= 0 && ::write(fd, table.data(), table.size()) == static_cast<ssize_t>(table.size());
+      if (fd >= 0) ::close(fd);
+      table_path = ok ? tmpl : std::string();
+    } else {
+      write_file_atomically(table_path, table, "--table " + table_path);
+    }
+    if (!table_path.empty()) {
+      std::printf("full table (200+ columns): %s\n", table_path.c_str());
+    } else {
+      std::printf("full table: cannot write it to the temp directory; --wide prints it here\n");
+    }
+  }
   if (!o.json.empty()) {
     write_json(o.json, results);
     std::error_code ignored;
@@ -154,20 +194,22 @@ const CommandRegistrar registrar(
       app.add_option("--methods", o->methods,
                      "comma-separated variants or method ids (default: the preset's; --list-methods shows them)");
       app.add_option("--levels", o->levels, "memory levels as fractions of the full cache's resident bytes (default 0.5,0.25,0.125)")
-          ->delimiter(',');
+          ->delimiter(',')->check(finite_range(1e-6, 1.0));
       app.add_option("--json", o->json, "write every figure to this JSON file (finished points also go to FILE.partial as they complete)");
       app.add_option("--plot", o->plot, "write a PNG of quality vs resident KV bytes per token (gnuplot)");
+      app.add_option("--table", o->table, "write the full table (200+ columns) to this file (default: a new file in the temp directory, named on screen)");
+      app.add_flag("--wide", o->wide, "print the full table on screen instead of the summary");
       app.add_option("--threads", o->threads, "parallel evaluation points, and engine threads for the speed phase")
           ->capture_default_str()
           ->check(CLI::Range(1, 256));
       app.add_option("--text", o->text, "held-out text (default: MODEL/heldout_sample.txt)");
-      app.add_option("--contexts", o->contexts, "text-fidelity context lengths (preset: 1/4 and 3/4 of the model's context)")->delimiter(',');
-      app.add_option("--windows", o->windows, "text windows per context (preset's when 0)");
-      app.add_option("--continuation", o->continuation, "teacher-forced tokens per window (preset's when 0)");
+      app.add_option("--contexts", o->contexts, "text-fidelity context lengths (preset: 1/4 and 3/4 of the model's context)")->delimiter(',')->check(CLI::Range(16, 1 << 24));
+      app.add_option("--windows", o->windows, "text windows per context (preset's when 0)")->check(CLI::Range(0, 1 << 20));
+      app.add_option("--continuation", o->continuation, "teacher-forced tokens per window (preset's when 0; else >= 2)")->check(CLI::Range(0, 1 << 24));
       app.add_option("--tasks", o->tasks, "retrieval tasks: passkey,kvlist (empty string: none)")->delimiter(',');
-      app.add_option("--lengths", o->lengths, "retrieval prompt lengths in tokens")->delimiter(',');
-      app.add_option("--depths", o->depths, "needle depths in [0, 1]")->delimiter(',');
-      app.add_option("--trials", o->trials, "episodes per (task, length, depth) (preset's when 0)");
+      app.add_option("--lengths", o->lengths, "retrieval prompt lengths in tokens")->delimiter(',')->check(CLI::Range(16, 1 << 24));
+      app.add_option("--depths", o->depths, "needle depths in [0, 1]")->delimiter(',')->check(finite_range(0.0, 1.0));
+      app.add_option("--trials", o->trials, "episodes per (task, length, depth) (preset's when 0)")->check(CLI::Range(0, 1 << 20));
       app.add_option("--seed", o->seed, "episode seed")->capture_default_str();
       app.add_flag("--no-progress", o->no_progress, "no progress bar on stderr");
       app.add_flag("--no-speed", o->no_speed, "skip the decode-speed phase (quality figures only)");

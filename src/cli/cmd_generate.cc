@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/option_checks.h"
+#include "engine/text_input.h"
 #include "engine/generate.h"
 #include "engine/gguf_model.h"
 #include "engine/model.h"
@@ -32,20 +34,9 @@ struct Options {
   bool json = false, allow_long_context = false;
 };
 
-// --prompt-file: the whole file, or standard input for "-" (prompts too long for a command line).
-std::string read_prompt_file(const std::string& path) {
-  std::ostringstream text;
-  if (path == "-") {
-    text << std::cin.rdbuf();
-    if (std::cin.bad()) throw std::runtime_error("--prompt-file -: cannot read standard input");
-  } else {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw std::runtime_error("--prompt-file " + path + ": cannot open the file");
-    text << in.rdbuf();
-    if (in.bad()) throw std::runtime_error("--prompt-file " + path + ": read error");
-  }
-  return std::move(text).str();
-}
+// --prompt-file: the whole file, or standard input for "-" (prompts too long for a command line);
+// bounded (engine/text_input.h).
+std::string read_prompt_file(const std::string& path) { return read_text_input(path, "--prompt-file"); }
 
 KVCacheConfig cache_config(const std::string& method, const std::vector<std::string>& sets) {
   KVCacheConfig cfg;
@@ -64,7 +55,10 @@ KVCacheConfig cache_config(const std::string& method, const std::vector<std::str
 int run(const Options& o_in) {
   Options o = o_in;
   if (!o.prompt_file.empty()) o.prompt = read_prompt_file(o.prompt_file);
-  if (o.prompt.empty()) throw std::invalid_argument("the prompt is empty (pass --prompt TEXT or --prompt-file FILE)");
+  if (o.prompt.empty()) {
+    throw std::invalid_argument(o.prompt_file.empty() ? "the prompt is empty (pass --prompt TEXT or --prompt-file FILE)"
+                                                      : "--prompt-file " + o.prompt_file + ": the file is empty");
+  }
   const Model model = Model::load(o.model);
   const Tokenizer tokenizer = load_model_tokenizer(o.model);
   const KVCacheConfig cfg = cache_config(o.method, o.sets);
@@ -138,11 +132,12 @@ const CommandRegistrar registrar("generate", "generate text with a model through
   app.add_option("--max-tokens", o->max_tokens, "new tokens at most")->capture_default_str()->check(CLI::Range(0, 1 << 20));
   app.add_option("--method", o->method, "KV cache method")->capture_default_str()->check(CLI::IsMember(method_names()));
   app.add_option("--set", o->sets, "cache option key=value (any KVCacheConfig field; repeatable)");
-  app.add_option("--temperature", o->temperature, "0 = greedy")->capture_default_str();
-  app.add_option("--top-k", o->top_k, "keep the k most likely tokens (0 = all)")->capture_default_str();
-  app.add_option("--top-p", o->top_p, "nucleus mass in (0, 1]")->capture_default_str();
+  app.add_option("--temperature", o->temperature, "0 = greedy")->capture_default_str()->check(finite_range(0.0, 1000.0));
+  app.add_option("--top-k", o->top_k, "keep the k most likely tokens (0 = all)")->capture_default_str()->check(CLI::Range(0, 1 << 30));
+  app.add_option("--top-p", o->top_p, "nucleus mass in (0, 1]")->capture_default_str()->check(finite_range(1e-9, 1.0));
   app.add_option("--seed", o->seed, "sampler seed")->capture_default_str();
-  app.add_option("--prefill-chunk", o->prefill_chunk, "prompt tokens per forward call (0 = whole prompt)")->capture_default_str();
+  app.add_option("--prefill-chunk", o->prefill_chunk, "prompt tokens per forward call (0 = whole prompt)")->capture_default_str()
+      ->check(CLI::Range(0, 1 << 26));
   app.add_option("--prefill-attention", o->prefill_attention,
                  "cache_view: prompt queries see what the cache keeps (evict while prefilling); "
                  "full_prompt: they see the whole prompt, the cache evicts after")

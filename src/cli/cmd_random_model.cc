@@ -5,6 +5,7 @@
 #include <string>
 
 #include "cli/command.h"
+#include "cli/option_checks.h"
 #include "engine/random_model.h"
 
 namespace kvslim::cli {
@@ -15,6 +16,7 @@ using namespace kvslim::engine;
 struct Options {
   std::string out, dtype = "bf16", architecture = "llama";
   RandomModelSpec spec{.vocab_size = 258, .byte_tokenizer = true};
+  bool force = false;
 };
 
 WeightType parse_dtype(const std::string& s) {
@@ -28,7 +30,8 @@ const CommandRegistrar registrar("random-model", "write a random model directory
                                  [](CLI::App& app) {
   auto o = std::make_shared<Options>();
   RandomModelSpec& s = o->spec;
-  app.add_option("--out", o->out, "directory to write")->required();
+  app.add_option("--out", o->out, "directory to write (new or empty; a non-empty one needs --force)")->required();
+  app.add_flag("--force", o->force, "replace the model files of a non-empty --out directory");
   app.add_option("--architecture", o->architecture, "model_type")->capture_default_str()
       ->check(CLI::IsMember({"llama", "qwen2", "mistral"}));
   app.add_option("--dtype", o->dtype, "weight type")->capture_default_str()->check(CLI::IsMember({"f32", "f16", "bf16"}));
@@ -47,7 +50,8 @@ const CommandRegistrar registrar("random-model", "write a random model directory
   return [o] {
     o->spec.dtype = parse_dtype(o->dtype);
     o->spec.architecture = o->architecture;
-    write_random_model(o->out, o->spec);
+    check_output_dir(o->out, "--out", o->force);
+    write_random_model(o->out, o->spec, o->force);
     std::printf("wrote %s\n", o->out.c_str());
     return 0;
   };

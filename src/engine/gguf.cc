@@ -1,5 +1,7 @@
 #include "engine/gguf.h"
 
+#include "engine/output_file.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -761,11 +763,34 @@ std::vector<std::byte> Writer::bytes() const {
 }
 
 void Writer::write(const std::filesystem::path& path) const {
-  const std::vector<std::byte> b = bytes();
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  if (!f) throw ModelFileError(path.string() + ": cannot open for writing");
-  f.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
-  if (!f) throw ModelFileError(path.string() + ": write failed");
+  // Streamed from the tensors held (no second copy of the file in memory) into a temporary file
+  // beside `path`, renamed over it once complete: a failure leaves any previous file intact.
+  constexpr std::uint64_t kAlign = 32;
+  AtomicFile f(path, path.string());
+  std::vector<std::byte> head;
+  put(head, kMagic);
+  put<std::uint32_t>(head, 3);
+  put<std::uint64_t>(head, tensors_.size());
+  put<std::uint64_t>(head, kv_count_);
+  head.insert(head.end(), kv_.begin(), kv_.end());
+  std::uint64_t offset = 0;
+  for (const Tensor& t : tensors_) {
+    put_string(head, t.name);
+    put<std::uint32_t>(head, static_cast<std::uint32_t>(t.ne.size()));
+    for (std::int64_t d : t.ne) put<std::uint64_t>(head, static_cast<std::uint64_t>(d));
+    put(head, t.type);
+    put(head, offset);
+    offset += (t.data.size() + kAlign - 1) / kAlign * kAlign;
+  }
+  static const std::byte zeros[kAlign] = {};
+  auto pad = [&](std::uint64_t size) { f.write(zeros, (kAlign - size % kAlign) % kAlign); };
+  f.write(head.data(), head.size());
+  pad(head.size());
+  for (const Tensor& t : tensors_) {
+    f.write(t.data.data(), t.data.size());
+    pad(t.data.size());
+  }
+  f.commit();
 }
 
 }  // namespace kvslim::engine::gguf

@@ -1,4 +1,5 @@
 #include "engine/json_util.h"
+#include "engine/model_file_limits.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -53,10 +54,36 @@ std::string read_text_file(const std::filesystem::path& path, std::uint64_t max_
 }
 
 Json parse(std::string_view text, std::string_view source) {
+  // Nesting is bounded before the parser sees the text (engine/model_file_limits.h): one linear
+  // pass over brackets outside strings.
+  int depth = 0;
+  bool in_string = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > limits::kJsonDepth) {
+        throw ModelFileError(std::string(source) + ": JSON nested deeper than " + std::to_string(limits::kJsonDepth) +
+                             " levels (at byte " + std::to_string(i) + "); no model file needs that many");
+      }
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
   try {
     return Json::parse(text.begin(), text.end());
   } catch (const Json::exception& e) {  // parse_error, and out_of_range for numbers like 1e999
     throw ModelFileError(std::string(source) + ": invalid JSON (" + e.what() + ")");
+  }
+}
+
+void check_sequence_depth(int depth, const Where& where) {
+  if (depth > limits::kTokenizerSequenceDepth) {
+    fail(where, "Sequence nested deeper than " + std::to_string(limits::kTokenizerSequenceDepth) + " levels");
   }
 }
 

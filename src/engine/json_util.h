@@ -34,6 +34,9 @@ struct Where {
 
 [[noreturn]] void fail(const Where& where, std::string_view what);
 
+// Fails naming `where` when a Sequence step sits deeper than limits::kTokenizerSequenceDepth.
+void check_sequence_depth(int depth, const Where& where);
+
 const char* type_name(const Json& value);
 
 // The member `key` of object `obj` (which must be an object), or nullptr when absent.

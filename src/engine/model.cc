@@ -82,6 +82,19 @@ Model Model::load(const std::filesystem::path& model_dir) {
     GgufModel g = read_gguf_model(model_dir);
     return from(std::move(g.config), std::move(g.store));
   }
+  // Any other path is named for what it is, before a file inside it is looked for (a
+  // .safetensors file given as the model used to read "Not a directory": issue 26).
+  std::error_code ec;
+  const std::filesystem::file_status st = std::filesystem::status(model_dir, ec);
+  if (!std::filesystem::exists(st)) {
+    throw ModelFileError(model_dir.string() + ": no such model directory or .gguf file");
+  }
+  if (!std::filesystem::is_directory(st)) {
+    const bool safetensors = model_dir.extension() == ".safetensors";
+    throw ModelFileError(model_dir.string() + ": is a file but not a GGUF model; expected a model directory (config.json, " +
+                         "*.safetensors, tokenizer.json) or a .gguf file" +
+                         (safetensors ? "; pass its directory " + model_dir.parent_path().string() : std::string()));
+  }
   ModelConfig config = ModelConfig::load(model_dir);
   return from(std::move(config), WeightStore::open(model_dir));
 }

@@ -17,4 +17,12 @@ inline constexpr std::uint64_t kTokenizerJsonBytes = std::uint64_t{256} << 20;
 // The JSON header of one .safetensors file (the safetensors format's own limit is 100 MB).
 inline constexpr std::uint64_t kSafetensorsHeaderBytes = 100'000'000;
 
+// Nesting of any parsed JSON document (arrays and objects; real files: under 10 levels). A
+// deeper document is refused before it is parsed (issue 26: a 0.8 MB tokenizer.json of nested
+// Sequence post-processors took 3.9 GB, then crashed).
+inline constexpr int kJsonDepth = 128;
+// Nesting of tokenizer.json's Sequence steps (normalizer, pre_tokenizer, post_processor,
+// decoder; real files: one Sequence of a few steps).
+inline constexpr int kTokenizerSequenceDepth = 8;
+
 }  // namespace kvslim::engine::limits

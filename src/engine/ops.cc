@@ -11,6 +11,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <utility>
 #include <cmath>
 #include <numbers>
 
@@ -62,7 +63,12 @@ void ThreadPool::work(std::uint64_t generation) {
     if (!ticket_.compare_exchange_weak(t, t + 1, std::memory_order_acq_rel)) continue;
     // Claimed: the caller cannot start another call before this task completes, so task_ and
     // context_ are this generation's.
-    task_.load(std::memory_order_relaxed)(context_.load(std::memory_order_relaxed), index);
+    try {
+      task_.load(std::memory_order_relaxed)(context_.load(std::memory_order_relaxed), index);
+    } catch (...) {
+      const std::lock_guard<std::mutex> lock(error_mutex_);
+      if (!error_) error_ = std::current_exception();
+    }
     completed_.fetch_add(1, std::memory_order_release);
   }
 }
@@ -102,6 +108,12 @@ void ThreadPool::run(int n_tasks, void (*task)(void*, int), void* context) {
       std::this_thread::yield();
     }
   }
+  std::exception_ptr error;
+  {
+    const std::lock_guard<std::mutex> lock(error_mutex_);
+    error = std::exchange(error_, nullptr);
+  }
+  if (error) std::rethrow_exception(error);
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -4,6 +4,8 @@
 // All compute is fp32. Nothing here allocates except the constructors of ThreadPool and RopeTable.
 #pragma once
 #include <atomic>
+#include <exception>
+#include <mutex>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -46,7 +48,9 @@ class ThreadPool {
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   int threads() const { return static_cast<int>(workers_.size()) + 1; }
-  // Calls task(context, i) once for each i < n_tasks; returns when all are done.
+  // Calls task(context, i) once for each i < n_tasks; returns when all are done. An exception
+  // thrown by a task, on any thread, is rethrown here once every task has finished (the first one
+  // thrown; issue 26: one escaping a worker thread aborted the process).
   void run(int n_tasks, void (*task)(void* context, int index), void* context);
   template <class F>
   void for_each(int n_tasks, F& f) {
@@ -68,6 +72,8 @@ class ThreadPool {
   std::atomic<void (*)(void*, int)> task_{nullptr};
   std::atomic<void*> context_{nullptr};
   std::uint64_t generation_ = 0;  // caller side only
+  std::mutex error_mutex_;
+  std::exception_ptr error_;  // the first exception of the current call
 };
 
 // y[r] = sum_c w[r, c] * x[c]  (x: [cols], y: [rows]). Reads the weights in their stored type with

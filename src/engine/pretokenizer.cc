@@ -259,14 +259,15 @@ struct PreTokenizer::Step {
   }
 };
 
-void PreTokenizer::add_steps(const Json& spec, const Where& where, std::vector<std::shared_ptr<const Step>>& steps) {
+void PreTokenizer::add_steps(const Json& spec, const Where& where, std::vector<std::shared_ptr<const Step>>& steps, int depth) {
   if (spec.is_null()) return;
+  json_util::check_sequence_depth(depth, where);
   json_util::as_object(spec, where);
   const std::string type = json_util::as_string(json_util::require(spec, "type", where), where.field("type"));
   if (type == "Sequence") {
     const Where list_where = where.field("pretokenizers");
     const Json& list = json_util::as_array(json_util::require(spec, "pretokenizers", where), list_where);
-    for (std::size_t i = 0; i < list.size(); ++i) add_steps(list[i], list_where.index(i), steps);
+    for (std::size_t i = 0; i < list.size(); ++i) add_steps(list[i], list_where.index(i), steps, depth + 1);
     return;
   }
   auto step = std::make_shared<Step>();

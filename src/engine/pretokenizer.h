@@ -64,7 +64,8 @@ class PreTokenizer {
   struct Step;
   void run_from(std::size_t step, std::string_view piece, WordSink sink) const;
   std::vector<std::shared_ptr<const Step>> steps_;
-  static void add_steps(const nlohmann::json& spec, const json_util::Where& where, std::vector<std::shared_ptr<const Step>>& steps);
+  static void add_steps(const nlohmann::json& spec, const json_util::Where& where, std::vector<std::shared_ptr<const Step>>& steps,
+                        int depth = 0);
 };
 
 }  // namespace kvslim::engine

@@ -1,6 +1,11 @@
 #include "engine/random_model.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -8,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/output_file.h"
 #include "engine/pretokenizer.h"
 #include "engine/sampler.h"
 #include "kvslim/dtype.h"
@@ -16,10 +22,17 @@ namespace kvslim::engine {
 
 namespace {
 
+// A tensor to generate: its values are drawn only when it is written, so the file is streamed
+// (one tensor in memory at a time) in the same order, and so with the same values, as before.
 struct PendingTensor {
   std::string name;
   std::vector<std::int64_t> shape;
-  std::vector<std::uint8_t> bytes;
+  float center = 0, spread = 0;
+  std::size_t elements() const {
+    std::size_t n = 1;
+    for (auto d : shape) n *= static_cast<std::size_t>(d);
+    return n;
+  }
 };
 
 std::vector<std::uint8_t> encode(const std::vector<float>& values, WeightType type) {
@@ -62,14 +75,17 @@ void write_byte_tokenizer(const std::filesystem::path& path) {
         {"end_of_word_suffix", nullptr}, {"fuse_unk", false}, {"byte_fallback", false}, {"vocab", vocab},
         {"merges", ordered_json::array()}}},
   };
-  std::ofstream out(path);
-  out << tok.dump(2) << "\n";
-  if (!out) throw std::runtime_error("cannot write " + path.string());
+  AtomicFile out(path, path.string());
+  out.write(tok.dump(2) + "\n");
+  out.commit();
 }
+
+// Writes every file of the model into `dir` (an existing, empty, private directory).
+void write_model_files(const std::filesystem::path& dir, const RandomModelSpec& spec);
 
 }  // namespace
 
-void write_random_model(const std::filesystem::path& dir, const RandomModelSpec& spec) {
+void write_random_model(const std::filesystem::path& dir, const RandomModelSpec& spec, bool force) {
   // Only models the loader and engine accept: a written model that `generate` then refuses helps
   // no one.
   auto positive = [](int v, const char* field) {
@@ -95,15 +111,57 @@ void write_random_model(const std::filesystem::path& dir, const RandomModelSpec&
     throw std::invalid_argument("random model: byte_tokenizer needs vocab_size >= 258, got " +
                                 std::to_string(spec.vocab_size));
   }
-  std::filesystem::create_directories(dir);
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const bool existed = fs::exists(dir, ec);
+  if (existed && !fs::is_directory(dir, ec)) throw std::invalid_argument(dir.string() + ": exists and is not a directory");
+  if (existed && !fs::is_empty(dir, ec) && !force) {
+    throw std::invalid_argument(dir.string() + ": the directory is not empty (it may hold a model); refusing to write over it");
+  }
+  // Everything is written into a private directory beside `dir`, then moved into place: a
+  // failure (a full disk) leaves `dir` as it was.
+  const fs::path parent = dir.has_parent_path() ? dir.parent_path() : fs::path(".");
+  fs::create_directories(parent);
+  std::string tmpl = (parent / ("." + dir.filename().string() + ".kvslim-tmp-XXXXXX")).string();
+  if (::mkdtemp(tmpl.data()) == nullptr) {
+    throw std::runtime_error(dir.string() + ": cannot create a temporary directory beside it (" + std::strerror(errno) + ")");
+  }
+  const fs::path tmp(tmpl);
+  struct Cleanup {
+    fs::path p;
+    ~Cleanup() {
+      std::error_code ignored;
+      if (!p.empty()) fs::remove_all(p, ignored);
+    }
+  } cleanup{tmp};
+  write_model_files(tmp, spec);
+  ::chmod(tmp.c_str(), 0777 & ~[] { const mode_t m = ::umask(0); ::umask(m); return m; }());
+  if (!existed || fs::is_empty(dir, ec)) {
+    if (existed) fs::remove(dir, ec);
+    if (::rename(tmp.c_str(), dir.c_str()) != 0) {
+      throw std::runtime_error(dir.string() + ": cannot move the written model into place (" + std::strerror(errno) + ")");
+    }
+    cleanup.p.clear();
+    return;
+  }
+  // --force over a model directory: its model files go, so it holds one model, not a mix of two.
+  for (const fs::path& old : model_input_files(dir)) {
+    if (old.filename().string().rfind("heldout", 0) != 0) fs::remove(old, ec);
+  }
+  for (const auto& entry : fs::directory_iterator(tmp)) {
+    if (::rename(entry.path().c_str(), (dir / entry.path().filename()).c_str()) != 0) {
+      throw std::runtime_error((dir / entry.path().filename()).string() + ": cannot move into place (" + std::strerror(errno) + ")");
+    }
+  }
+}
+
+namespace {
+
+void write_model_files(const std::filesystem::path& dir, const RandomModelSpec& spec) {
   Rng rng(spec.seed);
   std::vector<PendingTensor> tensors;
   auto add = [&](const std::string& name, std::vector<std::int64_t> shape, float center, float spread) {
-    std::size_t n = 1;
-    for (auto d : shape) n *= static_cast<std::size_t>(d);
-    std::vector<float> v(n);
-    for (float& x : v) x = center + spread * (2.0f * rng.uniform() - 1.0f);
-    tensors.push_back({name, std::move(shape), encode(v, spec.dtype)});
+    tensors.push_back({name, std::move(shape), center, spread});
   };
   const std::int64_t hidden = spec.hidden_size, inter = spec.intermediate_size, vocab = spec.vocab_size;
   const std::int64_t q_dim = static_cast<std::int64_t>(spec.num_heads) * spec.head_dim;
@@ -137,19 +195,28 @@ void write_random_model(const std::filesystem::path& dir, const RandomModelSpec&
   header["__metadata__"] = {{"format", "pt"}};
   std::size_t offset = 0;
   for (const auto& t : tensors) {
+    const std::size_t bytes = t.elements() * weight_type_size(spec.dtype);
     header[t.name] = {{"dtype", weight_type_name(spec.dtype)},
                       {"shape", t.shape},
-                      {"data_offsets", {offset, offset + t.bytes.size()}}};
-    offset += t.bytes.size();
+                      {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
   }
   std::string header_text = header.dump();
   header_text.append((8 - header_text.size() % 8) % 8, ' ');  // keep the data 8-byte aligned
   const std::uint64_t header_len = header_text.size();
-  std::ofstream out(dir / "model.safetensors", std::ios::binary);
-  out.write(reinterpret_cast<const char*>(&header_len), 8);
-  out.write(header_text.data(), static_cast<std::streamsize>(header_text.size()));
-  for (const auto& t : tensors) out.write(reinterpret_cast<const char*>(t.bytes.data()), static_cast<std::streamsize>(t.bytes.size()));
-  if (!out) throw std::runtime_error("cannot write " + (dir / "model.safetensors").string());
+  {
+    AtomicFile out(dir / "model.safetensors", (dir / "model.safetensors").string());
+    out.write(&header_len, 8);
+    out.write(header_text);
+    std::vector<float> v;
+    for (const auto& t : tensors) {  // one tensor in memory at a time
+      v.resize(t.elements());
+      for (float& x : v) x = t.center + t.spread * (2.0f * rng.uniform() - 1.0f);
+      const std::vector<std::uint8_t> bytes = encode(v, spec.dtype);
+      out.write(bytes.data(), bytes.size());
+    }
+    out.commit();
+  }
 
   nlohmann::ordered_json config = {
       {"architectures", {spec.architecture == "qwen2" ? "Qwen2ForCausalLM"
@@ -180,10 +247,10 @@ void write_random_model(const std::filesystem::path& dir, const RandomModelSpec&
                               {"high_freq_factor", spec.rope_scaling.high_freq_factor},
                               {"original_max_position_embeddings", spec.rope_scaling.original_max_position_embeddings}};
   }
-  std::ofstream cfg(dir / "config.json");
-  cfg << config.dump(2) << "\n";
-  if (!cfg) throw std::runtime_error("cannot write " + (dir / "config.json").string());
+  write_file_atomically(dir / "config.json", config.dump(2) + "\n", (dir / "config.json").string());
   if (spec.byte_tokenizer) write_byte_tokenizer(dir / "tokenizer.json");
 }
+
+}  // namespace
 
 }  // namespace kvslim::engine

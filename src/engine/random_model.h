@@ -26,7 +26,11 @@ struct RandomModelSpec {
 };
 
 // Creates `dir` if needed and writes the files. Weights are uniform in +-1/sqrt(fan_in) (norm
-// weights around 1), so activations stay O(1) through the layers.
-void write_random_model(const std::filesystem::path& dir, const RandomModelSpec& spec);
+// weights around 1), so activations stay O(1) through the layers. The files are streamed (one
+// tensor in memory at a time) into a temporary directory beside `dir` and moved into place once
+// complete, so a failure leaves `dir` as it was. A non-empty `dir` is refused unless `force`; with
+// `force` its model files (*.safetensors, the index, config/tokenizer JSON) are replaced, so it
+// never holds a mix of two models.
+void write_random_model(const std::filesystem::path& dir, const RandomModelSpec& spec, bool force = false);
 
 }  // namespace kvslim::engine

@@ -72,10 +72,13 @@ const std::vector<Field>& field_table() {
   throw ConfigError("KVCacheConfig." + std::string(field) + " = " + value + ": " + std::string(expected));
 }
 
+// The shortest text that reads back as the same double (std::to_chars): `os << v` kept 6
+// significant digits, so evict_decay = 0.9999999 read back, round-tripped and reported as 1
+// (issue 26).
 std::string str(double v) {
-  std::ostringstream os;
-  os << v;
-  return os.str();
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
 }
 
 void check_min(std::string_view field, int v, int lo) {

@@ -22,7 +22,7 @@ inline const Model& small_model() {
     spec.vocab_size = 260;
     spec.num_layers = 2;
     spec.seed = 11;
-    write_random_model(dir, spec);
+    write_random_model(dir, spec, /*force=*/true);  // a stale directory of a reused pid is replaced
     Model m = Model::load(dir);
     return m;
   }();

@@ -40,6 +40,15 @@ TEST(KldFile, RoundTripAndStatisticsMatchADirectComputation) {
     KldWriter w(tmp / "b.kld", h);
     w.add_chunk(std::span<const float>(base).first(15));
     w.add_chunk(std::span<const float>(base).subspan(15));
+    w.finish();
+  }
+  {  // Issue 26: an unfinished writer (an error mid-run) leaves no file, and no temporary beside it.
+    KldWriter w(tmp / "unfinished.kld", h);
+    w.add_chunk(std::span<const float>(base).first(15));
+  }
+  EXPECT_FALSE(std::filesystem::exists(tmp / "unfinished.kld"));
+  for (const auto& e : std::filesystem::directory_iterator(tmp.path())) {
+    EXPECT_EQ(e.path().filename().string().find("kvslim-tmp"), std::string::npos) << e.path();
   }
   KldReader r(tmp / "b.kld");
   EXPECT_EQ(r.header().n_ctx, 8u);
@@ -85,6 +94,23 @@ TEST(KldFile, RejectsOtherFiles) {
     ADD_FAILURE() << "expected an error";
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("implausible sizes"), std::string::npos) << e.what();
+  }
+  // Issue 26: a plausible header on a short file is refused before its token list is allocated;
+  // a directory is named as one.
+  std::string claims = "_logits_";
+  for (std::uint32_t v : {1u << 16, 1000u, 1000u}) claims.append(reinterpret_cast<const char*>(&v), 4);
+  testing::write_file(tmp / "short", claims);
+  try {
+    KldReader r(tmp / "short");
+    ADD_FAILURE() << "expected an error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("truncated (its header claims"), std::string::npos) << e.what();
+  }
+  try {
+    KldReader r(tmp.path());
+    ADD_FAILURE() << "expected an error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("is a directory"), std::string::npos) << e.what();
   }
 }
 

@@ -124,7 +124,7 @@ TEST_F(ModelFileLimits, LayerCountIsCheckedAgainstTheTensorsBeforeAllocating) {
   // INT_MAX threw a bare std::bad_alloc.
   for (const std::string layers : {"5000000", "2147483647", "3"}) {
     SCOPED_TRACE(layers);
-    write_random_model(dir_.path(), RandomModelSpec{.num_layers = 2});
+    write_random_model(dir_.path(), RandomModelSpec{.num_layers = 2}, /*force=*/true);
     replace_in_file(dir_ / "config.json", "\"num_hidden_layers\": 2", "\"num_hidden_layers\": " + layers);
     const int last = std::stoi(layers) - 1;
     expect_error([&] { Model::load(dir_.path()); },

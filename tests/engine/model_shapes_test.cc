@@ -57,7 +57,7 @@ RandomModelSpec random_shape(std::uint64_t seed) {
 }
 
 void expect_matches_reference(const RandomModelSpec& spec, const fs::path& dir) {
-  write_random_model(dir, spec);
+  write_random_model(dir, spec, /*force=*/true);
   const Model model = Model::load(dir);
   KVCacheConfig cfg;
   CacheSet caches = KVCacheBuilder::for_model(model.cache_spec(), cfg);

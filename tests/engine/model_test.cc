@@ -50,7 +50,7 @@ class ModelVsReference : public ::testing::TestWithParam<Case> {
  protected:
   void SetUp() override {
     dir_ = temp_model_dir(GetParam().name);
-    write_random_model(dir_, GetParam().spec);
+    write_random_model(dir_, GetParam().spec, /*force=*/true);
   }
   void TearDown() override { fs::remove_all(dir_); }
   fs::path dir_;
@@ -117,7 +117,7 @@ class SmallModel : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = temp_model_dir(::testing::UnitTest::GetInstance()->current_test_info()->name());
-    write_random_model(dir_, RandomModelSpec{.num_layers = 3, .vocab_size = 61});
+    write_random_model(dir_, RandomModelSpec{.num_layers = 3, .vocab_size = 61}, /*force=*/true);
   }
   void TearDown() override { fs::remove_all(dir_); }
   fs::path dir_;
@@ -232,7 +232,7 @@ TEST_F(SmallModel, ParameterCountAndDecodeBytes) {
 TEST(ModelLoad, MissingOrMisshapenTensorNamesTheTensor) {
   const fs::path dir = temp_model_dir("broken");
   // Config says 3 layers, the weights have 2.
-  write_random_model(dir, RandomModelSpec{.num_layers = 2});
+  write_random_model(dir, RandomModelSpec{.num_layers = 2}, /*force=*/true);
   {
     std::ifstream in(dir / "config.json");
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -246,7 +246,7 @@ TEST(ModelLoad, MissingOrMisshapenTensorNamesTheTensor) {
     EXPECT_NE(std::string(e.what()).find("model.layers.2."), std::string::npos) << e.what();
   }
   // Config says an intermediate size the tensors do not have.
-  write_random_model(dir, RandomModelSpec{.intermediate_size = 100});
+  write_random_model(dir, RandomModelSpec{.intermediate_size = 100}, /*force=*/true);
   {
     std::ifstream in(dir / "config.json");
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -220,5 +220,30 @@ TEST(ThreadPool, RunsEveryTaskExactlyOnceAcrossManyCalls) {
   for (auto& h : hits) EXPECT_EQ(h.load(), 200);
 }
 
+// Issue 26: an exception thrown by a task on a worker thread terminated the process; now it
+// reaches run()'s caller once every task has finished, and the pool stays usable.
+TEST(ThreadPool, ATaskExceptionReachesTheCallerFromAnyThread) {
+  ThreadPool pool(4);
+  for (int round = 0; round < 50; ++round) {
+    std::atomic<int> ran{0};
+    const int bad = round % 8;
+    auto task = [&](int i) {
+      ran.fetch_add(1);
+      if (i == bad) throw std::runtime_error("task " + std::to_string(i) + " failed");
+    };
+    try {
+      pool.for_each(8, task);
+      ADD_FAILURE() << "expected the task's exception";
+    } catch (const std::runtime_error& e) {
+      EXPECT_EQ(std::string(e.what()), "task " + std::to_string(bad) + " failed");
+    }
+    EXPECT_EQ(ran.load(), 8);  // every task ran: run() returned only after all of them
+  }
+  std::atomic<int> ok{0};
+  auto count = [&](int) { ok.fetch_add(1); };
+  pool.for_each(16, count);
+  EXPECT_EQ(ok.load(), 16);
+}
+
 }  // namespace
 }  // namespace kvslim::engine

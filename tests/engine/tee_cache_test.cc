@@ -20,7 +20,7 @@ class TeeCacheTest : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = fs::temp_directory_path() / ("kvslim_tee_test_" + std::to_string(getpid()));
-    write_random_model(dir_, RandomModelSpec{.num_layers = 3, .num_heads = 4, .num_kv_heads = 2, .head_dim = 16});
+    write_random_model(dir_, RandomModelSpec{.num_layers = 3, .num_heads = 4, .num_kv_heads = 2, .head_dim = 16}, /*force=*/true);
     model_ = std::make_unique<Model>(Model::load(dir_));
     for (int i = 0; i < 96; ++i) prompt_.push_back((i * 37 + 11) % model_->config().vocab_size);
   }

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <tuple>
 #include <cstdlib>
 #include <fstream>
 
@@ -392,6 +393,56 @@ TEST(TokenizerGolden, RoundTrip) {
     EXPECT_EQ(tok.decode(tok.encode(text, false)), text);
   }
   for (const std::string& text : hard_strings()) EXPECT_EQ(tok.decode(tok.encode(text, false)), text);
+}
+
+// Issue 26, item 6: a hostile tokenizer.json. Nested Sequence steps recursed without a limit
+// (a 0.8 MB file of nested post-processors took 3.9 GB, then crashed); added tokens were sorted
+// at every insert (80k tokens: 28 s).
+std::string with_step(const std::string& key, const std::string& step_text) {
+  json j = make_tokenizer_json();
+  j[key] = "@@STEP@@";
+  std::string text = j.dump();
+  text.replace(text.find("\"@@STEP@@\""), 10, step_text);
+  return text;
+}
+
+std::string nested_sequence(const std::string& list_key, const std::string& leaf, int depth) {
+  std::string open, close;
+  for (int i = 0; i < depth; ++i) {
+    open += "{\"type\":\"Sequence\",\"" + list_key + "\":[";
+    close += "]}";
+  }
+  return open + leaf + close;
+}
+
+TEST(TokenizerIssue26, DeepNestingIsRefusedAtOnceWithANamedError) {
+  const auto t0 = std::chrono::steady_clock::now();
+  // 100k levels (2.4 MB): refused by the JSON nesting limit before any parsing.
+  expect_error([&] { Tokenizer::from_json_text(with_step("post_processor", nested_sequence("processors", "{\"type\":\"ByteLevel\"}", 100000)), "tok.json"); },
+               {"tok.json", "nested deeper than 128"});
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+  // Within the JSON limit, each Sequence step has its own limit, named by field.
+  const std::vector<std::tuple<std::string, std::string, std::string>> steps = {
+      {"post_processor", "processors", "{\"type\":\"ByteLevel\"}"},
+      {"normalizer", "normalizers", "{\"type\":\"NFC\"}"},
+      {"pre_tokenizer", "pretokenizers", "{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":false}"},
+      {"decoder", "decoders", "{\"type\":\"ByteLevel\"}"}};
+  for (const auto& [key, list, leaf] : steps) {
+    SCOPED_TRACE(key);
+    expect_error([&] { Tokenizer::from_json_text(with_step(key, nested_sequence(list, leaf, 20))); },
+                 {key, "Sequence nested deeper than 8"});
+    EXPECT_NO_THROW(Tokenizer::from_json_text(with_step(key, nested_sequence(list, leaf, 3))));
+  }
+}
+
+TEST(TokenizerIssue26, ManyAddedTokensLoadInLinearTime) {
+  json j = make_tokenizer_json();
+  for (int i = 0; i < 80000; ++i) j["added_tokens"].push_back(added_token(1000 + i, "<t" + std::to_string(i) + ">", true));
+  const std::string text = j.dump();
+  const auto t0 = std::chrono::steady_clock::now();
+  const Tokenizer tok = Tokenizer::from_json_text(text);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);  // was 28 s
+  EXPECT_EQ(tok.encode("<t79999><t7>", false), (Ids{1000 + 79999, 1000 + 7}));
 }
 
 }  // namespace

@@ -178,3 +178,26 @@ TEST(Full, KeepsEverythingAndGrowsGeometrically) {
 
 }  // namespace
 }  // namespace kvslim
+
+namespace kvslim {
+namespace {
+
+// Issue 26, item 9: float fields read back with 6 significant digits (evict_decay = 0.9999999
+// came back as 1, i.e. no decay, in fields(), a round trip and eval's JSON).
+TEST(ConfigIssue26, FloatFieldsRoundTripExactly) {
+  KVCacheConfig c;
+  c.set("evict_decay", "0.9999999");
+  c.set("zipcache_hi_fraction", "0.123456789012345");
+  c.set("squeeze_strength", "0.30000000000000004");
+  KVCacheConfig back;
+  for (const auto& [field, text] : c.fields()) back.set(field, text);
+  EXPECT_EQ(back.evict_decay, 0.9999999);
+  EXPECT_EQ(back.zipcache_hi_fraction, 0.123456789012345);
+  EXPECT_EQ(back.squeeze_strength, 0.30000000000000004);
+  for (const auto& [field, text] : c.fields()) {
+    if (field == "evict_decay") EXPECT_EQ(text, "0.9999999");
+  }
+}
+
+}  // namespace
+}  // namespace kvslim

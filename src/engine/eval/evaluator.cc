@@ -8,6 +8,7 @@
 #include <cblas.h>
 #include <cmath>
 #include <map>
+#include <exception>
 #include <mutex>
 #include <random>
 #include <stdexcept>
@@ -23,18 +24,30 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// Runs task(i) for i < n on `workers` threads (each takes the next index).
+// Runs task(i) for i < n on `workers` threads (each takes the next index). An exception in any
+// task stops the others from taking new indices and is rethrown here once every thread has
+// joined, so it reaches the caller as it would at one thread (it used to escape a std::thread and
+// abort the process: issue 26).
 template <class F>
 void parallel_for(std::size_t n, int workers, F&& task) {
   std::atomic<std::size_t> next{0};
+  std::mutex error_mutex;
+  std::exception_ptr error;
   auto loop = [&] {
-    for (std::size_t i = next++; i < n; i = next++) task(i);
+    try {
+      for (std::size_t i = next++; i < n; i = next++) task(i);
+    } catch (...) {
+      next = n;
+      const std::lock_guard<std::mutex> lock(error_mutex);
+      if (!error) error = std::current_exception();
+    }
   };
   std::vector<std::thread> pool;
   const int extra = std::max(0, std::min<int>(workers, static_cast<int>(n)) - 1);
   for (int w = 0; w < extra; ++w) pool.emplace_back(loop);
   loop();
   for (auto& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
 }
 
 // A method's caches and a single-threaded engine over them, sized for `tokens`.
@@ -138,22 +151,44 @@ void EvalOptions::validate() const {
   }
   if (text_contexts.empty()) fail("text contexts: at least one is needed");
   for (std::size_t c : text_contexts) {
-    if (c < 16) fail("text context " + std::to_string(c) + " is too short (>= 16 tokens)");
+    if (c < 16) fail("--contexts: text context " + std::to_string(c) + " is too short (>= 16 tokens)");
   }
-  if (continuation < 2) fail("continuation must be >= 2 tokens");
-  if (windows < 1) fail("windows must be >= 1");
+  if (continuation < 2) fail("--continuation must be >= 2 tokens");
+  if (windows < 1) fail("--windows must be >= 1");
   for (const auto& t : tasks) {
-    if (t != "passkey" && t != "kvlist") fail("retrieval task \"" + t + "\": expected passkey or kvlist");
+    if (t != "passkey" && t != "kvlist") fail("--tasks: retrieval task \"" + t + "\": expected passkey or kvlist");
   }
   if (!tasks.empty() && (retrieval_lengths.empty() || depths.empty() || trials < 1)) {
-    fail("retrieval needs lengths, depths and trials >= 1");
+    fail("retrieval (--tasks) needs --lengths, --depths and --trials >= 1");
   }
   for (double d : depths) {
-    if (!(d >= 0.0 && d <= 1.0)) fail("depth " + std::to_string(d) + " is outside [0, 1]");
+    if (!(d >= 0.0 && d <= 1.0)) fail("--depths: depth " + std::to_string(d) + " is outside [0, 1]");
   }
   if (speed_tokens < 2 || speed_context < 16) fail("speed: context >= 16 and tokens >= 2 are needed");
   if (!(speed_level > 0.0 && speed_level <= 1.0)) fail("speed level must be in (0, 1]");
   if (threads < 1) fail("--threads must be >= 1, got " + std::to_string(threads));
+}
+
+void EvalOptions::check_model_context(std::size_t max_positions) const {
+  auto fail = [&](const std::string& what) {
+    throw std::invalid_argument(what + " tokens, past the model's context (max_position_embeddings = " +
+                                std::to_string(max_positions) + ")");
+  };
+  for (std::size_t c : text_contexts) {
+    if (c + continuation > max_positions) {
+      fail("--contexts " + std::to_string(c) + ": with the " + std::to_string(continuation) +
+           " teacher-forced tokens (--continuation) a window needs " + std::to_string(c + continuation));
+    }
+  }
+  if (!tasks.empty()) {
+    for (std::size_t l : retrieval_lengths) {
+      if (l > max_positions) fail("--lengths " + std::to_string(l) + ": a retrieval episode (prompt and answer) of");
+    }
+  }
+  if (speed && speed_context + speed_tokens > max_positions) {
+    fail("decode speed (--no-speed skips it): a context of " + std::to_string(speed_context) + " + " +
+         std::to_string(speed_tokens) + " steps needs " + std::to_string(speed_context + speed_tokens));
+  }
 }
 
 std::size_t TaskScore::correct() const {
@@ -179,6 +214,7 @@ bool EvalResults::task_reported(const std::string& task) const {
 
 EvalResults run_eval(const Model& model, const EvalInputs& inputs, const EvalOptions& options) {
   options.validate();
+  options.check_model_context(static_cast<std::size_t>(model.config().max_position_embeddings));
   const auto t_start = std::chrono::steady_clock::now();
   EvalResults R;
   R.options = options;

@@ -44,6 +44,10 @@ struct EvalOptions {
   static EvalOptions for_preset(const std::string& name, std::size_t model_context = 2048);
   // Throws std::invalid_argument naming the first bad field.
   void validate() const;
+  // Throws std::invalid_argument naming the flag when a text window, a retrieval prompt with its
+  // answer or the speed run would pass the model's context: checked before any model work, so the
+  // parallel phases never meet it (issue 26).
+  void check_model_context(std::size_t max_positions) const;
 };
 
 struct TextPoint {

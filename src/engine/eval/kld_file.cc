@@ -1,5 +1,7 @@
 #include "engine/eval/kld_file.h"
 
+#include "engine/output_file.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -13,7 +15,10 @@ constexpr char kMagic[8] = {'_', 'l', 'o', 'g', 'i', 't', 's', '_'};
 
 }  // namespace
 
-KldReader::KldReader(const std::filesystem::path& path) : name_(path.string()), in_(path, std::ios::binary) {
+KldReader::KldReader(const std::filesystem::path& path) : name_(path.string()) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) throw std::runtime_error(name_ + ": is a directory, expected a logits file");
+  in_.open(path, std::ios::binary);
   if (!in_) throw std::runtime_error(name_ + ": cannot open");
   char magic[8];
   in_.read(magic, 8);
@@ -32,6 +37,16 @@ KldReader::KldReader(const std::filesystem::path& path) : name_(path.string()), 
     throw std::runtime_error(name_ + ": implausible sizes (n_ctx " + std::to_string(header_.n_ctx) + " x n_vocab " +
                              std::to_string(header_.n_vocab) + ", " + std::to_string(header_.n_chunk) + " chunks)");
   }
+  // A regular file must hold what its header claims before anything is allocated for it.
+  if (std::filesystem::is_regular_file(path, ec)) {
+    const std::uint64_t need = 20 + std::uint64_t{4} * header_.n_chunk * header_.n_ctx +
+                               std::uint64_t{2} * header_.n_chunk * header_.rows_per_chunk() * header_.row_u16();
+    const std::uint64_t have = std::filesystem::file_size(path, ec);
+    if (!ec && have < need) {
+      throw std::runtime_error(name_ + ": truncated (its header claims " + std::to_string(need) + " bytes, the file has " +
+                               std::to_string(have) + ")");
+    }
+  }
   header_.tokens.resize(static_cast<std::size_t>(header_.n_chunk) * header_.n_ctx);
   in_.read(reinterpret_cast<char*>(header_.tokens.data()), static_cast<std::streamsize>(header_.tokens.size() * 4));
   if (!in_) throw std::runtime_error(name_ + ": truncated token list");
@@ -45,14 +60,22 @@ const std::vector<std::uint16_t>& KldReader::next_chunk() {
 }
 
 KldWriter::KldWriter(const std::filesystem::path& path, const KldHeader& header)
-    : name_(path.string()), out_(path, std::ios::binary | std::ios::trunc), header_(header) {
-  if (!out_) throw std::runtime_error(name_ + ": cannot open for writing");
-  out_.write(kMagic, 8);
-  out_.write(reinterpret_cast<const char*>(&header_.n_ctx), 4);
-  out_.write(reinterpret_cast<const char*>(&header_.n_vocab), 4);
-  out_.write(reinterpret_cast<const char*>(&header_.n_chunk), 4);
-  out_.write(reinterpret_cast<const char*>(header_.tokens.data()), static_cast<std::streamsize>(header_.tokens.size() * 4));
+    : name_(path.string()), out_(std::make_unique<AtomicFile>(path, path.string())), header_(header) {
+  out_->write(kMagic, 8);
+  out_->write(&header_.n_ctx, 4);
+  out_->write(&header_.n_vocab, 4);
+  out_->write(&header_.n_chunk, 4);
+  out_->write(header_.tokens.data(), header_.tokens.size() * 4);
   row_.resize(header_.row_u16());
+}
+
+KldWriter::~KldWriter() = default;
+
+void KldWriter::finish() {
+  if (chunks_ != static_cast<std::size_t>(header_.n_chunk)) {
+    throw std::logic_error(name_ + ": " + std::to_string(chunks_) + " of " + std::to_string(header_.n_chunk) + " chunks written");
+  }
+  out_->commit();
 }
 
 void KldWriter::add_chunk(std::span<const float> logits) {
@@ -81,9 +104,9 @@ void KldWriter::add_chunk(std::span<const float> logits) {
         row_[4 + i] = l[i] > min_logit ? static_cast<std::uint16_t>(std::lround(inv_scale * (l[i] - min_logit))) : 0;
       }
     }
-    out_.write(reinterpret_cast<const char*>(row_.data()), static_cast<std::streamsize>(row_.size() * 2));
+    out_->write(row_.data(), row_.size() * 2);
   }
-  if (!out_) throw std::runtime_error(name_ + ": write failed");
+  ++chunks_;
 }
 
 void KldStats::add(std::span<const float> logits, const std::uint16_t* base_row, int token) {

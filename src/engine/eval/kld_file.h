@@ -17,6 +17,10 @@
 #include <span>
 #include <vector>
 
+namespace kvslim::engine {
+class AtomicFile;
+}
+
 namespace kvslim::engine::eval {
 
 struct KldHeader {
@@ -43,16 +47,21 @@ class KldReader {
   std::vector<std::uint16_t> rows_;
 };
 
-// Writes a file in the same layout (the header first, then chunks in order).
+// Writes a file in the same layout (the header first, then chunks in order), streamed into a
+// temporary file beside `path`; finish() renames it over `path` once every chunk is written, so an
+// error (or an exception before finish()) leaves any previous file as it was.
 class KldWriter {
  public:
   KldWriter(const std::filesystem::path& path, const KldHeader& header);
+  ~KldWriter();
   // logits [rows_per_chunk, n_vocab] of positions first .. n_ctx - 2 of the chunk.
   void add_chunk(std::span<const float> logits);
+  void finish();
 
  private:
   std::string name_;
-  std::ofstream out_;
+  std::unique_ptr<AtomicFile> out_;
+  std::size_t chunks_ = 0;
   KldHeader header_;
   std::vector<std::uint16_t> row_;
 };

@@ -1,8 +1,15 @@
 #include "engine/eval/report.h"
 
 #include "engine/eval/bootstrap.h"
+#include "engine/output_file.h"
 
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <algorithm>
 #include <cmath>
@@ -14,6 +21,22 @@
 
 namespace kvslim::engine::eval {
 namespace {
+
+// A gnuplot single-quoted string: '' is its only escape, and nothing (backquotes, @macros) is
+// expanded inside one; control characters become '?' so the string stays on its line.
+std::string gnuplot_quote(const std::string& text) {
+  std::string q = "'";
+  for (char c : text) {
+    if (c == '\'') {
+      q += "''";
+    } else if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+      q += '?';
+    } else {
+      q += c;
+    }
+  }
+  return q + "'";
+}
 
 using nlohmann::json;
 
@@ -211,10 +234,10 @@ json to_json(const EvalResults& R) {
 }
 
 void write_json(const std::filesystem::path& path, const EvalResults& results) {
-  std::ofstream out(path);
-  if (!out) throw std::runtime_error("--json " + path.string() + ": cannot open the file for writing");
-  out << to_json(results).dump(1) << "\n";
-  if (!out) throw std::runtime_error("--json " + path.string() + ": write failed");
+  // Paths are bytes, not always UTF-8: invalid sequences become U+FFFD rather than an exception
+  // after the whole evaluation (issue 26). Written atomically (engine/output_file.h).
+  write_file_atomically(path, to_json(results).dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n",
+                        "--json " + path.string());
 }
 
 void print_table(std::FILE* out, const EvalResults& R) {
@@ -344,8 +367,68 @@ void print_table(std::FILE* out, const EvalResults& R) {
                R.elapsed_seconds, R.hardware_threads);
 }
 
+void print_summary(std::FILE* out, const EvalResults& R) {
+  const EvalOptions& o = R.options;
+  const std::size_t longest = o.text_contexts.back();
+  std::string model = R.model_dir;
+  if (model.size() > 40) model = "..." + model.substr(model.size() - 37);
+  std::fprintf(out, "\nkvslim eval: %s, preset %s; quality at context %zu vs the full cache\n", model.c_str(), o.preset.c_str(),
+               longest);
+  std::vector<std::string> tasks;
+  for (const auto& t : o.tasks) {
+    if (R.task_reported(t) && tasks.size() < 2) tasks.push_back(t);
+  }
+  // 22 + 6 + 7 + 9 + 7 + 8 * tasks (at most 2) + 8 = at most 75 columns.
+  std::string head = "variant                level  B/tok       KL   top1";
+  for (const auto& t : tasks) {
+    char buf[16];
+    std::snprintf(buf, sizeof buf, " %7.7s", t.c_str());
+    head += buf;
+  }
+  head += "  x full";
+  std::fprintf(out, "%s\n%s\n", head.c_str(), std::string(head.size(), '-').c_str());
+  auto speed_of = [&](const std::string& name, double level) -> const SpeedPoint* {
+    for (const auto& sp : R.speed) {
+      if (sp.variant == name && (level == 0 || std::abs(sp.level_target - level) < 1e-9)) return &sp;
+    }
+    return nullptr;
+  };
+  {
+    const TextPoint* lt = find_text(R.full_text, "heldout", longest);
+    std::fprintf(out, "%-22s %5s %6.0f %8s %6s", "full", "1", lt ? bytes_per_token(lt->totals, longest) : 0.0, "0", "1");
+    for (const auto& t : tasks) {
+      const TaskScore* s = find_task(R.full_retrieval, t);
+      std::fprintf(out, " %7.2f", s ? s->accuracy() : 0.0);
+    }
+    std::fprintf(out, "  %6s\n", R.speed.empty() ? "-" : "1.00");
+  }
+  for (const auto& P : R.points) {
+    std::string name = P.variant.name.substr(0, 22);
+    const std::string level = P.variant.budgeted() ? level_label(P.level_target) : "-";
+    if (!P.error.empty()) {
+      std::string why = P.error.substr(0, 60);
+      std::fprintf(out, "%-22s %5s failed: %s\n", name.c_str(), level.c_str(), why.c_str());
+      continue;
+    }
+    const TextPoint* t = find_text(P.text, "heldout", longest);
+    std::fprintf(out, "%-22s %5s %6.0f %8.4f %6.3f", name.c_str(), level.c_str(), t ? bytes_per_token(t->totals, longest) : 0.0,
+                 t ? t->totals.kl() : 0.0, t ? t->totals.top1() : 0.0);
+    for (const auto& task : tasks) {
+      const TaskScore* s = find_task(P.retrieval, task);
+      std::fprintf(out, " %7.2f", s ? s->accuracy() : 0.0);
+    }
+    const SpeedPoint* sp = speed_of(P.variant.name, P.variant.budgeted() ? P.level_target : 0.0);
+    if (sp != nullptr) {
+      std::fprintf(out, "  %6.2f\n", sp->ratio);
+    } else {
+      std::fprintf(out, "  %6s\n", "-");
+    }
+  }
+  std::fprintf(out, "(KL: mean KL(full || method), nats; top1: agreement with the full cache; x full: decode speed)\n");
+}
+
 bool write_plot(const std::filesystem::path& path, const EvalResults& R, std::string& why) {
-  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
+  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {  // a fixed command: no user text
     why = "gnuplot is not installed (apt-get install gnuplot-nox); no plot written";
     return false;
   }
@@ -367,8 +450,12 @@ bool write_plot(const std::filesystem::path& path, const EvalResults& R, std::st
   std::ostringstream s;
   bool any_retrieval = false;
   for (const auto& t : R.options.tasks) any_retrieval = any_retrieval || R.task_reported(t);
+  // Nothing taken from the user reaches gnuplot as code (issue 26): the output path and the model
+  // path arrive as the script's arguments ARG1 and ARG2 (gnuplot -c), string values never parsed;
+  // the variant names are quoted by quote() below. gnuplot writes a temporary file beside the
+  // target, renamed over it once gnuplot succeeded.
   s << "set terminal pngcairo noenhanced size " << (any_retrieval ? 1800 : 1300) << ",640 font 'sans,10'\n";
-  s << "set output '" << path.string() << "'\n";
+  s << "set output ARG1\n";
   s << "set datafile missing 'nan'\n";
   s << "$data << EOD\n";
   for (const auto& name : order) {
@@ -379,7 +466,7 @@ bool write_plot(const std::filesystem::path& path, const EvalResults& R, std::st
     s << "\n\n";
   }
   s << "EOD\n";
-  s << "set multiplot layout 1," << (any_retrieval ? 3 : 2) << " title 'kvslim eval, " << R.model_dir << ": quality vs resident KV bytes per token (context "
+  s << "set multiplot layout 1," << (any_retrieval ? 3 : 2) << " title 'kvslim eval, '.ARG2.': quality vs resident KV bytes per token (context "
     << longest << ", full cache = " << static_cast<long>(full_bpt) << " B/token)'\n";
   s << "set grid\nset key bottom right font ',8'\nset xlabel 'resident KV bytes per token'\nset logscale x 2\n";
   s << "set xrange [*:" << full_bpt * 1.15 << "]\n";
@@ -389,7 +476,7 @@ bool write_plot(const std::filesystem::path& path, const EvalResults& R, std::st
     s << "plot ";
     for (std::size_t i = 0; i < order.size(); ++i) {
       s << (i ? ", " : "") << "$data index " << i << " using 1:" << column << " with linespoints pt " << (i % 13) + 1
-        << " dt " << (i / 8) + 1 << " title '" << order[i] << "'";
+        << " dt " << (i / 8) + 1 << " title " << gnuplot_quote(order[i]);
     }
     s << "\n";
   };
@@ -410,15 +497,54 @@ bool write_plot(const std::filesystem::path& path, const EvalResults& R, std::st
   const std::string script = s.str();
   const bool wrote = ::write(fd, script.data(), script.size()) == static_cast<ssize_t>(script.size());
   ::close(fd);
+  std::filesystem::path png;
+  try {
+    png = temp_path_beside(path);
+  } catch (const std::exception& e) {
+    std::filesystem::remove(tmpl);
+    why = e.what();
+    return false;
+  }
   const std::string err = std::string(tmpl) + ".err";
-  const int rc = wrote ? std::system(("gnuplot " + std::string(tmpl) + " 2>" + err).c_str()) : -1;
+  std::string model_title = R.model_dir;
+  for (char& c : model_title) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';  // one line of title
+  }
+  // posix_spawn, no shell: every argument reaches gnuplot as it is.
+  int rc = -1;
+  if (wrote) {
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+    const std::string png_s = png.string();
+    std::vector<char*> argv = {const_cast<char*>("gnuplot"), const_cast<char*>("-c"), tmpl, const_cast<char*>(png_s.c_str()),
+                               model_title.data(), nullptr};
+    pid_t pid = 0;
+    if (posix_spawnp(&pid, "gnuplot", &actions, nullptr, argv.data(), environ) == 0) {
+      int status = 0;
+      while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    }
+    posix_spawn_file_actions_destroy(&actions);
+  }
   std::ifstream errs(err);
   std::string first_error;
   std::getline(errs, first_error);
-  std::filesystem::remove(tmpl);
-  std::filesystem::remove(err);
-  if (rc != 0) {
+  std::error_code ignored;
+  std::filesystem::remove(tmpl, ignored);
+  std::filesystem::remove(err, ignored);
+  std::uintmax_t png_size = std::filesystem::file_size(png, ignored);
+  if (ignored) png_size = 0;
+  if (rc != 0 || png_size == 0) {
+    std::filesystem::remove(png, ignored);
     why = "gnuplot failed" + (first_error.empty() ? std::string() : ": " + first_error);
+    return false;
+  }
+  if (::rename(png.c_str(), path.c_str()) != 0) {
+    why = std::string("cannot rename the finished plot into place (") + std::strerror(errno) + ")";
+    std::filesystem::remove(png, ignored);
     return false;
   }
   return true;

@@ -18,6 +18,9 @@ nlohmann::json to_json(const EvalResults& results);
 void write_json(const std::filesystem::path& path, const EvalResults& results);
 
 void print_table(std::FILE* out, const EvalResults& results);
+// A summary that fits 100 columns (what `make run` shows in a terminal): per point, bytes per
+// token, KL and top-1 at the longest out-of-domain context, up to two retrieval tasks, speed.
+void print_summary(std::FILE* out, const EvalResults& results);
 
 // Writes `path` (PNG) with gnuplot: top-1 agreement at the longest text context and retrieval
 // accuracy, each against resident KV bytes per token. Returns false (and says why in `why`) when

@@ -1,4 +1,5 @@
 #include "eviction_cache.h"
+#include "cache/observation_check.h"
 
 #include <algorithm>
 
@@ -33,7 +34,7 @@ void EvictionCache::attend(const QueryBlock& queries, std::span<const std::int64
 
 void EvictionCache::observe_attention(const AttentionObservation& obs) {
   if (!attention_scored()) return;
-  core_.observe(obs, eviction_limit());
+  core_.observe(obs, eviction_limit(), method_ + " cache");
   after_step();
 }
 

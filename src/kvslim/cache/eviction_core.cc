@@ -1,4 +1,5 @@
 #include "eviction_core.h"
+#include "cache/observation_check.h"
 
 #include <algorithm>
 #include <cmath>
@@ -368,7 +369,7 @@ std::size_t EvictionCore::pick_victim(std::size_t head, std::size_t n, std::int6
   return best;
 }
 
-void EvictionCore::observe(const AttentionObservation& obs, std::size_t limit) {
+void EvictionCore::observe(const AttentionObservation& obs, std::size_t limit, const std::string& who) {
   if (fallback_) return;  // scored by the key proxy since an update went unobserved
   if (obs.batch != batch_ || obs.heads != heads_ || obs.tokens != rows_ || obs.probs == nullptr ||
       obs.stride < obs.tokens || (!obs.query_positions.empty() && obs.query_positions.size() != obs.queries)) {
@@ -377,6 +378,7 @@ void EvictionCore::observe(const AttentionObservation& obs, std::size_t limit) {
                      std::to_string(batch_) + ", " + std::to_string(heads_) + ", q, " + std::to_string(rows_) +
                      "] of the last update_and_fetch");
   }
+  check_observation_finite(obs, who);  // after the shape check: it reads every weight
   awaiting_observation_ = false;
   last_limit_ = limit;
   const bool normalized = policy_.scoring == Scoring::attention_normalized;

@@ -69,7 +69,8 @@ class EvictionCore {
               const std::uint16_t* values16, const std::int64_t* positions, std::size_t S, std::size_t limit);
   // Adds the attention each row received (the policy's window, pooling and decay), then evicts
   // down to `limit` rows per head.
-  void observe(const AttentionObservation& obs, std::size_t limit);
+  // `who` names the cache in errors (a shape mismatch, a NaN or infinite weight: checked first).
+  void observe(const AttentionObservation& obs, std::size_t limit, const std::string& who);
   // True after an attention-scored core saw an update that was never observed: it scores by the
   // key proxy from then on (an integrator that does not report attention still gets a bounded cache).
   bool fell_back() const { return fallback_; }

@@ -1,4 +1,5 @@
 #include "squeeze_cache.h"
+#include "cache/observation_check.h"
 
 #include <algorithm>
 #include <cmath>
@@ -143,9 +144,11 @@ double SqueezeCache::measure_attention_signal(const AttentionObservation& obs) c
 
 void SqueezeCache::observe_attention(const AttentionObservation& obs) {
   if (coordinator_ && (entropy_signal_ || coverage_signal_) && !reported_ && !has_pending_) {
-    if (obs.probs == nullptr || obs.tokens != core_.rows() || obs.batch * obs.heads != core_.heads_total()) {
+    if (obs.probs == nullptr || obs.tokens != core_.rows() || obs.batch * obs.heads != core_.heads_total() ||
+        obs.stride < obs.tokens) {
       throw InputError("squeeze cache: attention observation does not match the last view");
     }
+    check_observation_finite(obs, "squeeze cache");
     pending_concentration_ = measure_attention_signal(obs);
     has_pending_ = true;
   }
@@ -158,6 +161,7 @@ void SqueezeCache::observe_hidden(const HiddenObservation& obs) {
   if (obs.before == nullptr || obs.after == nullptr || obs.tokens == 0 || obs.hidden == 0) {
     throw InputError("squeeze cache: hidden-state observation is empty");
   }
+  check_observation_finite(obs, "squeeze cache");
   // The paper's layer signal: mean over prompt tokens of cos(h_before, h_after). A layer that
   // changes its input little (high cosine) needs little budget, like a concentrated one.
   double sum = 0.0;

@@ -1,4 +1,5 @@
 #include "cache/zipcache_cache.h"
+#include "cache/observation_check.h"
 
 #include <algorithm>
 #include <cmath>
@@ -227,6 +228,7 @@ void ZipCacheCache::observe_attention(const AttentionObservation& obs) {
     throw InputError(m + " cache: attention observation has " + std::to_string(obs.query_positions.size()) +
                      " query positions for " + std::to_string(obs.queries) + " queries");
   }
+  check_observation_finite(obs, m + " cache");  // after the shape checks: it reads every weight
   const std::size_t first = N - staged_;  // the window is the tail of the view
   // How many queries could see each staged token (causal: query position >= token position).
   std::vector<float> visible(staged_, static_cast<float>(obs.queries));

@@ -1,0 +1,16 @@
+// Observations are checked at the call, as append checks keys and values (issue 26): a NaN or
+// infinite attention weight or hidden state used to break squeeze's memory bound or starve a
+// layer silently, and surface as an error from another layer's call.
+#pragma once
+#include <string>
+
+#include "kvslim/cache.h"
+
+namespace kvslim {
+
+// Throw InputError naming `who` and the first non-finite value's place. Observations without
+// data (probs/before/after null) or with an inconsistent layout are left to the shape checks.
+void check_observation_finite(const AttentionObservation& obs, const std::string& who);
+void check_observation_finite(const HiddenObservation& obs, const std::string& who);
+
+}  // namespace kvslim
