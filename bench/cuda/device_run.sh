@@ -1,32 +1,42 @@
 #!/usr/bin/env bash
 # On the GPU machine, with devbin/ carried (bench/cuda/build_devbin.sh): the CUDA test suite, the
 # same suite under compute-sanitizer (memcheck; racecheck on the shared-memory kernels), then
-# `kvslim bench attend --device cuda` and torch SDPA at the same shapes. Each result is written into
-# $OUT as it finishes, so a call cut short still brings back what it made.
+# `kvslim bench attend --device cuda` and torch SDPA at the same shapes, and optionally Nsight
+# Compute on one launch of each attention kernel. Each result is written into $OUT as it finishes,
+# so a call cut short still brings back what it made.
 #
-#   bash bench/cuda/device_run.sh [quick]
+#   bash bench/cuda/device_run.sh [quick|mid|all] [profile]
+#     quick: batch 1, 8 at 32k (D 128); mid: batch 1, 8, 32 at 32k and 128k (D 128); all: every shape
+#     profile: also ncu (B=8, 32k, D=128) into ncu_<cache>.txt
 set -u
 OUT=${OUT:-/tmp/kvslim-device-out}
+MODE=${1:-all}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$PWD/devbin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 [ -f devbin/kvslim.xz ] && xz -dkf devbin/kvslim.xz
 chmod +x devbin/kvslim devbin/cuda_tests
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv; nvcc --version | tail -2;
   python3 -c 'import torch; print("torch", torch.__version__)'; } > "$OUT"/machine.txt 2>&1
-timeout 120 devbin/cuda_tests 2>&1 | grep -v "^\[       OK\|^\[ RUN" | tail -c 60000 > "$OUT"/tests.txt
+timeout 150 devbin/cuda_tests 2>&1 | grep -v "^\[       OK\|^\[ RUN" | tail -c 60000 > "$OUT"/tests.txt
 echo "tests exit: ${PIPESTATUS[0]}" >> "$OUT"/tests.txt
-SAN="CudaAttend.ZeroQueryAndFlatGroups:CudaAttend.BatchWithOwnLengthsAtTheKernelLevel:CudaCache.*"
-[ "${1:-}" = quick ] || [ "${1:-}" = first ] || SAN="$SAN:CudaKivi.*"
-{ timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 devbin/cuda_tests --gtest_filter="$SAN" 2>&1 | tail -n 25
+SAN="CudaAttend.ZeroQueryAndFlatGroups:CudaAttend.BatchWithOwnLengthsAtTheKernelLevel:CudaCache.*:CudaKivi.*"
+{ timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 devbin/cuda_tests --gtest_filter="$SAN" 2>&1 | tail -n 25
   echo "memcheck exit: ${PIPESTATUS[0]}"
-  timeout 40 compute-sanitizer --tool racecheck --error-exitcode 9 devbin/cuda_tests \
+  timeout 60 compute-sanitizer --tool racecheck --error-exitcode 9 devbin/cuda_tests \
     --gtest_filter=CudaAttend.ZeroQueryAndFlatGroups:CudaAttend.BatchWithOwnLengthsAtTheKernelLevel 2>&1 | tail -n 12
   echo "racecheck exit: ${PIPESTATUS[0]}"; } > "$OUT"/sanitizer.txt
 BENCH_ARGS=""
 BENCH_TIMEOUT=300
-[ "${1:-}" = quick ] && { BENCH_ARGS="--batch 1 8 --context 32768 --head-dim 128"; BENCH_TIMEOUT=90; }
-[ "${1:-}" = first ] && BENCH_TIMEOUT=130
-[ "${1:-}" = mid ] && { BENCH_ARGS="--batch 1 8 32 --context 32768 131072 --head-dim 128"; BENCH_TIMEOUT=120; }
-timeout ${BENCH_TIMEOUT:-300} devbin/kvslim bench attend --device cuda $BENCH_ARGS --json "$OUT"/attend_cuda.json > "$OUT"/attend_cuda.txt 2>&1
-timeout ${BENCH_TIMEOUT:-300} python3 bench/cuda/sdpa_bench.py --kvslim "$OUT"/attend_cuda.json --json "$OUT"/sdpa.json > "$OUT"/compare.txt 2>&1
-cat "$OUT"/tests.txt | tail -n 5; tail -n 4 "$OUT"/sanitizer.txt; cat "$OUT"/compare.txt
+[ "$MODE" = quick ] && { BENCH_ARGS="--batch 1 8 --context 32768 --head-dim 128"; BENCH_TIMEOUT=90; }
+[ "$MODE" = mid ] && { BENCH_ARGS="--batch 1 8 32 --context 32768 131072 --head-dim 128"; BENCH_TIMEOUT=120; }
+timeout $BENCH_TIMEOUT devbin/kvslim bench attend --device cuda $BENCH_ARGS --json "$OUT"/attend_cuda.json > "$OUT"/attend_cuda.txt 2>&1
+timeout $BENCH_TIMEOUT python3 bench/cuda/sdpa_bench.py --kvslim "$OUT"/attend_cuda.json --json "$OUT"/sdpa.json > "$OUT"/compare.txt 2>&1
+if [ "${2:-}" = profile ]; then
+  for c in kivi2; do
+    timeout 60 ncu --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+      --section SchedulerStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section InstructionStats \
+      -k regex:attend_ -c 1 devbin/kvslim bench attend --device cuda --batch 8 --context 32768 --head-dim 128 \
+      --cache $c --repeats 1 > "$OUT"/ncu_$c.txt 2>&1
+  done
+fi
+tail -n 5 "$OUT"/tests.txt; grep "worst error\|long context" "$OUT"/tests.txt; tail -n 4 "$OUT"/sanitizer.txt; cat "$OUT"/compare.txt

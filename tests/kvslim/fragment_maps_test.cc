@@ -1,10 +1,11 @@
 // The CUDA attention kernels feed packed codes and fp16 rows to the tensor cores in the order they
 // lie in memory, so each lane's registers hold a permutation of channels (src/kvslim/cuda/
-// fragment_maps.h). This emulates one warp's mma.m16n8k16 on the host, with the fragment layout of
-// the PTX ISA, and checks that every map gives exactly q . k for every token and P . V for every
-// channel -- on any machine, GPU or not.
+// fragment_maps.h). This emulates one warp's mma.m16n8k16 (dense rows) and mma.m16n8k32 (int8:
+// codes) on the host, with the fragment layouts of the PTX ISA, and checks that every map gives
+// exactly q . k for every token and P . V for every channel -- on any machine, GPU or not.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <set>
@@ -46,94 +47,138 @@ void emulate_mma(const std::uint32_t a[32][4], const std::uint32_t b[32][2], dou
       for (int k = 0; k < 16; ++k) C[r][n] += A[r][k] * B[k][n];
 }
 
+std::int8_t byte_of(std::uint32_t reg, int e) { return static_cast<std::int8_t>((reg >> (8 * e)) & 0xffu); }
+
+// C[16][8] += A[16][32] (u8) B[32][8] (s8) from per-lane fragments of mma.m16n8k32 (PTX ISA layout:
+// a[0] = (row g, k 4t..4t+3), a[1] = (row g+8, same k), a[2] = (row g, k 16+4t..), a[3] = (row g+8,
+// k 16+4t..); b[0] = (k 4t..4t+3, col g), b[1] = (k 16+4t.., col g); byte e = k + e).
+void emulate_imma(const std::uint32_t a[32][4], const std::uint32_t b[32][2], std::int64_t C[16][8]) {
+  std::int64_t A[16][32] = {}, B[32][8] = {};
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane / 4, t = lane % 4;
+    for (int e = 0; e < 4; ++e) {
+      A[g][4 * t + e] = (a[lane][0] >> (8 * e)) & 0xffu;
+      A[g + 8][4 * t + e] = (a[lane][1] >> (8 * e)) & 0xffu;
+      A[g][16 + 4 * t + e] = (a[lane][2] >> (8 * e)) & 0xffu;
+      A[g + 8][16 + 4 * t + e] = (a[lane][3] >> (8 * e)) & 0xffu;
+      B[4 * t + e][g] = byte_of(b[lane][0], e);
+      B[16 + 4 * t + e][g] = byte_of(b[lane][1], e);
+    }
+  }
+  for (int r = 0; r < 16; ++r)
+    for (int n = 0; n < 8; ++n)
+      for (int k = 0; k < 32; ++k) C[r][n] += A[r][k] * B[k][n];
+}
+
+std::uint32_t pack_s8(const int v[4]) {
+  std::uint32_t r = 0;
+  for (int e = 0; e < 4; ++e) r |= (static_cast<std::uint32_t>(v[e]) & 0xffu) << (8 * e);
+  return r;
+}
+
+// The kernel's view of one group of 32 tokens: keys as A (tokens 16 mt + g and + 8, every k-step),
+// the 8 columns an s8 operand per query column; values transposed into A (channels), P as B.
 template <int BITS, int D>
-void check_packed() {
-  using Map = PackedMap<BITS, D>;
-  constexpr int RB = Map::RB, KS = D / 16;
+void check_codes() {
+  using Map = CodeMap<BITS, D>;
+  constexpr int RB = Map::RB;
   std::mt19937 rng(BITS * 1000 + D);
-  // 16 tokens of codes, packed as the CPU packs them.
-  std::vector<std::uint8_t> codes(16 * D), packed(16 * RB);
+  std::vector<std::uint8_t> codes(32 * D), packed(32 * RB);
   for (auto& c : codes) c = static_cast<std::uint8_t>(rng() % (1u << BITS));
-  quant::scalar_kernels().pack_rows(codes.data(), 16, D, BITS, packed.data());
-  // Query rows q[8][D] and probabilities P[8][16]: small integers, so fp16 and the sums are exact.
-  std::vector<float> q(8 * D), P(8 * 16);
-  for (auto& x : q) x = static_cast<float>(static_cast<int>(rng() % 9) - 4);
-  for (auto& x : P) x = static_cast<float>(rng() % 5);
+  quant::scalar_kernels().pack_rows(codes.data(), 32, D, BITS, packed.data());
+  std::vector<int> q(8 * D), P(8 * 32);  // s8 columns
+  for (auto& x : q) x = static_cast<int>(rng() % 256) - 128;
+  for (auto& x : P) x = static_cast<int>(rng() % 256) - 128;
+  const auto word = [&](int tok, int byte, int bytes = 4) { return load32(packed.data() + tok * RB + byte, bytes); };
 
-  // Keys: S^T[row][token] over the first 8 tokens.
-  double C[16][8] = {};
-  for (int ks = 0; ks < KS; ++ks) {
-    std::uint32_t a[32][4], b[32][2];
-    for (int lane = 0; lane < 32; ++lane) {
-      const int g = lane / 4, t = lane % 4;
-      std::uint32_t w[Map::KW];
-      for (int i = 0; i < Map::KW; ++i) w[i] = load32(packed.data() + g * RB + t * (RB / 4) + 4 * i);
-      b[lane][0] = Map::key_b(w, 2 * ks);
-      b[lane][1] = Map::key_b(w, 2 * ks + 1);
-      const auto qv = [&](int p, int e) { return q[g * D + Map::key_channel(p, e, t)]; };
-      a[lane][0] = pack(qv(2 * ks, 0), qv(2 * ks, 1));
-      a[lane][1] = 0;
-      a[lane][2] = pack(qv(2 * ks + 1, 0), qv(2 * ks + 1, 1));
-      a[lane][3] = 0;
-    }
-    emulate_mma(a, b, C);
-  }
-  for (int r = 0; r < 8; ++r) {
-    for (int n = 0; n < 8; ++n) {
-      double want = 0;
-      for (int c = 0; c < D; ++c) want += q[r * D + c] * codes[n * D + c];
-      ASSERT_EQ(C[r][n], want) << "keys bits " << BITS << " D " << D << " row " << r << " token " << n;
-    }
-  }
-  // Every lane's channels, over t, cover each channel once.
-  std::multiset<int> seen;
-  for (int t = 0; t < 4; ++t)
-    for (int p = 0; p < D / 8; ++p)
-      for (int e = 0; e < 2; ++e) seen.insert(Map::key_channel(p, e, t));
-  for (int c = 0; c < D; ++c) ASSERT_EQ(seen.count(c), 1u) << "key channel " << c;
-
-  // Values: O[row][channel] = sum_k P[row][k] code[k][channel], n-tile by n-tile.
-  std::multiset<int> vseen;
-  for (int nt = 0; nt < D / 8; ++nt) {
-    std::uint32_t a[32][4], b[32][2];
-    for (int lane = 0; lane < 32; ++lane) {
-      const int g = lane / 4, t = lane % 4;
-      std::uint32_t vw[4][Map::VW];
-      for (int qq = 0; qq < 4; ++qq) {
-        const int tok = 2 * t + (qq & 1) + (qq >> 1) * 8;
-        for (int i = 0; i < Map::VW; ++i) {
-          vw[qq][i] = load32(packed.data() + tok * RB + g * Map::BPLV + 4 * i, Map::BPLV >= 4 ? 4 : Map::BPLV);
+  // Keys: C[token][column] over the k-steps, both m-tiles.
+  for (int mt = 0; mt < 2; ++mt) {
+    std::int64_t C[16][8] = {};
+    for (int ks = 0; ks < Map::KS; ++ks) {
+      std::uint32_t a[32][4], b[32][2];
+      for (int lane = 0; lane < 32; ++lane) {
+        const int g = lane / 4, t = lane % 4;
+        std::uint32_t w0[Map::KW], w1[Map::KW];
+        for (int i = 0; i < Map::KW; ++i) {
+          w0[i] = word(16 * mt + g, t * (RB / 4) + 4 * i);
+          w1[i] = word(16 * mt + g + 8, t * (RB / 4) + 4 * i);
+        }
+        a[lane][0] = Map::key_reg(w0, 2 * ks);
+        a[lane][1] = Map::key_reg(w1, 2 * ks);
+        a[lane][2] = Map::key_reg(w0, 2 * ks + 1);
+        a[lane][3] = Map::key_reg(w1, 2 * ks + 1);
+        for (int slot = 0; slot < 2; ++slot) {
+          int v[4];
+          for (int e = 0; e < 4; ++e) v[e] = q[g * D + Map::key_channel(2 * ks + slot, e, t)];
+          b[lane][slot] = pack_s8(v);
         }
       }
-      b[lane][0] = Map::value_b(vw[0], vw[1], nt);
-      b[lane][1] = Map::value_b(vw[2], vw[3], nt);
-      a[lane][0] = pack(P[g * 16 + 2 * t], P[g * 16 + 2 * t + 1]);
-      a[lane][1] = 0;
-      a[lane][2] = pack(P[g * 16 + 2 * t + 8], P[g * 16 + 2 * t + 9]);
-      a[lane][3] = 0;
+      emulate_imma(a, b, C);
     }
-    double O[16][8] = {};
-    emulate_mma(a, b, O);
-    for (int n = 0; n < 8; ++n) {
-      const int ch = Map::value_channel(nt, n);
-      vseen.insert(ch);
-      for (int r = 0; r < 8; ++r) {
-        double want = 0;
-        for (int k = 0; k < 16; ++k) want += P[r * 16 + k] * codes[k * D + ch];
-        ASSERT_EQ(O[r][n], want) << "values bits " << BITS << " D " << D << " n-tile " << nt << " n " << n;
+    for (int r = 0; r < 16; ++r) {
+      for (int n = 0; n < 8; ++n) {
+        std::int64_t want = 0;
+        for (int c = 0; c < D; ++c) want += static_cast<std::int64_t>(q[n * D + c]) * codes[(16 * mt + r) * D + c];
+        ASSERT_EQ(C[r][n], want) << "keys bits " << BITS << " D " << D << " token " << 16 * mt + r << " column " << n;
+      }
+    }
+  }
+  std::multiset<int> seen;
+  for (int t = 0; t < 4; ++t)
+    for (int r = 0; r < Map::NR; ++r)
+      for (int e = 0; e < 4; ++e) seen.insert(Map::key_channel(r, e, t));
+  for (int c = 0; c < D; ++c) ASSERT_EQ(seen.count(c), 1u) << "key channel " << c;
+
+  // Values: O[channel][column] = sum_tok code[tok][channel] P[column][tok], m-tile by m-tile.
+  std::multiset<int> vseen;
+  for (int mt = 0; mt < D / 16; ++mt) {
+    std::uint32_t a[32][4], b[32][2];
+    for (int lane = 0; lane < 32; ++lane) {
+      const int g = lane / 4, t = lane % 4;
+      std::uint32_t x[2][16] = {};
+      for (int quad = 0; quad < 2; ++quad) {
+        const int tok0 = 16 * quad + 4 * t;
+        for (int wi = 0; wi < Map::NWV; ++wi) {
+          const int bytes = Map::BPLV >= 4 ? 4 : Map::BPLV;
+          std::uint32_t w[4];
+          for (int i = 0; i < 4; ++i) w[i] = word(tok0 + i, g * Map::BPLV + 4 * wi, bytes);
+          gather_quad(w[0], w[1], w[2], w[3], bytes, x[quad] + 4 * wi);
+        }
+      }
+      a[lane][0] = Map::value_reg(x[0], 2 * mt);
+      a[lane][1] = Map::value_reg(x[0], 2 * mt + 1);
+      a[lane][2] = Map::value_reg(x[1], 2 * mt);
+      a[lane][3] = Map::value_reg(x[1], 2 * mt + 1);
+      for (int slot = 0; slot < 2; ++slot) {
+        int v[4];
+        for (int e = 0; e < 4; ++e) v[e] = P[g * 32 + 16 * slot + 4 * t + e];
+        b[lane][slot] = pack_s8(v);
+      }
+    }
+    std::int64_t O[16][8] = {};
+    emulate_imma(a, b, O);
+    for (int g = 0; g < 8; ++g) {
+      for (int rh = 0; rh < 2; ++rh) {
+        const int ch = Map::value_channel(2 * mt + rh, g);
+        vseen.insert(ch);
+        for (int n = 0; n < 8; ++n) {
+          std::int64_t want = 0;
+          for (int k = 0; k < 32; ++k) want += static_cast<std::int64_t>(P[n * 32 + k]) * codes[k * D + ch];
+          ASSERT_EQ(O[g + 8 * rh][n], want) << "values bits " << BITS << " D " << D << " m-tile " << mt << " row " << g + 8 * rh;
+        }
       }
     }
   }
   for (int c = 0; c < D; ++c) ASSERT_EQ(vseen.count(c), 1u) << "value channel " << c;
 }
 
-TEST(FragmentMaps, PackedKeysAndValuesGiveExactDotProducts) {
-  check_packed<2, 64>();
-  check_packed<4, 64>();
-  check_packed<8, 64>();
-  check_packed<2, 128>();
-  check_packed<4, 128>();
-  check_packed<8, 128>();
+TEST(FragmentMaps, CodesThroughTheInt8ProductGiveExactDotProducts) {
+  check_codes<2, 64>();
+  check_codes<4, 64>();
+  check_codes<8, 64>();
+  check_codes<2, 128>();
+  check_codes<4, 128>();
+  check_codes<8, 128>();
 }
 
 template <int D>
@@ -211,12 +256,40 @@ TEST(FragmentMaps, DenseKeysAndValuesGiveExactDotProducts) {
   check_dense<128>();
 }
 
-TEST(FragmentMaps, CodesToHalf2IsExactForEveryCode) {
-  for (std::uint32_t c0 = 0; c0 < 256; ++c0) {
-    const std::uint32_t c1 = 255 - c0;
-    const std::uint32_t r = codes_to_half2(c0 | (c1 << 16));
-    ASSERT_EQ(half_of(r, 0), static_cast<float>(c0));
-    ASSERT_EQ(half_of(r, 1), static_cast<float>(c1));
+// The balanced digits reconstruct round(x * inv) exactly over the whole range, ties included.
+TEST(FragmentMaps, BalancedDigitsReconstructTheRoundedOperand) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> unit(-1.f, 1.f);
+  const float inv3 = 4194304.f, inv2 = 16384.f;
+  std::vector<float> xs{1.f, -1.f, 0.f, 0.5f / inv3, -0.5f / inv3, 32767.5f / inv3, 32640.f / inv3, 128.5f / inv3};
+  for (int i = 0; i < 200000; ++i) xs.push_back(unit(rng));
+  for (int v = -300; v <= 300; ++v) xs.push_back(static_cast<float>(v * 255 + 127) / inv3);
+  for (std::size_t i = 0; i + 4 <= xs.size(); i += 4) {
+    std::uint32_t u[4], d[3];
+    for (int e = 0; e < 4; ++e) u[e] = biased_digits3(xs[i + e], inv3);
+    pack_digits3(u[0], u[1], u[2], u[3], d[0], d[1], d[2]);
+    for (int e = 0; e < 4; ++e) {
+      const long want = std::lrint(static_cast<double>(xs[i + e]) * inv3);
+      const int lo = byte_of(d[0], e), mid = byte_of(d[1], e), hi = byte_of(d[2], e);
+      ASSERT_EQ(65536L * hi + 256L * mid + lo, want) << "x = " << xs[i + e];
+      ASSERT_LE(std::abs(hi), 64) << "x = " << xs[i + e];
+    }
+  }
+  for (int i = 0; i < 200000; ++i) {
+    const float p = i < 16385 ? static_cast<float>(i) / inv2 : std::fabs(unit(rng));
+    const std::uint32_t u = biased_digits2(p, inv2);
+    const int lo = static_cast<int>(u & 0xffu) - 128, hi = static_cast<int>((u >> 8) & 0xffu) - 128;
+    ASSERT_EQ(256L * hi + lo, std::lrint(static_cast<double>(p) * inv2)) << "p = " << p;
+    ASSERT_LE(hi, 64);
+  }
+}
+
+TEST(FragmentMaps, GatherQuadTransposesFourTokensBytes) {
+  const std::uint32_t w[4] = {0x03020100u, 0x13121110u, 0x23222120u, 0x33323130u};  // token i, byte b = 16 i + b
+  std::uint32_t x[4];
+  gather_quad(w[0], w[1], w[2], w[3], 4, x);
+  for (int b = 0; b < 4; ++b) {
+    for (int i = 0; i < 4; ++i) ASSERT_EQ((x[b] >> (8 * i)) & 0xffu, 16u * i + b) << "byte " << b << " token " << i;
   }
 }
 

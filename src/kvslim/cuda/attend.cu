@@ -1,29 +1,26 @@
-// Split-K decode/prefill attention over a layer's device storage. See attend.h for the contract and
-// cuda_common.cuh for the mma fragment layout these kernels lean on.
+// Split-K decode/prefill attention over dense fp16/bf16 rows (full's slots, kivi's staging window),
+// the merge of every split's partial (combine) and the probabilities of an observation. The kivi
+// codes have their own kernel (attend_codes.cu); attend.h has the contract, cuda_common.cuh the mma
+// fragment layout these kernels lean on.
 //
-// Each CTA = 4 warps takes a range of units (32-row groups for codes, 16 rows for dense rows) of one
-// (tile, b, h); each warp streams its units global -> shared through cp.async (3 stages), computes
-// S^T = Q' K^T with the query tile as the mma's A operand (rows g = high parts, g + 8 = low parts of
-// the same query vectors, so one lane ends up with both halves of its logits), runs the online
-// softmax in registers, and multiplies P (split in high/low 16-bit parts again) with V. The warps
-// merge in shared memory and the CTA writes one partial; launch_combine merges the splits.
-//
-// kivi keys: q . k = sum_c (q_c scale_c) code_c + sum_c q_c zero_c per group, so the codes go
-// into the tensor cores as exact small fp16 integers and the group's scale is folded into the
-// query fragment (re-made every group); values: sum_t p_t v_tc = scale_c sum_t p_t code_tc +
-// zero_c sum_t p_t, applied as a group's sums leave the accumulators.
+// Each CTA = 4 warps takes a range of 16-row units of one (tile, b, h); each warp streams its units
+// global -> shared through cp.async (3 stages), computes S^T = Q K^T with the query tile as the mma's
+// A operand (rows g = high parts, g + 8 = low parts of the same query vectors, so one lane ends up
+// with both halves of its logits), runs the online softmax in registers, and multiplies P (split in
+// high/low 16-bit parts again) with V. The warps merge in shared memory and the CTA writes one
+// partial; launch_combine merges the splits.
 #include <atomic>
 #include <cfloat>
 #include <cmath>
 
 #include "cuda/attend.h"
+#include "cuda/attend_shared.cuh"
 #include "cuda/fragment_maps.h"
 
 namespace kvslim::cuda {
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kThreads = 32 * kWarps;
+using namespace attend_detail;
 constexpr int kStages = 3;
 constexpr float kPScale = 16384.f;  // P * 2^14 before the 16-bit split: small weights stay normal
 constexpr float kPUnscale = 1.f / 16384.f;
@@ -33,7 +30,7 @@ __device__ __forceinline__ std::uint32_t word(const uint4& v, int i) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// State shared by both kernels.
+// The dense kernel's view of its tile: lane row g = query vector tile * 8 + g.
 
 struct TileRows {
   int b, h, bh, tile, g, t, lane, warp;
@@ -153,204 +150,7 @@ __device__ void write_partial(const QueryArgs& a, const TileRows& r, const RowSt
     red_ml[(r.warp * kTileRows + r.g) * 2 + 1] = st.l;
   }
   __syncthreads();
-  const long long tiles = a.tiles(), BH = static_cast<long long>(a.B) * a.Hkv;
-  const long long base = ((static_cast<long long>(part) * tiles + r.tile) * BH + r.bh) * kTileRows;
-  for (int i = threadIdx.x; i < kTileRows * D; i += kThreads) {
-    const int row = i / D, c = i % D;
-    float M = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, red_ml[(w * kTileRows + row) * 2]);
-    float A = 0.f, L = 0.f;
-    if (M != -INFINITY) {
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        const float mw = red_ml[(w * kTileRows + row) * 2];
-        const float f = mw == -INFINITY ? 0.f : exp2f(mw - M);
-        A += f * red_acc[(w * kTileRows + row) * D + c];
-        L += f * red_ml[(w * kTileRows + row) * 2 + 1];
-      }
-    }
-    parts.acc[(base + row) * D + c] = A;
-    if (c == 0) {
-      parts.ml[(base + row) * 2] = M;
-      parts.ml[(base + row) * 2 + 1] = L;
-    }
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// kivi codes.
-
-template <int BITS, int D>
-__global__ void __launch_bounds__(kThreads) attend_packed_kernel(QueryArgs a, PackedRows rows, Partials parts,
-                                                                  int part_base, int units_per_split) {
-  using Map = PackedMap<BITS, D>;
-  constexpr int RB = Map::RB;
-  constexpr int KS = D / 16;               // k-steps over the channels
-  constexpr int NPAIR = D / 8;             // register pairs of a lane's channels
-  constexpr int CODE_BYTES = kGroupRows * RB;
-  constexpr int PARAM_BYTES = 2 * D * 2;   // scale + zero rows, fp16
-  constexpr int STAGE = 2 * CODE_BYTES + 2 * PARAM_BYTES;
-  static_assert(STAGE % 16 == 0, "stage must be whole 16-byte chunks");
-  extern __shared__ __align__(16) unsigned char smem[];
-  float* q_s = reinterpret_cast<float*>(smem);
-  unsigned char* stages = smem + kTileRows * D * sizeof(float);
-
-  const TileRows r = tile_rows(a);
-  load_queries<D>(a, r, q_s);
-  __syncthreads();
-
-  const int u_begin = blockIdx.x * units_per_split;
-  const int u_end = min(rows.n_groups, u_begin + units_per_split);
-  unsigned char* my = stages + r.warp * kStages * STAGE;
-  const unsigned char* kc_head = rows.k_codes + r.bh * rows.codes_stride;
-  const unsigned char* vc_head = rows.v_codes + r.bh * rows.codes_stride;
-  const std::uint16_t* kp_head = rows.k_params + r.bh * rows.params_stride;
-  const std::uint16_t* vp_head = rows.v_params + r.bh * rows.params_stride;
-
-  auto issue = [&](int u, int stage) {
-    unsigned char* dst = my + stage * STAGE;
-    const long long code0 = static_cast<long long>(u) * CODE_BYTES, param0 = static_cast<long long>(u) * 2 * D;
-#pragma unroll
-    for (int i = r.lane; i < STAGE / 16; i += 32) {
-      const int off = i * 16;
-      const unsigned char* src;
-      if (off < CODE_BYTES) {
-        src = kc_head + code0 + off;
-      } else if (off < 2 * CODE_BYTES) {
-        src = vc_head + code0 + (off - CODE_BYTES);
-      } else if (off < 2 * CODE_BYTES + PARAM_BYTES) {
-        src = reinterpret_cast<const unsigned char*>(kp_head + param0) + (off - 2 * CODE_BYTES);
-      } else {
-        src = reinterpret_cast<const unsigned char*>(vp_head + param0) + (off - 2 * CODE_BYTES - PARAM_BYTES);
-      }
-      cp_async16(dst + off, src);
-    }
-  };
-
-  RowState<D> st;
-  const int first = u_begin + r.warp;
-  const int n_mine = first < u_end ? (u_end - first + kWarps - 1) / kWarps : 0;
-#pragma unroll
-  for (int k = 0; k < kStages - 1; ++k) {
-    if (k < n_mine) issue(first + k * kWarps, k);
-    cp_async_commit();
-  }
-  for (int k = 0; k < n_mine; ++k) {
-    const int ahead = k + kStages - 1;
-    if (ahead < n_mine) issue(first + ahead * kWarps, ahead % kStages);
-    cp_async_commit();
-    cp_async_wait<kStages - 1>();
-    __syncwarp();
-
-    const int u = first + k * kWarps;
-    const unsigned char* buf = my + (k % kStages) * STAGE;
-    const unsigned char* kc = buf;
-    const unsigned char* vc = buf + CODE_BYTES;
-    const __half* kp = reinterpret_cast<const __half*>(buf + 2 * CODE_BYTES);
-    const __half* vp = reinterpret_cast<const __half*>(buf + 2 * CODE_BYTES + PARAM_BYTES);
-
-    // Query fragments for this group: q' = q * scale (hi/lo fp16, scaled by a power of two so the
-    // largest is near 2^14), bias = q . zero.
-    std::uint32_t af[KS][4];
-    float bias = 0.f, up;
-    {
-      float qv[NPAIR][2];
-      float amax = 0.f;
-#pragma unroll
-      for (int p = 0; p < NPAIR; ++p) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int c = Map::key_channel(p, e, r.t);
-          const float qc = q_s[r.g * D + c];
-          qv[p][e] = qc * __half2float(kp[c]);
-          bias = fmaf(qc, __half2float(kp[D + c]), bias);
-          amax = fmaxf(amax, fabsf(qv[p][e]));
-        }
-      }
-      amax = warp_max4(amax);
-      bias = warp_sum4(bias);
-      int ex = amax > 0.f ? ((__float_as_int(amax) >> 23) & 0xff) - 127 - 14 : 0;
-      ex = max(-100, min(100, ex));
-      const float down = pow2i(-ex);
-      up = pow2i(ex);
-#pragma unroll
-      for (int ks = 0; ks < KS; ++ks) {
-        split2<DenseType::f16>(qv[2 * ks][0] * down, qv[2 * ks][1] * down, af[ks][0], af[ks][1]);
-        split2<DenseType::f16>(qv[2 * ks + 1][0] * down, qv[2 * ks + 1][1] * down, af[ks][2], af[ks][3]);
-      }
-    }
-
-    // Scores of the group's 32 tokens: 4 n-tiles of 8 (token nt*8 + g is this lane's B column).
-    // Four independent accumulators (one per n-tile) so consecutive mma's do not wait on each other.
-    float s[4][2];
-    {
-      std::uint32_t w[4][Map::KW];
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
-        const std::uint32_t* src = reinterpret_cast<const std::uint32_t*>(kc + (nt * 8 + r.g) * RB + r.t * (RB / 4));
-#pragma unroll
-        for (int i = 0; i < Map::KW; ++i) w[nt][i] = src[i];
-      }
-      float c[4][4] = {};
-#pragma unroll
-      for (int ks = 0; ks < KS; ++ks) {
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-          mma16816<DenseType::f16>(c[nt], af[ks], Map::key_b(w[nt], 2 * ks), Map::key_b(w[nt], 2 * ks + 1));
-        }
-      }
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
-        s[nt][0] = fmaf(c[nt][0] + c[nt][2], up, bias);
-        s[nt][1] = fmaf(c[nt][1] + c[nt][3], up, bias);
-      }
-    }
-
-    const long long row0 = rows.row_offset + static_cast<long long>(u) * kGroupRows;
-    const std::int64_t* upos = rows.pos + static_cast<long long>(u) * kGroupRows;
-    const float psum = softmax_unit<D, 4>(a, r, st, s, row0, kGroupRows, upos, upos[kGroupRows - 1]);
-
-    // P fragments (two k-steps of 16 tokens).
-    std::uint32_t pf[2][4];
-#pragma unroll
-    for (int k2 = 0; k2 < 2; ++k2) {
-      split2<DenseType::f16>(s[2 * k2][0] * kPScale, s[2 * k2][1] * kPScale, pf[k2][0], pf[k2][1]);
-      split2<DenseType::f16>(s[2 * k2 + 1][0] * kPScale, s[2 * k2 + 1][1] * kPScale, pf[k2][2], pf[k2][3]);
-    }
-    // Value words of tokens 16*k2 + {2t, 2t+1, 2t+8, 2t+9}, bytes [g*BPLV, (g+1)*BPLV).
-    std::uint32_t vw[2][4][Map::VW];
-#pragma unroll
-    for (int k2 = 0; k2 < 2; ++k2) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int tok = 16 * k2 + 2 * r.t + (q & 1) + (q >> 1) * 8;
-        const unsigned char* src = vc + tok * RB + r.g * Map::BPLV;
-        if constexpr (Map::BPLV >= 4) {
-#pragma unroll
-          for (int i = 0; i < Map::VW; ++i) vw[k2][q][i] = reinterpret_cast<const std::uint32_t*>(src)[i];
-        } else {
-          vw[k2][q][0] = *reinterpret_cast<const std::uint16_t*>(src);
-        }
-      }
-    }
-#pragma unroll
-    for (int nt = 0; nt < D / 8; ++nt) {
-      float c[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int k2 = 0; k2 < 2; ++k2) {
-        mma16816<DenseType::f16>(c, pf[k2], Map::value_b(vw[k2][0], vw[k2][1], nt), Map::value_b(vw[k2][2], vw[k2][3], nt));
-      }
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int ch = Map::value_channel(nt, 2 * r.t + e);
-        st.acc[nt][e] += (c[e] + c[2 + e]) * kPUnscale * __half2float(vp[ch]) + __half2float(vp[D + ch]) * psum;
-      }
-    }
-    __syncwarp();
-  }
-  cp_async_wait<0>();
-  write_partial<D, Map>(a, r, st, reinterpret_cast<float*>(stages), parts, part_base + blockIdx.x);
+  merge_warps<D>(a, r.tile, r.bh, red, parts, part);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -490,38 +290,50 @@ __global__ void __launch_bounds__(kThreads) attend_dense_kernel(QueryArgs a, Den
 
 // ---------------------------------------------------------------------------------------------
 
+// One CTA per (tile row, tile, b * h): warp 0 weighs the splits once (exp2(m_p - M), into shared
+// memory) while the threads then read the splits' accumulators channel by channel (coalesced, the
+// loads independent): the merge is a short memory-bound pass even at batch 1.
 __global__ void combine_kernel(QueryArgs a, Partials parts, int n_parts, float* out, float* final_ml) {
+  extern __shared__ float weight_s[];  // [n_parts]
+  __shared__ float M_s, L_s;
   const int D = a.D;
   const long long tiles = a.tiles(), BH = static_cast<long long>(a.B) * a.Hkv;
-  const int tile = blockIdx.x % tiles;
-  const long long bh = blockIdx.x / tiles;
-  const int b = static_cast<int>(bh / a.Hkv), h = static_cast<int>(bh % a.Hkv);
-  for (int i = threadIdx.x; i < kTileRows * D; i += blockDim.x) {
-    const int row = i / D, c = i % D;
-    const long long m = static_cast<long long>(tile) * kTileRows + row;
-    if (m >= static_cast<long long>(a.S) * a.G) continue;
+  const int row = blockIdx.x % kTileRows;
+  const int tile = static_cast<int>((blockIdx.x / kTileRows) % tiles);
+  const long long bh = blockIdx.x / kTileRows / tiles;
+  const long long m = static_cast<long long>(tile) * kTileRows + row;
+  if (m >= static_cast<long long>(a.S) * a.G) return;  // the whole CTA
+  const auto slot = [&](int p) { return ((static_cast<long long>(p) * tiles + tile) * BH + bh) * kTileRows + row; };
+  if (threadIdx.x < 32) {
     float M = -INFINITY;
-    for (int p = 0; p < n_parts; ++p) {
-      M = fmaxf(M, parts.ml[(((static_cast<long long>(p) * tiles + tile) * BH + bh) * kTileRows + row) * 2]);
+    for (int p = threadIdx.x; p < n_parts; p += 32) M = fmaxf(M, parts.ml[slot(p) * 2]);
+    for (int o = 16; o > 0; o /= 2) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    float L = 0.f;
+    for (int p = threadIdx.x; p < n_parts; p += 32) {
+      const float mp = parts.ml[slot(p) * 2];
+      const float f = M == -INFINITY || mp == -INFINITY ? 0.f : exp2f(mp - M);
+      weight_s[p] = f;
+      L += f * parts.ml[slot(p) * 2 + 1];
     }
-    float A = 0.f, L = 0.f;
-    if (M != -INFINITY) {
-      for (int p = 0; p < n_parts; ++p) {
-        const long long base = ((static_cast<long long>(p) * tiles + tile) * BH + bh) * kTileRows + row;
-        const float mp = parts.ml[base * 2];
-        if (mp == -INFINITY) continue;
-        const float f = exp2f(mp - M);
-        A += f * parts.acc[base * D + c];
-        L += f * parts.ml[base * 2 + 1];
-      }
+    for (int o = 16; o > 0; o /= 2) L += __shfl_xor_sync(0xffffffffu, L, o);
+    if (threadIdx.x == 0) {
+      M_s = M;
+      L_s = L;
     }
-    const long long s = m / a.G, j = m % a.G;
-    out[((static_cast<long long>(b) * a.S + s) * a.Hq + static_cast<long long>(h) * a.G + j) * D + c] =
-        L > 0.f ? A / L : 0.f;
-    if (c == 0 && final_ml) {
-      final_ml[(bh * a.S * a.G + m) * 2] = M;
-      final_ml[(bh * a.S * a.G + m) * 2 + 1] = L;
-    }
+  }
+  __syncthreads();
+  const float L = L_s;
+  const long long s = m / a.G, j = m % a.G;
+  const long long b = bh / a.Hkv, h = bh % a.Hkv;
+  for (int c = threadIdx.x; c < D; c += blockDim.x) {
+    float A = 0.f;
+#pragma unroll 4
+    for (int p = 0; p < n_parts; ++p) A += weight_s[p] * parts.acc[slot(p) * D + c];
+    out[((b * a.S + s) * a.Hq + h * a.G + j) * D + c] = L > 0.f ? A / L : 0.f;
+  }
+  if (threadIdx.x == 0 && final_ml) {
+    final_ml[(bh * a.S * a.G + m) * 2] = M_s;
+    final_ml[(bh * a.S * a.G + m) * 2 + 1] = L;
   }
 }
 
@@ -542,58 +354,9 @@ __global__ void probs_kernel(QueryArgs a, const float* final_ml, float* probs) {
   }
 }
 
-template <typename Kernel>
-void set_smem_always(Kernel k, int bytes) {
-  KVSLIM_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-}
-
-// Raises a kernel's dynamic shared-memory limit once per process and device (the launch path
-// stays a launch). `done` is the caller's own flag word: one per kernel instantiation.
-template <typename Kernel>
-void set_smem(Kernel k, int bytes, std::atomic<unsigned long long>& done) {
-  int device = 0;
-  KVSLIM_CUDA_CHECK(cudaGetDevice(&device));
-  const unsigned long long bit = device < 64 ? 1ull << device : 0;
-  if (bit != 0 && (done.load(std::memory_order_acquire) & bit)) return;
-  KVSLIM_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-  done.fetch_or(bit, std::memory_order_acq_rel);
-}
-
-// Splits so that the grid is one full wave of resident CTAs (`resident` per SM, from the kernel's
-// occupancy): fewer leave SMs idle at small batch, more add a partial second wave.
-int splits_for(const QueryArgs& q, int units, int sm_count, int resident) {
-  if (units <= 0) return 0;
-  const long long ctas = static_cast<long long>(q.tiles()) * q.B * q.Hkv;
-  const long long wave = static_cast<long long>(sm_count) * std::max(resident, 1);
-  const long long want = std::max(1LL, wave / ctas);
-  const long long most = (units + 2 * kWarps - 1) / (2 * kWarps);  // >= 2 units a warp
-  return static_cast<int>(std::max(1LL, std::min(want, most)));
-}
-
-template <typename Kernel>
-int resident_ctas(Kernel k, int smem) {
-  int n = 0;
-  KVSLIM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, kThreads, smem));
-  return n;
-}
-
-template <int BITS, int D>
-int packed_smem() {
-  constexpr int RB = D * BITS / 8;
-  constexpr int STAGE = 2 * kGroupRows * RB + 2 * 2 * D * 2;
-  return kTileRows * D * 4 + std::max(kWarps * kStages * STAGE, kWarps * kTileRows * (D + 2) * 4);
-}
 template <int D>
 int dense_smem() {
   return kTileRows * D * 4 + std::max(kWarps * kStages * 2 * 16 * D * 2, kWarps * kTileRows * (D + 2) * 4);
-}
-template <int BITS, int D>
-int packed_resident() {
-  static const int n = [] {
-    set_smem_always(attend_packed_kernel<BITS, D>, packed_smem<BITS, D>());
-    return resident_ctas(attend_packed_kernel<BITS, D>, packed_smem<BITS, D>());
-  }();
-  return n;
 }
 template <DenseType T, int D>
 int dense_resident() {
@@ -602,21 +365,6 @@ int dense_resident() {
     return resident_ctas(attend_dense_kernel<T, D>, dense_smem<D>());
   }();
   return n;
-}
-
-template <int BITS, int D>
-void packed_launch(const QueryArgs& q, const PackedRows& rows, const Partials& parts, int part_base, int splits,
-                   cudaStream_t stream) {
-  constexpr int RB = D * BITS / 8;
-  constexpr int STAGE = 2 * kGroupRows * RB + 2 * 2 * D * 2;
-  const int red = kWarps * kTileRows * (D + 2) * 4;
-  const int smem = kTileRows * D * 4 + std::max(kWarps * kStages * STAGE, red);
-  auto kernel = attend_packed_kernel<BITS, D>;
-  static std::atomic<unsigned long long> done{0};
-  set_smem(kernel, smem, done);
-  const int per = (rows.n_groups + splits - 1) / splits;
-  kernel<<<dim3(splits, q.tiles(), q.B * q.Hkv), kThreads, smem, stream>>>(q, rows, parts, part_base, per);
-  KVSLIM_CUDA_LAUNCHED("attend_packed_kernel");
 }
 
 template <DenseType T, int D>
@@ -636,36 +384,12 @@ void dense_launch(const QueryArgs& q, const DenseRows& rows, const Partials& par
 
 }  // namespace
 
-bool supported_head_dim(int D) { return D == 64 || D == 128; }
-bool supported_bits(int bits) { return bits == 2 || bits == 4 || bits == 8; }
-
-int packed_splits(const QueryArgs& q, int n_groups, int sm_count, int bits) {
-  int resident = 2;
-#define KVSLIM_RES_CASE(B, DD) \
-  if (bits == B && q.D == DD) resident = packed_resident<B, DD>();
-  KVSLIM_RES_CASE(2, 64) KVSLIM_RES_CASE(4, 64) KVSLIM_RES_CASE(8, 64)
-  KVSLIM_RES_CASE(2, 128) KVSLIM_RES_CASE(4, 128) KVSLIM_RES_CASE(8, 128)
-#undef KVSLIM_RES_CASE
-  return splits_for(q, n_groups, sm_count, resident);
-}
 int dense_splits(const QueryArgs& q, int n_rows, int sm_count, DenseType type) {
   int resident = 2;
   const bool bf = type == DenseType::bf16;
   if (q.D == 64) resident = bf ? dense_resident<DenseType::bf16, 64>() : dense_resident<DenseType::f16, 64>();
   if (q.D == 128) resident = bf ? dense_resident<DenseType::bf16, 128>() : dense_resident<DenseType::f16, 128>();
   return splits_for(q, (n_rows + 15) / 16, sm_count, resident);
-}
-
-void launch_packed(const QueryArgs& q, const PackedRows& rows, const Partials& parts, int part_base, int splits,
-                   cudaStream_t stream) {
-  if (splits <= 0) return;
-#define KVSLIM_PACKED_CASE(B, DD) \
-  if (rows.bits == B && q.D == DD) return packed_launch<B, DD>(q, rows, parts, part_base, splits, stream);
-  KVSLIM_PACKED_CASE(2, 64) KVSLIM_PACKED_CASE(4, 64) KVSLIM_PACKED_CASE(8, 64)
-  KVSLIM_PACKED_CASE(2, 128) KVSLIM_PACKED_CASE(4, 128) KVSLIM_PACKED_CASE(8, 128)
-#undef KVSLIM_PACKED_CASE
-  throw InputError("cuda attend: no kernel for " + std::to_string(rows.bits) + "-bit codes at head_dim " +
-                   std::to_string(q.D) + " (bits 2/4/8, head_dim 64/128)");
 }
 
 void launch_dense(const QueryArgs& q, const DenseRows& rows, const Partials& parts, int part_base, int splits,
@@ -681,7 +405,10 @@ void launch_dense(const QueryArgs& q, const DenseRows& rows, const Partials& par
 
 void launch_combine(const QueryArgs& q, const Partials& parts, int n_parts, float* out, float* final_ml,
                     cudaStream_t stream) {
-  combine_kernel<<<q.tiles() * q.B * q.Hkv, 128, 0, stream>>>(q, parts, n_parts, out, final_ml);
+  const long long ctas = static_cast<long long>(q.tiles()) * q.B * q.Hkv * kTileRows;
+  const int smem = std::max(n_parts, 1) * static_cast<int>(sizeof(float));
+  if (smem > 48 * 1024) throw InputError("cuda attend: " + std::to_string(n_parts) + " splits to merge (at most 12288)");
+  combine_kernel<<<static_cast<unsigned>(ctas), q.D, smem, stream>>>(q, parts, n_parts, out, final_ml);
   KVSLIM_CUDA_LAUNCHED("combine_kernel");
 }
 

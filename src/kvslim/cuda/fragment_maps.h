@@ -3,11 +3,12 @@
 // host test that emulates a warp's mma to check every map (tests/kvslim/fragment_maps_test.cc), so
 // the permutations are checked on any machine.
 #pragma once
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "kvslim/dtype.h"
 #ifdef __CUDACC__
-#include <cuda_fp16.h>
 #define KVSLIM_MAP_FN __host__ __device__ __forceinline__
 #else
 #define KVSLIM_MAP_FN inline
@@ -27,67 +28,86 @@ KVSLIM_MAP_FN std::uint32_t prmt(std::uint32_t a, std::uint32_t b, std::uint32_t
 #endif
 }
 
-// Two codes (bits 0.. and 16.. of x after masking) as the fp16 pair (c0, c1): 1024 + c is exact in
-// fp16 for c < 1024, so OR-ing the code into 0x6400 and subtracting 1024 converts without I2F.
-KVSLIM_MAP_FN std::uint32_t codes_to_half2(std::uint32_t x_masked) {
-#ifdef __CUDA_ARCH__
-  const std::uint32_t biased = x_masked | 0x64006400u;
-  const __half2 v = __hsub2(*reinterpret_cast<const __half2*>(&biased), __half2(__half(1024.0f), __half(1024.0f)));
-  return *reinterpret_cast<const std::uint32_t*>(&v);
-#else
-  const float lo = fp16_to_f32(static_cast<std::uint16_t>((x_masked & 0xffffu) | 0x6400u)) - 1024.f;
-  const float hi = fp16_to_f32(static_cast<std::uint16_t>((x_masked >> 16) | 0x6400u)) - 1024.f;
-  return static_cast<std::uint32_t>(f32_to_fp16(lo)) | (static_cast<std::uint32_t>(f32_to_fp16(hi)) << 16);
-#endif
-}
-
 // ---------------------------------------------------------------------------------------------
-// Channel maps. A lane's share of a row, and which channel each half of each register holds.
-
-// kivi keys (B operand, lane t): bytes [t*RB/4, (t+1)*RB/4) of the packed row. Pair p = (word wi,
-// code slot j, byte h); element e: channel i0 + h + 2e + j*RB with i0 = t*RB/4 + 4*wi (the CPU's
-// plane layout: byte i holds channels i, i+RB, i+2RB, ... at bit offsets 0, bits, ...).
+// kivi codes through the int8 tensor cores (mma.m16n8k32: u8 codes times an s8 operand, s32 sums).
+// The CPU's plane layout: byte i of a packed row of RB bytes holds channels i + j*RB (plane j) at
+// bit offset j*BITS, so masking a 32-bit word of the row with one plane's bits gives four
+// consecutive channels as four u8 codes -- an mma register as it is, no conversion.
+//
+// Keys are the A operand (rows = tokens): lane t reads bytes [t*RB/4, (t+1)*RB/4) of a token's row
+// (KW words); key register r = (plane r / KW, word r % KW) holds channels key_channel(r, 0..3, t),
+// and is k-step r / 2, slot r % 2 (slot 0 = k 4t..4t+3, slot 1 = k 16+4t..16+4t+3).
+// Values are the A operand too (rows = channels, k = tokens): lane g reads bytes
+// [g*BPLV, (g+1)*BPLV) of each of its 4 tokens, the bytes are transposed so that a register holds one
+// byte position of the 4 tokens, and value register i = channel value_channel(i, g); m-tile i / 2,
+// row g (i even) or g + 8 (i odd).
 template <int BITS, int D>
-struct PackedMap {
-  static constexpr int RB = D * BITS / 8;    // packed row bytes
-  static constexpr int NJ = 8 / BITS;        // codes per byte
-  static constexpr int KW = RB / 16;         // key words per lane
-  static constexpr int BPLV = RB / 8;        // value bytes per lane (lane g of a token row)
-  static constexpr int VW = BPLV >= 4 ? BPLV / 4 : 1;
-  static constexpr int XI = BPLV >= 4 ? 2 : 1;
-  static constexpr std::uint32_t MASK2 = BITS == 8 ? 0u : ((1u << BITS) - 1u) * 0x00010001u;
+struct CodeMap {
+  static constexpr int RB = D * BITS / 8;   // packed row bytes
+  static constexpr int NJ = 8 / BITS;       // planes (codes per byte)
+  static constexpr int KW = RB / 16;        // key words per lane and token
+  static constexpr int NR = KW * NJ;        // key registers per token (= D / 16)
+  static constexpr int KS = D / 32;         // k-steps of the key product
+  static constexpr int BPLV = RB / 8;       // value bytes per lane and token
+  static constexpr int NWV = BPLV >= 4 ? BPLV / 4 : 1;  // value words per lane and token
+  static constexpr int NC = BPLV * NJ;      // value channels per lane (= D / 8)
+  static constexpr std::uint32_t MASK = BITS == 8 ? 0xffffffffu : ((1u << BITS) - 1u) * 0x01010101u;
+  static_assert(NR == D / 16 && NC == D / 8 && KW >= 1, "head_dim 64 or 128 with 2, 4 or 8 bits");
 
-  KVSLIM_MAP_FN static int key_channel(int p, int e, int t) {
-    const int pw = 2 * NJ, wi = p / pw, r = p % pw, j = r / 2, h = r % 2;
-    return t * (RB / 4) + 4 * wi + h + 2 * e + j * RB;
-  }
-  // Register of pair p from the lane's key words.
-  KVSLIM_MAP_FN static std::uint32_t key_b(const std::uint32_t* w, int p) {
-    const int pw = 2 * NJ, wi = p / pw, r = p % pw, j = r / 2, h = r % 2;
-    if constexpr (BITS == 8) {
-      return codes_to_half2(prmt(w[wi], 0u, h ? 0x4341u : 0x4240u));
-    } else {
-      return codes_to_half2((w[wi] >> (8 * h + j * BITS)) & MASK2);
-    }
-  }
-  // Values (B operand, lane g = channel group n): bytes [n*BPLV, (n+1)*BPLV) of each token row.
-  // n-tile nt = ((wi * XI + xi) * 2 + h) * NJ + j; channel n*BPLV + 4wi + 2xi + h + j*RB.
-  KVSLIM_MAP_FN static int value_channel(int nt, int n) {
-    const int j = nt % NJ, h = (nt / NJ) % 2, xi = (nt / (2 * NJ)) % XI, wi = nt / (2 * NJ * XI);
-    return n * BPLV + 4 * wi + 2 * xi + h + j * RB;
-  }
-  // (token a, token b) codes of n-tile nt as an fp16 pair, from the two tokens' words.
-  KVSLIM_MAP_FN static std::uint32_t value_b(const std::uint32_t* wa, const std::uint32_t* wb, int nt) {
-    const int j = nt % NJ, h = (nt / NJ) % 2, xi = (nt / (2 * NJ)) % XI, wi = nt / (2 * NJ * XI);
-    const std::uint32_t x = prmt(wa[wi], wb[wi], xi ? 0x7632u : 0x5410u);  // [a_k, a_k+1, b_k, b_k+1]
-    if constexpr (BITS == 8) {
-      return codes_to_half2(prmt(x, 0u, h ? 0x4341u : 0x4240u));
-    } else {
-      return codes_to_half2((x >> (8 * h + j * BITS)) & MASK2);
-    }
+  KVSLIM_MAP_FN static int key_channel(int r, int e, int t) { return (r / KW) * RB + t * (RB / 4) + 4 * (r % KW) + e; }
+  KVSLIM_MAP_FN static std::uint32_t key_reg(const std::uint32_t* w, int r) { return (w[r % KW] >> (BITS * (r / KW))) & MASK; }
+  KVSLIM_MAP_FN static int value_channel(int i, int g) { return (i / BPLV) * RB + g * BPLV + i % BPLV; }
+  // x[b] = byte b of the lane's share of 4 tokens, gathered (gather_quad).
+  KVSLIM_MAP_FN static std::uint32_t value_reg(const std::uint32_t* x, int i) {
+    return (x[i % BPLV] >> (BITS * (i / BPLV))) & MASK;
   }
 };
 
+// ---------------------------------------------------------------------------------------------
+// s8 operands as balanced base-256 digits. round(x * inv) plus 0x808080 (0x8080) has the digits
+// + 128 as its bytes -- adding 128 to every digit of v = 65536 hi + 256 mid + lo (each in
+// [-128, 127]) is adding 0x808080 -- so an FMA with a magic constant, at most one add, byte permutes
+// and one XOR with 0x80808080 per register give the mma's s8 registers.
+
+KVSLIM_MAP_FN std::int32_t float_bits(float f) {
+#ifdef __CUDA_ARCH__
+  return __float_as_int(f);
+#else
+  std::int32_t i;
+  std::memcpy(&i, &f, 4);
+  return i;
+#endif
+}
+
+// round(x * inv) + 0x808080 for |x * inv| <= 2^22 (1.5 * 2^23 leaves the integer in the low bits).
+KVSLIM_MAP_FN std::uint32_t biased_digits3(float x, float inv) {
+  return static_cast<std::uint32_t>(float_bits(fmaf(x, inv, 12582912.f)) - 0x4B400000 + 0x808080);
+}
+// round(x * inv) + 0x8080 in the low 16 bits for 0 <= x * inv <= 2^14 (the bias is in the constant).
+KVSLIM_MAP_FN std::uint32_t biased_digits2(float x, float inv) {
+  return static_cast<std::uint32_t>(float_bits(fmaf(x, inv, 12582912.f + 32896.f)));
+}
+// Digits 0 (lo), 1 (mid), 2 (hi) of four biased values, each as one s8 register.
+KVSLIM_MAP_FN void pack_digits3(std::uint32_t u0, std::uint32_t u1, std::uint32_t u2, std::uint32_t u3,
+                                std::uint32_t& lo, std::uint32_t& mid, std::uint32_t& hi) {
+  const std::uint32_t a = prmt(u0, u1, 0x5140u), b = prmt(u2, u3, 0x5140u);  // bytes 0, 1 interleaved
+  lo = prmt(a, b, 0x5410u) ^ 0x80808080u;
+  mid = prmt(a, b, 0x7632u) ^ 0x80808080u;
+  hi = prmt(prmt(u0, u1, 0x0062u), prmt(u2, u3, 0x0062u), 0x5410u) ^ 0x80808080u;
+}
+
+// x[4 wi + b] = [byte b of word wi of tokens 0, 1, 2, 3] from w0..w3 = the 4 tokens' words wi.
+KVSLIM_MAP_FN void gather_quad(std::uint32_t w0, std::uint32_t w1, std::uint32_t w2, std::uint32_t w3, int bytes,
+                               std::uint32_t* x) {
+  const std::uint32_t a = prmt(w0, w1, 0x5140u), b = prmt(w2, w3, 0x5140u);  // bytes 0, 1 interleaved
+  x[0] = prmt(a, b, 0x5410u);
+  x[1] = prmt(a, b, 0x7632u);
+  if (bytes > 2) {
+    const std::uint32_t c = prmt(w0, w1, 0x7362u), d = prmt(w2, w3, 0x7362u);  // bytes 2, 3
+    x[2] = prmt(c, d, 0x5410u);
+    x[3] = prmt(c, d, 0x7632u);
+  }
+}
 
 // Dense rows. Keys (lane t): 16-byte chunks 4c + t of the row, c < D/32; pair p = 4c + wi holds
 // channels (4c + t)*8 + 2wi + {0, 1} -- the loaded words are the B registers as they are.

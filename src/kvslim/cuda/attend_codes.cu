@@ -1,0 +1,469 @@
+// Split-K attention over kivi codes (keys and values group-quantized per channel over groups of 32
+// rows, bit-packed in the CPU's plane layout) on the int8 tensor cores: the codes go into
+// mma.m16n8k32 as the u8 integers they are, against s8 operands, with exact s32 sums -- the scheme of
+// the CPU's integer kernels (docs/methods.md), so both read the same bytes to the same tolerance.
+//
+//   keys:   q . k = sum_c (q_c scale_c) code_c + sum_c q_c zero_c per group. q' = q * scale is rounded
+//           to 23-bit integers relative to its largest element and split v = 65536 hi + 256 mid + lo
+//           into three s8 columns of the mma (error ~2^-23 of the largest |q'_c|: keys' outlier
+//           channels make that largest element tens of times the rest, which the CPU's two bytes
+//           (2^-15) feel), the codes are the A operand (rows = tokens), and the group's score is
+//           (65536 S_hi + 256 S_mid + S_lo) * max / 2^22 + q . zero.
+//   values: sum_t p_t v_tc = scale_c sum_t p_t code_tc + zero_c sum_t p_t; the group's
+//           probabilities are rounded the same way relative to their largest and split into three s8
+//           columns (two bytes, ~2^-15, let values' outliers show through the small weights); the
+//           codes, transposed in registers, are the A operand (rows = channels).
+//
+// A tile is 8 query vectors, taken as NSUB sub-tiles of 4 (columns: vector n's high and middle bytes
+// in columns 2n, 2n + 1 of one mma, its low bytes in columns 2n and 2n + 1 of a second), so the
+// columns are used when a KV head has 4 query heads
+// (Llama's 32/8) and a decode step needs one sub-tile. Each CTA = 4 warps takes a range of groups of
+// one (tile, b, h); each warp streams its groups global -> shared (cp.async, 2 stages), and keeps
+// query vector t's online softmax and D/8 of its output channels in lane (g, t). The warps merge in
+// shared memory and the CTA writes one partial (attend_shared.cuh); launch_combine merges the splits.
+#include <atomic>
+#include <cfloat>
+#include <cmath>
+
+#include "cuda/attend.h"
+#include "cuda/attend_shared.cuh"
+#include "cuda/fragment_maps.h"
+
+namespace kvslim::cuda {
+namespace {
+
+using namespace attend_detail;
+
+constexpr int kCodeStages = 2;
+constexpr float kOperandRange = 4194304.f;  // q' and P become integers in [-2^22, 2^22]
+
+// C (s32) += A (16 x 32 u8) B (32 x 8 s8).
+__device__ __forceinline__ void imma16832(int (&c)[4], std::uint32_t a0, std::uint32_t a1, std::uint32_t a2,
+                                          std::uint32_t a3, std::uint32_t b0, std::uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// N 32-bit words from shared memory at p (aligned to min(4N, 16) bytes).
+template <int N>
+__device__ __forceinline__ void load_words(const unsigned char* p, std::uint32_t* w) {
+  if constexpr (N % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {
+      const uint4 v = reinterpret_cast<const uint4*>(p)[i];
+      w[4 * i] = v.x;
+      w[4 * i + 1] = v.y;
+      w[4 * i + 2] = v.z;
+      w[4 * i + 3] = v.w;
+    }
+  } else if constexpr (N == 2) {
+    const uint2 v = *reinterpret_cast<const uint2*>(p);
+    w[0] = v.x;
+    w[1] = v.y;
+  } else {
+    w[0] = *reinterpret_cast<const std::uint32_t*>(p);
+  }
+}
+
+__device__ __forceinline__ float max_over(float v, int from, int to) {  // xor lanes from, 2 from, ... < to
+  for (int o = from; o < to; o *= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float sum_over(float v, int from, int to) {
+  for (int o = from; o < to; o *= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+template <int BITS, int D, int NSUB>
+struct CodeShape {
+  using Map = CodeMap<BITS, D>;
+  static constexpr int CODE_BYTES = kGroupRows * Map::RB;
+  static constexpr int PARAM_BYTES = 2 * D * 2;  // scale row + zero row, fp16
+  static constexpr int POS_OFFSET = 2 * CODE_BYTES + 2 * PARAM_BYTES;  // the group's newest position
+  static constexpr int STAGE = POS_OFFSET + 16;
+  static constexpr int PBUF = NSUB * 4 * 3 * kGroupRows;  // P digits [sub][vector][hi, mid, lo][token] (+128)
+  static constexpr int WARP_BYTES = kCodeStages * STAGE + PBUF;
+  static constexpr int RED = kWarps * kTileRows * (D + 2) * 4;
+  static constexpr int SMEM = kWarps * WARP_BYTES > RED ? kWarps * WARP_BYTES : RED;
+  static_assert(STAGE % 16 == 0 && WARP_BYTES % 16 == 0, "stages must be whole 16-byte chunks");
+};
+
+template <int BITS, int D, int NSUB>
+__global__ void __launch_bounds__(kThreads, NSUB == 1 ? (D == 128 ? 4 : 5) : (D == 128 ? 2 : 3)) attend_codes_kernel(QueryArgs a, PackedRows rows, Partials parts,
+                                                                 int part_base, int units_per_split) {
+  using Shape = CodeShape<BITS, D, NSUB>;
+  using Map = typename Shape::Map;
+  constexpr int RB = Map::RB, KW = Map::KW, NR = Map::NR, KS = Map::KS, BPLV = Map::BPLV, NWV = Map::NWV;
+  constexpr int NC = Map::NC, HALF = NR / 2, MT = D / 16;
+  constexpr int CODE_BYTES = Shape::CODE_BYTES, PARAM_BYTES = Shape::PARAM_BYTES, STAGE = Shape::STAGE;
+  extern __shared__ __align__(16) unsigned char smem[];
+
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
+  const int tile = blockIdx.y, bh = blockIdx.z, b = bh / a.Hkv, h = bh % a.Hkv;
+  const long long SG = static_cast<long long>(a.S) * a.G;
+  unsigned char* my = smem + warp * Shape::WARP_BYTES;
+  unsigned char* pbuf = my + kCodeStages * STAGE;
+  // Column g of the mma: vector g / 2 of a sub-tile, part g % 2 (0 = high bytes). The lane builds
+  // q' for key registers [half * HALF, half * HALF + HALF) and trades the other part with lane ^ 4.
+  const int half = g % 2;
+
+  // q (times the logit scale, log2 units) of the vector this lane builds q' for, its half's channels.
+  float qv[NSUB][HALF][4];
+#pragma unroll
+  for (int s = 0; s < NSUB; ++s) {
+    const long long m = static_cast<long long>(tile) * kTileRows + 4 * s + g / 2;
+#pragma unroll
+    for (int i = 0; i < HALF; ++i) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float v = 0.f;
+        if (m < SG) {
+          const long long sq = m / a.G, j = m % a.G;
+          v = a.q[((static_cast<long long>(b) * a.S + sq) * a.Hq + static_cast<long long>(h) * a.G + j) * D +
+                  Map::key_channel(half * HALF + i, e, t)] *
+              a.scale_log2;
+        }
+        qv[s][i][e] = v;
+      }
+    }
+  }
+  // Vector t of each sub-tile: this lane's softmax row and NC of its output channels.
+  float m_run[NSUB], l_run[NSUB], acc[NSUB][NC];
+  bool valid[NSUB];
+  std::int64_t qpos[NSUB];
+  long long vec[NSUB];
+#pragma unroll
+  for (int s = 0; s < NSUB; ++s) {
+    vec[s] = static_cast<long long>(tile) * kTileRows + 4 * s + t;
+    valid[s] = vec[s] < SG;
+    qpos[s] = !valid[s] ? INT64_MIN : a.qpos ? a.qpos[vec[s] / a.G] : a.qpos_inline[vec[s] / a.G];
+    m_run[s] = -INFINITY;
+    l_run[s] = 0.f;
+#pragma unroll
+    for (int i = 0; i < NC; ++i) acc[s][i] = 0.f;
+  }
+  const int seq_limit = a.seq_rows ? a.seq_rows[b] : INT32_MAX;
+
+  const int u_begin = blockIdx.x * units_per_split;
+  const int u_end = min(rows.n_groups, u_begin + units_per_split);
+  const unsigned char* kc_head = rows.k_codes + bh * rows.codes_stride;
+  const unsigned char* vc_head = rows.v_codes + bh * rows.codes_stride;
+  const std::uint16_t* kp_head = rows.k_params + bh * rows.params_stride;
+  const std::uint16_t* vp_head = rows.v_params + bh * rows.params_stride;
+  auto issue = [&](int u, int stage) {
+    unsigned char* dst = my + stage * STAGE;
+    const long long code0 = static_cast<long long>(u) * CODE_BYTES, param0 = static_cast<long long>(u) * 2 * D;
+#pragma unroll
+    for (int i = lane; i < Shape::POS_OFFSET / 16; i += 32) {
+      const int off = i * 16;
+      const unsigned char* src;
+      if (off < CODE_BYTES) {
+        src = kc_head + code0 + off;
+      } else if (off < 2 * CODE_BYTES) {
+        src = vc_head + code0 + (off - CODE_BYTES);
+      } else if (off < 2 * CODE_BYTES + PARAM_BYTES) {
+        src = reinterpret_cast<const unsigned char*>(kp_head + param0) + (off - 2 * CODE_BYTES);
+      } else {
+        src = reinterpret_cast<const unsigned char*>(vp_head + param0) + (off - 2 * CODE_BYTES - PARAM_BYTES);
+      }
+      cp_async16(dst + off, src);
+    }
+    if (lane == 0) cp_async8(dst + Shape::POS_OFFSET, rows.pos + static_cast<long long>(u) * kGroupRows + kGroupRows - 1);
+  };
+
+  const int first = u_begin + warp;
+  const int n_mine = first < u_end ? (u_end - first + kWarps - 1) / kWarps : 0;
+#pragma unroll
+  for (int k = 0; k < kCodeStages - 1; ++k) {
+    if (k < n_mine) issue(first + k * kWarps, k);
+    cp_async_commit();
+  }
+  for (int k = 0; k < n_mine; ++k) {
+    const int ahead = k + kCodeStages - 1;
+    if (ahead < n_mine) issue(first + ahead * kWarps, ahead % kCodeStages);
+    cp_async_commit();
+    cp_async_wait<kCodeStages - 1>();
+    __syncwarp();
+
+    const int u = first + k * kWarps;
+    const unsigned char* buf = my + (k % kCodeStages) * STAGE;
+    const unsigned char* kc = buf;
+    const unsigned char* vc = buf + CODE_BYTES;
+    const __half* kp = reinterpret_cast<const __half*>(buf + 2 * CODE_BYTES);
+    const __half* vp = reinterpret_cast<const __half*>(buf + 2 * CODE_BYTES + PARAM_BYTES);
+
+    // 1. The s8 columns of q' = q * key scale (bq: high / middle bytes, bl: low bytes), their scale
+    //    and q . zero (of vector t, into lane (g, t)).
+    std::uint32_t bq[NSUB][NR], bl[NSUB][NR];
+    float qscale[NSUB], bias[NSUB];
+    {
+      float ksc[HALF][4], kzr[HALF][4];
+#pragma unroll
+      for (int i = 0; i < HALF; ++i) {
+        const int c0 = Map::key_channel(half * HALF + i, 0, t);
+        const uint2 sw = *reinterpret_cast<const uint2*>(kp + c0), zw = *reinterpret_cast<const uint2*>(kp + D + c0);
+        const float2 s01 = __half22float2(*reinterpret_cast<const __half2*>(&sw.x));
+        const float2 s23 = __half22float2(*reinterpret_cast<const __half2*>(&sw.y));
+        const float2 z01 = __half22float2(*reinterpret_cast<const __half2*>(&zw.x));
+        const float2 z23 = __half22float2(*reinterpret_cast<const __half2*>(&zw.y));
+        ksc[i][0] = s01.x, ksc[i][1] = s01.y, ksc[i][2] = s23.x, ksc[i][3] = s23.y;
+        kzr[i][0] = z01.x, kzr[i][1] = z01.y, kzr[i][2] = z23.x, kzr[i][3] = z23.y;
+      }
+#pragma unroll
+      for (int s = 0; s < NSUB; ++s) {
+        float qp[HALF][4];
+        float amax = 0.f, qz = 0.f;
+#pragma unroll
+        for (int i = 0; i < HALF; ++i) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            qp[i][e] = qv[s][i][e] * ksc[i][e];
+            amax = fmaxf(amax, fabsf(qp[i][e]));
+            qz = fmaf(qv[s][i][e], kzr[i][e], qz);
+          }
+        }
+        amax = max_over(amax, 1, 8);  // the 4 t lanes and the other half: the whole vector
+        qz = sum_over(qz, 1, 8);
+        const float inv = amax > 0.f ? kOperandRange / amax : 0.f;
+#pragma unroll
+        for (int i = 0; i < HALF; ++i) {
+          std::uint32_t lw, mw, hw;
+          pack_digits3(biased_digits3(qp[i][0], inv), biased_digits3(qp[i][1], inv), biased_digits3(qp[i][2], inv),
+                       biased_digits3(qp[i][3], inv), lw, mw, hw);
+          const std::uint32_t mine = half ? mw : hw, other = half ? hw : mw;
+          const std::uint32_t recv = __shfl_xor_sync(0xffffffffu, other, 4);
+          const std::uint32_t recv_lo = __shfl_xor_sync(0xffffffffu, lw, 4);
+          bq[s][i] = half ? recv : mine;
+          bq[s][HALF + i] = half ? mine : recv;
+          bl[s][i] = half ? recv_lo : lw;
+          bl[s][HALF + i] = half ? lw : recv_lo;
+        }
+        qscale[s] = __shfl_sync(0xffffffffu, amax / kOperandRange, 8 * t);  // lanes g = 2t built vector t
+        bias[s] = __shfl_sync(0xffffffffu, qz, 8 * t);
+      }
+    }
+
+    // 2. Scores of tokens 16 mt + g (+ 8): keys as the A operand, q' columns as B.
+    float sc[NSUB][2][2];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+      std::uint32_t w0[KW], w1[KW];
+      load_words<KW>(kc + (16 * mt + g) * RB + t * (RB / 4), w0);
+      load_words<KW>(kc + (16 * mt + g + 8) * RB + t * (RB / 4), w1);
+      int c[NSUB][4], cl[NSUB][4];
+#pragma unroll
+      for (int s = 0; s < NSUB; ++s) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) c[s][e] = cl[s][e] = 0;
+      }
+#pragma unroll
+      for (int ks = 0; ks < KS; ++ks) {
+        const std::uint32_t a0 = Map::key_reg(w0, 2 * ks), a1 = Map::key_reg(w1, 2 * ks);
+        const std::uint32_t a2 = Map::key_reg(w0, 2 * ks + 1), a3 = Map::key_reg(w1, 2 * ks + 1);
+#pragma unroll
+        for (int s = 0; s < NSUB; ++s) {
+          imma16832(c[s], a0, a1, a2, a3, bq[s][2 * ks], bq[s][2 * ks + 1]);
+          imma16832(cl[s], a0, a1, a2, a3, bl[s][2 * ks], bl[s][2 * ks + 1]);
+        }
+      }
+      // c: (token, column 2t) = high, (token, 2t + 1) = middle sums of vector t; cl: low sums (twice).
+#pragma unroll
+      for (int s = 0; s < NSUB; ++s) {
+#pragma unroll
+        for (int rh = 0; rh < 2; ++rh) {
+          const float sum = fmaf(static_cast<float>(c[s][2 * rh]), 65536.f,
+                                 fmaf(static_cast<float>(c[s][2 * rh + 1]), 256.f, static_cast<float>(cl[s][2 * rh])));
+          sc[s][mt][rh] = fmaf(sum, qscale[s], bias[s]);
+        }
+      }
+    }
+
+    // 3. Online softmax of vector t over the group; P's three digits per vector into pbuf.
+    const long long row0 = rows.row_offset + static_cast<long long>(u) * kGroupRows;
+    const std::int64_t* upos = rows.pos + static_cast<long long>(u) * kGroupRows;
+    const std::int64_t newest = *reinterpret_cast<const std::int64_t*>(buf + Shape::POS_OFFSET);
+    float psum[NSUB], pq[NSUB];
+#pragma unroll
+    for (int s = 0; s < NSUB; ++s) {
+      const bool check_pos = newest > qpos[s];
+      float mx = -INFINITY;
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+        for (int rh = 0; rh < 2; ++rh) {
+          const int tok = 16 * mt + g + 8 * rh;
+          const long long row = row0 + tok;
+          bool keep = valid[s] && row < seq_limit;
+          if (keep && check_pos) keep = upos[tok] <= qpos[s];
+          const float v = keep ? sc[s][mt][rh] : -INFINITY;
+          if (a.logits && valid[s]) a.logits[(static_cast<long long>(bh) * SG + vec[s]) * a.rows_total + row] = v;
+          sc[s][mt][rh] = v;
+          mx = fmaxf(mx, v);
+        }
+      }
+      mx = max_over(mx, 4, 32);  // the 8 g lanes of vector t
+      const float m_new = fmaxf(m_run[s], mx);
+      const float msub = m_new == -INFINITY ? 0.f : m_new;
+      const float alpha = exp2f(m_run[s] - msub);
+      float ps = 0.f;
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+        for (int rh = 0; rh < 2; ++rh) {
+          sc[s][mt][rh] = exp2f(sc[s][mt][rh] - msub);
+          ps += sc[s][mt][rh];
+        }
+      }
+      ps = sum_over(ps, 4, 32);
+      l_run[s] = l_run[s] * alpha + ps;
+      m_run[s] = m_new;
+      psum[s] = ps;
+      if (__any_sync(0xffffffffu, alpha != 1.f)) {
+#pragma unroll
+        for (int i = 0; i < NC; ++i) acc[s][i] *= alpha;
+      }
+      const float pmax = mx == -INFINITY ? 0.f : exp2f(mx - msub);
+      const float pinv = pmax > 0.f ? kOperandRange / pmax : 0.f;
+      pq[s] = pmax / kOperandRange;
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+        for (int rh = 0; rh < 2; ++rh) {
+          const int tok = 16 * mt + g + 8 * rh;
+          const std::uint32_t u = biased_digits3(sc[s][mt][rh], pinv);  // bytes: lo, mid, hi (+ 128)
+          unsigned char* col = pbuf + (s * 4 + t) * 3 * kGroupRows + tok;
+          col[0] = static_cast<unsigned char>(u >> 16);
+          col[kGroupRows] = static_cast<unsigned char>(u >> 8);
+          col[2 * kGroupRows] = static_cast<unsigned char>(u);
+        }
+      }
+    }
+    __syncwarp();
+
+    // 4. Values: the codes of tokens 4t.. and 16+4t.. transposed into A (rows = channels), P as B.
+    std::uint32_t pb[NSUB][2], pl[NSUB][2];  // column g: high (g even) / middle digits; low digits
+#pragma unroll
+    for (int s = 0; s < NSUB; ++s) {
+      const unsigned char* vcols = pbuf + (s * 4 + g / 2) * 3 * kGroupRows;
+      const unsigned char* col = vcols + half * kGroupRows;
+      const unsigned char* low = vcols + 2 * kGroupRows;
+      pb[s][0] = *reinterpret_cast<const std::uint32_t*>(col + 4 * t) ^ 0x80808080u;  // biased -> s8
+      pb[s][1] = *reinterpret_cast<const std::uint32_t*>(col + 16 + 4 * t) ^ 0x80808080u;
+      pl[s][0] = *reinterpret_cast<const std::uint32_t*>(low + 4 * t) ^ 0x80808080u;
+      pl[s][1] = *reinterpret_cast<const std::uint32_t*>(low + 16 + 4 * t) ^ 0x80808080u;
+    }
+    std::uint32_t x[2][4 * NWV];
+#pragma unroll
+    for (int quad = 0; quad < 2; ++quad) {
+      const unsigned char* tokp = vc + (16 * quad + 4 * t) * RB + g * BPLV;
+      std::uint32_t w[4][NWV];  // the lane's share of each of the quad's 4 tokens
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        if constexpr (BPLV >= 4) {
+          load_words<NWV>(tokp + i * RB, w[i]);
+        } else {
+          w[i][0] = *reinterpret_cast<const std::uint16_t*>(tokp + i * RB);
+        }
+      }
+#pragma unroll
+      for (int wi = 0; wi < NWV; ++wi) {
+        gather_quad(w[0][wi], w[1][wi], w[2][wi], w[3][wi], BPLV >= 4 ? 4 : BPLV, x[quad] + 4 * wi);
+      }
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      const std::uint32_t a0 = Map::value_reg(x[0], 2 * mt), a1 = Map::value_reg(x[0], 2 * mt + 1);
+      const std::uint32_t a2 = Map::value_reg(x[1], 2 * mt), a3 = Map::value_reg(x[1], 2 * mt + 1);
+      const int ch = Map::value_channel(2 * mt, g);  // and ch + 1 (the next byte of the same plane)
+      const float2 vs = __half22float2(*reinterpret_cast<const __half2*>(vp + ch));
+      const float2 vz = __half22float2(*reinterpret_cast<const __half2*>(vp + D + ch));
+#pragma unroll
+      for (int s = 0; s < NSUB; ++s) {
+        int c[4] = {0, 0, 0, 0}, cl[4] = {0, 0, 0, 0};
+        imma16832(c, a0, a1, a2, a3, pb[s][0], pb[s][1]);
+        imma16832(cl, a0, a1, a2, a3, pl[s][0], pl[s][1]);
+        const float f0 = fmaf(static_cast<float>(c[0]), 65536.f, fmaf(static_cast<float>(c[1]), 256.f, static_cast<float>(cl[0]))) * pq[s];
+        const float f1 = fmaf(static_cast<float>(c[2]), 65536.f, fmaf(static_cast<float>(c[3]), 256.f, static_cast<float>(cl[2]))) * pq[s];
+        acc[s][2 * mt] = fmaf(f0, vs.x, fmaf(vz.x, psum[s], acc[s][2 * mt]));
+        acc[s][2 * mt + 1] = fmaf(f1, vs.y, fmaf(vz.y, psum[s], acc[s][2 * mt + 1]));
+      }
+    }
+    __syncwarp();  // pbuf and this stage are written again next
+  }
+  cp_async_wait<0>();
+
+  __syncthreads();  // every warp is done with its stages: the memory becomes the merge scratch
+  float* red = reinterpret_cast<float*>(smem);
+  float* red_ml = red + kWarps * kTileRows * D;
+#pragma unroll
+  for (int s = 0; s < NSUB; ++s) {
+    const int row = 4 * s + t;
+#pragma unroll
+    for (int i = 0; i < NC; ++i) red[(warp * kTileRows + row) * D + Map::value_channel(i, g)] = acc[s][i];
+    if (g == 0) {
+      red_ml[(warp * kTileRows + row) * 2] = m_run[s];
+      red_ml[(warp * kTileRows + row) * 2 + 1] = l_run[s];
+    }
+  }
+  __syncthreads();
+  merge_warps<D>(a, tile, bh, red, parts, part_base + blockIdx.x);
+}
+
+template <int BITS, int D, int NSUB>
+int codes_resident() {
+  static const int n = [] {
+    set_smem_always(attend_codes_kernel<BITS, D, NSUB>, CodeShape<BITS, D, NSUB>::SMEM);
+    return resident_ctas(attend_codes_kernel<BITS, D, NSUB>, CodeShape<BITS, D, NSUB>::SMEM);
+  }();
+  return n;
+}
+
+template <int BITS, int D, int NSUB>
+void codes_launch(const QueryArgs& q, const PackedRows& rows, const Partials& parts, int part_base, int splits,
+                  cudaStream_t stream) {
+  constexpr int smem = CodeShape<BITS, D, NSUB>::SMEM;
+  auto kernel = attend_codes_kernel<BITS, D, NSUB>;
+  static std::atomic<unsigned long long> done{0};
+  set_smem(kernel, smem, done);
+  const int per = (rows.n_groups + splits - 1) / splits;
+  kernel<<<dim3(splits, q.tiles(), q.B * q.Hkv), kThreads, smem, stream>>>(q, rows, parts, part_base, per);
+  KVSLIM_CUDA_LAUNCHED("attend_codes_kernel");
+}
+
+// One sub-tile when a step's query vectors fit in 4 (decode with up to 4 query heads per KV head).
+bool one_subtile(const QueryArgs& q) { return static_cast<long long>(q.S) * q.G <= 4; }
+
+}  // namespace
+
+bool supported_head_dim(int D) { return D == 64 || D == 128; }
+bool supported_bits(int bits) { return bits == 2 || bits == 4 || bits == 8; }
+
+int packed_splits(const QueryArgs& q, int n_groups, int sm_count, int bits) {
+  int resident = 2;
+  const bool one = one_subtile(q);
+#define KVSLIM_RES_CASE(B, DD) \
+  if (bits == B && q.D == DD) resident = one ? codes_resident<B, DD, 1>() : codes_resident<B, DD, 2>();
+  KVSLIM_RES_CASE(2, 64) KVSLIM_RES_CASE(4, 64) KVSLIM_RES_CASE(8, 64)
+  KVSLIM_RES_CASE(2, 128) KVSLIM_RES_CASE(4, 128) KVSLIM_RES_CASE(8, 128)
+#undef KVSLIM_RES_CASE
+  return splits_for(q, n_groups, sm_count, resident);
+}
+
+void launch_packed(const QueryArgs& q, const PackedRows& rows, const Partials& parts, int part_base, int splits,
+                   cudaStream_t stream) {
+  if (splits <= 0) return;
+  const bool one = one_subtile(q);
+#define KVSLIM_PACKED_CASE(B, DD)                                                             \
+  if (rows.bits == B && q.D == DD) {                                                          \
+    return one ? codes_launch<B, DD, 1>(q, rows, parts, part_base, splits, stream)            \
+               : codes_launch<B, DD, 2>(q, rows, parts, part_base, splits, stream);           \
+  }
+  KVSLIM_PACKED_CASE(2, 64) KVSLIM_PACKED_CASE(4, 64) KVSLIM_PACKED_CASE(8, 64)
+  KVSLIM_PACKED_CASE(2, 128) KVSLIM_PACKED_CASE(4, 128) KVSLIM_PACKED_CASE(8, 128)
+#undef KVSLIM_PACKED_CASE
+  throw InputError("cuda attend: no kernel for " + std::to_string(rows.bits) + "-bit codes at head_dim " +
+                   std::to_string(q.D) + " (bits 2/4/8, head_dim 64/128)");
+}
+
+}  // namespace kvslim::cuda

@@ -1,0 +1,86 @@
+// Pieces the attention kernels share (attend.cu: dense rows, combine; attend_codes.cu: kivi codes):
+// the CTA shape, the merge of a CTA's warps into one partial, and the launch arithmetic (shared
+// memory limits, occupancy, splits).
+#pragma once
+#include <algorithm>
+#include <atomic>
+#include <cfloat>
+#include <cmath>
+
+#include "cuda/attend.h"
+
+namespace kvslim::cuda::attend_detail {
+
+constexpr int kWarps = 4;  // a CTA: 4 warps, each streaming its own units of rows
+constexpr int kThreads = 32 * kWarps;
+
+// red = [kWarps][kTileRows][D] unnormalised accumulators, then [kWarps][kTileRows][2] (max, sum),
+// filled by the kernel's warps -> one partial (the warps' online-softmax states merged). Only the
+// tile's rows that exist (query vectors < S * G) are read and written.
+template <int D>
+__device__ void merge_warps(const QueryArgs& a, int tile, int bh, const float* red, const Partials& parts, int part) {
+  const float* red_acc = red;
+  const float* red_ml = red + kWarps * kTileRows * D;
+  const long long tiles = a.tiles(), BH = static_cast<long long>(a.B) * a.Hkv;
+  const long long base = ((static_cast<long long>(part) * tiles + tile) * BH + bh) * kTileRows;
+  const long long left = static_cast<long long>(a.S) * a.G - static_cast<long long>(tile) * kTileRows;
+  const int rows = left < kTileRows ? static_cast<int>(left) : kTileRows;
+  for (int i = threadIdx.x; i < rows * D; i += kThreads) {
+    const int row = i / D, c = i % D;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, red_ml[(w * kTileRows + row) * 2]);
+    float A = 0.f, L = 0.f;
+    if (M != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float mw = red_ml[(w * kTileRows + row) * 2];
+        const float f = mw == -INFINITY ? 0.f : exp2f(mw - M);
+        A += f * red_acc[(w * kTileRows + row) * D + c];
+        L += f * red_ml[(w * kTileRows + row) * 2 + 1];
+      }
+    }
+    parts.acc[(base + row) * D + c] = A;
+    if (c == 0) {
+      parts.ml[(base + row) * 2] = M;
+      parts.ml[(base + row) * 2 + 1] = L;
+    }
+  }
+}
+
+template <typename Kernel>
+void set_smem_always(Kernel k, int bytes) {
+  KVSLIM_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+}
+
+// Raises a kernel's dynamic shared-memory limit once per process and device (the launch path
+// stays a launch). `done` is the caller's own flag word: one per kernel instantiation.
+template <typename Kernel>
+void set_smem(Kernel k, int bytes, std::atomic<unsigned long long>& done) {
+  int device = 0;
+  KVSLIM_CUDA_CHECK(cudaGetDevice(&device));
+  const unsigned long long bit = device < 64 ? 1ull << device : 0;
+  if (bit != 0 && (done.load(std::memory_order_acquire) & bit)) return;
+  set_smem_always(k, bytes);
+  done.fetch_or(bit, std::memory_order_acq_rel);
+}
+
+template <typename Kernel>
+int resident_ctas(Kernel k, int smem) {
+  int n = 0;
+  KVSLIM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, kThreads, smem));
+  return n;
+}
+
+// Splits so that the grid is one full wave of resident CTAs (`resident` per SM, from the kernel's
+// occupancy): fewer leave SMs idle at small batch, more add a partial second wave.
+inline int splits_for(const QueryArgs& q, int units, int sm_count, int resident) {
+  if (units <= 0) return 0;
+  const long long ctas = static_cast<long long>(q.tiles()) * q.B * q.Hkv;
+  const long long wave = static_cast<long long>(sm_count) * std::max(resident, 1);
+  const long long want = std::max(1LL, wave / ctas);
+  const long long most = (units + 2 * kWarps - 1) / (2 * kWarps);  // >= 2 units a warp
+  return static_cast<int>(std::max(1LL, std::min(want, most)));
+}
+
+}  // namespace kvslim::cuda::attend_detail
