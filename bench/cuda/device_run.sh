@@ -7,7 +7,7 @@
 #
 #   bash bench/cuda/device_run.sh [quick|mid|all] [profile]
 #     quick: batch 1, 8 at 32k (D 128); mid: batch 1, 8, 32 at 32k and 128k (D 128); all: every shape
-#     profile: also ncu (B=8, 32k, D=128) into ncu_<cache>.txt
+#     profile: also ncu on one launch (32k, D=128: kivi2 at batch 8, full at batch 1) into ncu_<cache>.txt
 set -u
 OUT=${OUT:-/tmp/kvslim-device-out}
 MODE=${1:-all}
@@ -16,8 +16,8 @@ export LD_LIBRARY_PATH="$PWD/devbin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 [ -f devbin/kvslim.xz ] && xz -dkf devbin/kvslim.xz
 chmod +x devbin/kvslim devbin/cuda_tests
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv; nvcc --version | tail -2;
-  python3 -c 'import torch; print("torch", torch.__version__)'; } > "$OUT"/machine.txt 2>&1
-timeout 150 devbin/cuda_tests 2>&1 | grep -v "^\[       OK\|^\[ RUN" | tail -c 60000 > "$OUT"/tests.txt
+  python3 -c 'import torch; print("torch", torch.__version__)'; } > "$OUT"/tests.txt 2>&1
+timeout 150 devbin/cuda_tests 2>&1 | grep -v "^\[       OK\|^\[ RUN" | tail -c 60000 >> "$OUT"/tests.txt
 echo "tests exit: ${PIPESTATUS[0]}" >> "$OUT"/tests.txt
 SAN="CudaAttend.ZeroQueryAndFlatGroups:CudaAttend.BatchWithOwnLengthsAtTheKernelLevel:CudaCache.*:CudaKivi.*"
 { timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 devbin/cuda_tests --gtest_filter="$SAN" 2>&1 | tail -n 25
@@ -32,10 +32,11 @@ BENCH_TIMEOUT=300
 timeout $BENCH_TIMEOUT devbin/kvslim bench attend --device cuda $BENCH_ARGS --json "$OUT"/attend_cuda.json > "$OUT"/attend_cuda.txt 2>&1
 timeout $BENCH_TIMEOUT python3 bench/cuda/sdpa_bench.py --kvslim "$OUT"/attend_cuda.json --json "$OUT"/sdpa.json > "$OUT"/compare.txt 2>&1
 if [ "${2:-}" = profile ]; then
-  for c in kivi2; do
+  for cb in kivi2:8 full:1; do
+    c=${cb%:*}; b=${cb#*:}
     timeout 60 ncu --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
       --section SchedulerStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section InstructionStats \
-      -k regex:attend_ -c 1 devbin/kvslim bench attend --device cuda --batch 8 --context 32768 --head-dim 128 \
+      -k regex:attend_ -c 1 devbin/kvslim bench attend --device cuda --batch $b --context 32768 --head-dim 128 \
       --cache $c --repeats 1 > "$OUT"/ncu_$c.txt 2>&1
   done
 fi

@@ -168,6 +168,7 @@ __global__ void __launch_bounds__(kThreads) attend_dense_kernel(QueryArgs a, Den
   float* q_s = reinterpret_cast<float*>(smem);
   unsigned char* stages = smem + kTileRows * D * sizeof(float);
 
+  pdl_launch_dependents();  // the merge may launch; it waits for this kernel before reading
   const TileRows r = tile_rows(a);
   load_queries<D>(a, r, q_s);
   __syncthreads();
@@ -286,6 +287,7 @@ __global__ void __launch_bounds__(kThreads) attend_dense_kernel(QueryArgs a, Den
   }
   cp_async_wait<0>();
   write_partial<D, Map>(a, r, st, reinterpret_cast<float*>(stages), parts, part_base + blockIdx.x);
+  pdl_wait();  // launched early after the codes kernel: finish after it (the merge waits for this one)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -302,6 +304,7 @@ __global__ void combine_kernel(QueryArgs a, Partials parts, int n_parts, float* 
   const int tile = static_cast<int>((blockIdx.x / kTileRows) % tiles);
   const long long bh = blockIdx.x / kTileRows / tiles;
   const long long m = static_cast<long long>(tile) * kTileRows + row;
+  pdl_wait();  // the partials of the kernels before
   if (m >= static_cast<long long>(a.S) * a.G) return;  // the whole CTA
   const auto slot = [&](int p) { return ((static_cast<long long>(p) * tiles + tile) * BH + bh) * kTileRows + row; };
   if (threadIdx.x < 32) {
@@ -378,8 +381,8 @@ void dense_launch(const QueryArgs& q, const DenseRows& rows, const Partials& par
   set_smem(kernel, smem, done);
   const int units = (rows.n_rows + 15) / 16;
   const int per = (units + splits - 1) / splits;
-  kernel<<<dim3(splits, q.tiles(), q.B * q.Hkv), kThreads, smem, stream>>>(q, rows, parts, part_base, per);
-  KVSLIM_CUDA_LAUNCHED("attend_dense_kernel");
+  launch_dependent(kernel, dim3(splits, q.tiles(), q.B * q.Hkv), dim3(kThreads), smem, stream, q, rows, parts,
+                   part_base, per);
 }
 
 }  // namespace
@@ -408,8 +411,8 @@ void launch_combine(const QueryArgs& q, const Partials& parts, int n_parts, floa
   const long long ctas = static_cast<long long>(q.tiles()) * q.B * q.Hkv * kTileRows;
   const int smem = std::max(n_parts, 1) * static_cast<int>(sizeof(float));
   if (smem > 48 * 1024) throw InputError("cuda attend: " + std::to_string(n_parts) + " splits to merge (at most 12288)");
-  combine_kernel<<<static_cast<unsigned>(ctas), q.D, smem, stream>>>(q, parts, n_parts, out, final_ml);
-  KVSLIM_CUDA_LAUNCHED("combine_kernel");
+  launch_dependent(combine_kernel, dim3(static_cast<unsigned>(ctas)), dim3(q.D), smem, stream, q, parts, n_parts, out,
+                   final_ml);
 }
 
 void launch_probs(const QueryArgs& q, const float* final_ml, float* probs, cudaStream_t stream) {

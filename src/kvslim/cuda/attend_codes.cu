@@ -99,6 +99,7 @@ __global__ void __launch_bounds__(kThreads, NSUB == 1 ? (D == 128 ? 4 : 5) : (D 
   constexpr int CODE_BYTES = Shape::CODE_BYTES, PARAM_BYTES = Shape::PARAM_BYTES, STAGE = Shape::STAGE;
   extern __shared__ __align__(16) unsigned char smem[];
 
+  pdl_launch_dependents();  // the window's dense rows and the merge may launch (attend_shared.cuh)
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
   const int tile = blockIdx.y, bh = blockIdx.z, b = bh / a.Hkv, h = bh % a.Hkv;
   const long long SG = static_cast<long long>(a.S) * a.G;

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cfloat>
 #include <cmath>
+#include <utility>
 
 #include "cuda/attend.h"
 
@@ -46,6 +47,31 @@ __device__ void merge_warps(const QueryArgs& a, int tile, int bh, const float* r
       parts.ml[(base + row) * 2 + 1] = L;
     }
   }
+}
+
+// Programmatic dependent launch (sm_90): the attention launches of one call follow each other on
+// the stream (codes, then the window's dense rows, then the merge); a kernel that lets its
+// dependents launch early hides their launch latency. A dependent that reads the earlier kernels'
+// output waits for them (pdl_wait) first; one that does not still waits before it exits, so that
+// waiting for it covers everything before it.
+__device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::); }
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
+// kernel<<<grid, block, smem, stream>>>(args...) allowed to start while the previous kernel on the
+// stream runs (it must pdl_wait before reading that kernel's output, and before it exits).
+template <typename... Params, typename... Args>
+void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, int smem, cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = static_cast<std::size_t>(smem);
+  config.stream = stream;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  KVSLIM_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 
 template <typename Kernel>
