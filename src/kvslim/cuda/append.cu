@@ -27,8 +27,12 @@ __device__ __forceinline__ std::int64_t input_position(const AppendInput& in, in
   return in.positions ? in.positions[s] : in.first_position + s;
 }
 
+// The smallest bad row wins on the device; the host copy gets a bad row (the smallest one but for a
+// race between two stores, which only changes the row the error message names).
 __device__ void report_bad(const AppendInput& in, int bh, int s, bool bad) {
-  if (bad) atomicMin(in.bad_element, bh * in.S + s);
+  if (!bad) return;
+  const int row = bh * in.S + s;
+  if (row < atomicMin(in.bad_element, row) && in.bad_host) *reinterpret_cast<volatile int*>(in.bad_host) = row;
 }
 
 // One thread block per (row, bh): D threads.
@@ -141,7 +145,7 @@ __global__ void kivi_group_kernel(AppendInput in, KiviStore st, int n_groups, St
     for (int j = 0; j < per_byte; ++j) byte |= static_cast<unsigned>(codes[r * D + i + j * RB]) << (j * bits);
     out[idx] = static_cast<std::uint8_t>(byte);
   }
-  if (bad) atomicMin(in.bad_element, bh * in.S + bad_row);
+  report_bad(in, bh, bad_row, bad);
   if (bh == 0 && which == 0 && c < 32) {
     const int row = gi * 32 + c;
     st.pos[(n_groups + gi) * 32LL + c] = row < w.staged ? w.pos_in[row] : input_position(in, row - w.staged);

@@ -24,6 +24,8 @@ struct AppendInput {
   const std::int64_t* positions = nullptr;  // device [S], or null: first_position + i
   int* bad_element = nullptr;               // device: min index (bh * S + s) of a row holding a non-finite or
                                             // |x| > 65504 value (INT32_MAX when none)
+  int* bad_host = nullptr;                  // mapped pinned host memory: such a row's index is also stored
+                                            // there (no copy per step; read once the step's event is done)
 };
 
 // Dense store: rows [n, n + S) of [BH, capacity, D] (type), pos [capacity].

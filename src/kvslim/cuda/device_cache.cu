@@ -44,7 +44,8 @@ DeviceCache::DeviceCache(std::string method, int device) : method_(std::move(met
   bad_.reserve(sizeof(int));
   const int none = INT_MAX;
   KVSLIM_CUDA_CHECK(cudaMemcpy(bad_.get(), &none, sizeof(int), cudaMemcpyHostToDevice));
-  KVSLIM_CUDA_CHECK(cudaMallocHost(&bad_host_, sizeof(int)));
+  KVSLIM_CUDA_CHECK(cudaHostAlloc(&bad_host_, sizeof(int), cudaHostAllocMapped));
+  KVSLIM_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&bad_host_device_), bad_host_, 0));
   *bad_host_ = INT_MAX;
   KVSLIM_CUDA_CHECK(cudaEventCreateWithFlags(&flag_event_, cudaEventDisableTiming));
 }
@@ -64,7 +65,7 @@ void DeviceCache::check_pending_error(bool wait) const {
   if (*bad_host_ != INT_MAX) {
     poisoned_ = true;
     poison_message_ = method_ + " cache (cuda): an earlier append held a NaN, infinite or out-of-fp16-range "
-                      "(|x| > 65504) value in keys or values (first at row " + std::to_string(*bad_host_) +
+                      "(|x| > 65504) value in keys or values (at row " + std::to_string(*bad_host_) +
                       " of that block's [batch * heads * tokens]); the cache refuses every call until reset()";
     throw InputError(poison_message_);
   }
@@ -105,6 +106,7 @@ void DeviceCache::append(const KVBlock& keys, const KVBlock& values, std::span<c
   in.D = static_cast<int>(keys.head_dim);
   in.first_position = resolved[0];
   in.bad_element = bad_.as<int>();
+  in.bad_host = bad_host_device_;
   bool contiguous = true;
   for (std::size_t s = 1; s < resolved.size() && contiguous; ++s) contiguous = resolved[s] == resolved[0] + static_cast<std::int64_t>(s);
   DeviceBuffer uploaded;
@@ -121,7 +123,6 @@ void DeviceCache::append(const KVBlock& keys, const KVBlock& values, std::span<c
   }
   stream_ = stream;
   absorb(in, resolved, stream);
-  KVSLIM_CUDA_CHECK(cudaMemcpyAsync(bad_host_, bad_.get(), sizeof(int), cudaMemcpyDeviceToHost, stream));
   KVSLIM_CUDA_CHECK(cudaEventRecord(flag_event_, stream));
   if (!contiguous) KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream));  // `uploaded` dies here
   positions_.insert(positions_.end(), resolved.begin(), resolved.end());

@@ -60,10 +60,11 @@ class DeviceCache : public KVCache {
   std::int64_t next_position_ = 0;
   std::vector<std::int64_t> positions_;  // host mirror, cache row order
   mutable cudaStream_t stream_ = nullptr;
-  // Deferred input check: append kernels atomicMin the first bad row into bad_; a copy to pinned
-  // host memory follows each append, and flag_event_ says when it has landed.
+  // Deferred input check: append kernels atomicMin the first bad row into bad_ and store a bad row
+  // into mapped host memory (no copy per step); flag_event_ says when the step's kernels are done.
   DeviceBuffer bad_;
-  int* bad_host_ = nullptr;
+  int* bad_host_ = nullptr;         // mapped pinned host memory the append kernels write a bad row into
+  int* bad_host_device_ = nullptr;  // its device address
   cudaEvent_t flag_event_ = nullptr;
   mutable bool poisoned_ = false;
   mutable std::string poison_message_;
