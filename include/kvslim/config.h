@@ -103,6 +103,16 @@ struct KVCacheConfig {
   int kivi_group_size = 32;
   int kivi_staging = 128;  // fp16 residual tokens waiting to be quantized a block at a time
 
+  // --- how the rows are held (the storage under an eviction policy) ---
+  // A cache is a policy over a storage. The eviction methods (full, streaming, h2o, pyramidkv,
+  // squeeze) hold their kept rows in "fp16" slots (default), or compressed: "kivi" (uniform
+  // group quantization at kivi_bits, groups of kivi_group_size rows, compressed once kivi_staging
+  // rows wait) or "zipcache" (salient rows' keys at zipcache_hi_bits, the rest at zipcache_lo_bits,
+  // values at hi_bits; zipcache_saliency "attention_normalized" = the policy's own row scores). So
+  // method=squeeze storage=zipcache is both seeds in one cache. Methods kivi and zipcache are
+  // storages already (their storage stays fp16); a CUDA device holds fp16 only.
+  std::string storage = "fp16";
+
   // --- where the cache lives ---
   // "cpu" (default), or "cuda" / "cuda:N": storage and attention kernels in that GPU's memory
   // (kvslim/cuda.h: methods full and kivi; blocks and queries must then be device tensors).

@@ -63,6 +63,7 @@ const std::vector<Field>& field_table() {
       {"kivi_bits", &C::kivi_bits},
       {"kivi_group_size", &C::kivi_group_size},
       {"kivi_staging", &C::kivi_staging},
+      {"storage", &C::storage},
       {"device", &C::device},
   };
   return table;
@@ -172,6 +173,13 @@ void KVCacheConfig::validate() const {
   if (kivi_staging % kivi_group_size != 0) {
     fail("kivi_staging", std::to_string(kivi_staging), "must be a multiple of kivi_group_size = " + std::to_string(kivi_group_size));
   }
+  check_choice("storage", storage, {"fp16", "kivi", "zipcache"});
+  if (storage != "fp16" && (method == "kivi" || method == "zipcache")) {
+    fail("storage", "\"" + storage + "\"",
+         "applies to the eviction methods (full, streaming, h2o, squeeze, pyramidkv); method " + method +
+             " is a storage itself (method=full storage=" + method + " is the same rows under the eviction core)");
+  }
+  if (storage != "fp16" && device != "cpu") fail("storage", "\"" + storage + "\"", "must be fp16 on a CUDA device (device = " + device + ")");
   if (device_index() < -1) fail("device", "\"" + device + "\"", "must be \"cpu\", \"cuda\" or \"cuda:N\" (N >= 0)");
 }
 
