@@ -18,7 +18,7 @@ bool EvictionCache::attention_scored() const {
 void EvictionCache::append(const KVBlock& keys, const KVBlock& values, std::span<const std::int64_t> positions) {
   intake_.take(keys, values, positions);
   before_absorb(intake_);
-  core_.hold_compression(eviction_limit() > budget_);
+  hold_while_uncertain();
   core_.absorb(intake_.batch(), intake_.heads(), intake_.head_dim(), intake_.keys(), intake_.values(),
                intake_.positions(), intake_.tokens(), eviction_limit());
   if (!attention_scored()) after_step();
@@ -34,7 +34,7 @@ void EvictionCache::attend(const QueryBlock& queries, std::span<const std::int64
 
 void EvictionCache::observe_attention(const AttentionObservation& obs) {
   if (!attention_scored()) return;
-  core_.hold_compression(eviction_limit() > budget_);
+  hold_while_uncertain();
   core_.observe(obs, eviction_limit(), method_ + " cache");
   after_step();
 }
@@ -48,9 +48,14 @@ ObservationNeeds EvictionCache::needs() const {
   return n;
 }
 
+void EvictionCache::hold_while_uncertain() {
+  // A limit above the budget (squeeze's deferred prefill) may still cut the rows above the budget.
+  core_.hold_compression_above(eviction_limit() > budget_ ? budget_ : EvictionPolicy::kUnbounded);
+}
+
 void EvictionCache::rebudget(std::size_t budget) {
   budget_ = budget;
-  core_.hold_compression(eviction_limit() > budget_);
+  hold_while_uncertain();
   core_.trim(budget);
 }
 

@@ -45,6 +45,8 @@ class EvictionCache : public KVCache {
   virtual void add_figures(CacheStats&) const {}
   // Adopts a new budget and trims every head to it now.
   void rebudget(std::size_t budget);
+  // Tells the core whether the storage should wait before compressing (see hold_compression_above).
+  void hold_while_uncertain();
   bool attention_scored() const;
 
   BlockIntake intake_;

@@ -187,7 +187,7 @@ void EvictionCore::absorb(std::size_t batch, std::size_t heads, std::size_t dim,
 }
 
 void EvictionCore::settle() {
-  if (hold_) return;
+  if (rows_ > hold_above_) return;
   storage_->settle(rows_, [this](std::size_t head, std::size_t slot) { return effective_score(head, slot); });
 }
 

@@ -89,9 +89,10 @@ class EvictionCore {
   // Joins the model's cross-layer board as sharing layer number `layer` (used when
   // policy().cross_layer > 0 and the scoring is attention).
   void share_importance(std::shared_ptr<CrossLayerImportance> board, std::size_t layer);
-  // true: the kept rows may still be cut (squeeze before its schedule exists): the storage keeps
-  // them as they are, so a later cut does not leave half-empty compressed groups behind.
-  void hold_compression(bool hold) { hold_ = hold; }
+  // While the head holds more than `rows` rows they may still be cut (squeeze before its schedule
+  // exists): the storage keeps them as they are, so a later cut does not leave half-empty
+  // compressed groups behind. kUnbounded: never held.
+  void hold_compression_above(std::size_t rows) { hold_above_ = rows; }
 
   CacheView view() const;
   // Feeds head `head`'s rows to the attention in row order (KVCache::attend).
@@ -143,7 +144,7 @@ class EvictionCore {
   // without slot writes); n is the head's row count before.
   void erase_rows(std::size_t head, std::size_t n, std::span<const std::size_t> slots);
   // After a step's eviction: the storage may compress what waited (storage/row_storage.h),
-  // unless held (hold_compression).
+  // unless held (hold_compression_above).
   void settle();
   // The evictable row with the lowest score (ties: lowest position), or kNone.
   std::size_t pick_victim(std::size_t head, std::size_t n, std::int64_t recent_threshold) const;
@@ -180,7 +181,7 @@ class EvictionCore {
   std::size_t last_limit_ = kNone;       // the limit of the last absorb / observe
   bool awaiting_observation_ = false;    // attention scoring: absorbed rows not yet observed
   bool fallback_ = false;                // see fell_back()
-  bool hold_ = false;                    // see hold_compression()
+  std::size_t hold_above_ = EvictionPolicy::kUnbounded;  // see hold_compression_above()
   std::vector<float> contribution_, contribution_exposure_, pooled_;  // observe scratch [rows]
   std::vector<std::size_t> order_;       // observe scratch: slots in position order
   std::size_t window_queries_ = 0;       // queries the last observation_contribution counted

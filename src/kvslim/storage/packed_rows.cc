@@ -76,6 +76,7 @@ void PackedRows::relayout(std::size_t, std::size_t keep) {
 }
 
 void PackedRows::prepare(std::size_t incoming) {
+  if (incoming > 1) flush_ = true;
   // Exactly the rows that will wait (the window is resident memory: no geometric spare room).
   for (Head& h : heads_) {
     h.stage_keys.reserve(h.stage_keys.size() + incoming * dim_);
@@ -142,13 +143,16 @@ void PackedRows::settle(std::size_t rows, const Saliency& saliency) {
     // Evictions thinned the groups to under a quarter full on average: re-pack them (see repack).
     if (h.blocks.size() >= 4 && 4 * h.packed < h.blocks.size() * G) repack(head);
     const std::size_t waiting = staged(h);
-    if (waiting >= options_.staging) {
+    if (flush_ && waiting > 0) {
+      compress(head, waiting, saliency);  // a prompt's survivors: whole groups and one short group
+    } else if (waiting >= options_.staging) {
       compress(head, waiting / G * G, saliency);
     } else if (h.stage_keys.capacity() != h.stage_keys.size()) {  // rows the eviction took from the window
       h.stage_keys.shrink_to_fit();
       h.stage_values.shrink_to_fit();
     }
   }
+  flush_ = false;
 }
 
 void PackedRows::compress(std::size_t head, std::size_t count, const Saliency& saliency) {
@@ -157,30 +161,34 @@ void PackedRows::compress(std::size_t head, std::size_t count, const Saliency& s
   const auto& k = quant::simd_kernels();
   std::vector<const std::uint16_t*> key_rows(G), value_rows(G);  // one group's rows
   std::vector<double> score(G);
-  h.blocks.reserve(h.blocks.size() + count / G);  // exactly: the block list is resident memory too
+  h.blocks.reserve(h.blocks.size() + (count + G - 1) / G);  // exactly: the block list is resident memory too
   for (std::size_t first = 0; first < count; first += G) {
-    for (std::size_t s = 0; s < G; ++s) {
+    const std::size_t m = std::min(G, count - first);  // rows of this group (the last may be short)
+    key_rows.resize(m);
+    value_rows.resize(m);
+    score.resize(m);
+    for (std::size_t s = 0; s < m; ++s) {
       key_rows[s] = h.stage_keys.data() + (first + s) * D;
       value_rows[s] = h.stage_values.data() + (first + s) * D;
     }
     if (options_.hi_fraction > 0.0) {
       if (options_.attention_saliency) {
-        for (std::size_t s = 0; s < G; ++s) score[s] = saliency(head, h.packed + first + s);
+        for (std::size_t s = 0; s < m; ++s) score[s] = saliency(head, h.packed + first + s);
       } else {
-        score = quant::row_norms_f16(key_rows.data(), G, D, k);
+        score = quant::row_norms_f16(key_rows.data(), m, D, k);
       }
     } else {
       std::fill(score.begin(), score.end(), 0.0);
     }
     const std::vector<std::uint8_t> mask = saliency_mask(score, options_.hi_fraction);
     Block b;
-    b.tokens = G;
-    b.keys = quant::zip_compress_rows(key_rows.data(), G, D, mask.data(), options_.hi_bits, options_.lo_bits, G, k);
+    b.tokens = m;
+    b.keys = quant::zip_compress_rows(key_rows.data(), m, D, mask.data(), options_.hi_bits, options_.lo_bits, G, k);
     if (options_.quantize_values) {
-      b.values = quant::quantize_row_set(value_rows.data(), G, D, options_.hi_bits, G, k);
+      b.values = quant::quantize_row_set(value_rows.data(), m, D, options_.hi_bits, G, k);
     } else {
       b.raw_values.assign(h.stage_values.begin() + static_cast<std::ptrdiff_t>(first * D),
-                          h.stage_values.begin() + static_cast<std::ptrdiff_t>((first + G) * D));
+                          h.stage_values.begin() + static_cast<std::ptrdiff_t>((first + m) * D));
     }
     h.blocks.push_back(std::move(b));
   }

@@ -13,9 +13,10 @@
 // the per-group bookkeeping within 4x of the rows held.
 //
 // Rows wait in the window until the step's eviction is decided (settle): a prompt is appended in
-// fp16, attended, scored, evicted, and only its survivors are compressed. Then, once at least
-// `staging` rows (and a whole group) wait, every complete group is compressed; fewer than
-// group_size rows always stay fp16. Saliency (zipcache kind) is chosen within each group: by key
+// fp16, attended, scored, evicted, and only its survivors are compressed, all of them (whole groups
+// and one short group: a short group's parameters cost far less than its rows in fp16). Rows of
+// single-token steps then wait until at least `staging` rows (and a whole group) wait, and every
+// complete group is compressed; fewer than group_size of them stay fp16. Saliency (zipcache kind) is chosen within each group: by key
 // norm, or by the policy's row score (attention saliency).
 // attend reads the codes directly (attend/head_attention.h): one packed segment per block, then the
 // window as fp16.
@@ -93,6 +94,7 @@ class PackedRows final : public RowStorage {
   std::size_t dim_ = 0;
   std::vector<Head> heads_;      // [batch * kv_heads]
   mutable ViewScratch scratch_;  // view() only
+  bool flush_ = false;           // a multi-row append came: its survivors are compressed whole
 };
 
 // Drops row r of a one-group set / a block of one-group sets, keeping the group parameters (exact
