@@ -7,6 +7,7 @@
 #include <sstream>
 #include <variant>
 
+#include "cache/row_scores.h"
 #include "kvslim/errors.h"
 
 namespace kvslim {
@@ -123,7 +124,14 @@ void KVCacheConfig::validate() const {
   check_min("head_dim", head_dim, 1);
   check_choice("evict_profile", evict_profile, {"query_aware", "original"});
   check_min("evict_recent_window", evict_recent_window, -1);
-  check_choice("evict_scoring", evict_scoring, {"auto", "key_proxy", "attention", "attention_normalized"});
+  if (find_row_score(evict_scoring) == nullptr) {  // the built-in scorings, else a registered score
+    std::string list = "auto, key_proxy, attention, attention_normalized";
+    for (const RowScore& s : row_scores()) list += ", " + std::string(s.name);
+    if (evict_scoring != "auto" && evict_scoring != "key_proxy" && evict_scoring != "attention" &&
+        evict_scoring != "attention_normalized") {
+      fail("evict_scoring", "\"" + evict_scoring + "\"", "must be one of " + list);
+    }
+  }
   check_min("evict_obs_window", evict_obs_window, -1);
   if (evict_pool_kernel != -1 && (evict_pool_kernel < 1 || evict_pool_kernel % 2 == 0)) {
     fail("evict_pool_kernel", std::to_string(evict_pool_kernel), "must be -1 (auto) or an odd number >= 1");

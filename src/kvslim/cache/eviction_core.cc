@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "attend/head_attention.h"
+#include "cache/row_scores.h"
 #include "kernels.h"
 #include "kvslim/convert.h"
 #include "kvslim/config.h"
@@ -35,7 +36,13 @@ EvictionPolicy make_eviction_policy(const KVCacheConfig& c, int n_sink) {
   p.n_sink = static_cast<std::size_t>(n_sink);
   p.recent_fits_budget = !original && c.evict_recent_window < 0;
   p.recent_window = static_cast<std::size_t>(c.evict_recent_window >= 0 ? c.evict_recent_window : original ? 0 : 32);
-  p.scoring = parse_scoring(c.evict_scoring != "auto" ? c.evict_scoring : original ? "key_proxy" : "attention_normalized");
+  const std::string scoring = c.evict_scoring != "auto" ? c.evict_scoring : original ? "key_proxy" : "attention_normalized";
+  if (const RowScore* registered = find_row_score(scoring)) {
+    p.scoring = registered->base;
+    p.row_weight = registered->row_weight;
+  } else {
+    p.scoring = parse_scoring(scoring);
+  }
   // Window 16 / pool 15, not SnapKV's 32 / 5: on models/tiny the last 16 queries are the question
   // and the line before it, and a 15-wide pool keeps the whole answer span (32 / 5 retrieved no
   // passkey even at 50 % of the bytes). With cross-layer importance, 16 beats 8 at 25 % of the
@@ -358,6 +365,7 @@ void EvictionCore::write_row(std::size_t head, std::size_t slot, const std::uint
   positions_[row] = position;
   scores_[row] = score;
   if (!exposure_.empty()) exposure_[row] = 0.0f;
+  if (!weight_.empty()) weight_[row] = policy_.row_weight(k, v, dim_);
 }
 
 void EvictionCore::move_row(std::size_t head, std::size_t from, std::size_t to) {
@@ -382,6 +390,7 @@ void EvictionCore::move_metadata(std::size_t head, std::size_t from, std::size_t
   positions_[dst] = positions_[src];
   scores_[dst] = scores_[src];
   if (!exposure_.empty()) exposure_[dst] = exposure_[src];
+  if (!weight_.empty()) weight_[dst] = weight_[src];
 }
 
 float EvictionCore::effective_score(std::size_t head, std::size_t slot) const {
@@ -468,6 +477,10 @@ float EvictionCore::observation_contribution(const AttentionObservation& obs, st
       for (std::size_t i = 0; i < n; ++i) contribution_exposure_[i] += pos[i] <= qpos ? weight : 0.0f;
     }
     weight *= policy_.decay;
+  }
+  if (!weight_.empty()) {  // a registered score: the row's own weight times its attention
+    const float* w = weight_.data() + head * capacity_;
+    for (std::size_t i = 0; i < n; ++i) contribution_[i] *= w[i];
   }
   // Pooling over position neighbours, for multi-query observations (a prefill) only: a decode
   // step's single query scores exactly what it attended (and stays O(rows) per step).
@@ -620,6 +633,7 @@ void EvictionCore::relayout(std::size_t new_capacity) {
   const bool normalized = scoring() == Scoring::attention_normalized;
   UninitBuffer<float> scores(total * new_capacity);
   UninitBuffer<float> exposure(normalized ? total * new_capacity : 0);
+  UninitBuffer<float> weights(policy_.row_weight != nullptr ? total * new_capacity : 0);
   UninitBuffer<std::int64_t> positions(total * new_capacity);
   const std::size_t keep = std::min(rows_, new_capacity);
   for (std::size_t head = 0; head < total; ++head) {
@@ -628,10 +642,12 @@ void EvictionCore::relayout(std::size_t new_capacity) {
     std::memcpy(scores.data() + dst, scores_.data() + src, keep * sizeof(float));
     std::memcpy(positions.data() + dst, positions_.data() + src, keep * sizeof(std::int64_t));
     if (!exposure.empty()) std::memcpy(exposure.data() + dst, exposure_.data() + src, keep * sizeof(float));
+    if (!weights.empty()) std::memcpy(weights.data() + dst, weight_.data() + src, keep * sizeof(float));
   }
   storage_->relayout(new_capacity, keep);
   scores_ = std::move(scores);
   exposure_ = std::move(exposure);
+  weight_ = std::move(weights);
   positions_ = std::move(positions);
   capacity_ = new_capacity;
 }
@@ -642,6 +658,7 @@ void EvictionCore::reset() {
   storage_->reset();
   scores_.release();
   exposure_.release();
+  weight_.release();
   positions_.release();
   recent_.clear();
   prefill_calls_ = 0;
@@ -658,7 +675,7 @@ CacheView EvictionCore::view() const {
 }
 
 std::size_t EvictionCore::resident_bytes() const {
-  return storage_->resident_bytes() + scores_.bytes() + exposure_.bytes() + positions_.bytes();
+  return storage_->resident_bytes() + scores_.bytes() + exposure_.bytes() + weight_.bytes() + positions_.bytes();
 }
 
 }  // namespace kvslim

@@ -50,6 +50,9 @@ struct EvictionPolicy {
   // A prefill observation also adds, per row, cross_layer x the importance other layers' queries
   // gave its position (CrossLayerImportance; needs share_importance). 0 = each layer alone.
   float cross_layer = 0.0f;
+  // A registered score (cache/row_scores.h): each observation's attention of a row is multiplied
+  // by row_weight(its key, its value) first. nullptr: the plain scoring.
+  float (*row_weight)(const std::uint16_t* key, const std::uint16_t* value, std::size_t dim) = nullptr;
 };
 
 struct KVCacheConfig;
@@ -172,6 +175,7 @@ class EvictionCore {
   std::unique_ptr<RowStorage> storage_;   // the rows, in slot order (fp16 slots: [batch * heads, capacity, dim])
   UninitBuffer<float> scores_;            // [batch * heads, capacity] cumulative attention mass
   UninitBuffer<float> exposure_;          // [batch * heads, capacity] queries that could see the row (normalized scoring only)
+  UninitBuffer<float> weight_;            // [batch * heads, capacity] policy_.row_weight of the row (registered scores only)
   UninitBuffer<std::int64_t> positions_;  // [batch * heads, capacity] absolute positions
   std::deque<std::int64_t> recent_;      // the last recent_window absorbed positions (all heads)
   std::vector<std::int64_t> thresholds_;  // [S] recent-window threshold after each incoming token
