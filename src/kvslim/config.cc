@@ -171,14 +171,17 @@ void KVCacheConfig::validate() const {
   check_unit("zipcache_hi_fraction", zipcache_hi_fraction);
   check_min("zipcache_group_size", zipcache_group_size, 1);
   check_min("zipcache_staging", zipcache_staging, 0);
-  if (zipcache_staging % zipcache_group_size != 0) {
+  // The zipcache / kivi caches compress whole groups of their window; as the storage under a policy
+  // (storage = zipcache / kivi) a smaller staging compresses decode rows that many at a time, in
+  // a group of its own.
+  if (zipcache_staging % zipcache_group_size != 0 && !(storage == "zipcache" && zipcache_staging < zipcache_group_size)) {
     fail("zipcache_staging", std::to_string(zipcache_staging), "must be a multiple of zipcache_group_size = " + std::to_string(zipcache_group_size));
   }
   check_choice("zipcache_saliency", zipcache_saliency, {"key_norm", "attention_normalized"});
   check_range("kivi_bits", kivi_bits, 1, 8);
   check_min("kivi_group_size", kivi_group_size, 1);
   check_min("kivi_staging", kivi_staging, 0);
-  if (kivi_staging % kivi_group_size != 0) {
+  if (kivi_staging % kivi_group_size != 0 && !(storage == "kivi" && kivi_staging < kivi_group_size)) {
     fail("kivi_staging", std::to_string(kivi_staging), "must be a multiple of kivi_group_size = " + std::to_string(kivi_group_size));
   }
   check_choice("storage", storage, {"fp16", "kivi", "zipcache"});

@@ -475,6 +475,45 @@ TEST(ComposedCache, ErasingARowKeepsEveryOtherRowsCodes) {
   EXPECT_EQ(z.lo.rows, z.seq_len);
 }
 
+TEST(ComposedCache, StagingBelowTheGroupCompressesDecodeRowsInShortGroups) {
+  // Groups of 64 rows for the prompt's survivors, decode rows compressed 16 at a time: never 16
+  // rows in fp16, and the rows stay those of the policy, within one 4-bit rounding.
+  KVCacheConfig c = composed("h2o", "kivi");
+  c.kivi_group_size = 64;
+  c.kivi_staging = 16;
+  KVCacheConfig f = c;
+  f.storage = "fp16";
+  f.kivi_staging = 64;  // (the fp16 cache's kivi fields describe the kivi method: whole groups)
+  auto mixed = KVCacheFactory::create(c);
+  auto plain = KVCacheFactory::create(f);
+  KV first(1, 2, 200, 64, 5);
+  for (KVCache* cache : {mixed.get(), plain.get()}) {
+    cache->append(first.keys(), first.values(), iota_positions(0, 200));
+    observe(*cache, iota_positions(0, 200));
+  }
+  for (std::size_t t = 0; t < 50; ++t) {
+    KV step(1, 2, 1, 64, 700 + static_cast<unsigned>(t));
+    const std::vector<std::int64_t> p{200 + static_cast<std::int64_t>(t)};
+    for (KVCache* cache : {mixed.get(), plain.get()}) {
+      cache->append(step.keys(), step.values(), p);
+      observe(*cache, p);
+    }
+    ASSERT_LT(mixed->stats().figure("storage_staged_rows"), 16.0) << "step " << t;
+  }
+  const Rows rm = rows_by_position(*mixed), rp = rows_by_position(*plain);
+  for (std::size_t h = 0; h < 2; ++h) {
+    ASSERT_EQ(kept_positions(rm, h), kept_positions(rp, h));
+    for (const auto& [p, kv] : rm[h]) {
+      for (std::size_t d = 0; d < 64; ++d) ASSERT_NEAR(fp16_to_f32(kv.second[d]), fp16_to_f32(rp[h].at(p).second[d]), 0.3f) << p;
+    }
+  }
+  // The kivi method itself still compresses whole groups only.
+  KVCacheConfig k = c;
+  k.method = "kivi";
+  k.storage = "fp16";
+  EXPECT_THROW(k.validate(), ConfigError);
+}
+
 TEST(ComposedCache, ConfigNamesTheStorage) {
   KVCacheConfig c;
   c.method = "h2o";

@@ -57,7 +57,7 @@ PackedRows::PackedRows(PackedRowsOptions options) : options_(std::move(options))
     throw ConfigError(k + " storage: hi_fraction must be in [0, 1], got " + std::to_string(options_.hi_fraction));
   }
   if (options_.group_size == 0) throw ConfigError(k + " storage: group_size must be >= 1");
-  options_.staging = std::max(options_.staging, options_.group_size);  // only whole groups are compressed
+  options_.staging = std::max<std::size_t>(options_.staging, 1);
 }
 
 void PackedRows::begin(std::size_t heads_total, std::size_t dim) {
@@ -131,6 +131,7 @@ void PackedRows::erase(std::size_t head, std::span<const std::size_t> slots) {
     dropped_block = dropped_block || b.tokens == 0;
   }
   if (dropped_block) {
+    for (const Block& b : h.blocks) h.made -= b.tokens == 0 ? b.made : 0;
     std::erase_if(h.blocks, [](const Block& b) { return b.tokens == 0; });
   }
 }
@@ -140,13 +141,16 @@ void PackedRows::settle(std::size_t rows, const Saliency& saliency) {
   for (std::size_t head = 0; head < heads_.size(); ++head) {
     Head& h = heads_[head];
     if (h.packed + staged(h) != rows) throw std::logic_error(options_.kind + " storage: the policy and the storage disagree on the rows held");
-    // Evictions thinned the groups to under a quarter full on average: re-pack them (see repack).
-    if (h.blocks.size() >= 4 && 4 * h.packed < h.blocks.size() * G) repack(head);
+    // Evictions thinned the groups to under a quarter of the rows they were made with: re-pack
+    // them (see repack).
+    if (h.blocks.size() >= 4 && 4 * h.packed < h.made) repack(head);
     const std::size_t waiting = staged(h);
     if (flush_ && waiting > 0) {
       compress(head, waiting, saliency);  // a prompt's survivors: whole groups and one short group
     } else if (waiting >= options_.staging) {
-      compress(head, waiting / G * G, saliency);
+      // staging >= group size: the complete groups; below it: every waiting row, as one short
+      // group (decode rows leave fp16 `staging` at a time).
+      compress(head, options_.staging >= G ? waiting / G * G : waiting, saliency);
     } else if (h.stage_keys.capacity() != h.stage_keys.size()) {  // rows the eviction took from the window
       h.stage_keys.shrink_to_fit();
       h.stage_values.shrink_to_fit();
@@ -182,7 +186,8 @@ void PackedRows::compress(std::size_t head, std::size_t count, const Saliency& s
     }
     const std::vector<std::uint8_t> mask = saliency_mask(score, options_.hi_fraction);
     Block b;
-    b.tokens = m;
+    b.tokens = b.made = m;
+    h.made += m;
     b.keys = quant::zip_compress_rows(key_rows.data(), m, D, mask.data(), options_.hi_bits, options_.lo_bits, G, k);
     if (options_.quantize_values) {
       b.values = quant::quantize_row_set(value_rows.data(), m, D, options_.hi_bits, G, k);
@@ -223,7 +228,7 @@ void PackedRows::repack(std::size_t head) {
       value_rows[s] = values.data() + (first + s) * D;
     }
     Block b;
-    b.tokens = m;
+    b.tokens = b.made = m;
     // Each row keeps its precision; the values it decoded to are quantized again on the new
     // group's grid: the only place a row is rounded again, once per re-pack it survives (a
     // re-pack needs the head's groups to fall to a quarter full first).
@@ -237,6 +242,7 @@ void PackedRows::repack(std::size_t head) {
     blocks.push_back(std::move(b));
   }
   h.blocks = std::move(blocks);
+  h.made = n;
   ++h.repacks;
 }
 

@@ -8,15 +8,17 @@
 // codes leaves the group's scale and zero valid for the rows that stay, so no row is ever
 // re-quantized and the others keep their exact codes. (A block of several groups could not lose a
 // row without shifting every later row into another group.) Once a head's blocks are under a
-// quarter full on average (a long generation evicting from old groups), they are re-packed into
+// quarter of the rows they were made with (a long generation evicting from old groups), they are re-packed into
 // full groups: the only time a row is rounded again (once per re-pack it survives), and what keeps
 // the per-group bookkeeping within 4x of the rows held.
 //
 // Rows wait in the window until the step's eviction is decided (settle): a prompt is appended in
 // fp16, attended, scored, evicted, and only its survivors are compressed, all of them (whole groups
 // and one short group: a short group's parameters cost far less than its rows in fp16). Rows of
-// single-token steps then wait until at least `staging` rows (and a whole group) wait, and every
-// complete group is compressed; fewer than group_size of them stay fp16. Saliency (zipcache kind) is chosen within each group: by key
+// single-token steps then wait until `staging` rows wait: with staging >= group_size every complete
+// group is then compressed (fewer than group_size rows stay fp16); with a smaller staging the
+// waiting rows are compressed as one short group (fewer than `staging` stay fp16, at the cost of a
+// group's parameters per `staging` rows). Saliency (zipcache kind) is chosen within each group: by key
 // norm, or by the policy's row score (attention saliency).
 // attend reads the codes directly (attend/head_attention.h): one packed segment per block, then the
 // window as fp16.
@@ -37,7 +39,7 @@ struct PackedRowsOptions {
   double hi_fraction = 0.0;
   std::size_t group_size = 32;
   bool quantize_values = true;       // values at hi_bits; false: fp16
-  std::size_t staging = 32;          // compress once this many rows wait (at least group_size)
+  std::size_t staging = 32;          // decode rows: compress once this many wait (>= group_size: whole groups only)
   bool attention_saliency = false;   // zipcache: salient = the policy's highest row scores
 };
 
@@ -46,6 +48,7 @@ class PackedRows final : public RowStorage {
   // One quantization group of rows.
   struct Block {
     std::size_t tokens = 0;
+    std::size_t made = 0;                   // rows when it was compressed (evictions only lower tokens)
     ZipCompressed keys;                     // [tokens, D]: hi and lo sets, one group each
     GroupQuantized values;                  // [tokens, D] at hi_bits, one group (quantize_values)
     std::vector<std::uint16_t> raw_values;  // fp16 [tokens, D] (values not quantized)
@@ -53,6 +56,7 @@ class PackedRows final : public RowStorage {
   struct Head {
     std::vector<Block> blocks;
     std::size_t packed = 0;                               // rows in blocks
+    std::size_t made = 0;                                 // sum of the blocks' made
     std::size_t repacks = 0;                              // re-packs so far (each rounds its rows again)
     std::vector<std::uint16_t> stage_keys, stage_values;  // fp16 [staged, D]
   };
