@@ -4,9 +4,13 @@
 import json, subprocess, os
 here = os.path.dirname(os.path.abspath(__file__))
 rows = []
-for name in ("composed_text.json", "alone_text.json"):
+# composed_text.json's g64 points predate decode rows compressed 16 at a time: composed_g64_text.json
+# holds the g64 variants as they are now.
+for name in ("composed_text.json", "composed_g64_text.json", "alone_text.json"):
     d = json.load(open(os.path.join(here, name)))
     for p in d["points"]:
+        if name == "composed_text.json" and p["variant"].endswith("_g64"):
+            continue
         for t in p["text"]:
             rows.append(((p["variant"], p.get("level_target")), t))
 with open(os.path.join(here, "front.dat"), "w") as f:
