@@ -69,6 +69,8 @@ struct KVCacheConfig {
   // Score: "key_proxy" (documented: the incoming key is the query), "attention" (the real
   // attention each token receives, summed over the query heads of its KV group, reported by the
   // engine), "attention_normalized" (that sum divided by how many queries could see the token).
+  // Or a registered score (src/kvslim/cache/row_scores.cc): "value_norm_attention" (normalised
+  // attention times the L1 norm of the row's value, VATP).
   // An attention scoring falls back to the key proxy when an update is never observed.
   std::string evict_scoring = "auto";
   int evict_obs_window = -1;  // prefill: score by the last N queries only (auto 16; 0 = all; original: 0)
@@ -102,6 +104,16 @@ struct KVCacheConfig {
   int kivi_bits = 2;
   int kivi_group_size = 32;
   int kivi_staging = 128;  // fp16 residual tokens waiting to be quantized a block at a time
+
+  // --- how the rows are held (the storage under an eviction policy) ---
+  // A cache is a policy over a storage. The eviction methods (full, streaming, h2o, pyramidkv,
+  // squeeze) hold their kept rows in "fp16" slots (default), or compressed: "kivi" (uniform
+  // group quantization at kivi_bits, groups of kivi_group_size rows; a prompt's survivors are
+  // compressed at once, decode rows once kivi_staging of them wait) or "zipcache" (salient rows' keys at zipcache_hi_bits, the rest at zipcache_lo_bits,
+  // values at hi_bits; zipcache_saliency "attention_normalized" = the policy's own row scores). So
+  // method=squeeze storage=zipcache is both seeds in one cache. Methods kivi and zipcache are
+  // storages already (their storage stays fp16); a CUDA device holds fp16 only.
+  std::string storage = "fp16";
 
   // --- where the cache lives ---
   // "cpu" (default), or "cuda" / "cuda:N": storage and attention kernels in that GPU's memory

@@ -7,6 +7,7 @@
 #include <sstream>
 #include <variant>
 
+#include "cache/row_scores.h"
 #include "kvslim/errors.h"
 
 namespace kvslim {
@@ -63,6 +64,7 @@ const std::vector<Field>& field_table() {
       {"kivi_bits", &C::kivi_bits},
       {"kivi_group_size", &C::kivi_group_size},
       {"kivi_staging", &C::kivi_staging},
+      {"storage", &C::storage},
       {"device", &C::device},
   };
   return table;
@@ -122,7 +124,14 @@ void KVCacheConfig::validate() const {
   check_min("head_dim", head_dim, 1);
   check_choice("evict_profile", evict_profile, {"query_aware", "original"});
   check_min("evict_recent_window", evict_recent_window, -1);
-  check_choice("evict_scoring", evict_scoring, {"auto", "key_proxy", "attention", "attention_normalized"});
+  if (find_row_score(evict_scoring) == nullptr) {  // the built-in scorings, else a registered score
+    std::string list = "auto, key_proxy, attention, attention_normalized";
+    for (const RowScore& s : row_scores()) list += ", " + std::string(s.name);
+    if (evict_scoring != "auto" && evict_scoring != "key_proxy" && evict_scoring != "attention" &&
+        evict_scoring != "attention_normalized") {
+      fail("evict_scoring", "\"" + evict_scoring + "\"", "must be one of " + list);
+    }
+  }
   check_min("evict_obs_window", evict_obs_window, -1);
   if (evict_pool_kernel != -1 && (evict_pool_kernel < 1 || evict_pool_kernel % 2 == 0)) {
     fail("evict_pool_kernel", std::to_string(evict_pool_kernel), "must be -1 (auto) or an odd number >= 1");
@@ -162,16 +171,26 @@ void KVCacheConfig::validate() const {
   check_unit("zipcache_hi_fraction", zipcache_hi_fraction);
   check_min("zipcache_group_size", zipcache_group_size, 1);
   check_min("zipcache_staging", zipcache_staging, 0);
-  if (zipcache_staging % zipcache_group_size != 0) {
+  // The zipcache / kivi caches compress whole groups of their window; as the storage under a policy
+  // (storage = zipcache / kivi) a smaller staging compresses decode rows that many at a time, in
+  // a group of its own.
+  if (zipcache_staging % zipcache_group_size != 0 && !(storage == "zipcache" && zipcache_staging < zipcache_group_size)) {
     fail("zipcache_staging", std::to_string(zipcache_staging), "must be a multiple of zipcache_group_size = " + std::to_string(zipcache_group_size));
   }
   check_choice("zipcache_saliency", zipcache_saliency, {"key_norm", "attention_normalized"});
   check_range("kivi_bits", kivi_bits, 1, 8);
   check_min("kivi_group_size", kivi_group_size, 1);
   check_min("kivi_staging", kivi_staging, 0);
-  if (kivi_staging % kivi_group_size != 0) {
+  if (kivi_staging % kivi_group_size != 0 && !(storage == "kivi" && kivi_staging < kivi_group_size)) {
     fail("kivi_staging", std::to_string(kivi_staging), "must be a multiple of kivi_group_size = " + std::to_string(kivi_group_size));
   }
+  check_choice("storage", storage, {"fp16", "kivi", "zipcache"});
+  if (storage != "fp16" && (method == "kivi" || method == "zipcache")) {
+    fail("storage", "\"" + storage + "\"",
+         "applies to the eviction methods (full, streaming, h2o, squeeze, pyramidkv); method " + method +
+             " is a storage itself (method=full storage=" + method + " is the same rows under the eviction core)");
+  }
+  if (storage != "fp16" && device != "cpu") fail("storage", "\"" + storage + "\"", "must be fp16 on a CUDA device (device = " + device + ")");
   if (device_index() < -1) fail("device", "\"" + device + "\"", "must be \"cpu\", \"cuda\" or \"cuda:N\" (N >= 0)");
 }
 

@@ -8,6 +8,7 @@
 #include "cache/eviction_cache.h"
 #include "cache/squeeze_cache.h"
 #include "cache/zipcache_cache.h"
+#include "storage/row_storage.h"
 #include "kvslim/cuda.h"
 #include "kvslim/errors.h"
 #include "kvslim/squeeze.h"
@@ -23,7 +24,8 @@ struct LayerContext {
 };
 
 
-// One cache per method id. Methods in other files add their branch here.
+// One cache per method id. Methods in other files add their branch here. The eviction methods
+// (full, streaming, h2o, pyramidkv, squeeze) are policies over the row storage the config names.
 std::unique_ptr<KVCache> make_method_cache(const KVCacheConfig& c, const LayerContext& ctx) {
   const std::string& m = c.method;
   std::unique_ptr<KVCache> cache;
@@ -32,18 +34,20 @@ std::unique_ptr<KVCache> make_method_cache(const KVCacheConfig& c, const LayerCo
   } else if (m == "full") {
     EvictionPolicy p;
     p.scoring = Scoring::none;
-    cache = std::make_unique<EvictionCache>("full", p, EvictionPolicy::kUnbounded);
+    cache = std::make_unique<EvictionCache>("full", p, EvictionPolicy::kUnbounded, make_row_storage(c));
   } else if (m == "streaming") {
     EvictionPolicy p;
     p.scoring = Scoring::none;
     p.n_sink = static_cast<std::size_t>(c.streaming_n_sink);
     p.recent_window = static_cast<std::size_t>(c.streaming_budget - c.streaming_n_sink);
-    cache = std::make_unique<EvictionCache>("streaming", p, static_cast<std::size_t>(c.streaming_budget));
+    cache = std::make_unique<EvictionCache>("streaming", p, static_cast<std::size_t>(c.streaming_budget), make_row_storage(c));
   } else if (m == "h2o") {
-    cache = std::make_unique<EvictionCache>("h2o", make_eviction_policy(c, c.h2o_n_sink), static_cast<std::size_t>(c.h2o_budget));
+    cache = std::make_unique<EvictionCache>("h2o", make_eviction_policy(c, c.h2o_n_sink), static_cast<std::size_t>(c.h2o_budget),
+                                            make_row_storage(c));
   } else if (m == "pyramidkv") {
     const int budget = ctx.budget.value_or(c.pyramidkv_budget);
-    cache = std::make_unique<EvictionCache>("pyramidkv", make_eviction_policy(c, c.pyramidkv_n_sink), static_cast<std::size_t>(budget));
+    cache = std::make_unique<EvictionCache>("pyramidkv", make_eviction_policy(c, c.pyramidkv_n_sink), static_cast<std::size_t>(budget),
+                                            make_row_storage(c));
   } else if (m == "squeeze") {
     cache = std::make_unique<SqueezeCache>(c, ctx.coordinator, ctx.layer_id);
   } else if (m == "zipcache") {

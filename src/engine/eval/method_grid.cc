@@ -57,6 +57,12 @@ std::vector<MethodVariant> build_catalogue() {
     all.push_back(v);
   }
   {
+    auto v = make("h2o_value_norm", "h2o", "h2o default scored by normalised attention x the value's L1 norm (VATP; evict_scoring=value_norm_attention)", false);
+    v.config.evict_scoring = "value_norm_attention";
+    v.compares_to = "h2o";
+    all.push_back(v);
+  }
+  {
     auto v = make("h2o_sum_decay", "h2o", "h2o default, raw attention sum with decay 0.98 instead of normalisation", false);
     v.config.evict_scoring = "attention";
     v.config.evict_decay = 0.98;
@@ -206,6 +212,38 @@ std::vector<MethodVariant> build_catalogue() {
     v.compares_to = "zipcache_4_2_h20";
     all.push_back(v);
   }
+  // A policy over a compressed storage (KVCacheConfig::storage), named policy+storage: matched to
+  // the same bytes as every eviction variant (the probe measures what a kept token costs in that
+  // storage). Staging = one group (g64: 16 rows), so at most that many - 1 kept rows wait in fp16.
+  struct Composed {
+    const char* policy;
+    const char* storage;
+    int bits;
+    bool attention_saliency;
+    int group = 32;
+    int staging = 32;  // decode rows compressed this many at a time
+  };
+  for (const Composed& m : {Composed{"h2o", "kivi", 4, false}, Composed{"h2o", "kivi", 2, false},
+                            Composed{"squeeze", "kivi", 4, false}, Composed{"pyramidkv", "kivi", 4, false},
+                            Composed{"h2o", "zipcache", 0, true}, Composed{"squeeze", "zipcache", 0, true},
+                            Composed{"h2o", "kivi", 4, false, 64, 16}, Composed{"squeeze", "kivi", 4, false, 64, 16}}) {
+    const std::string g = m.group == 32 ? "" : "_g" + std::to_string(m.group);
+    const std::string storage = std::string(m.storage) == "kivi" ? "kivi" + std::to_string(m.bits) + g : std::string("zipcache");
+    const std::string what = std::string(m.storage) == "kivi"
+                                 ? "uniform " + std::to_string(m.bits) + "-bit groups of " + std::to_string(m.group) + " rows" +
+                                       (m.staging < m.group ? ", decode rows " + std::to_string(m.staging) + " at a time" : "")
+                                 : std::string("zipcache 4/2 bits, 20% salient by the policy's normalised attention");
+    auto v = make(std::string(m.policy) + "+" + storage, m.policy,
+                  std::string(m.policy) + " at its default over " + what + " (storage=" + m.storage + ")", false);
+    if (std::string(m.policy) == "squeeze") v.config.squeeze_signal = "key_dispersion";
+    v.config.storage = m.storage;
+    v.config.kivi_bits = m.bits == 0 ? v.config.kivi_bits : m.bits;
+    v.config.kivi_group_size = m.group;
+    v.config.kivi_staging = m.staging < m.group ? m.staging : m.group;
+    v.config.zipcache_staging = v.config.zipcache_group_size;
+    if (m.attention_saliency) v.config.zipcache_saliency = "attention_normalized";
+    all.push_back(v);
+  }
   for (const auto& v : all) v.config.validate();
   return all;
 }
@@ -270,9 +308,9 @@ std::vector<MethodVariant> select_variants(const std::string& list, bool quick_p
         taken[i] = matched = true;
       }
     }
-    if (!matched) {  // a method id: all its variants
+    if (!matched) {  // a method id: all its variants over fp16 rows (a composed one goes by its name)
       for (std::size_t i = 0; i < all.size(); ++i) {
-        if (all[i].config.method == item) taken[i] = matched = true;
+        if (all[i].config.method == item && all[i].config.storage == "fp16") taken[i] = matched = true;
       }
     }
     if (!matched) {

@@ -7,8 +7,9 @@
 
 namespace kvslim {
 
-EvictionCache::EvictionCache(std::string method, EvictionPolicy policy, std::size_t budget)
-    : intake_(method), core_(policy), budget_(budget), method_(std::move(method)) {}
+EvictionCache::EvictionCache(std::string method, EvictionPolicy policy, std::size_t budget,
+                             std::unique_ptr<RowStorage> storage)
+    : intake_(method), core_(policy, std::move(storage)), budget_(budget), method_(std::move(method)) {}
 
 bool EvictionCache::attention_scored() const {
   return !core_.fell_back() && scores_by_attention(core_.policy().scoring);
@@ -17,6 +18,7 @@ bool EvictionCache::attention_scored() const {
 void EvictionCache::append(const KVBlock& keys, const KVBlock& values, std::span<const std::int64_t> positions) {
   intake_.take(keys, values, positions);
   before_absorb(intake_);
+  hold_while_uncertain();
   core_.absorb(intake_.batch(), intake_.heads(), intake_.head_dim(), intake_.keys(), intake_.values(),
                intake_.positions(), intake_.tokens(), eviction_limit());
   if (!attention_scored()) after_step();
@@ -24,16 +26,15 @@ void EvictionCache::append(const KVBlock& keys, const KVBlock& values, std::span
 
 void EvictionCache::attend(const QueryBlock& queries, std::span<const std::int64_t> query_positions, float* out,
                            float* probs, const ParallelFor* parallel) const {
-  const CacheView v = core_.view();
-  attend::run(method_, v.batch, v.heads, v.head_dim, v.tokens, queries, query_positions, out, probs, parallel,
-              [&](attend::HeadAttention& head, std::size_t b, std::size_t g) {
-                head.fp16_rows(v.key_row(b, g, 0), v.value_row(b, g, 0), v.head_dim,
-                               v.positions + v.head_index(b, g) * v.head_stride, v.tokens, 0);
-              });
+  const std::size_t heads = core_.heads();
+  attend::run(method_, core_.batch(), heads, core_.dim(), core_.rows(), queries,
+              query_positions, out, probs, parallel,
+              [&](attend::HeadAttention& head, std::size_t b, std::size_t g) { core_.feed(head, b * heads + g); });
 }
 
 void EvictionCache::observe_attention(const AttentionObservation& obs) {
   if (!attention_scored()) return;
+  hold_while_uncertain();
   core_.observe(obs, eviction_limit(), method_ + " cache");
   after_step();
 }
@@ -47,8 +48,14 @@ ObservationNeeds EvictionCache::needs() const {
   return n;
 }
 
+void EvictionCache::hold_while_uncertain() {
+  // A limit above the budget (squeeze's deferred prefill) may still cut the rows above the budget.
+  core_.hold_compression_above(eviction_limit() > budget_ ? budget_ : EvictionPolicy::kUnbounded);
+}
+
 void EvictionCache::rebudget(std::size_t budget) {
   budget_ = budget;
+  hold_while_uncertain();
   core_.trim(budget);
 }
 
@@ -67,6 +74,7 @@ CacheStats EvictionCache::stats() const {
   st.tokens_kept = core_.rows();
   st.kept_per_head.assign(st.batch * st.heads, core_.rows());
   st.resident_bytes = core_.resident_bytes();
+  st.view_bytes = core_.storage().view_bytes();
   const std::size_t per_token = st.batch * st.heads * st.head_dim * 2 * sizeof(std::uint16_t);
   st.kept_fp16_bytes = st.tokens_kept * per_token;
   st.seen_fp16_bytes = static_cast<std::size_t>(st.tokens_seen) * per_token;
@@ -75,6 +83,7 @@ CacheStats EvictionCache::stats() const {
   if (budget_ != EvictionPolicy::kUnbounded) st.figures.emplace_back("layer_budget", static_cast<double>(budget_));
   st.figures.emplace_back("original_compression_ratio",
                           st.kept_fp16_bytes == 0 ? 1.0 : static_cast<double>(st.seen_fp16_bytes) / st.kept_fp16_bytes);
+  core_.storage().add_figures(st);
   add_figures(st);
   return st;
 }

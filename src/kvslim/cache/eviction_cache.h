@@ -1,5 +1,6 @@
 // A KVCache over the eviction core: full, streaming, h2o and pyramidkv are this class with
-// different policies; squeeze derives from it and adds only its re-budget.
+// different policies; squeeze derives from it and adds only its re-budget. Any of them runs over
+// any row storage (KVCacheConfig::storage: fp16 slots, kivi codes, zipcache mixed precision).
 #pragma once
 #include <string>
 
@@ -11,14 +12,16 @@ namespace kvslim {
 
 class EvictionCache : public KVCache {
  public:
-  EvictionCache(std::string method, EvictionPolicy policy, std::size_t budget);
+  // `storage` null: fp16 slots.
+  EvictionCache(std::string method, EvictionPolicy policy, std::size_t budget, std::unique_ptr<RowStorage> storage = nullptr);
 
   void append(const KVBlock& keys, const KVBlock& values, std::span<const std::int64_t> positions = {}) override;
-  // fp16 slots: the online-softmax kernel reads each kept row once, in slot order.
+  // The storage feeds its rows to the online-softmax kernels in slot order (codes read as codes).
   void attend(const QueryBlock& queries, std::span<const std::int64_t> query_positions, float* out,
               float* probs = nullptr, const ParallelFor* parallel = nullptr) const override;
   std::size_t rows() const override { return core_.rows(); }
-  CacheView materialize() const override { return core_.view(); }  // the slots themselves, no copy
+  // fp16 slots: the slots themselves, no copy; a compressed storage decodes into its scratch.
+  CacheView materialize() const override { return core_.view(); }
   CacheStats stats() const override;
   void reset() override;
   void reserve(std::size_t tokens) override { core_.reserve(tokens); }
@@ -42,6 +45,8 @@ class EvictionCache : public KVCache {
   virtual void add_figures(CacheStats&) const {}
   // Adopts a new budget and trims every head to it now.
   void rebudget(std::size_t budget);
+  // Tells the core whether the storage should wait before compressing (see hold_compression_above).
+  void hold_while_uncertain();
   bool attention_scored() const;
 
   BlockIntake intake_;

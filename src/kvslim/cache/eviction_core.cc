@@ -9,6 +9,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "attend/head_attention.h"
+#include "cache/row_scores.h"
 #include "kernels.h"
 #include "kvslim/convert.h"
 #include "kvslim/config.h"
@@ -34,7 +36,13 @@ EvictionPolicy make_eviction_policy(const KVCacheConfig& c, int n_sink) {
   p.n_sink = static_cast<std::size_t>(n_sink);
   p.recent_fits_budget = !original && c.evict_recent_window < 0;
   p.recent_window = static_cast<std::size_t>(c.evict_recent_window >= 0 ? c.evict_recent_window : original ? 0 : 32);
-  p.scoring = parse_scoring(c.evict_scoring != "auto" ? c.evict_scoring : original ? "key_proxy" : "attention_normalized");
+  const std::string scoring = c.evict_scoring != "auto" ? c.evict_scoring : original ? "key_proxy" : "attention_normalized";
+  if (const RowScore* registered = find_row_score(scoring)) {
+    p.scoring = registered->base;
+    p.row_weight = registered->row_weight;
+  } else {
+    p.scoring = parse_scoring(scoring);
+  }
   // Window 16 / pool 15, not SnapKV's 32 / 5: on models/tiny the last 16 queries are the question
   // and the line before it, and a 15-wide pool keeps the whole answer span (32 / 5 retrieved no
   // passkey even at 50 % of the bytes). With cross-layer importance, 16 beats 8 at 25 % of the
@@ -115,6 +123,9 @@ class BorrowedScratch {
 };
 }  // namespace
 
+EvictionCore::EvictionCore(EvictionPolicy policy, std::unique_ptr<RowStorage> storage)
+    : policy_(policy), storage_(storage ? std::move(storage) : make_fp16_storage()) {}
+
 std::size_t EvictionCore::recent_count(std::size_t limit) const {
   std::size_t r = policy_.recent_window;
   if (policy_.recent_fits_budget && limit != EvictionPolicy::kUnbounded) {
@@ -136,6 +147,7 @@ void EvictionCore::absorb(std::size_t batch, std::size_t heads, std::size_t dim,
     batch_ = batch;
     heads_ = heads;
     dim_ = dim;
+    storage_->begin(batch * heads, dim);
   }
   if (scores_by_attention(scoring()) && awaiting_observation_) {
     // The last update's attention never came: this integrator does not report attention. Score by
@@ -162,6 +174,7 @@ void EvictionCore::absorb(std::size_t batch, std::size_t heads, std::size_t dim,
     thresholds_[s] = recent_threshold(limit);
   }
 
+  storage_->prepare(S);
   const std::size_t total = heads_total();
   const double work = static_cast<double>(S) * static_cast<double>(needed) * static_cast<double>(dim) *
                       static_cast<double>(total);
@@ -177,6 +190,16 @@ void EvictionCore::absorb(std::size_t batch, std::size_t heads, std::size_t dim,
   }
   rows_ = head_rows_;
   awaiting_observation_ = append_only;
+  if (!append_only) settle();  // this step's eviction is done (attention scorings evict in observe)
+}
+
+void EvictionCore::settle() {
+  if (rows_ > hold_above_) return;
+  storage_->settle(rows_, [this](std::size_t head, std::size_t slot) { return effective_score(head, slot); });
+}
+
+void EvictionCore::feed(attend::HeadAttention& ha, std::size_t head) const {
+  storage_->feed(ha, head, positions_.data() + head * capacity_, rows_);
 }
 
 void EvictionCore::absorb_heads(std::size_t head_begin, std::size_t head_end, const std::uint16_t* keys16,
@@ -186,7 +209,8 @@ void EvictionCore::absorb_heads(std::size_t head_begin, std::size_t head_end, co
   scratch.query.resize(D);
   if (scratch.logits.size() < capacity_) scratch.logits.resize(capacity_);
   const Scoring scoring_now = scoring();
-  const bool blocked = scoring_now == Scoring::key_proxy && S >= kBlockTokens;
+  // The blocked scorer reads stored keys by slot: fp16 slots only.
+  const bool blocked = scoring_now == Scoring::key_proxy && S >= kBlockTokens && storage_->slot_writes();
   std::size_t final_rows = rows_;
   for (std::size_t head = head_begin; head < head_end; ++head) {
     const std::uint16_t* k = keys16 + head * S * D;
@@ -219,8 +243,15 @@ std::size_t EvictionCore::admit(std::size_t head, std::size_t& n, const std::uin
   const std::size_t victim = pick_victim(head, n, recent_threshold);
   if (!newcomer_protected(limit) && (victim == kNone || effective_score(head, victim) > 0.0f)) return kNone;
   if (victim == kNone) throw std::logic_error("eviction core: no evictable row (sinks + recent window >= budget)");
-  write_row(head, victim, k, v, position, 0.0f);
-  return victim;
+  if (storage_->slot_writes()) {
+    write_row(head, victim, k, v, position, 0.0f);
+    return victim;
+  }
+  // A compressed storage takes rows at the end only: the victim leaves, the newcomer is appended.
+  const std::size_t one[1] = {victim};
+  erase_rows(head, n, one);
+  write_row(head, n - 1, k, v, position, 0.0f);
+  return n - 1;
 }
 
 std::size_t EvictionCore::absorb_head_sequential(std::size_t head, const std::uint16_t* keys16, const std::uint16_t* values16,
@@ -244,7 +275,7 @@ std::size_t EvictionCore::absorb_head_sequential(std::size_t head, const std::ui
       }
       // The fp16-rounded incoming key is the query; softmax in fp32 over the stored rows.
       convert_fp16_to_f32(k, scratch.query.data(), D);
-      dot_fp16_rows(keys_.data() + head * capacity_ * D, n, D, D, scratch.query.data(), scratch.logits.data());
+      storage_->key_logits(head, n, scratch.query.data(), scratch.logits.data());
       kernels::softmax_accumulate(scratch.logits.data(), n, scale, scores);
     }
     admit(head, n, k, v, positions[s], limit, recent_threshold[s]);
@@ -277,7 +308,7 @@ std::size_t EvictionCore::absorb_head_blocked(std::size_t head, const std::uint1
   std::size_t n = rows_;
   float* scores = scores_.data() + head * capacity_;
   for (std::size_t i = 0; i < n; ++i) {  // rows stored before this call (a prefill starts empty)
-    convert_fp16_to_f32(keys_.data() + (head * capacity_ + i) * D, scratch.query.data(), D);
+    convert_fp16_to_f32(storage_->fp16_key(head, i), scratch.query.data(), D);
     for (std::size_t j = 0; j < D; ++j) kt[j * ld + i] = scratch.query[j];
   }
   std::fill_n(scratch.source.begin(), capacity_, -1);
@@ -330,20 +361,36 @@ std::size_t EvictionCore::absorb_head_blocked(std::size_t head, const std::uint1
 void EvictionCore::write_row(std::size_t head, std::size_t slot, const std::uint16_t* k, const std::uint16_t* v,
                              std::int64_t position, float score) {
   const std::size_t row = head * capacity_ + slot;
-  std::memcpy(keys_.data() + row * dim_, k, dim_ * sizeof(std::uint16_t));
-  std::memcpy(values_.data() + row * dim_, v, dim_ * sizeof(std::uint16_t));
+  storage_->write(head, slot, k, v);
   positions_[row] = position;
   scores_[row] = score;
   if (!exposure_.empty()) exposure_[row] = 0.0f;
+  if (!weight_.empty()) weight_[row] = policy_.row_weight(k, v, dim_);
 }
 
 void EvictionCore::move_row(std::size_t head, std::size_t from, std::size_t to) {
+  storage_->move(head, from, to);
+  move_metadata(head, from, to);
+}
+
+void EvictionCore::erase_rows(std::size_t head, std::size_t n, std::span<const std::size_t> slots) {
+  storage_->erase(head, slots);
+  std::size_t to = slots.empty() ? n : slots[0], next = 0;
+  for (std::size_t from = to; from < n; ++from) {
+    if (next < slots.size() && slots[next] == from) {
+      ++next;
+      continue;
+    }
+    move_metadata(head, from, to++);
+  }
+}
+
+void EvictionCore::move_metadata(std::size_t head, std::size_t from, std::size_t to) {
   const std::size_t src = head * capacity_ + from, dst = head * capacity_ + to;
-  std::memcpy(keys_.data() + dst * dim_, keys_.data() + src * dim_, dim_ * sizeof(std::uint16_t));
-  std::memcpy(values_.data() + dst * dim_, values_.data() + src * dim_, dim_ * sizeof(std::uint16_t));
   positions_[dst] = positions_[src];
   scores_[dst] = scores_[src];
   if (!exposure_.empty()) exposure_[dst] = exposure_[src];
+  if (!weight_.empty()) weight_[dst] = weight_[src];
 }
 
 float EvictionCore::effective_score(std::size_t head, std::size_t slot) const {
@@ -404,6 +451,7 @@ void EvictionCore::observe(const AttentionObservation& obs, std::size_t limit, c
   // A prefill appended the whole prompt before this eviction: give back what the budget (plus the
   // one row a decode step appends before it is observed) does not need.
   if (limit != EvictionPolicy::kUnbounded && capacity_ > limit + 1 + limit / 8) relayout(std::max(rows_, limit + 1));
+  settle();
 }
 
 float EvictionCore::observation_contribution(const AttentionObservation& obs, std::size_t head) {
@@ -429,6 +477,10 @@ float EvictionCore::observation_contribution(const AttentionObservation& obs, st
       for (std::size_t i = 0; i < n; ++i) contribution_exposure_[i] += pos[i] <= qpos ? weight : 0.0f;
     }
     weight *= policy_.decay;
+  }
+  if (!weight_.empty()) {  // a registered score: the row's own weight times its attention
+    const float* w = weight_.data() + head * capacity_;
+    for (std::size_t i = 0; i < n; ++i) contribution_[i] *= w[i];
   }
   // Pooling over position neighbours, for multi-query observations (a prefill) only: a decode
   // step's single query scores exactly what it attended (and stays O(rows) per step).
@@ -521,6 +573,10 @@ void EvictionCore::drop_lowest(std::size_t drop) {
       holes_.assign(candidates_.begin(), candidates_.begin() + static_cast<std::ptrdiff_t>(drop));
       std::sort(holes_.begin(), holes_.end());
     }
+    if (!storage_->slot_writes()) {  // a compressed storage: the others keep their order
+      erase_rows(head, rows_, holes_);
+      continue;
+    }
     // Fill each hole with the last live row: O(drop * D) moves, sinks (the leading slots) stay put.
     std::size_t last = rows_;  // one past the last candidate for moving
     std::size_t tail_hole = holes_.size();
@@ -560,6 +616,7 @@ void EvictionCore::trim(std::size_t budget) {
   // Give back what the kept rows do not need (a deferred prefill may have held the whole prompt).
   const std::size_t keep = std::max(rows_, std::min(capacity_, budget));
   if (capacity_ > keep) relayout(keep);
+  settle();
 }
 
 void EvictionCore::reserve_rows(std::size_t needed, std::size_t bound) {
@@ -574,24 +631,23 @@ void EvictionCore::reserve_rows(std::size_t needed, std::size_t bound) {
 void EvictionCore::relayout(std::size_t new_capacity) {
   const std::size_t total = heads_total();
   const bool normalized = scoring() == Scoring::attention_normalized;
-  UninitBuffer<std::uint16_t> keys(total * new_capacity * dim_), values(total * new_capacity * dim_);
   UninitBuffer<float> scores(total * new_capacity);
   UninitBuffer<float> exposure(normalized ? total * new_capacity : 0);
+  UninitBuffer<float> weights(policy_.row_weight != nullptr ? total * new_capacity : 0);
   UninitBuffer<std::int64_t> positions(total * new_capacity);
   const std::size_t keep = std::min(rows_, new_capacity);
   for (std::size_t head = 0; head < total; ++head) {
     const std::size_t src = head * capacity_, dst = head * new_capacity;
     if (keep == 0) continue;
-    std::memcpy(keys.data() + dst * dim_, keys_.data() + src * dim_, keep * dim_ * sizeof(std::uint16_t));
-    std::memcpy(values.data() + dst * dim_, values_.data() + src * dim_, keep * dim_ * sizeof(std::uint16_t));
     std::memcpy(scores.data() + dst, scores_.data() + src, keep * sizeof(float));
     std::memcpy(positions.data() + dst, positions_.data() + src, keep * sizeof(std::int64_t));
     if (!exposure.empty()) std::memcpy(exposure.data() + dst, exposure_.data() + src, keep * sizeof(float));
+    if (!weights.empty()) std::memcpy(weights.data() + dst, weight_.data() + src, keep * sizeof(float));
   }
-  keys_ = std::move(keys);
-  values_ = std::move(values);
+  storage_->relayout(new_capacity, keep);
   scores_ = std::move(scores);
   exposure_ = std::move(exposure);
+  weight_ = std::move(weights);
   positions_ = std::move(positions);
   capacity_ = new_capacity;
 }
@@ -599,10 +655,10 @@ void EvictionCore::relayout(std::size_t new_capacity) {
 void EvictionCore::reset() {
   batch_ = heads_ = dim_ = 0;
   capacity_ = rows_ = head_rows_ = 0;
-  keys_.release();
-  values_.release();
+  storage_->reset();
   scores_.release();
   exposure_.release();
+  weight_.release();
   positions_.release();
   recent_.clear();
   prefill_calls_ = 0;
@@ -611,20 +667,15 @@ void EvictionCore::reset() {
 }
 
 CacheView EvictionCore::view() const {
-  CacheView v;
+  CacheView v = storage_->view(batch_, heads_, rows_, positions_.data(), capacity_);
   v.batch = batch_;
   v.heads = heads_;
-  v.tokens = rows_;
   v.head_dim = dim_;
-  v.head_stride = capacity_;
-  v.keys = keys_.data();
-  v.values = values_.data();
-  v.positions = positions_.data();
   return v;
 }
 
 std::size_t EvictionCore::resident_bytes() const {
-  return keys_.bytes() + values_.bytes() + scores_.bytes() + exposure_.bytes() + positions_.bytes();
+  return storage_->resident_bytes() + scores_.bytes() + exposure_.bytes() + weight_.bytes() + positions_.bytes();
 }
 
 }  // namespace kvslim

@@ -1,6 +1,9 @@
-// The H2O eviction core shared by h2o, squeeze, pyramidkv, streaming and full: per-head slots of
-// fp16 keys/values with a cumulative score and a true position each. A method is a policy over
-// this core (a score, a budget, protected rows), never a copy of it.
+// The H2O eviction core shared by h2o, squeeze, pyramidkv, streaming and full: the policy half of
+// "a cache is a policy over a storage". Per head it keeps each row's true position and cumulative
+// score (the metadata, in slot order) and decides which rows arrive and which leave; the rows
+// themselves live in a RowStorage (storage/row_storage.h: fp16 slots, kivi codes, zipcache mixed
+// precision) that the core never reads except through key_logits for the key-proxy score. A method
+// is a policy over this core (a score, a budget, protected rows), never a copy of it.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -11,6 +14,7 @@
 #include <vector>
 
 #include "cross_layer_importance.h"
+#include "storage/row_storage.h"
 #include "kvslim/cache.h"
 #include "uninit_buffer.h"
 
@@ -46,6 +50,9 @@ struct EvictionPolicy {
   // A prefill observation also adds, per row, cross_layer x the importance other layers' queries
   // gave its position (CrossLayerImportance; needs share_importance). 0 = each layer alone.
   float cross_layer = 0.0f;
+  // A registered score (cache/row_scores.h): each observation's attention of a row is multiplied
+  // by row_weight(its key, its value) first. nullptr: the plain scoring.
+  float (*row_weight)(const std::uint16_t* key, const std::uint16_t* value, std::size_t dim) = nullptr;
 };
 
 struct KVCacheConfig;
@@ -59,7 +66,8 @@ EvictionPolicy make_eviction_policy(const KVCacheConfig& config, int n_sink);
 
 class EvictionCore {
  public:
-  explicit EvictionCore(EvictionPolicy policy) : policy_(policy) {}
+  // `storage` holds the rows (null: fp16 slots, make_fp16_storage()).
+  explicit EvictionCore(EvictionPolicy policy, std::unique_ptr<RowStorage> storage = nullptr);
 
   // Absorbs S new tokens, fp16 [heads_total, S, D] (heads_total = batch * heads), with their
   // positions [S]. Rows never exceed `limit` per head: key_proxy and none evict one row per token
@@ -84,8 +92,18 @@ class EvictionCore {
   // Joins the model's cross-layer board as sharing layer number `layer` (used when
   // policy().cross_layer > 0 and the scoring is attention).
   void share_importance(std::shared_ptr<CrossLayerImportance> board, std::size_t layer);
+  // While the head holds more than `rows` rows they may still be cut (squeeze before its schedule
+  // exists): the storage keeps them as they are, so a later cut does not leave half-empty
+  // compressed groups behind. kUnbounded: never held.
+  void hold_compression_above(std::size_t rows) { hold_above_ = rows; }
 
   CacheView view() const;
+  // Feeds head `head`'s rows to the attention in row order (KVCache::attend).
+  void feed(attend::HeadAttention& ha, std::size_t head) const;
+  std::size_t batch() const { return batch_; }
+  std::size_t heads() const { return heads_; }
+  std::size_t dim() const { return dim_; }
+  const RowStorage& storage() const { return *storage_; }
   std::size_t rows() const { return rows_; }
   std::size_t heads_total() const { return batch_ * heads_; }
   std::size_t resident_bytes() const;
@@ -123,7 +141,14 @@ class EvictionCore {
   void relayout(std::size_t new_capacity);
   void write_row(std::size_t head, std::size_t slot, const std::uint16_t* k, const std::uint16_t* v,
                  std::int64_t position, float score);
-  void move_row(std::size_t head, std::size_t from, std::size_t to);
+  void move_row(std::size_t head, std::size_t from, std::size_t to);  // slot storages
+  void move_metadata(std::size_t head, std::size_t from, std::size_t to);
+  // Rows `slots` (ascending) of a head holding n leave, the others keep their order (storages
+  // without slot writes); n is the head's row count before.
+  void erase_rows(std::size_t head, std::size_t n, std::span<const std::size_t> slots);
+  // After a step's eviction: the storage may compress what waited (storage/row_storage.h),
+  // unless held (hold_compression_above).
+  void settle();
   // The evictable row with the lowest score (ties: lowest position), or kNone.
   std::size_t pick_victim(std::size_t head, std::size_t n, std::int64_t recent_threshold) const;
   float effective_score(std::size_t head, std::size_t slot) const;
@@ -147,10 +172,10 @@ class EvictionCore {
   std::size_t batch_ = 0, heads_ = 0, dim_ = 0;
   std::size_t capacity_ = 0;  // allocated rows per head
   std::size_t rows_ = 0;      // valid rows per head (equal for every head)
-  UninitBuffer<std::uint16_t> keys_;      // fp16 [batch * heads, capacity, dim]
-  UninitBuffer<std::uint16_t> values_;    // fp16 [batch * heads, capacity, dim]
+  std::unique_ptr<RowStorage> storage_;   // the rows, in slot order (fp16 slots: [batch * heads, capacity, dim])
   UninitBuffer<float> scores_;            // [batch * heads, capacity] cumulative attention mass
   UninitBuffer<float> exposure_;          // [batch * heads, capacity] queries that could see the row (normalized scoring only)
+  UninitBuffer<float> weight_;            // [batch * heads, capacity] policy_.row_weight of the row (registered scores only)
   UninitBuffer<std::int64_t> positions_;  // [batch * heads, capacity] absolute positions
   std::deque<std::int64_t> recent_;      // the last recent_window absorbed positions (all heads)
   std::vector<std::int64_t> thresholds_;  // [S] recent-window threshold after each incoming token
@@ -160,6 +185,7 @@ class EvictionCore {
   std::size_t last_limit_ = kNone;       // the limit of the last absorb / observe
   bool awaiting_observation_ = false;    // attention scoring: absorbed rows not yet observed
   bool fallback_ = false;                // see fell_back()
+  std::size_t hold_above_ = EvictionPolicy::kUnbounded;  // see hold_compression_above()
   std::vector<float> contribution_, contribution_exposure_, pooled_;  // observe scratch [rows]
   std::vector<std::size_t> order_;       // observe scratch: slots in position order
   std::size_t window_queries_ = 0;       // queries the last observation_contribution counted

@@ -15,7 +15,8 @@
 namespace kvslim {
 SqueezeCache::SqueezeCache(const KVCacheConfig& config, std::shared_ptr<SqueezeCoordinator> coordinator, int layer_id)
     : EvictionCache("squeeze", make_eviction_policy(config, config.squeeze_n_sink),
-                    static_cast<std::size_t>(config.squeeze_resolved_budget.value_or(config.squeeze_budget))),
+                    static_cast<std::size_t>(config.squeeze_resolved_budget.value_or(config.squeeze_budget)),
+                    make_row_storage(config)),
       coordinator_(std::move(coordinator)),
       eager_(config.squeeze_prefill == "eager"),
       hidden_signal_(config.squeeze_signal == "hidden_cosine"),
