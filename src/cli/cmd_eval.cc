@@ -123,6 +123,9 @@ int run(const Options& o, CLI::App& app) {
     std::printf("note: %s not found; text fidelity on the out-of-domain held-out text only\n",
                 indist_path.string().c_str());
   }
+  // Reconstruction-scored variants (h2o_kvzip*): the prompt before each chunk's copy of the context
+  // (KVzip's wording; models/tiny never saw an instruction, the copy's attention is what counts).
+  in.repeat_prompt = tokenizer.encode("\n\nRepeat the previous context exactly.\n", /*add_special_tokens=*/false);
   in.bos = tokenizer.bos_id();
   if (!in.bos) in.bos = model.config().bos_token_id;
   std::vector<std::string> lines;

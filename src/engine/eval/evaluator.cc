@@ -16,6 +16,8 @@
 
 #include "engine/eval/progress.h"
 #include "engine/eval/report.h"
+#include "engine/reconstruction_score.h"
+#include "kvslim/prior_scores.h"
 
 namespace kvslim::engine::eval {
 namespace {
@@ -106,19 +108,55 @@ int budget_of(MemoryMatcher& matcher, const MethodVariant& v, double level, std:
 
 // Runs one episode in every setting the options ask for on a fresh engine each (the caches of
 // `config`) and records every verdict under its score key. Returns the tokens it fed the model.
+// What a variant does before an episode's first prefill: nothing, or attach reconstruction scores
+// of that prefill's tokens to every layer (timed).
+struct EpisodePrep {
+  const Model& model;
+  float reconstruction_weight = 0;  // 0: none
+  const std::vector<int>* repeat_prompt = nullptr;
+  double* reconstruction_seconds = nullptr;
+  void operator()(CacheSet& caches, std::span<const int> first_prefill) const {
+    if (reconstruction_weight <= 0) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    ReconstructionOptions ro;
+    ro.repeat_prompt = *repeat_prompt;
+    ro.weight = reconstruction_weight;
+    const auto scores = reconstruction_scores(model, first_prefill, ro);
+    for (std::size_t l = 0; l < caches.size(); ++l) {
+      if (caches[l] == nullptr || scores[l] == nullptr) continue;
+      if (!attach_prior_scores(*caches[l], scores[l])) {
+        throw std::invalid_argument("reconstruction scores need an attention-scored h2o / squeeze / pyramidkv cache, not " +
+                                    std::string(caches[l]->method()));
+      }
+    }
+    *reconstruction_seconds += seconds_since(t0);
+  }
+};
+
+// Runs one episode in every setting the options ask for on a fresh engine each (the caches of
+// `config`) and records every verdict under its score key. Returns the tokens it fed the model.
 std::size_t run_episode(const Model& model, const KVCacheConfig& config, PrefillAttention prefill, const EvalOptions& o,
-                        const EpisodeSpec& ep, std::vector<TaskScore>& scores) {
+                        const EpisodeSpec& ep, std::vector<TaskScore>& scores, const EpisodePrep* prep = nullptr,
+                        double* episode_seconds = nullptr) {
   const std::string& task = o.tasks[ep.task_index];
+  const std::span<const int> prompt(ep.episode.prompt);
   std::size_t fed = 0;
   if (o.has_setting("inside")) {
     Engine e(model, config, prefill, ep.episode.length(), 1);
+    if (prep != nullptr) (*prep)(e.caches, prompt);
+    const auto t0 = std::chrono::steady_clock::now();
     record(scores, o, ep, score_key(task, "inside", 1), answer_matches(greedy_answer(*e.transformer, ep.episode), ep.episode.answer));
+    if (episode_seconds != nullptr) *episode_seconds += seconds_since(t0);
     fed += ep.episode.length();
   }
   if (o.has_setting("later")) {
     const std::size_t turns = o.turns_for(task);
     Engine e(model, config, prefill, ep.episode.length_with_turns(turns), 1);
+    // The document alone is the first prefill here: the scores cannot see the question either.
+    if (prep != nullptr) (*prep)(e.caches, prompt.first(ep.episode.question_start));
+    const auto t0 = std::chrono::steady_clock::now();
     const std::vector<bool> verdicts = answer_later(*e.transformer, ep.episode, turns).correct;
+    if (episode_seconds != nullptr) *episode_seconds += seconds_since(t0);
     for (std::size_t t = 0; t < verdicts.size(); ++t) record(scores, o, ep, score_key(task, "later", t + 1), verdicts[t]);
     fed += ep.episode.length_with_turns(turns);
   }
@@ -484,6 +522,11 @@ EvalResults run_eval(const Model& model, const EvalInputs& inputs, const EvalOpt
         tp.budget = budget_of(matcher, v, level, tp.context);
         Engine e(model, config_with_budget(v, tp.budget), v.prefill, tp.context + options.continuation, 1);
         for (std::size_t w = 0; w < windows[c].size(); ++w) {
+          if (v.reconstruction_weight > 0) {  // the window's context is its first prefill
+            double ignored = 0;
+            const EpisodePrep prep{model, v.reconstruction_weight, &inputs.repeat_prompt, &ignored};
+            prep(e.caches, std::span<const int>(windows[c][w].tokens).first(windows[c][w].context));
+          }
           const WindowRun run = run_window(*e.transformer, e.caches, windows[c][w]);
           tp.per_window.push_back(compare_runs(windows[c][w], reference[c][w], run, vocab));
           tp.totals.add(tp.per_window.back());
@@ -509,7 +552,9 @@ EvalResults run_eval(const Model& model, const EvalInputs& inputs, const EvalOpt
         // One budget for both settings: level x the full cache's bytes for the whole prompt, so the
         // question after the context is answered from the same bytes as the question inside it.
         const int budget = budget_of(matcher, v, level, ep.episode.prompt.size());
-        const std::size_t fed = run_episode(model, config_with_budget(v, budget), v.prefill, options, ep, P.retrieval);
+        const EpisodePrep prep{model, v.reconstruction_weight, &inputs.repeat_prompt, &P.reconstruction_seconds};
+        const std::size_t fed = run_episode(model, config_with_budget(v, budget), v.prefill, options, ep, P.retrieval,
+                                            v.reconstruction_weight > 0 ? &prep : nullptr, &P.episode_seconds);
         bar.advance(static_cast<double>(fed), note);
         done += static_cast<double>(fed);
       }

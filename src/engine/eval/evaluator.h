@@ -119,6 +119,10 @@ struct PointResult {
   std::vector<TextPoint> text;
   std::vector<TaskScore> retrieval;
   std::string error;        // non-empty when the point failed (the rest of the run goes on)
+  // Variants with reconstruction scores: seconds spent computing them, and seconds of the
+  // episodes' own runs (prefill and answer) through the compressing caches, summed over the
+  // retrieval episodes: what the second pass costs against the prefill it serves.
+  double reconstruction_seconds = 0, episode_seconds = 0;
 };
 
 struct EvalResults {
@@ -150,6 +154,9 @@ struct EvalInputs {
   std::string indist_source;
   std::optional<int> bos;
   const EpisodeMaker* episodes = nullptr;  // null: no retrieval
+  // Tokens before each reconstruction chunk's copy of the context (variants with
+  // reconstruction_weight > 0); may be empty.
+  std::vector<int> repeat_prompt;
   std::string model_dir, text_source;
 };
 

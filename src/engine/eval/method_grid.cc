@@ -84,6 +84,19 @@ std::vector<MethodVariant> build_catalogue() {
     v.compares_to = "h2o";
     all.push_back(v);
   }
+  // Reconstruction scores (issue 27, KVzip's idea): the model re-reads the context after a repeat
+  // prompt and each token is scored by the attention the copy gives it; query-agnostic, so it
+  // holds when the question comes after the context. Weight 1: added to the window's attention;
+  // 100: the reconstruction decides.
+  for (auto [suffix, weight] : {std::pair{"", 1.0f}, std::pair{"_only", 100.0f}}) {
+    auto v = make(std::string("h2o_kvzip") + suffix, "h2o",
+                  std::string("h2o default with reconstruction scores (KVzip-style second pass over the context)") +
+                      (weight > 1 ? ", the reconstruction deciding" : ", added to the window's"),
+                  false);
+    v.reconstruction_weight = weight;
+    v.compares_to = "h2o";
+    all.push_back(v);
+  }
   all.push_back(original(make("h2o_original", "h2o", "H2O, documented key-proxy score, no recent window (evict_profile=original)", true)));
   {
     auto v = original(make("h2o_recent", "h2o", "H2O key proxy, newest half of the budget protected", false));

@@ -221,6 +221,10 @@ json to_json(const EvalResults& R) {
     }
     p["retrieval"] = ret;
     p["retrieval_later"] = later;
+    if (P.variant.reconstruction_weight > 0) {
+      p["reconstruction_seconds"] = P.reconstruction_seconds;
+      p["episode_seconds"] = P.episode_seconds;
+    }
     points.push_back(p);
   }
   j["points"] = points;
@@ -336,6 +340,14 @@ void print_table(std::FILE* out, const EvalResults& R) {
   if (any_loose) {
     std::fprintf(out, "* resident bytes more than 5%% above what the kept tokens need: the cache keeps allocation it no "
                       "longer uses (budgets are matched on kept tokens)\n");
+  }
+  for (const auto& P : R.points) {
+    if (P.variant.reconstruction_weight > 0 && P.error.empty() && P.episode_seconds > 0) {
+      std::fprintf(out, "%s @%s: reconstruction scores took %.1f s against %.1f s of the episodes' own prefills and answers "
+                        "(%.2fx: the second pass's cost)\n",
+                   P.variant.name.c_str(), level_label(P.level_target).c_str(), P.reconstruction_seconds, P.episode_seconds,
+                   P.reconstruction_seconds / P.episode_seconds);
+    }
   }
   if (o.has_setting("later") && !shown_tasks.empty()) {
     std::fprintf(out, "TASK@later: the document prefilled and compressed in one call, the question in the next; TASK@turnN: the "
