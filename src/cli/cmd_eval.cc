@@ -35,7 +35,8 @@ struct Options {
   bool wide = false;
   std::vector<double> levels, depths;
   std::vector<std::size_t> contexts, lengths;
-  std::vector<std::string> tasks;
+  std::vector<std::string> tasks, settings;
+  std::size_t turns = 0;
   std::size_t windows = 0, continuation = 0, trials = 0;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::uint64_t seed = 7;
@@ -87,6 +88,8 @@ int run(const Options& o, CLI::App& app) {
       if (!t.empty()) e.tasks.push_back(t);
     }
   }
+  if (app.count("--settings") > 0) e.settings = o.settings;
+  if (o.turns > 0) e.turns = o.turns;
   if (o.windows > 0) e.windows = o.windows;
   if (o.continuation > 0) e.continuation = o.continuation;
   if (o.trials > 0) e.trials = o.trials;
@@ -120,6 +123,9 @@ int run(const Options& o, CLI::App& app) {
     std::printf("note: %s not found; text fidelity on the out-of-domain held-out text only\n",
                 indist_path.string().c_str());
   }
+  // Reconstruction-scored variants (h2o_kvzip*): the prompt before each chunk's copy of the context
+  // (KVzip's wording; models/tiny never saw an instruction, the copy's attention is what counts).
+  in.repeat_prompt = tokenizer.encode("\n\nRepeat the previous context exactly.\n", /*add_special_tokens=*/false);
   in.bos = tokenizer.bos_id();
   if (!in.bos) in.bos = model.config().bos_token_id;
   std::vector<std::string> lines;
@@ -206,7 +212,15 @@ const CommandRegistrar registrar(
       app.add_option("--contexts", o->contexts, "text-fidelity context lengths (preset: 1/4 and 3/4 of the model's context)")->delimiter(',')->check(CLI::Range(16, 1 << 24));
       app.add_option("--windows", o->windows, "text windows per context (preset's when 0)")->check(CLI::Range(0, 1 << 20));
       app.add_option("--continuation", o->continuation, "teacher-forced tokens per window (preset's when 0; else >= 2)")->check(CLI::Range(0, 1 << 24));
-      app.add_option("--tasks", o->tasks, "retrieval tasks: passkey,kvlist (empty string: none)")->delimiter(',');
+      app.add_option("--tasks", o->tasks, "retrieval tasks: passkey,kvlist,multikey (empty string: none)")->delimiter(',');
+      app.add_option("--settings", o->settings,
+                     "where the question comes: inside (the end of the compressed prompt), later (after the context, "
+                     "compressed in its own call, as a chat turn); default both")
+          ->delimiter(',');
+      app.add_option("--turns", o->turns,
+                     "questions asked in sequence about one compressed document in the later setting, each answer "
+                     "appended (kvlist, multikey; 1-4; preset's when 0)")
+          ->check(CLI::Range(0, 4));
       app.add_option("--lengths", o->lengths, "retrieval prompt lengths in tokens")->delimiter(',')->check(CLI::Range(16, 1 << 24));
       app.add_option("--depths", o->depths, "needle depths in [0, 1]")->delimiter(',')->check(finite_range(0.0, 1.0));
       app.add_option("--trials", o->trials, "episodes per (task, length, depth) (preset's when 0)")->check(CLI::Range(0, 1 << 20));

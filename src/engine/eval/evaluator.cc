@@ -16,6 +16,8 @@
 
 #include "engine/eval/progress.h"
 #include "engine/eval/report.h"
+#include "engine/reconstruction_score.h"
+#include "kvslim/prior_scores.h"
 
 namespace kvslim::engine::eval {
 namespace {
@@ -79,9 +81,9 @@ struct EpisodeSpec {
 
 std::vector<TaskScore> empty_scores(const EvalOptions& o) {
   std::vector<TaskScore> scores;
-  for (const auto& task : o.tasks) {
+  for (const auto& key : o.score_keys()) {
     TaskScore s;
-    s.task = task;
+    s.task = key;
     for (std::size_t len : o.retrieval_lengths) {
       for (double d : o.depths) s.cells.push_back(RetrievalCell{len, d, 0, 0});
     }
@@ -90,9 +92,9 @@ std::vector<TaskScore> empty_scores(const EvalOptions& o) {
   return scores;
 }
 
-void record(std::vector<TaskScore>& scores, const EvalOptions& o, const EpisodeSpec& e, bool correct) {
-  auto it = std::find_if(scores.begin(), scores.end(), [&](const TaskScore& s) { return s.task == o.tasks[e.task_index]; });
-  if (it == scores.end()) throw std::logic_error("retrieval: no score table for task " + o.tasks[e.task_index]);
+void record(std::vector<TaskScore>& scores, const EvalOptions& o, const EpisodeSpec& e, const std::string& key, bool correct) {
+  auto it = std::find_if(scores.begin(), scores.end(), [&](const TaskScore& s) { return s.task == key; });
+  if (it == scores.end()) return;  // a figure not reported (the full cache could not do it)
   RetrievalCell& cell = it->cells[e.length_index * o.depths.size() + e.depth_index];
   cell.total += 1;
   cell.correct += correct ? 1 : 0;
@@ -104,7 +106,111 @@ int budget_of(MemoryMatcher& matcher, const MethodVariant& v, double level, std:
   return v.budgeted() ? matcher.budget_for(v, level, tokens) : 0;
 }
 
+// Runs one episode in every setting the options ask for on a fresh engine each (the caches of
+// `config`) and records every verdict under its score key. Returns the tokens it fed the model.
+// What a variant does before an episode's first prefill: nothing, or attach reconstruction scores
+// of that prefill's tokens to every layer (timed).
+struct EpisodePrep {
+  const Model& model;
+  float reconstruction_weight = 0;  // 0: none
+  const std::vector<int>* repeat_prompt = nullptr;
+  double* reconstruction_seconds = nullptr;
+  void operator()(CacheSet& caches, std::span<const int> first_prefill) const {
+    if (reconstruction_weight <= 0) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    ReconstructionOptions ro;
+    ro.repeat_prompt = *repeat_prompt;
+    ro.weight = reconstruction_weight;
+    const auto scores = reconstruction_scores(model, first_prefill, ro);
+    for (std::size_t l = 0; l < caches.size(); ++l) {
+      if (caches[l] == nullptr || scores[l] == nullptr) continue;
+      if (!attach_prior_scores(*caches[l], scores[l])) {
+        throw std::invalid_argument("reconstruction scores need an attention-scored h2o / squeeze / pyramidkv cache, not " +
+                                    std::string(caches[l]->method()));
+      }
+    }
+    *reconstruction_seconds += seconds_since(t0);
+  }
+};
+
+// Runs one episode in every setting the options ask for on a fresh engine each (the caches of
+// `config`) and records every verdict under its score key. Returns the tokens it fed the model.
+std::size_t run_episode(const Model& model, const KVCacheConfig& config, PrefillAttention prefill, const EvalOptions& o,
+                        const EpisodeSpec& ep, std::vector<TaskScore>& scores, const EpisodePrep* prep = nullptr,
+                        double* episode_seconds = nullptr) {
+  const std::string& task = o.tasks[ep.task_index];
+  const std::span<const int> prompt(ep.episode.prompt);
+  std::size_t fed = 0;
+  if (o.has_setting("inside")) {
+    Engine e(model, config, prefill, ep.episode.length(), 1);
+    if (prep != nullptr) (*prep)(e.caches, prompt);
+    const auto t0 = std::chrono::steady_clock::now();
+    record(scores, o, ep, score_key(task, "inside", 1), answer_matches(greedy_answer(*e.transformer, ep.episode), ep.episode.answer));
+    if (episode_seconds != nullptr) *episode_seconds += seconds_since(t0);
+    fed += ep.episode.length();
+  }
+  if (o.has_setting("later")) {
+    const std::size_t turns = o.turns_for(task);
+    Engine e(model, config, prefill, ep.episode.length_with_turns(turns), 1);
+    // The document alone is the first prefill here: the scores cannot see the question either.
+    if (prep != nullptr) (*prep)(e.caches, prompt.first(ep.episode.question_start));
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::vector<bool> verdicts = answer_later(*e.transformer, ep.episode, turns).correct;
+    if (episode_seconds != nullptr) *episode_seconds += seconds_since(t0);
+    for (std::size_t t = 0; t < verdicts.size(); ++t) record(scores, o, ep, score_key(task, "later", t + 1), verdicts[t]);
+    fed += ep.episode.length_with_turns(turns);
+  }
+  return fed;
+}
+
+std::size_t episode_units(const EvalOptions& o, const EpisodeSpec& ep) {
+  std::size_t n = 0;
+  if (o.has_setting("inside")) n += ep.episode.length();
+  if (o.has_setting("later")) n += ep.episode.length_with_turns(o.turns_for(o.tasks[ep.task_index]));
+  return n;
+}
+
 }  // namespace
+
+ScoreKey parse_score_key(const std::string& key) {
+  ScoreKey k;
+  const std::size_t at = key.find('@');
+  k.task = key.substr(0, at);
+  if (at == std::string::npos) {
+    k.setting = "inside";
+    return k;
+  }
+  const std::string rest = key.substr(at + 1);
+  k.setting = "later";
+  if (rest == "later") return k;
+  if (rest.rfind("turn", 0) == 0 && rest.size() > 4) {
+    k.turn = static_cast<std::size_t>(std::stoul(rest.substr(4)));
+    return k;
+  }
+  throw std::invalid_argument("retrieval score key \"" + key + "\": expected TASK, TASK@later or TASK@turnN");
+}
+
+std::string score_key(const std::string& task, const std::string& setting, std::size_t turn) {
+  if (setting == "inside") return task;
+  return turn <= 1 ? task + "@later" : task + "@turn" + std::to_string(turn);
+}
+
+bool EvalOptions::has_setting(const std::string& setting) const {
+  return std::find(settings.begin(), settings.end(), setting) != settings.end();
+}
+
+std::size_t EvalOptions::turns_for(const std::string& task) const { return task == "passkey" ? 1 : turns; }
+
+std::vector<std::string> EvalOptions::score_keys() const {
+  std::vector<std::string> keys;
+  for (const auto& task : tasks) {
+    if (has_setting("inside")) keys.push_back(score_key(task, "inside", 1));
+    if (has_setting("later")) {
+      for (std::size_t t = 1; t <= turns_for(task); ++t) keys.push_back(score_key(task, "later", t));
+    }
+  }
+  return keys;
+}
 
 EvalOptions EvalOptions::for_preset(const std::string& name, std::size_t model_context) {
   if (model_context < 128) {
@@ -120,7 +226,9 @@ EvalOptions EvalOptions::for_preset(const std::string& name, std::size_t model_c
   if (name == "quick") {
     o.continuation = std::min<std::size_t>(64, M / 8);
     o.windows = 1;
-    o.tasks = {"passkey"};
+    // Every retrieval task, with the question inside the prompt and after the compressed context.
+    o.tasks = {"passkey", "kvlist", "multikey"};
+    o.settings = {"inside", "later"};
     o.retrieval_lengths = {3 * M / 4};
     o.depths = {0.1, 0.5, 0.9};
     o.trials = 1;
@@ -132,8 +240,12 @@ EvalOptions EvalOptions::for_preset(const std::string& name, std::size_t model_c
     o.levels = {0.5, 0.25, 0.125, 0.0625};
     o.continuation = std::min<std::size_t>(128, M / 4);
     o.windows = 10;
-    o.tasks = {"passkey", "kvlist"};
-    o.retrieval_lengths = {M / 2, M - 8};  // M - 8: the answer and a margin fit
+    o.tasks = {"passkey", "kvlist", "multikey"};
+    o.settings = {"inside", "later"};
+    o.turns = 3;  // the multi-turn run: three questions about one compressed document
+    // 3/4 of the context (1536 for a 2048-token model: issue 27's protocol) leaves room for the
+    // follow-up questions and answers; it was M - 8 when there was one question.
+    o.retrieval_lengths = {M / 2, 3 * M / 4};
     o.depths = {0.1, 0.3, 0.5, 0.7, 0.9};
     o.trials = 5;
     o.speed_tokens = 128;
@@ -156,8 +268,15 @@ void EvalOptions::validate() const {
   if (continuation < 2) fail("--continuation must be >= 2 tokens");
   if (windows < 1) fail("--windows must be >= 1");
   for (const auto& t : tasks) {
-    if (t != "passkey" && t != "kvlist") fail("--tasks: retrieval task \"" + t + "\": expected passkey or kvlist");
+    if (t != "passkey" && t != "kvlist" && t != "multikey") {
+      fail("--tasks: retrieval task \"" + t + "\": expected passkey, kvlist or multikey");
+    }
   }
+  if (!tasks.empty() && settings.empty()) fail("--settings: at least one of inside, later is needed");
+  for (const auto& s : settings) {
+    if (s != "inside" && s != "later") fail("--settings: \"" + s + "\": expected inside or later");
+  }
+  if (turns < 1 || turns > 4) fail("--turns " + std::to_string(turns) + ": expected 1..4 (kvlist and multikey episodes carry 3 follow-up questions)");
   if (!tasks.empty() && (retrieval_lengths.empty() || depths.empty() || trials < 1)) {
     fail("retrieval (--tasks) needs --lengths, --depths and --trials >= 1");
   }
@@ -263,8 +382,16 @@ EvalResults run_eval(const Model& model, const EvalInputs& inputs, const EvalOpt
           for (std::size_t k = 0; k < options.trials; ++k) {
             const std::size_t len = options.retrieval_lengths[li];
             const double depth = options.depths[di];
-            Episode e = options.tasks[t] == "passkey" ? inputs.episodes->passkey(len, depth, rng)
-                                                      : inputs.episodes->kvlist(len, depth, rng);
+            Episode e = inputs.episodes->make(options.tasks[t], len, depth, rng);
+            // The follow-up turns add tokens past --lengths: refuse here, before any model work.
+            const std::size_t need = options.has_setting("later") ? e.length_with_turns(options.turns_for(options.tasks[t])) : e.length();
+            const auto max_positions = static_cast<std::size_t>(model.config().max_position_embeddings);
+            if (need > max_positions) {
+              throw std::invalid_argument("--lengths " + std::to_string(len) + " with --turns " + std::to_string(options.turns) +
+                                          ": a " + options.tasks[t] + " episode with its follow-up questions needs " +
+                                          std::to_string(need) + " tokens, past the model's context (max_position_embeddings = " +
+                                          std::to_string(max_positions) + ")");
+            }
             episodes.push_back(EpisodeSpec{t, li, di, std::move(e)});
           }
         }
@@ -296,7 +423,7 @@ EvalResults run_eval(const Model& model, const EvalInputs& inputs, const EvalOpt
   for (const auto& ws : windows) {
     for (const auto& w : ws) units_per_point += static_cast<double>(w.tokens.size());
   }
-  for (const auto& e : episodes) units_per_point += static_cast<double>(e.episode.length());
+  for (const auto& e : episodes) units_per_point += static_cast<double>(episode_units(options, e));
   const double speed_units =
       options.speed ? static_cast<double>(options.speed_context + options.speed_tokens) * 4 : 0.0;  // decode weighs more
   const double total_units = units_per_point * static_cast<double>(jobs.size() + 1) +
@@ -313,7 +440,7 @@ EvalResults run_eval(const Model& model, const EvalInputs& inputs, const EvalOpt
   for (std::size_t c = 0; c < windows.size(); ++c) {
     for (std::size_t w = 0; w < windows[c].size(); ++w) ref_items.emplace_back(c, w);
   }
-  std::vector<char> full_correct(episodes.size(), 0);
+  std::vector<std::vector<TaskScore>> full_scores(episodes.size());  // each episode's verdicts, merged in order below
   const std::size_t n_ref = ref_items.size() + episodes.size();
   parallel_for(n_ref, workers, [&](std::size_t i) {
     if (i < ref_items.size()) {
@@ -324,9 +451,10 @@ EvalResults run_eval(const Model& model, const EvalInputs& inputs, const EvalOpt
       bar.advance(static_cast<double>(win.tokens.size()), "full cache");
     } else {
       const EpisodeSpec& ep = episodes[i - ref_items.size()];
-      Engine e(model, full_config(), PrefillAttention::cache_view, ep.episode.length(), 1);
-      full_correct[i - ref_items.size()] = answer_matches(greedy_answer(*e.transformer, ep.episode), ep.episode.answer);
-      bar.advance(static_cast<double>(ep.episode.length()), "full cache");
+      std::vector<TaskScore>& scores = full_scores[i - ref_items.size()];
+      scores = empty_scores(options);
+      const std::size_t fed = run_episode(model, full_config(), PrefillAttention::cache_view, options, ep, scores);
+      bar.advance(static_cast<double>(fed), "full cache");
     }
   });
   for (std::size_t c = 0; c < windows.size(); ++c) {
@@ -340,20 +468,34 @@ EvalResults run_eval(const Model& model, const EvalInputs& inputs, const EvalOpt
     R.full_text.push_back(tp);
   }
   R.full_retrieval = empty_scores(options);
-  for (std::size_t i = 0; i < episodes.size(); ++i) record(R.full_retrieval, options, episodes[i], full_correct[i]);
+  for (const auto& scores : full_scores) {
+    for (std::size_t k = 0; k < scores.size(); ++k) {
+      TaskScore& into = R.full_retrieval[k];
+      for (std::size_t c = 0; c < scores[k].cells.size(); ++c) {
+        into.cells[c].correct += scores[k].cells[c].correct;
+        into.cells[c].total += scores[k].cells[c].total;
+      }
+      into.outcomes.insert(into.outcomes.end(), scores[k].outcomes.begin(), scores[k].outcomes.end());
+    }
+  }
   // A task the full cache cannot do says nothing about compression: its episodes are not run
   // for the methods (the table and JSON say why it is absent).
   {
+    // An episode runs while the full cache could do any of its figures (record() skips the others).
     std::vector<EpisodeSpec> kept;
     for (auto& e : episodes) {
-      if (R.task_reported(options.tasks[e.task_index])) kept.push_back(std::move(e));
+      bool any = false;
+      for (const auto& key : options.score_keys()) {
+        any = any || (parse_score_key(key).task == options.tasks[e.task_index] && R.task_reported(key));
+      }
+      if (any) kept.push_back(std::move(e));
     }
     episodes = std::move(kept);
     double point_units = 0;
     for (const auto& ws : windows) {
       for (const auto& w : ws) point_units += static_cast<double>(w.tokens.size());
     }
-    for (const auto& e : episodes) point_units += static_cast<double>(e.episode.length());
+    for (const auto& e : episodes) point_units += static_cast<double>(episode_units(options, e));
     bar.set_total(bar.done() + point_units * static_cast<double>(jobs.size()) +
                   speed_units * static_cast<double>(variants.size() + 2));
     units_per_point = point_units;
@@ -380,6 +522,11 @@ EvalResults run_eval(const Model& model, const EvalInputs& inputs, const EvalOpt
         tp.budget = budget_of(matcher, v, level, tp.context);
         Engine e(model, config_with_budget(v, tp.budget), v.prefill, tp.context + options.continuation, 1);
         for (std::size_t w = 0; w < windows[c].size(); ++w) {
+          if (v.reconstruction_weight > 0) {  // the window's context is its first prefill
+            double ignored = 0;
+            const EpisodePrep prep{model, v.reconstruction_weight, &inputs.repeat_prompt, &ignored};
+            prep(e.caches, std::span<const int>(windows[c][w].tokens).first(windows[c][w].context));
+          }
           const WindowRun run = run_window(*e.transformer, e.caches, windows[c][w]);
           tp.per_window.push_back(compare_runs(windows[c][w], reference[c][w], run, vocab));
           tp.totals.add(tp.per_window.back());
@@ -402,11 +549,14 @@ EvalResults run_eval(const Model& model, const EvalInputs& inputs, const EvalOpt
         if (R.task_reported(score.task)) P.retrieval.push_back(score);
       }
       for (const auto& ep : episodes) {
+        // One budget for both settings: level x the full cache's bytes for the whole prompt, so the
+        // question after the context is answered from the same bytes as the question inside it.
         const int budget = budget_of(matcher, v, level, ep.episode.prompt.size());
-        Engine e(model, config_with_budget(v, budget), v.prefill, ep.episode.length(), 1);
-        record(P.retrieval, options, ep, answer_matches(greedy_answer(*e.transformer, ep.episode), ep.episode.answer));
-        bar.advance(static_cast<double>(ep.episode.length()), note);
-        done += static_cast<double>(ep.episode.length());
+        const EpisodePrep prep{model, v.reconstruction_weight, &inputs.repeat_prompt, &P.reconstruction_seconds};
+        const std::size_t fed = run_episode(model, config_with_budget(v, budget), v.prefill, options, ep, P.retrieval,
+                                            v.reconstruction_weight > 0 ? &prep : nullptr, &P.episode_seconds);
+        bar.advance(static_cast<double>(fed), note);
+        done += static_cast<double>(fed);
       }
     } catch (const std::exception& ex) {
       P.error = ex.what();

@@ -22,7 +22,15 @@ struct EvalOptions {
   std::vector<std::size_t> text_contexts;      // prefill lengths for text fidelity
   std::size_t continuation = 128;              // teacher-forced tokens per window
   std::size_t windows = 2;                     // windows per context
-  std::vector<std::string> tasks;              // retrieval tasks: "passkey", "kvlist"
+  std::vector<std::string> tasks;              // retrieval tasks: "passkey", "kvlist", "multikey"
+  // Where the question comes: "inside" (the end of the compressed prompt: the prompt's last
+  // queries are the question's) and/or "later" (the document prefilled and compressed in one call,
+  // the question in the next, as a chat turn would be).
+  std::vector<std::string> settings = {"inside"};
+  // Questions asked in sequence about one compressed document in the later setting (kvlist and
+  // multikey; passkey has one fact, so one turn): turn 1 is the later setting's question, each
+  // turn's answer is appended before the next question. 1..4.
+  std::size_t turns = 1;
   std::vector<std::size_t> retrieval_lengths;  // prompt + answer tokens
   std::vector<double> depths;                  // needle depths in [0, 1]
   std::size_t trials = 1;                      // episodes per (task, length, depth)
@@ -48,7 +56,23 @@ struct EvalOptions {
   // answer or the speed run would pass the model's context: checked before any model work, so the
   // parallel phases never meet it (issue 26).
   void check_model_context(std::size_t max_positions) const;
+
+  bool has_setting(const std::string& setting) const;
+  // Questions a later-setting episode of `task` asks (passkey: 1).
+  std::size_t turns_for(const std::string& task) const;
+  // The retrieval figures, in table order: for each task "TASK" (question inside the prompt),
+  // "TASK@later" (after the compressed context) and "TASK@turnN" (the N-th question of the
+  // multi-turn run, N >= 2), as the settings and turns ask.
+  std::vector<std::string> score_keys() const;
 };
+
+// A score key split into its parts: task, setting ("inside" / "later") and turn (1 for inside).
+struct ScoreKey {
+  std::string task, setting;
+  std::size_t turn = 1;
+};
+ScoreKey parse_score_key(const std::string& key);
+std::string score_key(const std::string& task, const std::string& setting, std::size_t turn);
 
 struct TextPoint {
   std::string source = "heldout";  // which held-out text: "heldout" (out of domain) or "indist"
@@ -72,7 +96,7 @@ struct RetrievalCell {
 };
 
 struct TaskScore {
-  std::string task;
+  std::string task;  // a score key (EvalOptions::score_keys): "kvlist", "kvlist@later", "kvlist@turn3"
   std::vector<RetrievalCell> cells;
   std::vector<char> outcomes;  // every episode's verdict, in run order (for the intervals)
   std::size_t correct() const;
@@ -95,6 +119,10 @@ struct PointResult {
   std::vector<TextPoint> text;
   std::vector<TaskScore> retrieval;
   std::string error;        // non-empty when the point failed (the rest of the run goes on)
+  // Variants with reconstruction scores: seconds spent computing them, and seconds of the
+  // episodes' own runs (prefill and answer) through the compressing caches, summed over the
+  // retrieval episodes: what the second pass costs against the prefill it serves.
+  double reconstruction_seconds = 0, episode_seconds = 0;
 };
 
 struct EvalResults {
@@ -126,6 +154,9 @@ struct EvalInputs {
   std::string indist_source;
   std::optional<int> bos;
   const EpisodeMaker* episodes = nullptr;  // null: no retrieval
+  // Tokens before each reconstruction chunk's copy of the context (variants with
+  // reconstruction_weight > 0); may be empty.
+  std::vector<int> repeat_prompt;
   std::string model_dir, text_source;
 };
 

@@ -24,6 +24,10 @@ struct MethodVariant {
   // evict_recent_window = fraction * budget (H2O's "recent" half); 0 = no protected window.
   double recent_window_fraction = 0;
   bool quick = false;       // part of the quick preset
+  // Reconstruction scores (engine/reconstruction_score.h, KVzip's idea) for the first prefill of
+  // every sequence, at this weight against the window's attention; 0 = none. Costs a second pass
+  // over the context (the eval prints it).
+  float reconstruction_weight = 0;
 
   // Eviction methods take their budget from the memory level; quantized methods sit at the bytes
   // their bits give.

@@ -82,7 +82,10 @@ json retrieval_json(const TaskScore& s, const EvalResults& R) {
     cells.push_back({{"length", c.length}, {"depth", c.depth}, {"correct", c.correct}, {"total", c.total}});
   }
   const TaskScore* full = find_task(R.full_retrieval, s.task);
-  return {{"task", s.task},
+  const ScoreKey key = parse_score_key(s.task);
+  return {{"task", key.task},
+          {"setting", key.setting},
+          {"turn", key.turn},
           {"accuracy", s.accuracy()},
           {"accuracy_ci95", interval_json(accuracy_interval(s.outcomes))},
           {"full_accuracy", full ? full->accuracy() : 0.0},
@@ -148,6 +151,8 @@ json to_json(const EvalResults& R) {
         {"windows", o.windows}}},
       {"retrieval",
        {{"tasks", o.tasks},
+        {"settings", o.settings},
+        {"turns", o.turns},
         {"lengths", o.retrieval_lengths},
         {"depths", o.depths},
         {"trials", o.trials},
@@ -163,8 +168,11 @@ json to_json(const EvalResults& R) {
                          {"bytes_per_token", bytes_per_token(t.totals, t.context)}});
   }
   json full_ret = json::array();
-  for (const auto& s : R.full_retrieval) full_ret.push_back(retrieval_json(s, R));
-  j["full"] = {{"text", full_text}, {"retrieval", full_ret}};
+  json full_later = json::array();
+  for (const auto& s : R.full_retrieval) {
+    (parse_score_key(s.task).setting == "inside" ? full_ret : full_later).push_back(retrieval_json(s, R));
+  }
+  j["full"] = {{"text", full_text}, {"retrieval", full_ret}, {"retrieval_later", full_later}};
 
   json points = json::array();
   for (const auto& P : R.points) {
@@ -205,9 +213,18 @@ json to_json(const EvalResults& R) {
       text.back()["layer_figures"] = layers;
     }
     p["text"] = text;
-    json ret = json::array();
-    for (const auto& s : P.retrieval) ret.push_back(retrieval_json(s, R));
+    // "retrieval": the question inside the prompt (the schema's original meaning);
+    // "retrieval_later": after the compressed context, one entry per task and turn.
+    json ret = json::array(), later = json::array();
+    for (const auto& s : P.retrieval) {
+      (parse_score_key(s.task).setting == "inside" ? ret : later).push_back(retrieval_json(s, R));
+    }
     p["retrieval"] = ret;
+    p["retrieval_later"] = later;
+    if (P.variant.reconstruction_weight > 0) {
+      p["reconstruction_seconds"] = P.reconstruction_seconds;
+      p["episode_seconds"] = P.episode_seconds;
+    }
     points.push_back(p);
   }
   j["points"] = points;
@@ -260,12 +277,16 @@ void print_table(std::FILE* out, const EvalResults& R) {
     head += buf;
   }
   std::vector<std::string> shown_tasks;
-  for (const auto& t : o.tasks) {
+  for (const auto& t : o.score_keys()) {
     if (R.task_reported(t)) shown_tasks.push_back(t);
   }
+  // A column per score key: TASK (question inside the prompt), TASK@later (after the compressed
+  // context), TASK@turnN (the N-th question about one compressed document).
+  std::size_t key_width = 7;
+  for (const auto& t : shown_tasks) key_width = std::max(key_width, t.size());
   for (const auto& t : shown_tasks) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, " %7s [lo   hi  ]", t.c_str());
+    char buf[48];
+    std::snprintf(buf, sizeof buf, " %*s [lo   hi  ]", static_cast<int>(key_width), t.c_str());
     head += buf;
   }
   std::fprintf(out, "%s\n%s\n", head.c_str(), std::string(head.size(), '-').c_str());
@@ -282,7 +303,7 @@ void print_table(std::FILE* out, const EvalResults& R) {
     for (const auto& task : shown_tasks) {
       const TaskScore* s = find_task(R.full_retrieval, task);
       const Interval ci = accuracy_interval(s->outcomes);
-      std::fprintf(out, " %7.2f [%4.2f %4.2f]", s->accuracy(), ci.lo, ci.hi);
+      std::fprintf(out, " %*.2f [%4.2f %4.2f]", static_cast<int>(key_width), s->accuracy(), ci.lo, ci.hi);
     }
     std::fprintf(out, "\n");
   }
@@ -311,7 +332,7 @@ void print_table(std::FILE* out, const EvalResults& R) {
     for (const auto& task : shown_tasks) {
       const TaskScore* s = find_task(P.retrieval, task);
       const Interval ci = s ? accuracy_interval(s->outcomes) : Interval{};
-      std::fprintf(out, " %7.2f [%4.2f %4.2f]", s ? s->accuracy() : 0.0, ci.lo, ci.hi);
+      std::fprintf(out, " %*.2f [%4.2f %4.2f]", static_cast<int>(key_width), s ? s->accuracy() : 0.0, ci.lo, ci.hi);
     }
     std::fprintf(out, "\n");
   }
@@ -320,7 +341,19 @@ void print_table(std::FILE* out, const EvalResults& R) {
     std::fprintf(out, "* resident bytes more than 5%% above what the kept tokens need: the cache keeps allocation it no "
                       "longer uses (budgets are matched on kept tokens)\n");
   }
-  for (const auto& t : o.tasks) {
+  for (const auto& P : R.points) {
+    if (P.variant.reconstruction_weight > 0 && P.error.empty() && P.episode_seconds > 0) {
+      std::fprintf(out, "%s @%s: reconstruction scores took %.1f s against %.1f s of the episodes' own prefills and answers "
+                        "(%.2fx: the second pass's cost)\n",
+                   P.variant.name.c_str(), level_label(P.level_target).c_str(), P.reconstruction_seconds, P.episode_seconds,
+                   P.reconstruction_seconds / P.episode_seconds);
+    }
+  }
+  if (o.has_setting("later") && !shown_tasks.empty()) {
+    std::fprintf(out, "TASK@later: the document prefilled and compressed in one call, the question in the next; TASK@turnN: the "
+                      "N-th question about that document, each answer appended (same bytes as TASK)\n");
+  }
+  for (const auto& t : o.score_keys()) {
     if (!R.task_reported(t)) {
       const TaskScore* s = find_task(R.full_retrieval, t);
       std::fprintf(out, "retrieval task %s not reported: the full cache scores %.2f (< %.2f)\n", t.c_str(),
@@ -374,18 +407,25 @@ void print_summary(std::FILE* out, const EvalResults& R) {
   if (model.size() > 40) model = "..." + model.substr(model.size() - 37);
   std::fprintf(out, "\nkvslim eval: %s, preset %s; quality at context %zu vs the full cache\n", model.c_str(), o.preset.c_str(),
                longest);
+  // Up to six retrieval figures, the first turn of each task in each setting, by short labels
+  // ("pk", "kv@lt", "mk"...), 7 columns each: at most 100 columns with the speed column. The
+  // later turns are in the full table.
   std::vector<std::string> tasks;
-  for (const auto& t : o.tasks) {
-    if (R.task_reported(t) && tasks.size() < 2) tasks.push_back(t);
+  for (const auto& t : o.score_keys()) {
+    if (R.task_reported(t) && parse_score_key(t).turn == 1 && tasks.size() < 6) tasks.push_back(t);
   }
-  // 22 + 6 + 7 + 9 + 7 + 8 * tasks (at most 2) + 8 = at most 75 columns.
+  auto label = [](const std::string& key) {
+    const ScoreKey k = parse_score_key(key);
+    std::string l = k.task == "passkey" ? "pk" : k.task == "kvlist" ? "kv" : k.task == "multikey" ? "mk" : k.task.substr(0, 2);
+    return k.setting == "inside" ? l : l + "@lt";
+  };
   std::string head = "variant                level  B/tok       KL   top1";
   for (const auto& t : tasks) {
     char buf[16];
-    std::snprintf(buf, sizeof buf, " %7.7s", t.c_str());
+    std::snprintf(buf, sizeof buf, " %6.6s", label(t).c_str());
     head += buf;
   }
-  head += "  x full";
+  head += " x full";
   std::fprintf(out, "%s\n%s\n", head.c_str(), std::string(head.size(), '-').c_str());
   auto speed_of = [&](const std::string& name, double level) -> const SpeedPoint* {
     for (const auto& sp : R.speed) {
@@ -398,9 +438,9 @@ void print_summary(std::FILE* out, const EvalResults& R) {
     std::fprintf(out, "%-22s %5s %6.0f %8s %6s", "full", "1", lt ? bytes_per_token(lt->totals, longest) : 0.0, "0", "1");
     for (const auto& t : tasks) {
       const TaskScore* s = find_task(R.full_retrieval, t);
-      std::fprintf(out, " %7.2f", s ? s->accuracy() : 0.0);
+      std::fprintf(out, " %6.2f", s ? s->accuracy() : 0.0);
     }
-    std::fprintf(out, "  %6s\n", R.speed.empty() ? "-" : "1.00");
+    std::fprintf(out, " %6s\n", R.speed.empty() ? "-" : "1.00");
   }
   for (const auto& P : R.points) {
     std::string name = P.variant.name.substr(0, 22);
@@ -415,16 +455,17 @@ void print_summary(std::FILE* out, const EvalResults& R) {
                  t ? t->totals.kl() : 0.0, t ? t->totals.top1() : 0.0);
     for (const auto& task : tasks) {
       const TaskScore* s = find_task(P.retrieval, task);
-      std::fprintf(out, " %7.2f", s ? s->accuracy() : 0.0);
+      std::fprintf(out, " %6.2f", s ? s->accuracy() : 0.0);
     }
     const SpeedPoint* sp = speed_of(P.variant.name, P.variant.budgeted() ? P.level_target : 0.0);
     if (sp != nullptr) {
-      std::fprintf(out, "  %6.2f\n", sp->ratio);
+      std::fprintf(out, " %6.2f\n", sp->ratio);
     } else {
-      std::fprintf(out, "  %6s\n", "-");
+      std::fprintf(out, " %6s\n", "-");
     }
   }
-  std::fprintf(out, "(KL: mean KL(full || method), nats; top1: agreement with the full cache; x full: decode speed)\n");
+  std::fprintf(out, "(KL: mean KL(full || method), nats; top1: agreement with the full cache; x full: decode speed;\n"
+                    " pk/kv/mk: passkey/kvlist/multikey, question inside the prompt; @lt: after the compressed context)\n");
 }
 
 bool write_plot(const std::filesystem::path& path, const EvalResults& R, std::string& why) {

@@ -35,6 +35,8 @@ class EvictionCache : public KVCache {
     core_.share_importance(std::move(board), layer);
   }
   const EvictionCore& core() const { return core_; }
+  // kvslim/prior_scores.h: the next prefill observation also ranks rows by `prior`.
+  void attach_prior(std::shared_ptr<const PriorScores> prior) { core_.attach_prior(std::move(prior)); }
 
  protected:
   // The row limit eviction enforces now (squeeze may defer to a larger one until it knows its budget).

@@ -447,6 +447,7 @@ void EvictionCore::observe(const AttentionObservation& obs, std::size_t limit, c
     if (exchange) exchange_importance(head);
   }
   if (exchange) board_->leave(board_layer_);
+  if (prefill) prior_.reset();  // used by this prefill (kvslim/prior_scores.h): the next sequence attaches its own
   if (rows_ > limit) drop_lowest(rows_ - limit);
   // A prefill appended the whole prompt before this eviction: give back what the budget (plus the
   // one row a decode step appends before it is observed) does not need.
@@ -481,6 +482,22 @@ float EvictionCore::observation_contribution(const AttentionObservation& obs, st
   if (!weight_.empty()) {  // a registered score: the row's own weight times its attention
     const float* w = weight_.data() + head * capacity_;
     for (std::size_t i = 0; i < n; ++i) contribution_[i] *= w[i];
+  }
+  // The prior hook (kvslim/prior_scores.h, issue 27): a prefill's window ranks rows by what the
+  // prompt's last queries attended, which is the question only when the question is inside the
+  // prompt. A prior (e.g. reconstruction scores) adds, per row, weight x its importance as
+  // attention per window query (the unit the window's own mean is in), before pooling, so the
+  // recent window, sinks, pooling and cross-layer exchange treat it as the window's own signal.
+  if (prior_ != nullptr && Q > 1) {
+    if (prior_->heads != heads_total()) {
+      throw InputError("prior scores for " + std::to_string(prior_->heads) + " heads given to a cache of " +
+                       std::to_string(heads_total()));
+    }
+    const float w = prior_->weight;
+    for (std::size_t i = 0; i < n; ++i) {
+      const float seen = normalized ? contribution_exposure_[i] : static_cast<float>(window_queries_);
+      contribution_[i] += w * prior_->at(head, pos[i]) * seen;
+    }
   }
   // Pooling over position neighbours, for multi-query observations (a prefill) only: a decode
   // step's single query scores exactly what it attended (and stays O(rows) per step).

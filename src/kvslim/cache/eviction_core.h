@@ -16,6 +16,7 @@
 #include "cross_layer_importance.h"
 #include "storage/row_storage.h"
 #include "kvslim/cache.h"
+#include "kvslim/prior_scores.h"
 #include "uninit_buffer.h"
 
 namespace kvslim {
@@ -96,6 +97,9 @@ class EvictionCore {
   // exists): the storage keeps them as they are, so a later cut does not leave half-empty
   // compressed groups behind. kUnbounded: never held.
   void hold_compression_above(std::size_t rows) { hold_above_ = rows; }
+  // Prior scores for the next multi-query observation (kvslim/prior_scores.h); released by it.
+  // Kept across reset(): it is attached for the sequence that starts there.
+  void attach_prior(std::shared_ptr<const PriorScores> prior) { prior_ = std::move(prior); }
 
   CacheView view() const;
   // Feeds head `head`'s rows to the attention in row order (KVCache::attend).
@@ -189,6 +193,7 @@ class EvictionCore {
   std::vector<float> contribution_, contribution_exposure_, pooled_;  // observe scratch [rows]
   std::vector<std::size_t> order_;       // observe scratch: slots in position order
   std::size_t window_queries_ = 0;       // queries the last observation_contribution counted
+  std::shared_ptr<const PriorScores> prior_;     // null: the window's attention alone (the usual case)
   std::shared_ptr<CrossLayerImportance> board_;  // null: this layer scores alone
   std::size_t board_layer_ = 0;          // this core's ordinal on the board
   std::size_t prefill_calls_ = 0;        // multi-query observations so far (the board's call index)
