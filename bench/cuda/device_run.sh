@@ -5,7 +5,8 @@
 # Compute on one launch of each attention kernel. Each result is written into $OUT as it finishes,
 # so a call cut short still brings back what it made.
 #
-#   bash bench/cuda/device_run.sh [quick|mid|all] [profile]
+#   bash bench/cuda/device_run.sh [tests|quick|mid|all] [profile]
+#     tests: the tests and sanitizers only
 #     quick: batch 1, 8 at 32k (D 128); mid: batch 1, 8, 32 at 32k and 128k (D 128); all: every shape
 #     profile: also ncu on one launch (32k, D=128: kivi2 at batch 8, full at batch 1) into ncu_<cache>.txt
 set -u
@@ -25,6 +26,7 @@ SAN="CudaAttend.ZeroQueryAndFlatGroups:CudaAttend.BatchWithOwnLengthsAtTheKernel
   timeout 60 compute-sanitizer --tool racecheck --error-exitcode 9 devbin/cuda_tests \
     --gtest_filter=CudaAttend.ZeroQueryAndFlatGroups:CudaAttend.BatchWithOwnLengthsAtTheKernelLevel 2>&1 | tail -n 12
   echo "racecheck exit: ${PIPESTATUS[0]}"; } > "$OUT"/sanitizer.txt
+if [ "$MODE" = tests ]; then tail -n 5 "$OUT"/tests.txt; grep "worst error\|long context" "$OUT"/tests.txt; tail -n 4 "$OUT"/sanitizer.txt; exit 0; fi
 BENCH_ARGS=""
 BENCH_TIMEOUT=300
 [ "$MODE" = quick ] && { BENCH_ARGS="--batch 1 8 --context 32768 --head-dim 128"; BENCH_TIMEOUT=90; }

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "attend/attend_kernels.h"
 #include "cache/zipcache_cache.h"
 #include "cuda/attend.h"
 #include "cuda/device_buffer.h"
@@ -322,10 +323,14 @@ void check_attend(Pair& p, int bits, std::size_t Hq, const std::vector<std::int6
     worst[1] = std::max(worst[1], std::fabs(probs[i] - ref_probs[i]));
     ASSERT_NEAR(probs[i], ref_probs[i], probs_tol) << what << " probs[" << i << "]";
   }
-  // The CPU cache over the same appends: both within their tolerance of float64 (the CPU's integer
-  // kernels and the device's codes kernel err separately, so their distance may reach the sum).
+  // The CPU cache over the same appends, on its fp32 kernels: the CPU's integer kernels (two digits,
+  // ~2^-15 of the largest q * scale) measured up to 2.4e-2 from float64 on these outlier-laden keys,
+  // while the device's three digits stay within 1e-4 -- the integer path is compared with the fp32
+  // one in tests/kvslim/attend_test.cc on data without such outliers.
   std::vector<float> cpu_out(out.size());
+  attend::set_int8_logits_enabled(false);
   p.cpu->attend(QueryBlock{q.data(), B, S, Hq, D}, qpos, cpu_out.data());
+  attend::set_int8_logits_enabled(true);
   for (std::size_t i = 0; i < out.size(); ++i) {
     worst[2] = std::max(worst[2], std::fabs(out[i] - cpu_out[i]) / (1.0 + std::fabs(cpu_out[i])));
     ASSERT_NEAR(out[i], cpu_out[i], 8e-3 * (1.0 + std::fabs(cpu_out[i]))) << what << " vs CPU out[" << i << "]";

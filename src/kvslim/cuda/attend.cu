@@ -296,7 +296,7 @@ __global__ void __launch_bounds__(kThreads) attend_dense_kernel(QueryArgs a, Den
 // memory) while the threads then read the splits' accumulators channel by channel (coalesced, the
 // loads independent): the merge is a short memory-bound pass even at batch 1.
 __global__ void combine_kernel(QueryArgs a, Partials parts, int n_parts, float* out, float* final_ml) {
-  extern __shared__ float weight_s[];  // [n_parts]
+  extern __shared__ float weight_s[];  // [n_parts rounded up to 4]: the unrolled loop below may read ahead
   __shared__ float M_s, L_s;
   const int D = a.D;
   const long long tiles = a.tiles(), BH = static_cast<long long>(a.B) * a.Hkv;
@@ -312,6 +312,7 @@ __global__ void combine_kernel(QueryArgs a, Partials parts, int n_parts, float* 
     for (int p = threadIdx.x; p < n_parts; p += 32) M = fmaxf(M, parts.ml[slot(p) * 2]);
     for (int o = 16; o > 0; o /= 2) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
     float L = 0.f;
+    for (int p = n_parts + threadIdx.x; p < (n_parts + 3) / 4 * 4; p += 32) weight_s[p] = 0.f;
     for (int p = threadIdx.x; p < n_parts; p += 32) {
       const float mp = parts.ml[slot(p) * 2];
       const float f = M == -INFINITY || mp == -INFINITY ? 0.f : exp2f(mp - M);
@@ -409,7 +410,7 @@ void launch_dense(const QueryArgs& q, const DenseRows& rows, const Partials& par
 void launch_combine(const QueryArgs& q, const Partials& parts, int n_parts, float* out, float* final_ml,
                     cudaStream_t stream) {
   const long long ctas = static_cast<long long>(q.tiles()) * q.B * q.Hkv * kTileRows;
-  const int smem = std::max(n_parts, 1) * static_cast<int>(sizeof(float));
+  const int smem = (std::max(n_parts, 1) + 3) / 4 * 4 * static_cast<int>(sizeof(float));
   if (smem > 48 * 1024) throw InputError("cuda attend: " + std::to_string(n_parts) + " splits to merge (at most 12288)");
   launch_dependent(combine_kernel, dim3(static_cast<unsigned>(ctas)), dim3(q.D), smem, stream, q, parts, n_parts, out,
                    final_ml);
