@@ -260,7 +260,7 @@ TEST(FragmentMaps, DenseKeysAndValuesGiveExactDotProducts) {
 TEST(FragmentMaps, BalancedDigitsReconstructTheRoundedOperand) {
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> unit(-1.f, 1.f);
-  const float inv3 = 4194304.f, inv2 = 16384.f;
+  const float inv3 = 4194304.f;
   std::vector<float> xs{1.f, -1.f, 0.f, 0.5f / inv3, -0.5f / inv3, 32767.5f / inv3, 32640.f / inv3, 128.5f / inv3};
   for (int i = 0; i < 200000; ++i) xs.push_back(unit(rng));
   for (int v = -300; v <= 300; ++v) xs.push_back(static_cast<float>(v * 255 + 127) / inv3);
@@ -274,13 +274,6 @@ TEST(FragmentMaps, BalancedDigitsReconstructTheRoundedOperand) {
       ASSERT_EQ(65536L * hi + 256L * mid + lo, want) << "x = " << xs[i + e];
       ASSERT_LE(std::abs(hi), 64) << "x = " << xs[i + e];
     }
-  }
-  for (int i = 0; i < 200000; ++i) {
-    const float p = i < 16385 ? static_cast<float>(i) / inv2 : std::fabs(unit(rng));
-    const std::uint32_t u = biased_digits2(p, inv2);
-    const int lo = static_cast<int>(u & 0xffu) - 128, hi = static_cast<int>((u >> 8) & 0xffu) - 128;
-    ASSERT_EQ(256L * hi + lo, std::lrint(static_cast<double>(p) * inv2)) << "p = " << p;
-    ASSERT_LE(hi, 64);
   }
 }
 

@@ -66,15 +66,6 @@ __device__ __forceinline__ void load_words(const unsigned char* p, std::uint32_t
   }
 }
 
-__device__ __forceinline__ float max_over(float v, int from, int to) {  // xor lanes from, 2 from, ... < to
-  for (int o = from; o < to; o *= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-__device__ __forceinline__ float sum_over(float v, int from, int to) {
-  for (int o = from; o < to; o *= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
 template <int BITS, int D, int NSUB>
 struct CodeShape {
   using Map = CodeMap<BITS, D>;

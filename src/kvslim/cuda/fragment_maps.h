@@ -64,9 +64,9 @@ struct CodeMap {
 };
 
 // ---------------------------------------------------------------------------------------------
-// s8 operands as balanced base-256 digits. round(x * inv) plus 0x808080 (0x8080) has the digits
+// s8 operands as balanced base-256 digits. round(x * inv) plus 0x808080 has the digits
 // + 128 as its bytes -- adding 128 to every digit of v = 65536 hi + 256 mid + lo (each in
-// [-128, 127]) is adding 0x808080 -- so an FMA with a magic constant, at most one add, byte permutes
+// [-128, 127]) is adding 0x808080 -- so an FMA with a magic constant, one add, byte permutes
 // and one XOR with 0x80808080 per register give the mma's s8 registers.
 
 KVSLIM_MAP_FN std::int32_t float_bits(float f) {
@@ -82,10 +82,6 @@ KVSLIM_MAP_FN std::int32_t float_bits(float f) {
 // round(x * inv) + 0x808080 for |x * inv| <= 2^22 (1.5 * 2^23 leaves the integer in the low bits).
 KVSLIM_MAP_FN std::uint32_t biased_digits3(float x, float inv) {
   return static_cast<std::uint32_t>(float_bits(fmaf(x, inv, 12582912.f)) - 0x4B400000 + 0x808080);
-}
-// round(x * inv) + 0x8080 in the low 16 bits for 0 <= x * inv <= 2^14 (the bias is in the constant).
-KVSLIM_MAP_FN std::uint32_t biased_digits2(float x, float inv) {
-  return static_cast<std::uint32_t>(float_bits(fmaf(x, inv, 12582912.f + 32896.f)));
 }
 // Digits 0 (lo), 1 (mid), 2 (hi) of four biased values, each as one s8 register.
 KVSLIM_MAP_FN void pack_digits3(std::uint32_t u0, std::uint32_t u1, std::uint32_t u2, std::uint32_t u3,
