@@ -110,8 +110,14 @@ __device__ __forceinline__ float sum_over(float v, int from, int to) {
   for (int o = from; o < to; o *= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
-__device__ __forceinline__ float warp_max4(float v) { return max_over(v, 1, 4); }
-__device__ __forceinline__ float warp_sum4(float v) { return sum_over(v, 1, 4); }
+__device__ __forceinline__ float warp_max4(float v) {  // over the 4 lanes of a quad (same g)
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float warp_sum4(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
 
 // 2^e as a float for |e| <= 126 (exact).
 __device__ __forceinline__ float pow2i(int e) { return __int_as_float((127 + e) << 23); }
