@@ -8,7 +8,7 @@
 #   bash bench/cuda/device_run.sh [tests|quick|mid|all] [profile]
 #     tests: the tests and sanitizers only
 #     quick: batch 1, 8 at 32k (D 128); mid: batch 1, 8, 32 at 32k and 128k (D 128); all: every shape
-#     profile: also ncu on one launch (32k, D=128: kivi2 at batch 8, full at batch 1) into ncu_<cache>.txt
+#     profile: also Nsight Compute (32k, D=128) into ncu.txt and ncu_sass.csv (below)
 set -u
 OUT=${OUT:-/tmp/kvslim-device-out}
 MODE=${1:-all}
@@ -34,12 +34,16 @@ BENCH_TIMEOUT=300
 timeout $BENCH_TIMEOUT devbin/kvslim bench attend --device cuda $BENCH_ARGS --json "$OUT"/attend_cuda.json > "$OUT"/attend_cuda.txt 2>&1
 timeout $BENCH_TIMEOUT python3 bench/cuda/sdpa_bench.py --kvslim "$OUT"/attend_cuda.json --json "$OUT"/sdpa.json > "$OUT"/compare.txt 2>&1
 if [ "${2:-}" = profile ]; then
-  for cb in kivi2:8 full:1; do
-    c=${cb%:*}; b=${cb#*:}
-    timeout 60 ncu --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-      --section SchedulerStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section InstructionStats \
-      -k regex:attend_ -c 1 devbin/kvslim bench attend --device cuda --batch $b --context 32768 --head-dim 128 \
-      --cache $c --repeats 1 > "$OUT"/ncu_$c.txt 2>&1
-  done
+  # ncu.txt: the codes kernel at batch 8 (sections), then every kernel's duration of one batch-1 call
+  # (codes, window, merge) for kivi4 and full; ncu_sass.csv: the codes kernel's SASS with executed
+  # instructions and stall samples per line.
+  NCU_ARGS="devbin/kvslim bench attend --device cuda --context 32768 --head-dim 128 --repeats 1"
+  { timeout 90 ncu --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
+      --section ComputeWorkloadAnalysis --section InstructionStats -k regex:attend_codes -c 1 $NCU_ARGS --batch 8 --cache kivi4
+    for c in kivi4 full; do
+      timeout 60 ncu --section SpeedOfLight -k regex:"attend|combine" -c 6 $NCU_ARGS --batch 1 --cache $c | grep -E "attend|combine|Duration|DRAM Through"
+    done; } > "$OUT"/ncu.txt 2>&1
+  timeout 90 ncu --section SourceCounters --section WarpStateStats -k regex:attend_codes -c 1 --page source --print-source sass \
+    --csv $NCU_ARGS --batch 8 --cache kivi4 > "$OUT"/ncu_sass.csv 2>&1
 fi
 tail -n 5 "$OUT"/tests.txt; grep "worst error\|long context" "$OUT"/tests.txt; tail -n 4 "$OUT"/sanitizer.txt; cat "$OUT"/compare.txt

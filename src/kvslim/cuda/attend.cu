@@ -292,52 +292,69 @@ __global__ void __launch_bounds__(kThreads) attend_dense_kernel(QueryArgs a, Den
 
 // ---------------------------------------------------------------------------------------------
 
-// One CTA per (tile row, tile, b * h): warp 0 weighs the splits once (exp2(m_p - M), into shared
-// memory) while the threads then read the splits' accumulators channel by channel (coalesced, the
-// loads independent): the merge is a short memory-bound pass even at batch 1.
-__global__ void combine_kernel(QueryArgs a, Partials parts, int n_parts, float* out, float* final_ml) {
-  extern __shared__ float weight_s[];  // [n_parts rounded up to 4]: the unrolled loop below may read ahead
-  __shared__ float M_s, L_s;
-  const int D = a.D;
+// One CTA of kCombineWarps warps per (tile row, tile, b * h): warp w merges splits w, w + 8, ...
+// into all D channels (lane: D / 32 consecutive channels, one vector load per split; every warp
+// finds the largest split max itself), then the warps' sums meet in shared memory. The splits'
+// loads are independent and spread over 8 warps, so even at batch 1 (64 splits, 8 rows) the merge
+// takes a few memory latencies, not one per split.
+constexpr int kCombineWarps = 8;
+template <int D>
+__global__ void __launch_bounds__(32 * kCombineWarps) combine_kernel(QueryArgs a, Partials parts, int n_parts,
+                                                                      float* out, float* final_ml) {
+  constexpr int CPL = D / 32;  // channels per lane
+  static_assert(CPL == 2 || CPL == 4, "head_dim 64 or 128");
+  __shared__ float red[kCombineWarps][D];
+  __shared__ float red_l[kCombineWarps];
   const long long tiles = a.tiles(), BH = static_cast<long long>(a.B) * a.Hkv;
   const int row = blockIdx.x % kTileRows;
   const int tile = static_cast<int>((blockIdx.x / kTileRows) % tiles);
   const long long bh = blockIdx.x / kTileRows / tiles;
   const long long m = static_cast<long long>(tile) * kTileRows + row;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   pdl_wait();  // the partials of the kernels before
   if (m >= static_cast<long long>(a.S) * a.G) return;  // the whole CTA
   const auto slot = [&](int p) { return ((static_cast<long long>(p) * tiles + tile) * BH + bh) * kTileRows + row; };
-  if (threadIdx.x < 32) {
-    float M = -INFINITY;
-    for (int p = threadIdx.x; p < n_parts; p += 32) M = fmaxf(M, parts.ml[slot(p) * 2]);
-    for (int o = 16; o > 0; o /= 2) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-    float L = 0.f;
-    for (int p = n_parts + threadIdx.x; p < (n_parts + 3) / 4 * 4; p += 32) weight_s[p] = 0.f;
-    for (int p = threadIdx.x; p < n_parts; p += 32) {
-      const float mp = parts.ml[slot(p) * 2];
-      const float f = M == -INFINITY || mp == -INFINITY ? 0.f : exp2f(mp - M);
-      weight_s[p] = f;
-      L += f * parts.ml[slot(p) * 2 + 1];
-    }
-    for (int o = 16; o > 0; o /= 2) L += __shfl_xor_sync(0xffffffffu, L, o);
-    if (threadIdx.x == 0) {
-      M_s = M;
-      L_s = L;
+  float M = -INFINITY;
+  for (int p = lane; p < n_parts; p += 32) M = fmaxf(M, parts.ml[slot(p) * 2]);
+  M = max_over(M, 1, 32);
+  float acc[CPL], L = 0.f;
+#pragma unroll
+  for (int i = 0; i < CPL; ++i) acc[i] = 0.f;
+  if (M != -INFINITY) {
+#pragma unroll 4
+    for (int p = warp; p < n_parts; p += kCombineWarps) {
+      const float mp = parts.ml[slot(p) * 2], lp = parts.ml[slot(p) * 2 + 1];
+      const float f = mp == -INFINITY ? 0.f : exp2f(mp - M);
+      L = fmaf(f, lp, L);
+      const float* src = parts.acc + slot(p) * D + lane * CPL;
+      if constexpr (CPL == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        acc[0] = fmaf(f, v.x, acc[0]), acc[1] = fmaf(f, v.y, acc[1]);
+        acc[2] = fmaf(f, v.z, acc[2]), acc[3] = fmaf(f, v.w, acc[3]);
+      } else {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        acc[0] = fmaf(f, v.x, acc[0]), acc[1] = fmaf(f, v.y, acc[1]);
+      }
     }
   }
+#pragma unroll
+  for (int i = 0; i < CPL; ++i) red[warp][lane * CPL + i] = acc[i];
+  if (lane == 0) red_l[warp] = L;
   __syncthreads();
-  const float L = L_s;
+  float total_l = 0.f;
+#pragma unroll
+  for (int w = 0; w < kCombineWarps; ++w) total_l += red_l[w];
   const long long s = m / a.G, j = m % a.G;
   const long long b = bh / a.Hkv, h = bh % a.Hkv;
   for (int c = threadIdx.x; c < D; c += blockDim.x) {
     float A = 0.f;
-#pragma unroll 4
-    for (int p = 0; p < n_parts; ++p) A += weight_s[p] * parts.acc[slot(p) * D + c];
-    out[((b * a.S + s) * a.Hq + h * a.G + j) * D + c] = L > 0.f ? A / L : 0.f;
+#pragma unroll
+    for (int w = 0; w < kCombineWarps; ++w) A += red[w][c];
+    out[((b * a.S + s) * a.Hq + h * a.G + j) * D + c] = total_l > 0.f ? A / total_l : 0.f;
   }
   if (threadIdx.x == 0 && final_ml) {
-    final_ml[(bh * a.S * a.G + m) * 2] = M_s;
-    final_ml[(bh * a.S * a.G + m) * 2 + 1] = L;
+    final_ml[(bh * a.S * a.G + m) * 2] = M;
+    final_ml[(bh * a.S * a.G + m) * 2 + 1] = total_l;
   }
 }
 
@@ -410,10 +427,10 @@ void launch_dense(const QueryArgs& q, const DenseRows& rows, const Partials& par
 void launch_combine(const QueryArgs& q, const Partials& parts, int n_parts, float* out, float* final_ml,
                     cudaStream_t stream) {
   const long long ctas = static_cast<long long>(q.tiles()) * q.B * q.Hkv * kTileRows;
-  const int smem = (std::max(n_parts, 1) + 3) / 4 * 4 * static_cast<int>(sizeof(float));
-  if (smem > 48 * 1024) throw InputError("cuda attend: " + std::to_string(n_parts) + " splits to merge (at most 12288)");
-  launch_dependent(combine_kernel, dim3(static_cast<unsigned>(ctas)), dim3(q.D), smem, stream, q, parts, n_parts, out,
-                   final_ml);
+  const dim3 grid(static_cast<unsigned>(ctas)), block(32 * kCombineWarps);
+  if (q.D == 64) return launch_dependent(combine_kernel<64>, grid, block, 0, stream, q, parts, n_parts, out, final_ml);
+  if (q.D == 128) return launch_dependent(combine_kernel<128>, grid, block, 0, stream, q, parts, n_parts, out, final_ml);
+  throw InputError("cuda attend: no merge for head_dim " + std::to_string(q.D) + " (64 or 128)");
 }
 
 void launch_probs(const QueryArgs& q, const float* final_ml, float* probs, cudaStream_t stream) {

@@ -36,6 +36,12 @@ using namespace attend_detail;
 
 constexpr int kCodeStages = 2;
 constexpr float kOperandRange = 4194304.f;  // q' and P become integers in [-2^22, 2^22]
+// The s32 accumulators start at the bits of 1.5 * 2^23 (as a float): a sum s with |s| < 2^22 leaves
+// them holding the float 1.5 * 2^23 + s exactly, so one FADD converts it (sum_of) where I2F, a
+// quarter-rate conversion, would (|s| <= 128 * 255 * 128 < 2^22: D = 128 channels of 8-bit codes
+// times a digit; values: 32 tokens).
+constexpr int kSumBias = 0x4B400000;
+__device__ __forceinline__ float sum_of(int biased) { return __int_as_float(biased) - 12582912.f; }
 
 // C (s32) += A (16 x 32 u8) B (32 x 8 s8).
 __device__ __forceinline__ void imma16832(int (&c)[4], std::uint32_t a0, std::uint32_t a1, std::uint32_t a2,
@@ -43,6 +49,14 @@ __device__ __forceinline__ void imma16832(int (&c)[4], std::uint32_t a0, std::ui
   asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
       : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// D (s32) = A (16 x 32 u8) B (32 x 8 s8) + cin in every element (one register: no moves to start a sum).
+__device__ __forceinline__ void imma16832_from(int (&d)[4], std::uint32_t a0, std::uint32_t a1, std::uint32_t a2,
+                                               std::uint32_t a3, std::uint32_t b0, std::uint32_t b1, int cin) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(cin));
 }
 
 // N 32-bit words from shared memory at p (aligned to min(4N, 16) bytes).
@@ -143,25 +157,24 @@ __global__ void __launch_bounds__(kThreads, NSUB == 1 ? (D == 128 ? 4 : 5) : (D 
   const unsigned char* vc_head = rows.v_codes + bh * rows.codes_stride;
   const std::uint16_t* kp_head = rows.k_params + bh * rows.params_stride;
   const std::uint16_t* vp_head = rows.v_params + bh * rows.params_stride;
+  // One group's stage: key codes, value codes, key params, value params, back to back (every part
+  // a whole number of 16-byte chunks: the loops' bounds are compile-time, no per-chunk branches).
   auto issue = [&](int u, int stage) {
     unsigned char* dst = my + stage * STAGE;
     const long long code0 = static_cast<long long>(u) * CODE_BYTES, param0 = static_cast<long long>(u) * 2 * D;
+    const unsigned char* kp_src = reinterpret_cast<const unsigned char*>(kp_head + param0);
+    const unsigned char* vp_src = reinterpret_cast<const unsigned char*>(vp_head + param0);
 #pragma unroll
-    for (int i = lane; i < Shape::POS_OFFSET / 16; i += 32) {
-      const int off = i * 16;
-      const unsigned char* src;
-      if (off < CODE_BYTES) {
-        src = kc_head + code0 + off;
-      } else if (off < 2 * CODE_BYTES) {
-        src = vc_head + code0 + (off - CODE_BYTES);
-      } else if (off < 2 * CODE_BYTES + PARAM_BYTES) {
-        src = reinterpret_cast<const unsigned char*>(kp_head + param0) + (off - 2 * CODE_BYTES);
-      } else {
-        src = reinterpret_cast<const unsigned char*>(vp_head + param0) + (off - 2 * CODE_BYTES - PARAM_BYTES);
-      }
-      cp_async16(dst + off, src);
+    for (int i = lane; i < CODE_BYTES / 16; i += 32) {
+      cp_async16(dst + 16 * i, kc_head + code0 + 16 * i);
+      cp_async16(dst + CODE_BYTES + 16 * i, vc_head + code0 + 16 * i);
     }
-    if (lane == 0) cp_async8(dst + Shape::POS_OFFSET, rows.pos + static_cast<long long>(u) * kGroupRows + kGroupRows - 1);
+#pragma unroll
+    for (int i = lane; i < PARAM_BYTES / 16; i += 32) {
+      cp_async16(dst + 2 * CODE_BYTES + 16 * i, kp_src + 16 * i);
+      cp_async16(dst + 2 * CODE_BYTES + PARAM_BYTES + 16 * i, vp_src + 16 * i);
+    }
+    cp_async8_if(lane == 0, dst + Shape::POS_OFFSET, rows.pos + static_cast<long long>(u) * kGroupRows + kGroupRows - 1);
   };
 
   const int first = u_begin + warp;
@@ -245,18 +258,18 @@ __global__ void __launch_bounds__(kThreads, NSUB == 1 ? (D == 128 ? 4 : 5) : (D 
       load_words<KW>(kc + (16 * mt + g + 8) * RB + t * (RB / 4), w1);
       int c[NSUB][4], cl[NSUB][4];
 #pragma unroll
-      for (int s = 0; s < NSUB; ++s) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) c[s][e] = cl[s][e] = 0;
-      }
-#pragma unroll
       for (int ks = 0; ks < KS; ++ks) {
         const std::uint32_t a0 = Map::key_reg(w0, 2 * ks), a1 = Map::key_reg(w1, 2 * ks);
         const std::uint32_t a2 = Map::key_reg(w0, 2 * ks + 1), a3 = Map::key_reg(w1, 2 * ks + 1);
 #pragma unroll
         for (int s = 0; s < NSUB; ++s) {
-          imma16832(c[s], a0, a1, a2, a3, bq[s][2 * ks], bq[s][2 * ks + 1]);
-          imma16832(cl[s], a0, a1, a2, a3, bl[s][2 * ks], bl[s][2 * ks + 1]);
+          if (ks == 0) {
+            imma16832_from(c[s], a0, a1, a2, a3, bq[s][0], bq[s][1], kSumBias);
+            imma16832_from(cl[s], a0, a1, a2, a3, bl[s][0], bl[s][1], kSumBias);
+          } else {
+            imma16832(c[s], a0, a1, a2, a3, bq[s][2 * ks], bq[s][2 * ks + 1]);
+            imma16832(cl[s], a0, a1, a2, a3, bl[s][2 * ks], bl[s][2 * ks + 1]);
+          }
         }
       }
       // c: (token, column 2t) = high, (token, 2t + 1) = middle sums of vector t; cl: low sums (twice).
@@ -264,8 +277,7 @@ __global__ void __launch_bounds__(kThreads, NSUB == 1 ? (D == 128 ? 4 : 5) : (D 
       for (int s = 0; s < NSUB; ++s) {
 #pragma unroll
         for (int rh = 0; rh < 2; ++rh) {
-          const float sum = fmaf(static_cast<float>(c[s][2 * rh]), 65536.f,
-                                 fmaf(static_cast<float>(c[s][2 * rh + 1]), 256.f, static_cast<float>(cl[s][2 * rh])));
+          const float sum = fmaf(sum_of(c[s][2 * rh]), 65536.f, fmaf(sum_of(c[s][2 * rh + 1]), 256.f, sum_of(cl[s][2 * rh])));
           sc[s][mt][rh] = fmaf(sum, qscale[s], bias[s]);
         }
       }
@@ -278,20 +290,36 @@ __global__ void __launch_bounds__(kThreads, NSUB == 1 ? (D == 128 ? 4 : 5) : (D 
     float psum[NSUB], pq[NSUB];
 #pragma unroll
     for (int s = 0; s < NSUB; ++s) {
-      const bool check_pos = newest > qpos[s];
+      // Causal by true position: the group's rows are checked one by one only when its newest is
+      // after the query (one branch per group, not per row).
+      bool keep[2][2];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+        for (int rh = 0; rh < 2; ++rh) keep[mt][rh] = valid[s] && row0 + 16 * mt + g + 8 * rh < seq_limit;
+      }
+      if (newest > qpos[s]) {
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+          for (int rh = 0; rh < 2; ++rh) keep[mt][rh] = keep[mt][rh] && upos[16 * mt + g + 8 * rh] <= qpos[s];
+        }
+      }
       float mx = -INFINITY;
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
         for (int rh = 0; rh < 2; ++rh) {
-          const int tok = 16 * mt + g + 8 * rh;
-          const long long row = row0 + tok;
-          bool keep = valid[s] && row < seq_limit;
-          if (keep && check_pos) keep = upos[tok] <= qpos[s];
-          const float v = keep ? sc[s][mt][rh] : -INFINITY;
-          if (a.logits && valid[s]) a.logits[(static_cast<long long>(bh) * SG + vec[s]) * a.rows_total + row] = v;
-          sc[s][mt][rh] = v;
-          mx = fmaxf(mx, v);
+          sc[s][mt][rh] = keep[mt][rh] ? sc[s][mt][rh] : -INFINITY;
+          mx = fmaxf(mx, sc[s][mt][rh]);
+        }
+      }
+      if (a.logits && valid[s]) {
+        float* dst = a.logits + (static_cast<long long>(bh) * SG + vec[s]) * a.rows_total + row0 + g;
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+          for (int rh = 0; rh < 2; ++rh) dst[16 * mt + 8 * rh] = sc[s][mt][rh];
         }
       }
       mx = max_over(mx, 4, 32);  // the 8 g lanes of vector t
@@ -372,11 +400,11 @@ __global__ void __launch_bounds__(kThreads, NSUB == 1 ? (D == 128 ? 4 : 5) : (D 
       const float2 vz = __half22float2(*reinterpret_cast<const __half2*>(vp + D + ch));
 #pragma unroll
       for (int s = 0; s < NSUB; ++s) {
-        int c[4] = {0, 0, 0, 0}, cl[4] = {0, 0, 0, 0};
-        imma16832(c, a0, a1, a2, a3, pb[s][0], pb[s][1]);
-        imma16832(cl, a0, a1, a2, a3, pl[s][0], pl[s][1]);
-        const float f0 = fmaf(static_cast<float>(c[0]), 65536.f, fmaf(static_cast<float>(c[1]), 256.f, static_cast<float>(cl[0]))) * pq[s];
-        const float f1 = fmaf(static_cast<float>(c[2]), 65536.f, fmaf(static_cast<float>(c[3]), 256.f, static_cast<float>(cl[2]))) * pq[s];
+        int c[4], cl[4];
+        imma16832_from(c, a0, a1, a2, a3, pb[s][0], pb[s][1], kSumBias);
+        imma16832_from(cl, a0, a1, a2, a3, pl[s][0], pl[s][1], kSumBias);
+        const float f0 = fmaf(sum_of(c[0]), 65536.f, fmaf(sum_of(c[1]), 256.f, sum_of(cl[0]))) * pq[s];
+        const float f1 = fmaf(sum_of(c[2]), 65536.f, fmaf(sum_of(c[3]), 256.f, sum_of(cl[2]))) * pq[s];
         acc[s][2 * mt] = fmaf(f0, vs.x, fmaf(vz.x, psum[s], acc[s][2 * mt]));
         acc[s][2 * mt + 1] = fmaf(f1, vs.y, fmaf(vz.y, psum[s], acc[s][2 * mt + 1]));
       }

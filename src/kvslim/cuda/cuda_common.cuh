@@ -89,10 +89,12 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
 }
-// 8 bytes global -> shared (through L1: .cg takes 16 only).
-__device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
+// 8 bytes global -> shared (through L1: .cg takes 16 only) in the lanes where `on` holds: a
+// predicated instruction, no branch around it.
+__device__ __forceinline__ void cp_async8_if(bool on, void* smem, const void* gmem) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(s), "l"(gmem));
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n @p cp.async.ca.shared.global [%0], [%1], 8;\n}\n" ::"r"(s),
+               "l"(gmem), "r"(static_cast<int>(on)));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
