@@ -14,7 +14,7 @@ OUT=${OUT:-/tmp/kvslim-device-out}
 MODE=${1:-all}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$PWD/devbin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-[ -f devbin/kvslim.xz ] && xz -dkf devbin/kvslim.xz
+for f in devbin/kvslim.xz devbin/cuda_tests.xz; do [ -f "$f" ] && xz -dkf "$f"; done
 chmod +x devbin/kvslim devbin/cuda_tests
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv; nvcc --version | tail -2;
   python3 -c 'import torch; print("torch", torch.__version__)'; } > "$OUT"/tests.txt 2>&1

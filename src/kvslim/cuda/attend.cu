@@ -22,6 +22,11 @@ namespace {
 
 using namespace attend_detail;
 constexpr int kStages = 3;
+constexpr int kUnit = 16;  // dense rows per unit (a warp's step)
+// A dense stage: the unit's key rows, value rows, then their positions (int64), so that the causal
+// check and the unit's newest position come from shared memory, not a dependent global load.
+template <int D>
+__host__ __device__ constexpr int dense_stage_bytes() { return 2 * kUnit * D * 2 + kUnit * 8; }
 constexpr float kPScale = 16384.f;  // P * 2^14 before the 16-bit split: small weights stay normal
 constexpr float kPUnscale = 1.f / 16384.f;
 
@@ -108,7 +113,8 @@ __device__ float softmax_unit(const QueryArgs& a, const TileRows& r, RowState<D>
     }
   }
   mx = warp_max4(mx);
-  const float m_new = fmaxf(st.m, mx);
+  const float m_old = st.m;
+  const float m_new = fmaxf(m_old, mx);
   const float msub = m_new == -INFINITY ? 0.f : m_new;
   const float alpha = exp2f(st.m - msub);
   float psum = 0.f;
@@ -123,10 +129,13 @@ __device__ float softmax_unit(const QueryArgs& a, const TileRows& r, RowState<D>
   psum = warp_sum4(psum);
   st.l = st.l * alpha + psum;
   st.m = m_new;
+  // Most units leave every row's max where it was (rows without any score yet hold zeros).
+  if (__any_sync(0xffffffffu, m_old != -INFINITY && alpha != 1.f)) {
 #pragma unroll
-  for (int i = 0; i < D / 8; ++i) {
-    st.acc[i][0] *= alpha;
-    st.acc[i][1] *= alpha;
+    for (int i = 0; i < D / 8; ++i) {
+      st.acc[i][0] *= alpha;
+      st.acc[i][1] *= alpha;
+    }
   }
   return psum;
 }
@@ -160,10 +169,11 @@ template <DenseType T, int D>
 __global__ void __launch_bounds__(kThreads) attend_dense_kernel(QueryArgs a, DenseRows rows, Partials parts,
                                                                  int part_base, int units_per_split) {
   using Map = DenseMap<D>;
-  constexpr int UNIT = 16;
+  constexpr int UNIT = kUnit;
   constexpr int KS = D / 16;
   constexpr int ROW_BYTES = D * 2;
-  constexpr int STAGE = 2 * UNIT * ROW_BYTES;
+  constexpr int STAGE = dense_stage_bytes<D>();
+  constexpr int POS_OFFSET = 2 * UNIT * ROW_BYTES;
   extern __shared__ __align__(16) unsigned char smem[];
   float* q_s = reinterpret_cast<float*>(smem);
   unsigned char* stages = smem + kTileRows * D * sizeof(float);
@@ -209,11 +219,12 @@ __global__ void __launch_bounds__(kThreads) attend_dense_kernel(QueryArgs a, Den
     unsigned char* dst = my + stage * STAGE;
     const long long src0 = static_cast<long long>(u) * UNIT * ROW_BYTES;
 #pragma unroll
-    for (int i = r.lane; i < STAGE / 16; i += 32) {
-      const int off = i * 16;
-      const bool is_v = off >= UNIT * ROW_BYTES;
-      cp_async16(dst + off, (is_v ? v_head : k_head) + src0 + (off - (is_v ? UNIT * ROW_BYTES : 0)));
+    for (int i = r.lane; i < UNIT * ROW_BYTES / 16; i += 32) {
+      cp_async16(dst + 16 * i, k_head + src0 + 16 * i);
+      cp_async16(dst + UNIT * ROW_BYTES + 16 * i, v_head + src0 + 16 * i);
     }
+    const long long row = static_cast<long long>(u) * UNIT + r.lane;
+    cp_async8_if(r.lane < UNIT && row < rows.n_rows, dst + POS_OFFSET + 8 * r.lane, rows.pos + row);
   };
 
   RowState<D> st;
@@ -254,7 +265,7 @@ __global__ void __launch_bounds__(kThreads) attend_dense_kernel(QueryArgs a, Den
       }
     }
     const int n_valid = min(UNIT, rows.n_rows - u * UNIT);
-    const std::int64_t* upos = rows.pos + static_cast<long long>(u) * UNIT;
+    const std::int64_t* upos = reinterpret_cast<const std::int64_t*>(kb + POS_OFFSET);
     softmax_unit<D, 2>(a, r, st, s, rows.row_offset + static_cast<long long>(u) * UNIT, n_valid, upos,
                        upos[n_valid - 1]);
 
@@ -377,7 +388,7 @@ __global__ void probs_kernel(QueryArgs a, const float* final_ml, float* probs) {
 
 template <int D>
 int dense_smem() {
-  return kTileRows * D * 4 + std::max(kWarps * kStages * 2 * 16 * D * 2, kWarps * kTileRows * (D + 2) * 4);
+  return kTileRows * D * 4 + std::max(kWarps * kStages * dense_stage_bytes<D>(), kWarps * kTileRows * (D + 2) * 4);
 }
 template <DenseType T, int D>
 int dense_resident() {
@@ -391,13 +402,11 @@ int dense_resident() {
 template <DenseType T, int D>
 void dense_launch(const QueryArgs& q, const DenseRows& rows, const Partials& parts, int part_base, int splits,
                   cudaStream_t stream) {
-  constexpr int STAGE = 2 * 16 * D * 2;
-  const int red = kWarps * kTileRows * (D + 2) * 4;
-  const int smem = kTileRows * D * 4 + std::max(kWarps * kStages * STAGE, red);
+  const int smem = dense_smem<D>();
   auto kernel = attend_dense_kernel<T, D>;
   static std::atomic<unsigned long long> done{0};
   set_smem(kernel, smem, done);
-  const int units = (rows.n_rows + 15) / 16;
+  const int units = (rows.n_rows + kUnit - 1) / kUnit;
   const int per = (units + splits - 1) / splits;
   launch_dependent(kernel, dim3(splits, q.tiles(), q.B * q.Hkv), dim3(kThreads), smem, stream, q, rows, parts,
                    part_base, per);

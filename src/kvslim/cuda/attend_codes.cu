@@ -326,6 +326,7 @@ __global__ void __launch_bounds__(kThreads, NSUB == 1 ? (D == 128 ? 4 : 5) : (D 
       const float m_new = fmaxf(m_run[s], mx);
       const float msub = m_new == -INFINITY ? 0.f : m_new;
       const float alpha = exp2f(m_run[s] - msub);
+      const bool rescale = m_run[s] != -INFINITY && alpha != 1.f;  // else acc holds zeros or stays
       float ps = 0.f;
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
@@ -339,7 +340,7 @@ __global__ void __launch_bounds__(kThreads, NSUB == 1 ? (D == 128 ? 4 : 5) : (D 
       l_run[s] = l_run[s] * alpha + ps;
       m_run[s] = m_new;
       psum[s] = ps;
-      if (__any_sync(0xffffffffu, alpha != 1.f)) {
+      if (__any_sync(0xffffffffu, rescale)) {
 #pragma unroll
         for (int i = 0; i < NC; ++i) acc[s][i] *= alpha;
       }
