@@ -20,4 +20,6 @@ g++ -O2 -o devbin/kvslim "$BUILD"/src/cli/CMakeFiles/kvslim_cli.dir/*.o \
   -Wl,-rpath,'$ORIGIN'
 cp "$BUILD"/bin/cuda_tests devbin/cuda_tests
 cp -L "$LIB"/libhwy.so.1 devbin/libhwy.so.1
+# xz'd: the device takes the tree plus carried paths up to 64 MiB (device_run.sh unpacks them)
+xz -T2 -6 -f devbin/kvslim devbin/cuda_tests
 ls -la devbin
