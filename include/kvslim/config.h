@@ -8,9 +8,8 @@
 
 namespace kvslim {
 
-// Method ids: "full" (plain fp16 cache), "streaming" (sinks + recent window), "h2o",
-// "squeeze" (H2O with a data-driven per-layer budget), "pyramidkv" (H2O with a fixed linear
-// per-layer taper), "zipcache" (per-token mixed precision), "kivi" (uniform group quantization).
+// Method ids, in the order of the method registry (kvslim/methods.h: each method's row says what
+// it is, its budget and sink fields and its own fields).
 const std::vector<std::string>& method_names();
 
 struct KVCacheConfig {

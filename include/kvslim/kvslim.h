@@ -7,6 +7,7 @@
 #include "kvslim/dtype.h"
 #include "kvslim/errors.h"
 #include "kvslim/factory.h"
+#include "kvslim/methods.h"
 #include "kvslim/prior_scores.h"
 #include "kvslim/squeeze.h"
 #if __has_include("kvslim/zipcache.h")

@@ -9,8 +9,20 @@ from . import _kvslim
 
 
 def methods() -> list[str]:
-    """Method ids ("full", "streaming", "h2o", "squeeze", "pyramidkv", "zipcache", "kivi")."""
+    """Method ids, in the order of the library's method registry (kvslim/methods.h)."""
     return list(_kvslim.methods())
+
+
+def method_info(name: str) -> dict:
+    """The registry's row of a method: name, summary, kind ("dense", "eviction", "quantizer"),
+    budget_field / sink_field (None unless it evicts), h2o_core, cuda and its own config fields.
+    An unknown name raises ConfigError naming the known ones."""
+    return dict(_kvslim.method_info(name))
+
+
+def storages() -> list[str]:
+    """Storage kinds an eviction method's rows may be held in (Config.storage)."""
+    return list(_kvslim.storages())
 
 
 def _probe_types() -> dict[str, type]:

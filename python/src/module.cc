@@ -158,6 +158,29 @@ PYBIND11_MODULE(_kvslim, m) {
   py::register_exception<InputError>(m, "InputError", PyExc_ValueError);
 
   m.def("methods", &method_names, "Method ids, in the library's order.");
+  // The registry's row of a method (kvslim/methods.h), as a dict.
+  m.def(
+      "method_info",
+      [](const std::string& name) {
+        const MethodInfo& info = method_info(name);
+        auto field_of = [](int KVCacheConfig::*p) -> py::object {
+          if (p == nullptr) return py::none();
+          return py::str(std::string(config_field_name(p)));
+        };
+        static const char* kinds[] = {"dense", "eviction", "quantizer"};
+        py::dict d;
+        d["name"] = std::string(info.name);
+        d["summary"] = std::string(info.summary);
+        d["kind"] = kinds[static_cast<int>(info.kind)];
+        d["budget_field"] = field_of(info.budget);
+        d["sink_field"] = field_of(info.n_sink);
+        d["h2o_core"] = info.h2o_core;
+        d["cuda"] = info.cuda;
+        d["fields"] = info.fields();
+        return d;
+      },
+      "The method's row of the library's registry: name, summary, kind, budget/sink fields, its own fields.");
+  m.def("storages", [] { return storage_names(); }, "Storage kinds of an eviction method's rows (Config.storage).");
   // Where a KVBlock made from this array points (tests: inputs are read in place, not copied).
   m.def("_block_address", [](const py::array& a, const std::string& dtype) {
     return reinterpret_cast<std::uintptr_t>(as_block(a, dtype, "array").data);

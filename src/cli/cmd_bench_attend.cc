@@ -18,6 +18,7 @@
 #include "engine/ops.h"
 #include "kvslim/convert.h"
 #include "kvslim/factory.h"
+#include "kvslim/methods.h"
 
 namespace kvslim::cli {
 namespace {
@@ -33,23 +34,17 @@ struct Options {
 
 double seconds(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
+// A cache by short name, or any method spec (kvslim/methods.h: NAME or NAME@field=value,...).
 KVCacheConfig config_of(const std::string& name) {
-  KVCacheConfig c;
-  if (name == "full") {
-    c.method = "full";
-  } else if (name == "kivi2" || name == "kivi4") {
-    c.method = "kivi";
-    c.kivi_bits = name == "kivi2" ? 2 : 4;
-  } else if (name == "zipcache42") {
-    c.method = "zipcache";
-    c.zipcache_hi_bits = 4;
-    c.zipcache_lo_bits = 2;
-    c.zipcache_hi_fraction = 0.2;
-  } else {
-    throw std::invalid_argument("--cache " + name + ": expected full, kivi2, kivi4 or zipcache42");
+  static const std::pair<const char*, const char*> kShort[] = {
+      {"kivi2", "kivi@kivi_bits=2"},
+      {"kivi4", "kivi@kivi_bits=4"},
+      {"zipcache42", "zipcache@zipcache_hi_bits=4,zipcache_lo_bits=2,zipcache_hi_fraction=0.2"},
+  };
+  for (const auto& [short_name, spec] : kShort) {
+    if (name == short_name) return config_from_spec(spec);
   }
-  c.validate();
-  return c;
+  return config_from_spec(name);
 }
 
 // Bytes attend reads: the stored keys and values (codes + group parameters, or fp16 rows) and a
@@ -157,7 +152,7 @@ const CommandRegistrar registrar("bench attend", "decode attention over each cac
   app.add_option("--head-dim", o->head_dims, "head dimensions")->capture_default_str()->check(CLI::Range(1, 1024));
   app.add_option("--kv-heads", o->kv_heads, "KV heads")->capture_default_str()->check(CLI::Range(1, 256));
   app.add_option("--q-heads", o->q_heads, "query heads (a multiple of --kv-heads)")->capture_default_str()->check(CLI::Range(1, 1024));
-  app.add_option("--cache", o->caches, "full, kivi2, kivi4, zipcache42 (full first: the ratios divide by it)")->capture_default_str();
+  app.add_option("--cache", o->caches, "full, kivi2, kivi4, zipcache42 or any method spec NAME@field=value,... (full first: the ratios divide by it)")->capture_default_str();
   app.add_option("--threads", o->threads, "threads")->capture_default_str()->check(CLI::Range(1, 256));
   app.add_option("--repeats", o->repeats, "timed calls per point (best reported)")->capture_default_str()->check(CLI::Range(1, 1000));
   // The GPU: kvslim's device caches at batch x context shapes (bench/cuda/sdpa_bench.py adds torch SDPA).

@@ -23,6 +23,7 @@
 #include "engine/tee_cache.h"
 #include "kvslim/convert.h"
 #include "kvslim/factory.h"
+#include "kvslim/methods.h"
 
 namespace kvslim::cli {
 namespace {
@@ -43,29 +44,16 @@ struct Options {
 
 double seconds(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// `method` is a method name, optionally followed by its own options: "kivi@kivi_bits=4,kivi_group_size=64"
-// (applied after the --set options, which apply to every method).
+// `method` is a method spec (kvslim/methods.h), a name optionally followed by its own options:
+// "kivi@kivi_bits=4,kivi_group_size=64" (applied after the --set options, which apply to every method).
 KVCacheConfig cache_config(const std::string& method, const std::vector<std::string>& sets) {
-  KVCacheConfig cfg;
-  const auto at = method.find('@');
-  cfg.method = method.substr(0, at);
-  const auto names = method_names();
-  if (std::find(names.begin(), names.end(), cfg.method) == names.end()) {
-    throw std::invalid_argument("--method '" + method + "': unknown method '" + cfg.method + "'");
-  }
-  std::vector<std::string> all = sets;
-  for (std::size_t p = at; p != std::string::npos;) {
-    const auto next = method.find(',', p + 1);
-    all.push_back(method.substr(p + 1, next == std::string::npos ? std::string::npos : next - p - 1));
-    p = next;
-  }
-  for (const std::string& kv : all) {
+  KVCacheConfig base;
+  for (const std::string& kv : sets) {
     const auto eq = kv.find('=');
     if (eq == std::string::npos || eq == 0) throw std::invalid_argument("option '" + kv + "': expected key=value");
-    cfg.set(kv.substr(0, eq), kv.substr(eq + 1));
+    base.set(kv.substr(0, eq), kv.substr(eq + 1));
   }
-  cfg.validate();
-  return cfg;
+  return config_from_spec(method, base);
 }
 
 // Best of `repeats`: GB/s of gemv over every decode matrix, and of memcpy over as many bytes.

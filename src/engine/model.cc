@@ -23,15 +23,6 @@ constexpr std::size_t kTileRows = 256;
 // materialised rows instead of the cache's own kernel.
 constexpr std::size_t kBlasMinQueries = 64;
 
-// KVSLIM_PREFILL_ATTEND=1 runs prefill attention through KVCache::attend too (for measurements).
-bool prefill_with_attend() {
-  static const bool on = [] {
-    const char* v = std::getenv("KVSLIM_PREFILL_ATTEND");
-    return v != nullptr && std::string(v) == "1";
-  }();
-  return on;
-}
-
 Matrix matrix_of(const WeightStore& store, const std::string& name, std::int64_t rows, std::int64_t cols) {
   const TensorInfo& t = store.get(name, {rows, cols});
   return Matrix{t.type, t.data, static_cast<std::size_t>(rows), static_cast<std::size_t>(cols)};
@@ -391,19 +382,41 @@ void Transformer::attention_block(std::size_t layer, std::size_t s, std::span<co
   const std::size_t skip = s - observed;
   const std::span<const std::int64_t> observed_positions = positions.subspan(skip);
 
-  if (prefill && options_.prefill_attention == PrefillAttention::full_prompt) {
-    // The chunk's queries see the previous view and the whole chunk; the cache absorbs it after.
-    const CacheView all = attention_.concat(cache.view(), k_block_.data(), v_block_.data(), positions);
-    if (observe) grow(observation_cat_, attention_.observation_size(observed, all.tokens));
-    if (skip > 0) attention_.attend(all, q_.data(), positions.first(skip), attn_.data(), nullptr, &pool_);
-    attention_.attend(all, q_.data() + skip * q_dim, observed_positions, attn_.data() + skip * q_dim,
-                      observe ? observation_cat_.data() : nullptr, &pool_);
-    const CacheView kept = cache.update_and_fetch(keys, values, positions);
+  // Prefill attention has one path: sgemm over the rows as fp16 (Attention::attend), measured
+  // 1.2-1.4x faster than the cache's own kernel at 512 tokens and 1.6-1.8x at 1536 on models/tiny
+  // for full, h2o, kivi4 and zipcache (bench engine, docs/architecture.md). What differs is only the
+  // view it reads: the cache's rows after it absorbed the chunk (cache_view), or the previous
+  // view plus the whole chunk, absorbed after (full_prompt, the documented order). Fewer queries
+  // than kBlasMinQueries (decode, a short follow-up) go through the cache's own kernel over its
+  // storage, the decode path.
+  const bool full_prompt = prefill && options_.prefill_attention == PrefillAttention::full_prompt;
+  if (full_prompt || (prefill && s * (heads / kv_heads) >= kBlasMinQueries)) {
+    CacheView view;
+    if (full_prompt) {
+      view = attention_.concat(cache.view(), k_block_.data(), v_block_.data(), positions);
+    } else {
+      cache.append(keys, values, positions);
+      view = cache.materialize();  // the fp16 adapter of any storage
+    }
+    float* probs = nullptr;
     if (observe) {
-      grow(observation_, attention_.observation_size(observed, kept.tokens));
-      attention_.remap_observation(all, observation_cat_.data(), observed, kept, observation_.data());
-      cache.observe_attention(AttentionObservation{observation_.data(), 1, kv_heads, observed, kept.tokens, kept.tokens,
-                                                   observed_positions});
+      std::vector<float>& out = full_prompt ? observation_cat_ : observation_;
+      grow(out, attention_.observation_size(observed, view.tokens));
+      probs = out.data();
+    }
+    if (skip > 0) attention_.attend(view, q_.data(), positions.first(skip), attn_.data(), nullptr, &pool_);
+    attention_.attend(view, q_.data() + skip * q_dim, observed_positions, attn_.data() + skip * q_dim, probs, &pool_);
+    std::size_t rows = cache.rows();  // cache_view: the rows the view holds
+    if (full_prompt) {
+      const CacheView kept = cache.update_and_fetch(keys, values, positions);
+      rows = kept.tokens;
+      if (observe) {
+        grow(observation_, attention_.observation_size(observed, rows));
+        attention_.remap_observation(view, observation_cat_.data(), observed, kept, observation_.data());
+      }
+    }
+    if (observe) {
+      cache.observe_attention(AttentionObservation{observation_.data(), 1, kv_heads, observed, rows, rows, observed_positions});
     }
   } else {
     // The cache attends over its own storage (compressed caches read their codes); its
@@ -412,22 +425,13 @@ void Transformer::attention_block(std::size_t layer, std::size_t s, std::span<co
     const std::size_t rows = cache.rows();
     if (observe) grow(observation_, attention_.observation_size(observed, rows));
     float* probs = observe ? observation_.data() : nullptr;
-    if (prefill && s * (heads / kv_heads) >= kBlasMinQueries && !prefill_with_attend()) {
-      // Long prompts: sgemm over the materialised rows is faster than the row kernel
-      // (1.1-1.35x at 512-1024 tokens: README, "Decode attention over the cache's own storage");
-      // materialize() is the fp16 adapter.
-      const CacheView view = cache.materialize();
-      if (skip > 0) attention_.attend(view, q_.data(), positions.first(skip), attn_.data(), nullptr, &pool_);
-      attention_.attend(view, q_.data() + skip * q_dim, observed_positions, attn_.data() + skip * q_dim, probs, &pool_);
-    } else {
-      const bool threaded = rows * d * kv_heads * s >= (1u << 15);  // below this the pool costs more
-      ParallelFor* parallel = threaded ? &parallel_ : nullptr;
-      if (skip > 0) {
-        cache.attend(QueryBlock{q_.data(), 1, skip, heads, d}, positions.first(skip), attn_.data(), nullptr, parallel);
-      }
-      cache.attend(QueryBlock{q_.data() + skip * q_dim, 1, observed, heads, d}, observed_positions,
-                   attn_.data() + skip * q_dim, probs, parallel);
+    const bool threaded = rows * d * kv_heads * s >= (1u << 15);  // below this the pool costs more
+    ParallelFor* parallel = threaded ? &parallel_ : nullptr;
+    if (skip > 0) {
+      cache.attend(QueryBlock{q_.data(), 1, skip, heads, d}, positions.first(skip), attn_.data(), nullptr, parallel);
     }
+    cache.attend(QueryBlock{q_.data() + skip * q_dim, 1, observed, heads, d}, observed_positions,
+                 attn_.data() + skip * q_dim, probs, parallel);
     if (observe) {
       cache.observe_attention(AttentionObservation{observation_.data(), 1, kv_heads, observed, rows, rows, observed_positions});
     }

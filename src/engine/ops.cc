@@ -17,7 +17,7 @@
 
 #include "kvslim/convert.h"
 #include "kvslim/dtype.h"
-#include "kvslim/kernels.h"  // the library's internal SIMD kernels (softmax, SwiGLU)
+#include "kvslim/activations.h"  // the library's dispatched softmax and SwiGLU
 #include "engine/quant_gemv.h"
 
 namespace kvslim::engine {

@@ -9,13 +9,9 @@
 
 #include "cache/row_scores.h"
 #include "kvslim/errors.h"
+#include "kvslim/methods.h"
 
 namespace kvslim {
-
-const std::vector<std::string>& method_names() {
-  static const std::vector<std::string> names = {"full", "streaming", "h2o", "squeeze", "pyramidkv", "zipcache", "kivi"};
-  return names;
-}
 
 namespace {
 
@@ -92,13 +88,17 @@ void check_range(std::string_view field, int v, int lo, int hi) {
 void check_unit(std::string_view field, double v) {
   if (!(v >= 0.0 && v <= 1.0)) fail(field, str(v), "must be in [0, 1]");
 }
-void check_choice(std::string_view field, const std::string& v, std::initializer_list<const char*> choices) {
+template <typename Choices>
+void check_choice(std::string_view field, const std::string& v, const Choices& choices) {
   std::string list;
-  for (const char* c : choices) {
+  for (const auto& c : choices) {
     if (v == c) return;
     list += (list.empty() ? "" : ", ") + std::string(c);
   }
   fail(field, "\"" + v + "\"", "must be one of " + list);
+}
+void check_choice(std::string_view field, const std::string& v, std::initializer_list<const char*> choices) {
+  check_choice<std::initializer_list<const char*>>(field, v, choices);
 }
 // A budget-limited eviction method: sinks and the protected recent window must leave room to evict.
 void check_budget(std::string_view budget_name, int budget, std::string_view sink_name, int n_sink, int recent) {
@@ -113,14 +113,16 @@ void check_budget(std::string_view budget_name, int budget, std::string_view sin
 
 }  // namespace
 
-void KVCacheConfig::validate() const {
-  bool known = false;
-  for (const auto& m : method_names()) known = known || m == method;
-  if (!known) {
-    std::string list;
-    for (const auto& m : method_names()) list += (list.empty() ? "" : ", ") + m;
-    fail("method", "\"" + method + "\"", "must be one of " + list);
+std::string_view config_field_name(int KVCacheConfig::*field) {
+  for (const auto& f : field_table()) {
+    const auto* p = std::get_if<int KVCacheConfig::*>(&f.ptr);
+    if (p != nullptr && *p == field) return f.name;
   }
+  return {};
+}
+
+void KVCacheConfig::validate() const {
+  const MethodInfo& info = method_info(method);  // the registry names the known methods
   check_min("head_dim", head_dim, 1);
   check_choice("evict_profile", evict_profile, {"query_aware", "original"});
   check_min("evict_recent_window", evict_recent_window, -1);
@@ -147,9 +149,13 @@ void KVCacheConfig::validate() const {
 
   // Every method's own fields are range-checked whatever the method, so a typo never waits until
   // the day that method is picked; cross-field rules apply to each method's own budget.
-  check_budget("h2o_budget", h2o_budget, "h2o_n_sink", h2o_n_sink, method == "h2o" ? recent : 0);
-  check_budget("squeeze_budget", squeeze_budget, "squeeze_n_sink", squeeze_n_sink,
-               method == "squeeze" ? recent : 0);
+  // Every registered eviction method's budget against its sinks (and, for the chosen H2O-core
+  // method, the explicit recent window).
+  for (const MethodInfo& m : method_registry()) {
+    if (!m.budgeted()) continue;
+    check_budget(config_field_name(m.budget), this->*m.budget, config_field_name(m.n_sink), this->*m.n_sink,
+                 m.h2o_core && m.name == method ? recent : 0);
+  }
   check_unit("squeeze_strength", squeeze_strength);
   if (squeeze_resolved_budget) {
     check_budget("squeeze_resolved_budget", *squeeze_resolved_budget, "squeeze_n_sink", squeeze_n_sink,
@@ -158,10 +164,7 @@ void KVCacheConfig::validate() const {
   check_choice("squeeze_prefill", squeeze_prefill, {"deferred", "eager"});
   check_choice("squeeze_signal", squeeze_signal, {"key_dispersion", "hidden_cosine", "attention_entropy", "attention_coverage", "global_topk"});
   check_choice("squeeze_concentration_heads", squeeze_concentration_heads, {"all", "first"});
-  check_budget("pyramidkv_budget", pyramidkv_budget, "pyramidkv_n_sink", pyramidkv_n_sink,
-               method == "pyramidkv" ? recent : 0);
   if (!(pyramidkv_beta >= 1.0) || !std::isfinite(pyramidkv_beta)) fail("pyramidkv_beta", str(pyramidkv_beta), "must be a finite number >= 1");
-  check_budget("streaming_budget", streaming_budget, "streaming_n_sink", streaming_n_sink, 0);
 
   check_range("zipcache_hi_bits", zipcache_hi_bits, 1, 8);
   check_range("zipcache_lo_bits", zipcache_lo_bits, 1, 8);
@@ -184,10 +187,14 @@ void KVCacheConfig::validate() const {
   if (kivi_staging % kivi_group_size != 0 && !(storage == "kivi" && kivi_staging < kivi_group_size)) {
     fail("kivi_staging", std::to_string(kivi_staging), "must be a multiple of kivi_group_size = " + std::to_string(kivi_group_size));
   }
-  check_choice("storage", storage, {"fp16", "kivi", "zipcache"});
-  if (storage != "fp16" && (method == "kivi" || method == "zipcache")) {
+  check_choice("storage", storage, storage_names());
+  if (storage != "fp16" && info.kind == MethodKind::quantizer) {
+    std::string policies;
+    for (const MethodInfo& m : method_registry()) {
+      if (m.kind != MethodKind::quantizer) policies += (policies.empty() ? "" : ", ") + std::string(m.name);
+    }
     fail("storage", "\"" + storage + "\"",
-         "applies to the eviction methods (full, streaming, h2o, squeeze, pyramidkv); method " + method +
+         "applies to the eviction methods (" + policies + "); method " + method +
              " is a storage itself (method=full storage=" + method + " is the same rows under the eviction core)");
   }
   if (storage != "fp16" && device != "cpu") fail("storage", "\"" + storage + "\"", "must be fp16 on a CUDA device (device = " + device + ")");

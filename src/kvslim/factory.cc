@@ -6,9 +6,7 @@
 #include <string>
 
 #include "cache/eviction_cache.h"
-#include "cache/squeeze_cache.h"
-#include "cache/zipcache_cache.h"
-#include "storage/row_storage.h"
+#include "method_table.h"
 #include "kvslim/cuda.h"
 #include "kvslim/errors.h"
 #include "kvslim/squeeze.h"
@@ -16,46 +14,16 @@
 namespace kvslim {
 namespace {
 
-// What one layer's cache gets besides the config.
-struct LayerContext {
-  int layer_id = -1;
-  std::optional<int> budget;  // per-layer budget (pyramidkv taper)
-  std::shared_ptr<SqueezeCoordinator> coordinator;
-};
-
-
-// One cache per method id. Methods in other files add their branch here. The eviction methods
-// (full, streaming, h2o, pyramidkv, squeeze) are policies over the row storage the config names.
+// One cache per method: the registry's builder (methods.cc); the eviction methods (full,
+// streaming, h2o, pyramidkv, squeeze) are policies over the row storage the config names.
 std::unique_ptr<KVCache> make_method_cache(const KVCacheConfig& c, const LayerContext& ctx) {
-  const std::string& m = c.method;
   std::unique_ptr<KVCache> cache;
   if (c.device_index() >= 0) {
     cache = cuda::make_cache(c);
-  } else if (m == "full") {
-    EvictionPolicy p;
-    p.scoring = Scoring::none;
-    cache = std::make_unique<EvictionCache>("full", p, EvictionPolicy::kUnbounded, make_row_storage(c));
-  } else if (m == "streaming") {
-    EvictionPolicy p;
-    p.scoring = Scoring::none;
-    p.n_sink = static_cast<std::size_t>(c.streaming_n_sink);
-    p.recent_window = static_cast<std::size_t>(c.streaming_budget - c.streaming_n_sink);
-    cache = std::make_unique<EvictionCache>("streaming", p, static_cast<std::size_t>(c.streaming_budget), make_row_storage(c));
-  } else if (m == "h2o") {
-    cache = std::make_unique<EvictionCache>("h2o", make_eviction_policy(c, c.h2o_n_sink), static_cast<std::size_t>(c.h2o_budget),
-                                            make_row_storage(c));
-  } else if (m == "pyramidkv") {
-    const int budget = ctx.budget.value_or(c.pyramidkv_budget);
-    cache = std::make_unique<EvictionCache>("pyramidkv", make_eviction_policy(c, c.pyramidkv_n_sink), static_cast<std::size_t>(budget),
-                                            make_row_storage(c));
-  } else if (m == "squeeze") {
-    cache = std::make_unique<SqueezeCache>(c, ctx.coordinator, ctx.layer_id);
-  } else if (m == "zipcache") {
-    cache = make_zipcache_cache(c);
-  } else if (m == "kivi") {
-    cache = make_kivi_cache(c);
+  } else if (const MethodBuilder build = method_builder(c.method)) {
+    cache = build(c, ctx);
   }
-  if (!cache) throw ConfigError("KVCacheConfig.method = \"" + m + "\": no cache is built for this method");
+  if (!cache) throw ConfigError("KVCacheConfig.method = \"" + c.method + "\": no cache is built for this method");
   cache->set_layer_id(ctx.layer_id);
   return cache;
 }
@@ -100,7 +68,7 @@ CacheSet KVCacheBuilder::for_model(const ModelSpec& model, const KVCacheConfig& 
   // An explicit squeeze_resolved_budget fixes every layer: no schedule to wait for.
   // Cross-layer importance for the H2O-core methods scored by attention (a lone layer has no one
   // to share with).
-  const bool h2o_core = config.method == "h2o" || config.method == "squeeze" || config.method == "pyramidkv";
+  const bool h2o_core = method_info(config.method).h2o_core;
   if (h2o_core && attention_layers.size() > 1) {
     const EvictionPolicy policy = make_eviction_policy(config, 0);
     if (scores_by_attention(policy.scoring) && policy.cross_layer > 0.0f) set.importance_ = std::make_shared<CrossLayerImportance>(attention_layers.size());

@@ -3,16 +3,15 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kvslim/activations.h"
+
 namespace kvslim::kernels {
 
 // acc[i] += softmax(scale * logits)[i] for i < n (fp32, max-subtracted). n >= 1.
 // `logits` is scratch: it is overwritten with the unnormalised exponentials.
 void softmax_accumulate(float* logits, std::size_t n, float scale, float* acc);
 
-// x = softmax(x) in place (max-subtracted); -inf entries get 0. At least one entry is finite.
-void softmax_inplace(float* x, std::size_t n);
-// gate[i] = gate[i] / (1 + exp(-gate[i])) * up[i] (SwiGLU).
-void swiglu_inplace(float* gate, const float* up, std::size_t n);
+// softmax_inplace, swiglu_inplace: public (kvslim/activations.h).
 
 // True when any of the n fp16 values is NaN or infinite.
 bool fp16_has_nonfinite(const std::uint16_t* x, std::size_t n);

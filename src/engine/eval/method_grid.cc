@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "kvslim/cache.h"
+#include "kvslim/methods.h"
 
 namespace kvslim::engine::eval {
 namespace {
@@ -286,20 +287,15 @@ std::vector<MethodVariant> build_catalogue() {
   return all;
 }
 
+// The method's budget and sink fields, from the registry (kvslim/methods.h).
 int* budget_field(KVCacheConfig& c) {
-  if (c.method == "streaming") return &c.streaming_budget;
-  if (c.method == "h2o") return &c.h2o_budget;
-  if (c.method == "squeeze") return &c.squeeze_budget;
-  if (c.method == "pyramidkv") return &c.pyramidkv_budget;
-  return nullptr;
+  const MethodInfo& m = method_info(c.method);
+  return m.budgeted() ? &(c.*m.budget) : nullptr;
 }
 
 int sinks(const KVCacheConfig& c) {
-  if (c.method == "streaming") return c.streaming_n_sink;
-  if (c.method == "h2o") return c.h2o_n_sink;
-  if (c.method == "squeeze") return c.squeeze_n_sink;
-  if (c.method == "pyramidkv") return c.pyramidkv_n_sink;
-  return 0;
+  const MethodInfo& m = method_info(c.method);
+  return m.n_sink != nullptr ? c.*m.n_sink : 0;
 }
 
 // The smallest budget the variant accepts (sinks + recent window + 1).
@@ -339,7 +335,8 @@ std::vector<MethodVariant> select_variants(const std::string& list, bool quick_p
     item.erase(0, item.find_first_not_of(" \t"));
     item.erase(item.find_last_not_of(" \t") + 1);
     named_any = named_any || !item.empty();
-    if (item.empty() || item == "full") continue;  // the full cache is always the reference
+    const MethodInfo* id = find_method(item);
+    if (item.empty() || (id != nullptr && id->kind == MethodKind::dense)) continue;  // full is always the reference
     bool matched = false;
     for (std::size_t i = 0; i < all.size(); ++i) {
       if (all[i].name == item) {
@@ -352,10 +349,13 @@ std::vector<MethodVariant> select_variants(const std::string& list, bool quick_p
       }
     }
     if (!matched) {
-      std::string names;
+      std::string names, ids;
       for (const auto& v : all) names += (names.empty() ? "" : ", ") + v.name;
+      for (const MethodInfo& m : method_registry()) {
+        if (m.kind != MethodKind::dense) ids += (ids.empty() ? "" : ", ") + std::string(m.name);
+      }
       throw std::invalid_argument("--methods: unknown method or variant \"" + item + "\" (variants: " + names +
-                                  "; or a method id: streaming, h2o, squeeze, pyramidkv, kivi, zipcache)");
+                                  "; or a method id: " + ids + ")");
     }
   }
   // "," or " , " names nothing: an evaluation of nothing that exits 0 hides the typo.
