@@ -222,6 +222,15 @@ float DotQ6_K(const std::uint8_t* row, const Q8Blocks& x, std::size_t n_super) {
 // AVX-512 VNNI: two activation blocks per zmm, scales for 8 blocks computed as one vector and
 // spread to the lanes with one permute per pair (no per-block scalar work in the inner loop).
 
+// Software prefetch of the weight bytes kPrefetchBytes ahead of the `bytes` a step reads (the
+// rows are one sequential stream per thread; the hardware prefetcher alone left decode waiting on
+// memory: 1-thread decode of the 1 B Q4_0 model 30-33 -> 35-36 tokens/s with 2 KB, no gain at 4 KB).
+// Past the matrix's end a prefetch is a no-op (it never faults).
+constexpr std::size_t kPrefetchBytes = 2048;
+HWY_INLINE void PrefetchAhead(const std::uint8_t* p, std::size_t bytes) {
+  for (std::size_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes + o), _MM_HINT_T0);
+}
+
 HWY_INLINE __m512i DotU8S8x64(__m512i acc, __m512i u, __m512i s) {
   __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));  // EVEX: a zmm form has no VEX encoding
   return acc;
@@ -286,6 +295,7 @@ float DotQ4_0Wide(const std::uint8_t* row, const Q8Blocks& x, std::size_t nb) {
   std::size_t b = 0;
   for (; b + 8 <= nb; b += 8) {
     const std::uint8_t* blk = row + 18 * b;
+    PrefetchAhead(blk, 144);
     const __m256 dw = Scales8Q4_0(blk);
     const __m512 sv = _mm512_castps256_ps512(_mm256_mul_ps(dw, _mm256_loadu_ps(x.d.data() + b)));
     corr = _mm256_fmadd_ps(dw, _mm256_loadu_ps(x.ds.data() + b), corr);
@@ -312,6 +322,7 @@ float DotQ8_0Wide(const std::uint8_t* row, const Q8Blocks& x, std::size_t nb) {
   std::size_t b = 0;
   for (; b + 8 <= nb; b += 8) {
     const std::uint8_t* blk = row + 34 * b;
+    PrefetchAhead(blk, 272);
     const __m256 dw = Scales8(blk, 34);
     const __m512 sv = _mm512_castps256_ps512(_mm256_mul_ps(dw, _mm256_loadu_ps(x.d.data() + b)));
     corr = _mm256_fmadd_ps(dw, _mm256_loadu_ps(x.ds.data() + b), corr);
@@ -345,6 +356,7 @@ float DotQK_Wide(const std::uint8_t* row, const Q8Blocks& x, std::size_t n_super
   const __m512i kidx[4] = {PairIndexOf(0, 2), PairIndexOf(1, 3), PairIndexOf(4, 6), PairIndexOf(5, 7)};
   for (std::size_t i = 0; i < n_super; ++i) {
     const std::uint8_t* blk = row + kBlockBytes * i;
+    PrefetchAhead(blk, kBlockBytes);
     const std::uint8_t* qs = blk + 16 + (kBits == 5 ? 32 : 0);
     const float d = Half(blk), dmin = Half(blk + 2);
     // The 8 six-bit scales and mins, four at a time in 32-bit words (ScaleMinK4's layout):
@@ -402,6 +414,7 @@ float DotQ6_KWide(const std::uint8_t* row, const Q8Blocks& x, std::size_t n_supe
   }
   for (std::size_t i = 0; i < n_super; ++i) {
     const std::uint8_t* blk = row + 210 * i;
+    PrefetchAhead(blk, 210);
     const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192))));
     const __m512 xd = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(x.d.data() + 8 * i)));
     const __m512 sv = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(Half(blk + 208)), sc), xd);
@@ -879,8 +892,8 @@ HWY_INLINE std::int32_t QuantizeCodes(const float* x, std::size_t count, float i
   return total;
 }
 
-// max |x| over n values, and the first value that has it.
-HWY_INLINE float AbsMax(const float* x, std::size_t n, float& signed_max) {
+// max |x| over n values, and (want_signed) the first value that has it.
+HWY_INLINE float AbsMax(const float* x, std::size_t n, bool want_signed, float& signed_max) {
   const hn::ScalableTag<float> df;
   const std::size_t N = hn::Lanes(df);
   float amax = 0;
@@ -892,7 +905,7 @@ HWY_INLINE float AbsMax(const float* x, std::size_t n, float& signed_max) {
   }
   for (; j < n; ++j) amax = std::max(amax, std::fabs(x[j]));
   signed_max = 0;
-  for (std::size_t k = 0; k < n; ++k) {
+  for (std::size_t k = 0; want_signed && k < n; ++k) {
     if (std::fabs(x[k]) == amax) {
       signed_max = x[k];
       break;
@@ -907,7 +920,7 @@ void QuantizeActivation(const float* x, std::size_t n, int format, std::int8_t* 
   for (std::size_t g = 0; g < n / group; ++g) {
     const float* v = x + group * g;
     float max = 0;
-    const float amax = AbsMax(v, group, max);
+    const float amax = AbsMax(v, group, fmt == ActivationFormat::q8_k, max);
     float dd = 0, id = 0;
     switch (fmt) {
       case ActivationFormat::fine: dd = amax / 127.0f, id = dd != 0 ? 1.0f / dd : 0.0f; break;
