@@ -308,6 +308,18 @@ float DotQ4_0Wide(const std::uint8_t* row, const Q8Blocks& x, std::size_t nb) {
     acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_permutexvar_ps(idx0, sv), acc0);
     acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_permutexvar_ps(idx1, sv), acc1);
   }
+  if (b + 4 <= nb) {  // one group of 4 (rows of 12, 20, ... blocks: models/tiny's 384 columns)
+    const std::uint8_t* blk = row + 18 * b;
+    const __m128 dw = _mm_setr_ps(Half(blk), Half(blk + 18), Half(blk + 36), Half(blk + 54));
+    const __m512 sv = _mm512_castps128_ps512(_mm_mul_ps(dw, _mm_loadu_ps(x.d.data() + b)));
+    corr = _mm256_add_ps(corr, _mm256_zextps128_ps256(_mm_mul_ps(dw, _mm_loadu_ps(x.ds.data() + b))));
+    const __m512i v0 = GatherQ4_0Codes(blk, gather);
+    const std::int8_t* xq = xn + 32 * b;
+    __m512i p0 = DotU8S8x64(zero, _mm512_and_si512(v0, m4x), _mm512_loadu_si512(xq));
+    p0 = DotU8S8x64(p0, _mm512_and_si512(_mm512_srli_epi16(v0, 4), m4x), _mm512_loadu_si512(xq + 64));
+    acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_permutexvar_ps(idx0, sv), acc0);
+    b += 4;
+  }
   float total = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) - 8.0f * HSum(corr);
   if (b < nb) total += DotQ4_0(row + 18 * b, x, nb - b, b);
   return total;
