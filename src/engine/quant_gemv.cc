@@ -224,7 +224,7 @@ float DotQ6_K(const std::uint8_t* row, const Q8Blocks& x, std::size_t n_super) {
 
 // Software prefetch of the weight bytes kPrefetchBytes ahead of the `bytes` a step reads (the
 // rows are one sequential stream per thread; the hardware prefetcher alone left decode waiting on
-// memory: 1-thread decode of the 1 B Q4_0 model 30-33 -> 35-36 tokens/s with 2 KB, no gain at 4 KB).
+// memory: 1-thread decode of the 1 B Q4_0 model 30-33 tokens/s without, 34-38 with 1, 2 or 4 KB).
 // Past the matrix's end a prefetch is a no-op (it never faults).
 constexpr std::size_t kPrefetchBytes = 2048;
 HWY_INLINE void PrefetchAhead(const std::uint8_t* p, std::size_t bytes) {

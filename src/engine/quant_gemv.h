@@ -5,9 +5,9 @@
 // (Q8Blocks: scale d = max|x| / 127, q = round(x / d), kept with the per-block code sums), and each
 // weight row is a sum of integer dot products (unsigned weight codes x signed activation codes:
 // AVX-512 VNNI `vpdpbusd`, or AVX2 `vpmaddubsw` + `vpmaddwd`), each scaled by the weight block's
-// and the activation block's scales in fp32. Unlike llama.cpp's q8_K (one scale per 256 values),
-// every 32 activation values have their own fp32 scale, so the K-quants lose no more to the
-// activation's rounding than Q8_0 / Q4_0 do.
+// and the activation block's scales in fp32. The activation is rounded as llama.cpp rounds it for
+// the weight type (activation_format: q8_0, or q8_K's one scale per 256 values for the K-quants);
+// every 32 codes carry their scale, so the kernels take any of the formats.
 //
 // SIMD through Highway with run-time dispatch (quant_gemv.cc): AVX3_DL (VNNI), AVX3 and AVX2 run
 // x86 integer kernels; the other targets a portable loop. tests/engine/quant_gemv_test.cc checks
