@@ -5,9 +5,9 @@
 // (Q8Blocks: scale d = max|x| / 127, q = round(x / d), kept with the per-block code sums), and each
 // weight row is a sum of integer dot products (unsigned weight codes x signed activation codes:
 // AVX-512 VNNI `vpdpbusd`, or AVX2 `vpmaddubsw` + `vpmaddwd`), each scaled by the weight block's
-// and the activation block's scales in fp32. Unlike llama.cpp's q8_K (one scale per 256 values),
-// every 32 activation values have their own fp32 scale, so the K-quants lose no more to the
-// activation's rounding than Q8_0 / Q4_0 do.
+// and the activation block's scales in fp32. The activation is rounded as llama.cpp rounds it for
+// the weight type (activation_format: q8_0, or q8_K's one scale per 256 values for the K-quants);
+// every 32 codes carry their scale, so the kernels take any of the formats.
 //
 // SIMD through Highway with run-time dispatch (quant_gemv.cc): AVX3_DL (VNNI), AVX3 and AVX2 run
 // x86 integer kernels; the other targets a portable loop. tests/engine/quant_gemv_test.cc checks
@@ -28,9 +28,11 @@ struct Q8Blocks {
   std::vector<float> d;           // [n / 32] scale of each block: x ~ q * d
   std::vector<float> ds;          // [n / 32] d * (sum of the block's 32 codes)
   std::vector<std::int32_t> s16;  // [n / 16] sum of each 16 codes (Q6_K's sub-blocks)
-  // [n / 64 * 64] the codes of block pairs (2p, 2p+1) as Q4_0's nibbles pair them: first halves
-  // of both blocks, then second halves (q_2p[0:16], q_2p+1[0:16], q_2p[16:32], q_2p+1[16:32]).
-  std::vector<std::int8_t> q_pairs;
+  // The codes rearranged for the AVX-512 Q4_0 / Q4_K kernels, which take 64 nibbles per load:
+  // q_nib0 [n / 128 * 128]: per 4 blocks, the first halves of the 4 blocks, then their second
+  // halves (q_4g[0:16], .., q_4g+3[0:16], q_4g[16:32], .., q_4g+3[16:32]);
+  // q_nibk [n / 256 * 256]: per 256 values the 32-value blocks in the order 0 2 1 3 4 6 5 7.
+  std::vector<std::int8_t> q_nib0, q_nibk;
 };
 // How the activation is rounded to int8 (the kernels take any of them: each 32 values carry their
 // scale). q8_0 / q8_k are llama.cpp's CPU formats (ggml's quantize_row_q8_0 on x86: codes from
@@ -43,7 +45,10 @@ enum class ActivationFormat { fine, q8_0, q8_k };
 ActivationFormat activation_format(WeightType type);
 // Quantizes x[n] into `out` (its buffers grow as needed, never shrink: no allocation once warm);
 // n a multiple of 32 (256 for q8_k).
+// SIMD (Highway, run-time dispatch); the codes, scales and sums are exactly those of
+// quantize_activation_reference (a scalar loop kept for the tests).
 void quantize_activation(const float* x, std::size_t n, Q8Blocks& out, ActivationFormat format = ActivationFormat::fine);
+void quantize_activation_reference(const float* x, std::size_t n, Q8Blocks& out, ActivationFormat format);
 
 // y[r] = dot(row r of w, x) for r in [r0, r1). w: `type`'s blocks, rows of `row_bytes` bytes
 // holding `cols` values (a multiple of the type's block size); x.n == cols.

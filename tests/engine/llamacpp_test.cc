@@ -142,6 +142,25 @@ TEST_P(LlamaCppQuant, SameQuantizedFileGivesLlamaCppLogits) {
               ids.size());
   EXPECT_LT(max_diff, 0.03 * max_logit);
   EXPECT_GE(same, ids.size() * 3 / 4);
+  // The same tokens one at a time: decode's matrix-vector kernels (quant_gemv's gemv_rows), not
+  // prefill's tiles, against the same llama.cpp logits.
+  CacheSet caches1 = KVCacheBuilder::for_model(q.cache_spec(), KVCacheConfig{});
+  Transformer t1(q, caches1);
+  double max_diff1 = 0;
+  std::size_t same1 = 0;
+  for (std::size_t s = 0; s < ids.size(); ++s) {
+    const auto step = t1.decode(ids[s]);
+    ASSERT_EQ(step.size(), vocab);
+    for (std::size_t v = 0; v < vocab; ++v) {
+      max_diff1 = std::max(max_diff1, std::fabs(static_cast<double>(step[v]) - ref[s * vocab + v]));
+    }
+    const float* b = ref.data() + s * vocab;
+    same1 += (std::max_element(step.begin(), step.end()) - step.begin()) == (std::max_element(b, b + vocab) - b);
+  }
+  std::printf("%s, token by token (decode kernels): max |kvslim - llama.cpp| %.3g, argmax %zu/%zu\n", type.c_str(), max_diff1,
+              same1, ids.size());
+  EXPECT_LT(max_diff1, 0.03 * max_logit);
+  EXPECT_GE(same1, ids.size() * 3 / 4);
 #endif
 }
 

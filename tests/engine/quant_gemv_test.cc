@@ -207,8 +207,9 @@ TEST(QuantGemv, EveryTargetMatchesDoubleReferenceOverDequantizedBlocks) {
   const std::size_t rows = 37;  // odd row count: tails of the row loop and the split
   for (const TensorType t : kBlockTypes) {
     SCOPED_TRACE(gguf::tensor_type_name(static_cast<std::uint32_t>(t)));
-    // 25 blocks of 32 (the wide kernels take 8 at a time: a tail of 1) or 3 super-blocks of 256.
-    const std::size_t cols = gguf::block_elements(t) == 32 ? 800 : 768;
+    // 29 blocks of 32 (the wide kernels take 8 at a time, Q4_0's then 4: tails of 4 and 1) or 3
+    // super-blocks of 256.
+    const std::size_t cols = gguf::block_elements(t) == 32 ? 928 : 768;
     const std::vector<float> x = random_values(cols, 3);
     qgemv::Q8Blocks xq;
     qgemv::quantize_activation(x.data(), cols, xq);
@@ -336,6 +337,46 @@ TEST(QuantGemv, LlamaCppActivationFormats) {
     for (std::size_t j = 0; j < 16; ++j) sum += qk.q[32 * b + j];
     EXPECT_EQ(qk.s16[2 * b], sum);
     EXPECT_FLOAT_EQ(qk.ds[b], qk.d[b] * static_cast<float>(qk.s16[2 * b] + qk.s16[2 * b + 1]));
+  }
+}
+
+TEST(QuantGemv, EveryTargetQuantizesTheActivationAsTheScalarReference) {
+  // SIMD codes, scales and sums bit-identical to the scalar loop, in every format; values at
+  // exact .5 code steps (ties to even), a zero block and a block whose largest magnitude is negative.
+  const std::size_t n = 1024;
+  std::vector<float> x = random_values(n, 91, 2.0f);
+  for (std::size_t i = 64; i < 96; ++i) x[i] = 0.0f;
+  for (std::size_t i = 96; i < 128; ++i) x[i] = static_cast<float>(static_cast<int>(i) - 112) * 0.5f;
+  x[300] = -9.0f;
+  for (const auto format : {qgemv::ActivationFormat::fine, qgemv::ActivationFormat::q8_0, qgemv::ActivationFormat::q8_k}) {
+    qgemv::Q8Blocks ref;
+    qgemv::quantize_activation_reference(x.data(), n, ref, format);
+    kvslim::testing::for_each_target([&] {
+      SCOPED_TRACE(qgemv::target_name());
+      qgemv::Q8Blocks q;
+      qgemv::quantize_activation(x.data(), n, q, format);
+      for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(q.q[i], ref.q[i]) << i;
+      for (std::size_t b = 0; b < n / 32; ++b) {
+        ASSERT_EQ(q.d[b], ref.d[b]) << b;
+        ASSERT_EQ(q.ds[b], ref.ds[b]) << b;
+      }
+      for (std::size_t u = 0; u < n / 16; ++u) ASSERT_EQ(q.s16[u], ref.s16[u]) << u;
+      // The kernels' rearranged copies.
+      for (std::size_t g = 0; g < n / 128; ++g) {
+        for (std::size_t k = 0; k < 4; ++k) {
+          for (std::size_t j = 0; j < 16; ++j) {
+            ASSERT_EQ(q.q_nib0[128 * g + 16 * k + j], q.q[128 * g + 32 * k + j]);
+            ASSERT_EQ(q.q_nib0[128 * g + 64 + 16 * k + j], q.q[128 * g + 32 * k + 16 + j]);
+          }
+        }
+      }
+      const int order[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+      for (std::size_t i = 0; i < n / 256; ++i) {
+        for (int k = 0; k < 8; ++k) {
+          for (int j = 0; j < 32; ++j) ASSERT_EQ(q.q_nibk[256 * i + 32 * k + j], q.q[256 * i + 32 * order[k] + j]);
+        }
+      }
+    });
   }
 }
 
