@@ -41,6 +41,13 @@ constexpr float kOperandRange = 4194304.f;  // q' and P become integers in [-2^2
 // quarter-rate conversion, would (|s| <= 128 * 255 * 128 < 2^22: D = 128 channels of 8-bit codes
 // times a digit; values: 32 tokens).
 constexpr int kSumBias = 0x4B400000;
+// 2^x by the SFU alone (ex2.approx.ftz: exp2f's own instruction without its denormal handling):
+// x <= 0 here and results below 2^-126 are weights that round to no digit anyway.
+__device__ __forceinline__ float exp2_sfu(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 __device__ __forceinline__ float sum_of(int biased) { return __int_as_float(biased) - 12582912.f; }
 
 // C (s32) += A (16 x 32 u8) B (32 x 8 s8).
@@ -325,14 +332,14 @@ __global__ void __launch_bounds__(kThreads, NSUB == 1 ? (D == 128 ? 4 : 5) : (D 
       mx = max_over(mx, 4, 32);  // the 8 g lanes of vector t
       const float m_new = fmaxf(m_run[s], mx);
       const float msub = m_new == -INFINITY ? 0.f : m_new;
-      const float alpha = exp2f(m_run[s] - msub);
+      const float alpha = exp2_sfu(m_run[s] - msub);
       const bool rescale = m_run[s] != -INFINITY && alpha != 1.f;  // else acc holds zeros or stays
       float ps = 0.f;
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
         for (int rh = 0; rh < 2; ++rh) {
-          sc[s][mt][rh] = exp2f(sc[s][mt][rh] - msub);
+          sc[s][mt][rh] = exp2_sfu(sc[s][mt][rh] - msub);
           ps += sc[s][mt][rh];
         }
       }
@@ -344,7 +351,7 @@ __global__ void __launch_bounds__(kThreads, NSUB == 1 ? (D == 128 ? 4 : 5) : (D 
 #pragma unroll
         for (int i = 0; i < NC; ++i) acc[s][i] *= alpha;
       }
-      const float pmax = mx == -INFINITY ? 0.f : exp2f(mx - msub);
+      const float pmax = mx == -INFINITY ? 0.f : exp2_sfu(mx - msub);
       const float pinv = pmax > 0.f ? kOperandRange / pmax : 0.f;
       pq[s] = pmax / kOperandRange;
 #pragma unroll
