@@ -156,30 +156,26 @@ print(f"Best of {rounds} rounds (and of each round's repetitions) for both engin
 print("| model | weights | threads | llama.cpp prefill / decode | kvslim prefill / decode (full) | prefill ratio "
       "| decode ratio | kvslim decode kivi2 / h2o 25 % (x llama.cpp) |")
 print("|---|---|---|---|---|---|---|---|")
-for n in names:
-    for t in types:
-        for th in threads:
-            tag = f"{n}_{t}_t{th}"
-            pp, tg = llama("llama", tag)
-            k, ctx = kvslim("kvslim", tag)
-            if not k:
-                continue
-            fp, fd = k["full"]
-            extra = " / ".join(f"{k[m][1]:.1f} ({k[m][1] / tg:.2f}x)" for m in ("kivi2", "h2o25") if m in k)
-            print(f"| {n} | {t.upper()} | {th} | {pp:.1f} / {tg:.1f} | {fp:.1f} / {fd:.1f} | {ratio(fp, pp)} | "
-                  f"{ratio(fd, tg)} | {extra} |")
+def runs(llama_prefix, kvslim_prefix, types_, threads_):  # every measured (model, type, threads)
+    for n in names:
+        for t in types_:
+            for th in threads_:
+                tag = f"{n}_{t}_t{th}"
+                pp, tg = llama(llama_prefix, tag)
+                k, ctx = kvslim(kvslim_prefix, tag)
+                if k:
+                    yield n, t, th, pp, tg, k, ctx
+
+for n, t, th, pp, tg, k, ctx in runs("llama", "kvslim", types, threads):
+    fp, fd = k["full"]
+    extra = " / ".join(f"{k[m][1]:.1f} ({k[m][1] / tg:.2f}x)" for m in ("kivi2", "h2o25") if m in k)
+    print(f"| {n} | {t.upper()} | {th} | {pp:.1f} / {tg:.1f} | {fp:.1f} / {fd:.1f} | {ratio(fp, pp)} | "
+          f"{ratio(fd, tg)} | {extra} |")
 print("\nDecode after a long context: llama.cpp's f16 KV (flash attention) against kvslim's caches, same weights.\n")
 print("| model | weights | threads | context | llama.cpp decode (f16 KV) | kvslim full | kivi2 | h2o 25 % |")
 print("|---|---|---|---|---|---|---|---|")
-for n in names:
-    for t in long_types:
-        for th in long_threads:
-            tag = f"{n}_{t}_t{th}"
-            _, tg = llama("llama_long", tag)
-            k, ctx = kvslim("kvslim_long", tag)
-            if not k:
-                continue
-            cells = [f"{k[m][1]:.1f} ({ratio(k[m][1], tg)}x)" for m in ("full", "kivi2", "h2o25")]
-            print(f"| {n} | {t.upper()} | {th} | {ctx} | {tg:.1f} | " + " | ".join(cells) + " |")
+for n, t, th, _, tg, k, ctx in runs("llama_long", "kvslim_long", long_types, long_threads):
+    cells = [f"{k[m][1]:.1f} ({ratio(k[m][1], tg)}x)" for m in ("full", "kivi2", "h2o25")]
+    print(f"| {n} | {t.upper()} | {th} | {ctx} | {tg:.1f} | " + " | ".join(cells) + " |")
 PY
 cat "$OUT/summary.md"
