@@ -199,6 +199,13 @@ void KVCacheConfig::validate() const {
   }
   if (storage != "fp16" && device != "cpu") fail("storage", "\"" + storage + "\"", "must be fp16 on a CUDA device (device = " + device + ")");
   if (device_index() < -1) fail("device", "\"" + device + "\"", "must be \"cpu\", \"cuda\" or \"cuda:N\" (N >= 0)");
+  if (device != "cpu" && !info.cuda) {
+    std::string takes;
+    for (const MethodInfo& m : method_registry()) {
+      if (m.cuda) takes += (takes.empty() ? "" : ", ") + std::string(m.name);
+    }
+    fail("method", "\"" + method + "\"", "has no CUDA storage yet (device = " + device + " takes " + takes + ")");
+  }
 }
 
 int KVCacheConfig::device_index() const {

@@ -7,6 +7,7 @@
 #include "kvslim/cuda.h"
 #include "kvslim/errors.h"
 #include "kvslim/kvslim.h"
+#include "kvslim/methods.h"
 
 namespace kvslim {
 namespace {
@@ -22,6 +23,28 @@ TEST(DeviceConfig, DeviceFieldParsesAndValidates) {
   for (const char* bad : {"gpu", "cuda:", "cuda:-1", "cuda:1x", "CUDA"}) {
     c.device = bad;
     EXPECT_THROW(c.validate(), ConfigError) << bad;
+  }
+}
+
+// The registry's `cuda` column decides which methods a device takes; validate() says so on any
+// machine, naming the ones it does take.
+TEST(DeviceConfig, AMethodWithoutADeviceStorageIsAConfigErrorNamingTheOnesThatHave) {
+  for (const MethodInfo& m : method_registry()) {
+    KVCacheConfig c;
+    c.method = std::string(m.name);
+    c.device = "cuda";
+    if (m.cuda) {
+      EXPECT_NO_THROW(c.validate()) << m.name;
+      continue;
+    }
+    try {
+      c.validate();
+      ADD_FAILURE() << m.name << " accepted on cuda";
+    } catch (const ConfigError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("no CUDA storage"), std::string::npos) << what;
+      EXPECT_NE(what.find("full, kivi"), std::string::npos) << what;
+    }
   }
 }
 

@@ -9,6 +9,7 @@
 #include "kvslim/cuda.h"
 #include "kvslim/dtype.h"
 #include "kvslim/errors.h"
+#include "kvslim/methods.h"
 #include "quant/quant_kernels.h"
 
 namespace kvslim::cuda {
@@ -575,8 +576,11 @@ std::unique_ptr<KVCache> make_cache(const KVCacheConfig& c) {
     throw ConfigError("KVCacheConfig.device = \"" + c.device + "\": this process sees " + std::to_string(n) +
                       " CUDA device(s)");
   }
-  if (c.method == "full") return std::make_unique<DeviceDenseCache>(device);
-  if (c.method == "kivi") {
+  // validate() has checked that the registry marks the method `cuda` (config.cc): full (dense) and
+  // kivi (the one quantizer with a device storage).
+  const MethodInfo& info = method_info(c.method);
+  if (info.kind == MethodKind::dense) return std::make_unique<DeviceDenseCache>(device);
+  if (info.kind == MethodKind::quantizer && info.cuda) {
     if (c.kivi_bits != 2 && c.kivi_bits != 4 && c.kivi_bits != 8) {
       throw ConfigError("KVCacheConfig.kivi_bits = " + std::to_string(c.kivi_bits) +
                         ": the CUDA kernels read 2-, 4- or 8-bit codes");
@@ -591,8 +595,7 @@ std::unique_ptr<KVCache> make_cache(const KVCacheConfig& c) {
     }
     return std::make_unique<DeviceKiviCache>(device, c.kivi_bits, c.kivi_staging);
   }
-  throw ConfigError("KVCacheConfig.method = \"" + c.method + "\" has no CUDA storage yet (device \"" + c.device +
-                    "\" takes full and kivi)");
+  throw ConfigError("KVCacheConfig.method = \"" + c.method + "\" has no CUDA storage yet (device \"" + c.device + "\")");
 }
 
 }  // namespace kvslim::cuda
