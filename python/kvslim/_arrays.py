@@ -68,17 +68,34 @@ def is_cuda_tensor(x) -> bool:
     return torch is not None and isinstance(x, torch.Tensor) and x.device.type == "cuda"
 
 
-def cuda_block(x, name: str):
-    """(data_ptr, shape, dtype name, stream) of a CUDA tensor for the device caches: read in place
-    (a non-contiguous tensor is made contiguous on its GPU, never copied through the host); the
-    stream is torch's current stream on that device, so kvslim's kernels follow the caller's work."""
+_CUDA_DTYPES: dict = {}  # torch dtype -> the library's name (filled on first use: torch is optional)
+
+
+def raw_stream(device) -> int:
+    """torch's current CUDA stream on `device`, as the integer handle the library takes. The raw
+    getter costs a fraction of torch.cuda.current_stream() (which builds a Stream object), and it
+    runs twice per layer and decode step."""
     torch = _torch()
+    getter = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if getter is not None:
+        return getter(device.index if device.index is not None else torch.cuda.current_device())
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def cuda_block(x, name: str, stream: bool = True):
+    """(tensor, dtype name, stream) of a CUDA tensor for the device caches: read in place (a
+    non-contiguous tensor is made contiguous on its GPU, never copied through the host); the stream
+    is torch's current stream on that device (None when not asked), so kvslim's kernels follow the
+    caller's work."""
+    torch = _torch()
+    if not _CUDA_DTYPES:
+        _CUDA_DTYPES.update({torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"})
     t = x.detach()
     if not t.is_contiguous():
         t = t.contiguous()
-    names = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
-    if t.dtype not in names:
+    kind = _CUDA_DTYPES.get(t.dtype)
+    if kind is None:
         raise InputError(f"{name}: torch dtype {t.dtype} is not float32, float16 or bfloat16")
     if t.dim() != 4:
         raise InputError(f"{name}: expected 4 dimensions, got {t.dim()}")
-    return t, names[t.dtype], torch.cuda.current_stream(t.device).cuda_stream
+    return t, kind, (raw_stream(t.device) if stream else None)

@@ -8,9 +8,16 @@ it into a model. Two ways to attend (LayerState's `attention`):
   "torch":  the cache absorbs the step and hands back its fp16 view (update_and_fetch); attention
             runs here in torch, step for step as transformers' eager attention (so method "full"
             reproduces it bit for bit). Works with every build.
+A cache built for a GPU (Config(device="cuda")) keeps its rows in GPU memory: "kvslim" mode then
+appends the step's CUDA tensors in place and attends with the cache's kernels on torch's current
+stream, so nothing crosses to the host but a few positions; a prompt's first call (the cache
+empty, S > 1) attends in torch's SDPA over the step's own keys and values, before the cache
+compresses them (as KIVI's and transformers' quantized caches do), since every row it could read
+is in that step.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ._cache import Cache
@@ -30,7 +37,7 @@ def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
 class LayerState:
     """One layer: its kvslim cache plus what the attention of the current step needs."""
 
-    def __init__(self, cache: Cache, attention: str | None = None):
+    def __init__(self, cache: Cache, attention: str | None = None, device: str = "cpu"):
         if attention is None:
             attention = "kvslim" if has_attend else "torch"
         if attention not in MODES:
@@ -38,6 +45,10 @@ class LayerState:
         if attention == "kvslim" and not has_attend:
             raise ValueError('attention="kvslim" needs the attend contract, which this kvslim build lacks; use "torch"')
         self.mode = attention
+        self.on_device = device != "cpu"  # the cache's rows are in GPU memory (Config.device)
+        if self.on_device and attention != "kvslim":
+            raise ValueError(f'a cache on {device} attends with its own kernels: attention="kvslim", not {attention!r}')
+        self.whole_prompt = False     # the last update was a prompt into an empty device cache (SDPA attends it)
         self.cache = cache
         self.seen = 0                 # next absolute position (tokens absorbed)
         self.view_positions = None    # [B, H_kv, T] int64 on the model's device, rows of the last view
@@ -53,10 +64,25 @@ class LayerState:
         copies: the cache's storage is not handed to the model). "kvslim": returns the inputs
         unchanged (attend reads the cache, not them)."""
         s = keys.shape[-2]
+        if self.on_device:
+            if positions is None or positions.is_cuda:
+                # The step's positions from the layer's own count: reading transformers'
+                # cache_position (a CUDA tensor, always seen .. seen + S - 1 without padding) would
+                # stall the stream once per layer and step.
+                pos = np.arange(self.seen, self.seen + s, dtype=np.int64)
+            else:
+                pos = positions.detach().to(dtype=torch.int64).reshape(-1).numpy()
+            self.whole_prompt = self.seen == 0 and s > 1 and self.cache.rows() == 0
+            self.cache.append(keys, values, pos)
+            self.seen = int(pos[-1]) + 1
+            self.query_positions = pos
+            return keys, values
         if positions is None:
             positions = torch.arange(self.seen, self.seen + s, dtype=torch.int64)
         positions = positions.detach().to(device="cpu", dtype=torch.int64).reshape(-1)
         if self.mode == "kvslim":
+            if keys.is_cuda:  # a host cache under a GPU model: the step's states cross to it
+                keys, values = keys.detach().cpu(), values.detach().cpu()
             self.cache.append(keys, values, positions.numpy())
             self.seen = int(positions[-1]) + 1
             self.query_positions = positions
@@ -75,7 +101,7 @@ class LayerState:
         reproduces it exactly); the causal mask comes from absolute positions because a compressed
         view's rows are not in position order. Returns (output [B, S, H_q, D], weights [B, H_q, S, T])."""
         if self.mode == "kvslim":
-            return self._attend_in_cache(query, scaling)
+            return self._attend_in_cache(query, key, value, scaling)
         b, hq, s, d = query.shape
         hkv, t = key.shape[1], key.shape[2]
         if self.view_positions is None or self.view_positions.shape[-1] != t:
@@ -99,10 +125,20 @@ class LayerState:
         out = torch.matmul(weights, repeat_kv(value, groups)).transpose(1, 2).contiguous()
         return out, weights
 
-    def _attend_in_cache(self, query: torch.Tensor, scaling: float | None):
-        # The cache's own kernels (fp32 arithmetic over its fp16/packed storage), on the CPU.
+    def _attend_in_cache(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float | None):
+        # The cache's own kernels (fp32 arithmetic over its fp16/packed storage).
         if self.query_positions is None or query.shape[2] != self.query_positions.shape[0]:
             raise RuntimeError("kvslim attention: the queries are not those of this layer's last append")
+        if self.on_device:
+            if self.whole_prompt:
+                # key/value: the step's own [B, H_kv, S, D] states (update returned them), every row
+                # this prompt can see; causal SDPA over them is the attention of an empty cache.
+                groups = query.shape[1] // key.shape[1]
+                out = torch.nn.functional.scaled_dot_product_attention(
+                    query, repeat_kv(key, groups), repeat_kv(value, groups), is_causal=True, scale=scaling)
+                return out.transpose(1, 2).contiguous(), None
+            out, _ = self.cache.attend(query.transpose(1, 2), self.query_positions, scaling)  # [B, S, H_q, D] fp32
+            return out.to(query.dtype), None
         q = query.detach().transpose(1, 2).to(device="cpu", dtype=torch.float32).contiguous()  # [B, S, H_q, D]
         out, probs = self.cache.attend(q, self.query_positions, scaling, probs=self.wants_attention)
         if self.wants_attention:
@@ -118,4 +154,5 @@ class LayerState:
     def reset(self) -> None:
         self.cache.reset()
         self.seen = 0
+        self.whole_prompt = False
         self.view_positions = self.query_positions = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _kvslim
-from ._arrays import as_block, as_float32, as_positions, cuda_block, is_cuda_tensor
+from ._arrays import as_block, as_float32, as_positions, cuda_block, is_cuda_tensor, raw_stream
 from ._config import Config
 
 
@@ -129,7 +129,7 @@ class Cache:
         self._need_attend("append")
         if is_cuda_tensor(keys) or is_cuda_tensor(values):
             k, kd, stream = cuda_block(keys, "keys")
-            v, vd, _ = cuda_block(values, "values")
+            v, vd, _ = cuda_block(values, "values", stream=False)
             if kd != vd or k.shape != v.shape or k.device != v.device:
                 raise _kvslim.InputError(f"values: {tuple(v.shape)} {v.dtype} on {v.device} differs from keys' "
                                          f"{tuple(k.shape)} {k.dtype} on {k.device}")
@@ -151,7 +151,9 @@ class Cache:
         if is_cuda_tensor(queries):
             # Device caches: out (and probs) are allocated on the queries' GPU, nothing leaves it.
             import torch
-            q = queries.detach().to(torch.float32).contiguous()
+            q = queries.detach()
+            if q.dtype != torch.float32 or not q.is_contiguous():  # one conversion kernel, not two
+                q = torch.empty(q.shape, dtype=torch.float32, device=q.device).copy_(q)
             if q.dim() != 4:
                 raise _kvslim.InputError(f"queries: expected 4 dimensions [batch, tokens, heads, head_dim], got {q.dim()}")
             B, S, H, D = q.shape
@@ -159,7 +161,7 @@ class Cache:
             p = None
             if probs:
                 p = torch.empty((B, self._core.stats()["heads"], S, self._core.rows()), dtype=torch.float32, device=q.device)
-            stream = torch.cuda.current_stream(q.device).cuda_stream
+            stream = raw_stream(q.device)
             self._core.attend_device(q.data_ptr(), [B, S, H, D], as_positions(query_positions, "query_positions"),
                                      0.0 if scale is None else float(scale), out.data_ptr(),
                                      0 if p is None else p.data_ptr(), stream)

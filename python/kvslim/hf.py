@@ -20,8 +20,14 @@ What goes where:
     evict_scoring="attention*", zipcache with zipcache_saliency="attention_normalized").
   * prepare() also hooks every decoder layer so caches that use hidden states (squeeze_signal=
     "hidden_cosine") get the residual stream before and after attention during prefill.
+  * On a GPU, build the cache there: KVSlimCache(model, kvslim.Config(method="kivi", device="cuda"))
+    (methods with a device storage: kvslim.method_info(name)["cuda"]). Keys and values then never
+    leave the GPU: each step's states are appended in place, decode attention runs in kvslim's CUDA
+    kernels over the packed codes on torch's current stream, and the prompt's first call attends in
+    torch's SDPA before the cache compresses it. A CPU cache under a GPU model works too, with the
+    step's keys/values copied to the host and the attention output back every step.
 Limits: batches without padding (one sequence, or equal lengths), no beam search (reorder), no
-sliding-window layers; tensors on a GPU are copied to the CPU cache and the view back every step.
+sliding-window layers.
 Needs torch >= 2.0 (layer hooks with keyword arguments) and transformers >= 5.
 """
 from __future__ import annotations
@@ -80,7 +86,7 @@ class KVSlimLayer(CacheLayerMixin):
     def reset(self) -> None:
         self.state.reset()
 
-    def offload(self):  # the state is in host memory already
+    def offload(self):  # the state lives in kvslim's own storage (host or device), not in torch tensors
         pass
 
     def prefetch(self):
@@ -127,7 +133,8 @@ class KVSlimCache(Cache):
         head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // heads
         self.kvslim_config = config  # (not `config`: transformers' Cache may use that name)
         self.kvslim = CacheSet(config, num_layers=len(layer_types), kv_heads=kv_heads, head_dim=head_dim)
-        states = [LayerState(c, attention) for c in self.kvslim]
+        device = str(getattr(config, "device", "cpu"))
+        states = [LayerState(c, attention, device) for c in self.kvslim]
         self.attention = states[0].mode if states else attention
         super().__init__(layers=[KVSlimLayer(st) for st in states])
 
@@ -174,10 +181,13 @@ def kvslim_attention(module, query, key, value, attention_mask, scaling=None, dr
     return state.attend(query, key, value, scaling=scaling, dropout=dropout, training=module.training)
 
 
-def _kvslim_mask(*args, attention_mask=None, **kwargs):
+def _kvslim_mask(*args, attention_mask=None, cache_position=None, **kwargs):
     # The causal mask is built from absolute positions inside kvslim_attention; only padding would
-    # need one from here, and padded batches are not supported.
-    if attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.all()):
+    # need one from here, and padded batches are not supported. Checked on a prompt's call (several
+    # new tokens): the check reads the mask on the host, a stall of the GPU's queue that a one-token
+    # decode step (whose mask only appends ones in generate) should not pay.
+    one_token = cache_position is not None and cache_position.numel() == 1
+    if attention_mask is not None and attention_mask.dim() == 2 and not one_token and not bool(attention_mask.all()):
         raise NotImplementedError("kvslim.hf: padded batches are not supported (one sequence or equal lengths)")
     return None
 

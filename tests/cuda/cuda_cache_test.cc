@@ -554,5 +554,38 @@ TEST(CudaCache, BadInputIsReportedAndPoisonsUntilReset) {
   EXPECT_THROW(KVCacheFactory::create(h), ConfigError);
 }
 
+TEST(CudaCache, StoresGrowByAnEighthNotByDoubling) {
+  // A prompt, then decode steps past the prompt's store: the dense and code stores hold at most
+  // an eighth (or 256 rows / 8 groups) more than their rows, as a DynamicCache would hold none.
+  REQUIRE_GPU();
+  const std::size_t B = 1, H = 2, D = 64, prompt = 4096, steps = 600;
+  for (const char* method : {"full", "kivi"}) {
+    KVCacheConfig c;
+    c.method = method;
+    c.device = "cuda";
+    auto gpu = KVCacheFactory::create(c);
+    Step p(B, H, prompt, D, 21);
+    DeviceBuffer pk = upload(p.k, DType::f16), pv = upload(p.v, DType::f16);
+    gpu->append(KVBlock{pk.get(), DType::f16, B, H, prompt, D, MemorySpace::cuda, nullptr},
+                KVBlock{pv.get(), DType::f16, B, H, prompt, D, MemorySpace::cuda, nullptr});
+    Step d(B, H, 1, D, 22);
+    DeviceBuffer dk = upload(d.k, DType::f16), dv = upload(d.v, DType::f16);
+    for (std::size_t i = 0; i < steps; ++i) {
+      gpu->append(KVBlock{dk.get(), DType::f16, B, H, 1, D, MemorySpace::cuda, nullptr},
+                  KVBlock{dv.get(), DType::f16, B, H, 1, D, MemorySpace::cuda, nullptr});
+    }
+    const CacheStats st = gpu->stats();
+    const bool full = std::string(method) == "full";
+    const double rows = static_cast<double>(prompt + steps), dev = st.figure("device_bytes");
+    // full: fp16 K and V + an int64 position per row; kivi 2-bit: 16 + 16 code bytes per row and
+    // head, fp16 scale + zero per channel per 32 rows (8 + 8 bytes per row and head), an int64
+    // position, plus its two fp16 windows of 128 rows.
+    const double per_row = full ? B * H * D * 2 * 2 + 8 : B * H * (16 + 16 + 8 + 8) + 8;
+    const double windows = full ? 0 : 2 * (B * H * 128 * D * 2 * 2 + 128 * 8);
+    EXPECT_LE(dev, per_row * std::max(rows * 1.13, rows + 256) + windows) << method;
+    EXPECT_GE(dev, per_row * rows * 0.95) << method;
+  }
+}
+
 }  // namespace
 }  // namespace kvslim

@@ -271,7 +271,11 @@ void DeviceCache::reset() {
 // full
 
 void DeviceDenseCache::grow(std::size_t rows, cudaStream_t stream) {
-  const std::size_t cap = round_up(std::max({rows, reserved_, capacity_ * 2, std::size_t{16}}), 16);
+  // Growth by an eighth (at least 256 rows): a long context's store holds at most ~12 % unused
+  // rows (doubling held up to 2x a DynamicCache's bytes), and the copy each growth costs stays
+  // amortised (one whole-store copy per 1/8 of the tokens).
+  const std::size_t cap =
+      round_up(std::max({rows, reserved_, capacity_ + std::max(capacity_ / 8, std::size_t{256})}), 16);
   const std::size_t BH = batch_ * heads_, D = dim_;
   DeviceBuffer k, v, pos;
   k.reserve(BH * cap * D * 2);
@@ -347,7 +351,8 @@ std::size_t DeviceKiviCache::device_bytes() const {
 }
 
 void DeviceKiviCache::grow_codes(std::size_t groups, cudaStream_t stream) {
-  const std::size_t cap = std::max({groups, group_capacity_ * 2, std::size_t{4}});
+  // By an eighth (at least 8 groups), as the dense store grows.
+  const std::size_t cap = std::max({groups, group_capacity_ + std::max(group_capacity_ / 8, std::size_t{8})});
   const std::size_t BH = batch_ * heads_, D = dim_, RB = static_cast<std::size_t>(row_bytes_);
   DeviceBuffer kc, vc, kp, vp, pos;
   kc.reserve(BH * cap * 32 * RB);

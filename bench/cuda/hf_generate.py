@@ -1,0 +1,283 @@
+#!/usr/bin/env python3
+"""HF transformers generate on the GPU: DynamicCache and StaticCache (SDPA) against kvslim.hf
+caches whose keys and values stay in GPU memory (Config(device="cuda")), and one kvslim CPU cache
+(the old path: every step's K/V copied to the host), in one run.
+
+For each model and batch x context: prefill time (generate of 1 token), decode tokens/s per
+sequence ((new - 1) tokens after the first, from a second generate of `new` tokens), the cache's
+K/V bytes (DynamicCache/StaticCache: its tensors; kvslim: resident_bytes(), its own device
+allocations), torch's peak allocated memory, and the greedy tokens' agreement with DynamicCache.
+
+    python3 bench/cuda/hf_generate.py --out DIR [--shapes 1x32768,8x32768] [--new-tokens 64]
+
+Models: models/tiny (bf16, a prompt of --tiny-prompt tokens of its held-out text) and a random-
+weight model with Llama-3-8B's attention and FFN shape (hidden 4096, 32/8 heads x 128, FFN 14336,
+--layers layers, random token ids).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def sync():
+    torch.cuda.synchronize()
+
+
+def kv_tensor_bytes(cache) -> int:
+    total = 0
+    for layer in getattr(cache, "layers", []):
+        for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+            if isinstance(t, torch.Tensor):
+                total += t.numel() * t.element_size()
+    return total
+
+
+def run_generate(model, ids, new, make_cache, static=False):
+    """(seconds, sequences [B, new], cache) of one greedy generate."""
+    kwargs = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, return_dict_in_generate=True,
+                  pad_token_id=0, eos_token_id=None)
+    cache = make_cache() if make_cache else None
+    if cache is not None:
+        kwargs["past_key_values"] = cache
+    if static:
+        kwargs["cache_implementation"] = "static"
+    sync()
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
+    sync()
+    dt = time.perf_counter() - t0
+    return dt, out.sequences[:, ids.shape[1]:], (cache if cache is not None else out.past_key_values)
+
+
+def profile_steps(model, ids, make_cache, static, steps=8):
+    """(prefill seconds, ms per decode step of model forward calls, ms per step under
+    torch.profiler, GPU kernel ms per step): the prompt's forward call, then `steps` one-token
+    forward calls timed alone (no generate machinery),
+    then `steps` more under torch.profiler (CUPTI sees every kernel of the process, kvslim's too):
+    what is not kernel time is Python, launches and synchronisation."""
+    from torch.profiler import ProfilerActivity, profile
+    if static:
+        from transformers import StaticCache
+        cache = StaticCache(config=model.config, max_cache_len=ids.shape[1] + 2 * steps + 3)
+    else:
+        cache = make_cache() if make_cache else None
+        if cache is None:
+            from transformers import DynamicCache
+            cache = DynamicCache(config=model.config)
+    B, T = ids.shape
+    with torch.no_grad():
+        sync()
+        t0 = time.perf_counter()
+        r = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        nxt = r.logits[:, -1:].argmax(-1)
+        sync()
+        prefill = time.perf_counter() - t0
+        pos = T
+
+        def step():
+            nonlocal r, nxt, pos
+            r = model(input_ids=nxt, past_key_values=cache, use_cache=True,
+                      cache_position=torch.tensor([pos], device="cuda"))
+            nxt = r.logits[:, -1:].argmax(-1)
+            pos += 1
+
+        for _ in range(2):  # warm-up steps
+            step()
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        sync()
+        plain = time.perf_counter() - t0
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                step()
+            sync()
+            wall = time.perf_counter() - t0
+    kernel_us = sum(getattr(e, "self_device_time_total", 0.0) for e in prof.key_averages())
+    return prefill, 1000 * plain / steps, 1000 * wall / steps, kernel_us / 1000 / steps
+
+
+def measure(model, ids, new, label, make_cache=None, static=False, reference=None, log=print):
+    rec = {"variant": label, "batch": int(ids.shape[0]), "context": int(ids.shape[1]), "new_tokens": new}
+    try:
+        # Warm-up: kernels, allocator; for StaticCache at the measured shape, since transformers
+        # compiles its decode step (torch.compile) and a new cache length recompiles.
+        if static:
+            run_generate(model, ids, new, make_cache, static)
+        else:
+            run_generate(model, ids[:, :128], 4, make_cache, static)
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        t_all, seq, cache = run_generate(model, ids, new, make_cache, static)
+        rec["total_s"] = round(t_all, 4)
+        rec["torch_peak_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 3)
+        own = hasattr(cache, "resident_bytes")  # kvslim: its K/V are its own device allocations, not torch's
+        rec["kv_bytes"] = int(cache.resident_bytes()) if own else kv_tensor_bytes(cache)
+        # Peak device memory of the run: torch's peak, plus kvslim's own allocations (at their
+        # largest at the end of generate: the caches only grow).
+        rec["peak_gb"] = round(rec["torch_peak_gb"] + (rec["kv_bytes"] / 1e9 if own else 0.0), 3)
+        rec["tokens"] = seq[0].tolist()
+        if reference is not None:
+            ref = reference["tokens"]
+            rec["agreement_with_dynamic"] = round(sum(a == b for a, b in zip(rec["tokens"], ref)) / len(ref), 3)
+        del cache
+        gc.collect()
+        prefill_s, forward_ms, step_ms, kernel_ms = profile_steps(model, ids, make_cache, static)
+        rec["prefill_s"] = round(prefill_s, 4)
+        # generate's decode: its time after the prompt's forward call (timed alone above).
+        decode_s = max(t_all - prefill_s, 1e-9)
+        rec["decode_tok_s"] = round((new - 1) / decode_s, 2)  # per sequence
+        rec["decode_ms_per_step"] = round(1000 * decode_s / (new - 1), 3)
+        rec["forward_step_ms"] = round(forward_ms, 3)
+        rec["profiled_step_ms"] = round(step_ms, 3)
+        rec["kernel_ms_per_step"] = round(kernel_ms, 3)
+        rec["gpu_busy"] = round(kernel_ms / step_ms, 3)
+    except Exception as e:  # report and go on
+        rec["error"] = f"{type(e).__name__}: {e}"[:400]
+    gc.collect()
+    torch.cuda.empty_cache()
+    if "error" in rec:
+        log(f"  {label:28s} FAIL {rec['error']}")
+    else:
+        agree = f"  agree {rec['agreement_with_dynamic']:.2f}" if "agreement_with_dynamic" in rec else ""
+        log(f"  {label:28s} prefill {rec['prefill_s']:8.3f} s  decode {rec['decode_tok_s']:8.2f} tok/s/seq "
+            f"({rec['decode_ms_per_step']:7.2f} ms/step)  K/V {rec['kv_bytes'] / 1e9:8.3f} GB  "
+            f"peak {rec['peak_gb']:7.2f} GB{agree}  forward {rec['forward_step_ms']:.2f} ms/step; profiled {rec['profiled_step_ms']:.2f} ms, "
+            f"kernels {rec['kernel_ms_per_step']:.2f} ms ({100 * rec['gpu_busy']:.0f} % busy)")
+    return rec
+
+
+def variants():
+    """(label, Config fields or None for transformers' caches, static, cpu)."""
+    return [
+        ("DynamicCache (sdpa)", None, False),
+        ("StaticCache (sdpa)", None, True),
+        ("kvslim full (cuda)", {"method": "full", "device": "cuda"}, False),
+        ("kvslim kivi2 (cuda)", {"method": "kivi", "kivi_bits": 2, "device": "cuda"}, False),
+        ("kvslim kivi4 (cuda)", {"method": "kivi", "kivi_bits": 4, "device": "cuda"}, False),
+    ]
+
+
+def bench_model(model, ids, new, log, cpu_reference=False, with_static=True):
+    import kvslim
+    import kvslim.hf
+    recs = []
+    ref = None
+    for label, fields, static in variants():
+        if static and not with_static:
+            continue
+        if fields is None:
+            r = measure(model, ids, new, label, static=static, reference=ref, log=log)
+            if ref is None and "error" not in r:
+                ref = r
+            recs.append(r)
+            continue
+        kvslim.hf.prepare(model)
+        cfg = kvslim.Config(**fields)
+        recs.append(measure(model, ids, new, label, lambda: kvslim.hf.KVSlimCache(model, cfg), reference=ref, log=log))
+        kvslim.hf.restore(model)
+    if cpu_reference:
+        kvslim.hf.prepare(model)
+        cfg = kvslim.Config(method="kivi", kivi_bits=2)
+        recs.append(measure(model, ids, new, "kvslim kivi2 (cpu cache)", lambda: kvslim.hf.KVSlimCache(model, cfg),
+                            reference=ref, log=log))
+        kvslim.hf.restore(model)
+    return recs
+
+
+def tiny(args, log):
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+    d = ROOT / "models/tiny"
+    model = AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.bfloat16, attn_implementation="sdpa").cuda().eval()
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(d / "tokenizer.json"))
+    text = (d / "heldout_sample.txt").read_text()
+    ids = tok(text)["input_ids"]
+    while len(ids) < args.tiny_prompt:
+        ids = ids + ids
+    ids = torch.tensor([ids[: args.tiny_prompt]], device="cuda")
+    c = model.config
+    log(f"== models/tiny: {c.num_hidden_layers} layers, {c.num_attention_heads}/{c.num_key_value_heads} heads x "
+        f"{c.hidden_size // c.num_attention_heads}, bf16, prompt {ids.shape[1]} tokens, {args.new_tokens} new tokens")
+    recs = bench_model(model, ids, args.new_tokens, log, cpu_reference=True)
+    for r in recs:
+        r["model"] = "models/tiny"
+    del model
+    return recs
+
+
+def llama8b_shape(args, log):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
+                      head_dim=128, num_hidden_layers=args.layers, vocab_size=128256, max_position_embeddings=262144,
+                      rope_theta=500000.0, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    model.config._attn_implementation = "sdpa"
+    recs = []
+    for shape in args.shapes.split(","):
+        b, t = (int(x) for x in shape.lower().split("x"))
+        log(f"== Llama-3-8B shape, {args.layers} layers, random weights, bf16: batch {b} x {t} tokens, "
+            f"{args.new_tokens} new tokens")
+        g = torch.Generator(device="cuda").manual_seed(1)
+        ids = torch.randint(10, cfg.vocab_size, (b, t), device="cuda", generator=g)
+        # StaticCache at the first shapes only: transformers compiles its decode step over the
+        # whole preallocated length, which costs minutes of the device's time at 128k.
+        for r in bench_model(model, ids, args.new_tokens, log, with_static=b * t <= args.static_limit):
+            r["model"] = f"llama3-8b-shape-{args.layers}L"
+            recs.append(r)
+    del model
+    return recs
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--tiny-prompt", type=int, default=1900)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--shapes", default="1x32768,8x32768")
+    ap.add_argument("--skip", default="", help="comma list of: tiny,llama")
+    ap.add_argument("--static-limit", type=int, default=8 * 32768, help="StaticCache only up to batch x context")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    lines = []
+
+    def log(line):
+        print(line, flush=True)
+        lines.append(line)
+        (out / "hf_generate.txt").write_text("\n".join(lines) + "\n")
+
+    import transformers
+
+    import kvslim
+    log(f"hf_generate: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, transformers "
+        f"{transformers.__version__}, kvslim {kvslim.__version__}; decode tok/s is per sequence")
+    recs = []
+    skip = set(filter(None, args.skip.split(",")))
+    if "tiny" not in skip:
+        recs += tiny(args, log)
+    if "llama" not in skip:
+        recs += llama8b_shape(args, log)
+    for r in recs:
+        r.pop("tokens", None)
+    (out / "hf_generate.json").write_text(json.dumps(recs, indent=1))
+    return 1 if any("error" in r for r in recs) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
