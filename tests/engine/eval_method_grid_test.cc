@@ -38,6 +38,27 @@ TEST(EvalMethodGrid, MatchedBudgetsHitTheTargetBytes) {
   }
 }
 
+// A policy over 3-bit storage (issue 27): matched to the target bytes at a long prompt, whatever
+// the storage's group (groups of 128 rows are longer than the probe's evicting budget: the
+// schedule factor is measured over fp16 rows, so the short group does not overcharge every row).
+TEST(EvalMethodGrid, ComposedThreeBitVariantsHitTheTargetBytes) {
+  const ModelSpec spec = ModelSpec::uniform(4, 2, 64);
+  MemoryMatcher matcher(spec);
+  const std::size_t context = 1536;
+  for (const char* name : {"h2o+kivi3_g64", "squeeze+kivi3_g64", "pyramidkv+kivi3_g64", "h2o+kivi3_g128", "squeeze+kivi3_g128"}) {
+    const MethodVariant& v = variant(name);
+    EXPECT_EQ(v.config.storage, "kivi") << name;
+    EXPECT_EQ(v.config.kivi_bits, 3) << name;
+    const int budget = matcher.budget_for(v, 0.125, context);
+    const double bytes = static_cast<double>(probe_resident_bytes(config_with_budget(v, budget), spec, context));
+    const double target = 0.125 * static_cast<double>(matcher.full_bytes(context));
+    const double tolerance = std::string(name).rfind("pyramidkv", 0) == 0 ? 0.08 : 0.04;
+    EXPECT_NEAR(bytes / target, 1.0, tolerance) << name << " budget " << budget;
+    // 3-bit rows: far more tokens than fp16 rows at the same bytes.
+    EXPECT_GT(budget, 3 * matcher.budget_for(variant("h2o"), 0.125, context)) << name;
+  }
+}
+
 TEST(EvalMethodGrid, BudgetScalesWithContextAndLevel) {
   MemoryMatcher matcher(ModelSpec::uniform(2, 2, 16));
   const MethodVariant& h2o = variant("h2o_original");

@@ -514,6 +514,75 @@ TEST(ComposedCache, StagingBelowTheGroupCompressesDecodeRowsInShortGroups) {
   EXPECT_THROW(k.validate(), ConfigError);
 }
 
+// 3-bit storage under a policy (issue 27's h2o+kivi3_g64): the policy keeps the rows it keeps over
+// fp16, the prompt's survivors hold exactly the codes of the storage-only kivi3_g64 cache given
+// those rows (groups of 64 and 16), decode rows go 16 at a time, and a kept row costs less than at
+// 4 bits.
+TEST(ComposedCache, H2oOverKivi3InGroupsOf64HoldsTheKivi3Codes) {
+  constexpr std::size_t H = 3, D = 64, prompt = 300;
+  KVCacheConfig c = composed("h2o", "kivi");
+  c.kivi_bits = 3;
+  c.kivi_group_size = 64;
+  c.kivi_staging = 16;
+  KVCacheConfig f = c;
+  f.storage = "fp16";
+  f.kivi_staging = 64;
+  auto mixed = KVCacheFactory::create(c);
+  auto plain = KVCacheFactory::create(f);
+  drive(*mixed, H, D, prompt, 0);
+  drive(*plain, H, D, prompt, 0);
+  ASSERT_EQ(mixed->rows(), 80u);
+  const Rows rm = rows_by_position(*mixed), rp = rows_by_position(*plain);
+  KVCacheConfig k = c;
+  k.method = "kivi";
+  k.storage = "fp16";
+  k.kivi_staging = 0;
+  auto only = KVCacheFactory::create(k);
+  std::vector<float> keys(H * 80 * D), values(H * 80 * D);
+  for (std::size_t h = 0; h < H; ++h) {
+    ASSERT_EQ(kept_positions(rm, h), kept_positions(rp, h)) << "head " << h;
+    std::size_t i = 0;
+    for (const auto& [p, kv] : rp[h]) {
+      for (std::size_t d = 0; d < D; ++d) {
+        keys[(h * 80 + i) * D + d] = fp16_to_f32(kv.first[d]);
+        values[(h * 80 + i) * D + d] = fp16_to_f32(kv.second[d]);
+      }
+      ++i;
+    }
+  }
+  only->append(make_block(keys.data(), 1, H, 80, D), make_block(values.data(), 1, H, 80, D), iota_positions(0, 80));
+  const CacheView vo = only->materialize();
+  for (std::size_t h = 0; h < H; ++h) {
+    std::size_t i = 0;
+    for (const auto& [p, kv] : rm[h]) {
+      ASSERT_EQ(0, std::memcmp(kv.first.data(), vo.keys + (h * vo.head_stride + i) * D, D * 2)) << h << " row " << i;
+      ASSERT_EQ(0, std::memcmp(kv.second.data(), vo.values + (h * vo.head_stride + i) * D, D * 2)) << h << " row " << i;
+      ++i;
+    }
+  }
+  const auto om = attend_last(*mixed, 6, D, 1000, 4), oo = attend_last(*only, 6, D, 1000, 4);
+  for (std::size_t i = 0; i < om.size(); ++i) ASSERT_NEAR(om[i], oo[i], 1e-4 * (1 + std::fabs(oo[i]))) << i;
+  EXPECT_EQ(mixed->stats().figure("storage_staged_rows"), 0.0);
+
+  // Decode: rows compressed 16 at a time, the budget held, fewer bytes than the same policy at 4 bits.
+  KVCacheConfig c4 = c;
+  c4.kivi_bits = 4;
+  auto four = KVCacheFactory::create(c4);
+  drive(*four, H, D, prompt, 0);
+  for (std::size_t t = 0; t < 40; ++t) {
+    KV step(1, H, 1, D, 900 + static_cast<unsigned>(t));
+    const std::vector<std::int64_t> p{static_cast<std::int64_t>(prompt + t)};
+    for (KVCache* cache : {mixed.get(), four.get()}) {
+      cache->append(step.keys(), step.values(), p);
+      observe(*cache, p);
+    }
+    ASSERT_LT(mixed->stats().figure("storage_staged_rows"), 16.0) << "step " << t;
+    ASSERT_EQ(mixed->rows(), 80u) << "step " << t;
+  }
+  EXPECT_EQ(mixed->stats().figure("hi_bits"), 3.0);
+  EXPECT_LT(mixed->stats().resident_bytes, four->stats().resident_bytes);
+}
+
 TEST(ComposedCache, ConfigNamesTheStorage) {
   KVCacheConfig c;
   c.method = "h2o";
