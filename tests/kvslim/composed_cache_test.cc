@@ -147,6 +147,46 @@ TEST(ComposedCache, FullOverKiviHoldsTheKiviCachesCodes) {
   EXPECT_EQ(a->stats().figure("storage_staged_rows"), 140.0 - 128.0);
 }
 
+// The rows `mixed` (a policy over kivi storage, config c) holds right after a prompt's eviction
+// are exactly what the storage-only kivi cache holds when given the rows `plain` (the same policy
+// over fp16) kept, in position order (each head its own rows), as one block (staging 0): the
+// groups the composed cache compresses a prompt's survivors into. Attention over both agrees.
+void expect_survivors_in_storage_form(KVCache& mixed, KVCache& plain, const KVCacheConfig& c, std::size_t H,
+                                      std::size_t D) {
+  const std::size_t n = mixed.rows();
+  const Rows rm = rows_by_position(mixed), rp = rows_by_position(plain);
+  KVCacheConfig k = c;
+  k.method = "kivi";
+  k.storage = "fp16";
+  k.kivi_staging = 0;
+  auto only = KVCacheFactory::create(k);
+  std::vector<float> keys(H * n * D), values(H * n * D);  // [1, H, n, D]
+  for (std::size_t h = 0; h < H; ++h) {
+    ASSERT_EQ(kept_positions(rm, h), kept_positions(rp, h)) << "head " << h;
+    std::size_t i = 0;
+    for (const auto& [p, kv] : rp[h]) {
+      for (std::size_t d = 0; d < D; ++d) {
+        keys[(h * n + i) * D + d] = fp16_to_f32(kv.first[d]);
+        values[(h * n + i) * D + d] = fp16_to_f32(kv.second[d]);
+      }
+      ++i;
+    }
+  }
+  only->append(make_block(keys.data(), 1, H, n, D), make_block(values.data(), 1, H, n, D),
+               iota_positions(0, static_cast<std::int64_t>(n)));
+  const CacheView vo = only->materialize();
+  for (std::size_t h = 0; h < H; ++h) {
+    std::size_t i = 0;
+    for (const auto& [p, kv] : rm[h]) {
+      ASSERT_EQ(0, std::memcmp(kv.first.data(), vo.keys + (h * vo.head_stride + i) * D, D * 2)) << h << " row " << i;
+      ASSERT_EQ(0, std::memcmp(kv.second.data(), vo.values + (h * vo.head_stride + i) * D, D * 2)) << h << " row " << i;
+      ++i;
+    }
+  }
+  const auto om = attend_last(mixed, 6, D, 1000, 4), oo = attend_last(*only, 6, D, 1000, 4);
+  for (std::size_t i = 0; i < om.size(); ++i) ASSERT_NEAR(om[i], oo[i], 1e-4 * (1 + std::fabs(oo[i]))) << i;
+}
+
 // The policy over kivi4 keeps the positions it keeps over fp16 (attention-scored, so the stored
 // form does not change the scores), and right after the prompt's eviction holds exactly what the
 // storage-only kivi cache holds when given those rows; attention over both agrees.
@@ -160,40 +200,9 @@ TEST(ComposedCache, H2oOverKiviKeepsH2osRowsInKiviForm) {
   drive(*mixed, H, D, prompt, 0);
   drive(*plain, H, D, prompt, 0);
   ASSERT_EQ(mixed->rows(), 80u);
-  const Rows rm = rows_by_position(*mixed), rp = rows_by_position(*plain);
-
-  // The storage-only cache given the kept fp16 rows in position order (each head its own rows), as
-  // one block (staging 0): groups of 32, 32 and 16 rows, as the composed cache compresses a
-  // prompt's survivors.
-  KVCacheConfig k = c;
-  k.method = "kivi";
-  k.storage = "fp16";
-  k.kivi_staging = 0;
-  auto only = KVCacheFactory::create(k);
-  std::vector<float> keys(H * 80 * D), values(H * 80 * D);  // [1, H, 80, D]
-  for (std::size_t h = 0; h < H; ++h) {
-    ASSERT_EQ(kept_positions(rm, h), kept_positions(rp, h)) << "head " << h;
-    std::size_t i = 0;
-    for (const auto& [p, kv] : rp[h]) {
-      for (std::size_t d = 0; d < D; ++d) {
-        keys[(h * 80 + i) * D + d] = fp16_to_f32(kv.first[d]);
-        values[(h * 80 + i) * D + d] = fp16_to_f32(kv.second[d]);
-      }
-      ++i;
-    }
-  }
-  only->append(make_block(keys.data(), 1, H, 80, D), make_block(values.data(), 1, H, 80, D), iota_positions(0, 80));
-  const CacheView vo = only->materialize();
-  for (std::size_t h = 0; h < H; ++h) {
-    std::size_t i = 0;
-    for (const auto& [p, kv] : rm[h]) {
-      ASSERT_EQ(0, std::memcmp(kv.first.data(), vo.keys + (h * vo.head_stride + i) * D, D * 2)) << h << " row " << i;
-      ASSERT_EQ(0, std::memcmp(kv.second.data(), vo.values + (h * vo.head_stride + i) * D, D * 2)) << h << " row " << i;
-      ++i;
-    }
-  }
-  const auto om = attend_last(*mixed, 6, D, 1000, 4), oo = attend_last(*only, 6, D, 1000, 4);
-  for (std::size_t i = 0; i < om.size(); ++i) ASSERT_NEAR(om[i], oo[i], 1e-4 * (1 + std::fabs(oo[i]))) << i;
+  // Groups of 32, 32 and 16 rows.
+  expect_survivors_in_storage_form(*mixed, *plain, c, H, D);
+  if (::testing::Test::HasFatalFailure()) return;
   // 80 rows: every one compressed (a short last group), none left in fp16.
   EXPECT_EQ(mixed->stats().figure("storage_staged_rows"), 0.0);
 }
@@ -532,36 +541,8 @@ TEST(ComposedCache, H2oOverKivi3InGroupsOf64HoldsTheKivi3Codes) {
   drive(*mixed, H, D, prompt, 0);
   drive(*plain, H, D, prompt, 0);
   ASSERT_EQ(mixed->rows(), 80u);
-  const Rows rm = rows_by_position(*mixed), rp = rows_by_position(*plain);
-  KVCacheConfig k = c;
-  k.method = "kivi";
-  k.storage = "fp16";
-  k.kivi_staging = 0;
-  auto only = KVCacheFactory::create(k);
-  std::vector<float> keys(H * 80 * D), values(H * 80 * D);
-  for (std::size_t h = 0; h < H; ++h) {
-    ASSERT_EQ(kept_positions(rm, h), kept_positions(rp, h)) << "head " << h;
-    std::size_t i = 0;
-    for (const auto& [p, kv] : rp[h]) {
-      for (std::size_t d = 0; d < D; ++d) {
-        keys[(h * 80 + i) * D + d] = fp16_to_f32(kv.first[d]);
-        values[(h * 80 + i) * D + d] = fp16_to_f32(kv.second[d]);
-      }
-      ++i;
-    }
-  }
-  only->append(make_block(keys.data(), 1, H, 80, D), make_block(values.data(), 1, H, 80, D), iota_positions(0, 80));
-  const CacheView vo = only->materialize();
-  for (std::size_t h = 0; h < H; ++h) {
-    std::size_t i = 0;
-    for (const auto& [p, kv] : rm[h]) {
-      ASSERT_EQ(0, std::memcmp(kv.first.data(), vo.keys + (h * vo.head_stride + i) * D, D * 2)) << h << " row " << i;
-      ASSERT_EQ(0, std::memcmp(kv.second.data(), vo.values + (h * vo.head_stride + i) * D, D * 2)) << h << " row " << i;
-      ++i;
-    }
-  }
-  const auto om = attend_last(*mixed, 6, D, 1000, 4), oo = attend_last(*only, 6, D, 1000, 4);
-  for (std::size_t i = 0; i < om.size(); ++i) ASSERT_NEAR(om[i], oo[i], 1e-4 * (1 + std::fabs(oo[i]))) << i;
+  expect_survivors_in_storage_form(*mixed, *plain, c, H, D);
+  if (::testing::Test::HasFatalFailure()) return;
   EXPECT_EQ(mixed->stats().figure("storage_staged_rows"), 0.0);
 
   // Decode: rows compressed 16 at a time, the budget held, fewer bytes than the same policy at 4 bits.
