@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <map>
 #include <set>
 #include <string>
@@ -147,6 +148,20 @@ TEST(ComposedCache, FullOverKiviHoldsTheKiviCachesCodes) {
   EXPECT_EQ(a->stats().figure("storage_staged_rows"), 140.0 - 128.0);
 }
 
+// The policy over its storage (config c) and the same policy over fp16 rows, given the same prompt.
+struct PolicyPair {
+  std::unique_ptr<KVCache> mixed, plain;
+};
+PolicyPair driven_pair(const KVCacheConfig& c, std::size_t H, std::size_t D, std::size_t prompt, unsigned seed) {
+  KVCacheConfig f = c;
+  f.storage = "fp16";
+  f.kivi_staging = f.kivi_group_size;  // (a storage field, idle over fp16 rows)
+  PolicyPair p{KVCacheFactory::create(c), KVCacheFactory::create(f)};
+  drive(*p.mixed, H, D, prompt, seed);
+  drive(*p.plain, H, D, prompt, seed);
+  return p;
+}
+
 // The rows `mixed` (a policy over kivi storage, config c) holds right after a prompt's eviction
 // are exactly what the storage-only kivi cache holds when given the rows `plain` (the same policy
 // over fp16) kept, in position order (each head its own rows), as one block (staging 0): the
@@ -193,12 +208,7 @@ void expect_survivors_in_storage_form(KVCache& mixed, KVCache& plain, const KVCa
 TEST(ComposedCache, H2oOverKiviKeepsH2osRowsInKiviForm) {
   constexpr std::size_t H = 3, D = 64, prompt = 300;
   const KVCacheConfig c = composed("h2o", "kivi");
-  KVCacheConfig f = c;
-  f.storage = "fp16";
-  auto mixed = KVCacheFactory::create(c);
-  auto plain = KVCacheFactory::create(f);
-  drive(*mixed, H, D, prompt, 0);
-  drive(*plain, H, D, prompt, 0);
+  auto [mixed, plain] = driven_pair(c, H, D, prompt, 0);
   ASSERT_EQ(mixed->rows(), 80u);
   // Groups of 32, 32 and 16 rows.
   expect_survivors_in_storage_form(*mixed, *plain, c, H, D);
@@ -306,12 +316,7 @@ TEST(ComposedCache, BytesFallAsPolicyAndStoragePredict) {
   // bytes for the kept rows (the kivi cache holding them, minus its own position table).
   constexpr std::size_t H = 4, D = 128, prompt = 512;
   const KVCacheConfig c = composed("h2o", "kivi");
-  KVCacheConfig f = c;
-  f.storage = "fp16";
-  auto mixed = KVCacheFactory::create(c);
-  auto plain = KVCacheFactory::create(f);
-  drive(*mixed, H, D, prompt, 1);
-  drive(*plain, H, D, prompt, 1);
+  auto [mixed, plain] = driven_pair(c, H, D, prompt, 1);
   const CacheStats sm = mixed->stats(), sp = plain->stats();
   ASSERT_EQ(sm.tokens_kept, sp.tokens_kept);
   KVCacheConfig k = c;
@@ -526,20 +531,13 @@ TEST(ComposedCache, StagingBelowTheGroupCompressesDecodeRowsInShortGroups) {
 // 3-bit storage under a policy (issue 27's h2o+kivi3_g64): the policy keeps the rows it keeps over
 // fp16, the prompt's survivors hold exactly the codes of the storage-only kivi3_g64 cache given
 // those rows (groups of 64 and 16), decode rows go 16 at a time, and a kept row costs less than at
-// 4 bits.
 TEST(ComposedCache, H2oOverKivi3InGroupsOf64HoldsTheKivi3Codes) {
   constexpr std::size_t H = 3, D = 64, prompt = 300;
   KVCacheConfig c = composed("h2o", "kivi");
   c.kivi_bits = 3;
   c.kivi_group_size = 64;
   c.kivi_staging = 16;
-  KVCacheConfig f = c;
-  f.storage = "fp16";
-  f.kivi_staging = 64;
-  auto mixed = KVCacheFactory::create(c);
-  auto plain = KVCacheFactory::create(f);
-  drive(*mixed, H, D, prompt, 0);
-  drive(*plain, H, D, prompt, 0);
+  auto [mixed, plain] = driven_pair(c, H, D, prompt, 0);
   ASSERT_EQ(mixed->rows(), 80u);
   expect_survivors_in_storage_form(*mixed, *plain, c, H, D);
   if (::testing::Test::HasFatalFailure()) return;
