@@ -68,7 +68,8 @@ def profile_steps(model, ids, make_cache, static, steps=8):
     from torch.profiler import ProfilerActivity, profile
     if static:
         from transformers import StaticCache
-        cache = StaticCache(config=model.config, max_cache_len=ids.shape[1] + 2 * steps + 3)
+        # 2 warm-up steps, 3 timed rounds and a profiled round of `steps` each.
+        cache = StaticCache(config=model.config, max_cache_len=ids.shape[1] + 4 * steps + 3)
     else:
         cache = make_cache() if make_cache else None
         if cache is None:
@@ -166,6 +167,9 @@ def measure(model, ids, new, label, make_cache=None, static=False, reference=Non
     return rec
 
 
+ONLY = []  # --only
+
+
 def variants():
     """(label, Config fields or None for transformers' caches, static, cpu)."""
     return [
@@ -174,10 +178,14 @@ def variants():
         ("kvslim full (cuda)", {"method": "full", "device": "cuda"}, False),
         ("kvslim kivi2 (cuda)", {"method": "kivi", "kivi_bits": 2, "device": "cuda"}, False),
         ("kvslim kivi4 (cuda)", {"method": "kivi", "kivi_bits": 4, "device": "cuda"}, False),
+        # h2o keeping 25 % of the prompt's tokens per head (the budget is set from the prompt).
+        ("kvslim h2o 25% (cuda)", {"method": "h2o", "h2o_budget": 0.25, "device": "cuda"}, False),
     ]
 
 
 def bench_model(model, ids, new, log, cpu_reference=False, with_static=True):
+    import transformers
+
     import kvslim
     import kvslim.hf
     recs = []
@@ -185,13 +193,21 @@ def bench_model(model, ids, new, log, cpu_reference=False, with_static=True):
     for label, fields, static in variants():
         if static and not with_static:
             continue
+        if ONLY and not any(o in label for o in ONLY):
+            continue
         if fields is None:
-            r = measure(model, ids, new, label, static=static, reference=ref, log=log)
+            # DynamicCache passed in, as the kvslim caches are (generate's own choice of cache
+            # measured 85 ms per step whatever the shape).
+            make = None if static else (lambda: transformers.DynamicCache(config=model.config))
+            r = measure(model, ids, new, label, make_cache=make, static=static, reference=ref, log=log)
             if ref is None and "error" not in r:
                 ref = r
             recs.append(r)
             continue
         kvslim.hf.prepare(model)
+        fields = dict(fields)
+        if isinstance(fields.get("h2o_budget"), float):  # a share of the prompt's tokens
+            fields["h2o_budget"] = int(fields["h2o_budget"] * ids.shape[1])
         cfg = kvslim.Config(**fields)
         recs.append(measure(model, ids, new, label, lambda: kvslim.hf.KVSlimCache(model, cfg), reference=ref, log=log))
         kvslim.hf.restore(model)
@@ -258,7 +274,9 @@ def main():
     ap.add_argument("--shapes", default="1x32768,8x32768")
     ap.add_argument("--skip", default="", help="comma list of: tiny,llama")
     ap.add_argument("--static-limit", type=int, default=8 * 32768, help="StaticCache only up to batch x context")
+    ap.add_argument("--only", default="", help="comma list: run only the caches whose label contains one of these")
     args = ap.parse_args()
+    ONLY[:] = list(filter(None, args.only.split(",")))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     lines = []

@@ -95,7 +95,11 @@ struct ObservationNeeds {
 struct AttentionObservation {
   const float* probs = nullptr;
   std::size_t batch = 0, heads = 0, queries = 0, tokens = 0, stride = 0;
-  std::span<const std::int64_t> query_positions;  // absolute positions of the queries
+  std::span<const std::int64_t> query_positions;  // absolute positions of the queries (host memory)
+  // Where probs live: a device cache's own attend leaves them in its GPU's memory, ordered on
+  // `stream` (a cudaStream_t). A CPU cache takes host probs only (InputError otherwise).
+  MemorySpace space = MemorySpace::host;
+  void* stream = nullptr;
 };
 
 // Hidden states of one layer before attention (the residual stream) and after attention plus the

@@ -31,7 +31,9 @@ int device_count();
 // What the device and runtime are, for reports ("NVIDIA H200, sm_90, 132 SMs, CUDA 13.0").
 std::string device_description(int device = 0);
 // A cache for config.method on the GPU named by config.device. Throws ConfigError when kvslim was
-// built without CUDA, the GPU does not exist, or the method has no device storage.
-std::unique_ptr<KVCache> make_cache(const KVCacheConfig& config);
+// built without CUDA, the GPU does not exist, or the method has no device storage. layer_budget:
+// the layer's own token budget where a per-layer schedule sets it (pyramidkv's taper; -1: the
+// config's budget).
+std::unique_ptr<KVCache> make_cache(const KVCacheConfig& config, int layer_budget = -1);
 
 }  // namespace kvslim::cuda

@@ -55,6 +55,7 @@ class LayerState:
         self.query_positions = None   # [S] int64: positions of the step's queries (= its new tokens)
         needs = cache.needs()
         self.wants_attention = needs["attention"]
+        self.observed_queries = needs.get("attention_queries", 0)  # 0: every query of a step
         self.wants_hidden = needs["hidden_states"]
         self.attention_reports = self.hidden_reports = 0  # signals handed to the cache (diagnostics)
 
@@ -136,8 +137,21 @@ class LayerState:
                 groups = query.shape[1] // key.shape[1]
                 out = torch.nn.functional.scaled_dot_product_attention(
                     query, repeat_kv(key, groups), repeat_kv(value, groups), is_causal=True, scale=scaling)
+                if self.wants_attention:
+                    # An eviction cache scores the prompt by its last queries' attention over every
+                    # row (its observation window): kvslim's kernels attend just those queries, for
+                    # their probabilities, which the cache observes on the device.
+                    n = query.shape[2] if self.observed_queries <= 0 else min(self.observed_queries, query.shape[2])
+                    window = self.query_positions[-n:]
+                    _, probs = self.cache.attend(query[:, :, -n:].transpose(1, 2), window, scaling, probs=True)
+                    self.cache.observe_attention(probs, window)
+                    self.attention_reports += 1
                 return out.transpose(1, 2).contiguous(), None
-            out, _ = self.cache.attend(query.transpose(1, 2), self.query_positions, scaling)  # [B, S, H_q, D] fp32
+            out, probs = self.cache.attend(query.transpose(1, 2), self.query_positions, scaling,
+                                           probs=self.wants_attention)  # [B, S, H_q, D] fp32
+            if self.wants_attention:
+                self.cache.observe_attention(probs, self.query_positions)
+                self.attention_reports += 1
             return out.to(query.dtype), None
         q = query.detach().transpose(1, 2).to(device="cpu", dtype=torch.float32).contiguous()  # [B, S, H_q, D]
         out, probs = self.cache.attend(q, self.query_positions, scaling, probs=self.wants_attention)

@@ -134,6 +134,7 @@ class Cache:
                 raise _kvslim.InputError(f"values: {tuple(v.shape)} {v.dtype} on {v.device} differs from keys' "
                                          f"{tuple(k.shape)} {k.dtype} on {k.device}")
             self._core.append_device(k.data_ptr(), v.data_ptr(), list(k.shape), kd, as_positions(positions), stream)
+            self._kv_heads = int(k.shape[1])  # attend's probs shape without asking the device cache (stats() waits)
             return
         k, kd = as_block(keys, "keys")
         v, vd = as_block(values, "values")
@@ -160,7 +161,8 @@ class Cache:
             out = torch.empty((B, S, H, D), dtype=torch.float32, device=q.device)
             p = None
             if probs:
-                p = torch.empty((B, self._core.stats()["heads"], S, self._core.rows()), dtype=torch.float32, device=q.device)
+                heads = getattr(self, "_kv_heads", None) or self._core.stats()["heads"]
+                p = torch.empty((B, heads, S, self._core.rows()), dtype=torch.float32, device=q.device)
             stream = raw_stream(q.device)
             self._core.attend_device(q.data_ptr(), [B, S, H, D], as_positions(query_positions, "query_positions"),
                                      0.0 if scale is None else float(scale), out.data_ptr(),
@@ -208,6 +210,17 @@ class Cache:
     def observe_attention(self, probs, query_positions) -> None:
         """Attention of the last step over the view the last update returned: probs [B, H_kv, Q, T]
         (summed over the query heads of each KV group), query_positions [Q]."""
+        if is_cuda_tensor(probs):
+            # A device cache's own attend probs: handed over in place, on torch's current stream.
+            import torch
+            p = probs.detach()
+            if p.dtype != torch.float32 or not p.is_contiguous() or p.dim() != 4:
+                raise _kvslim.InputError(f"probs: expected a contiguous float32 [batch, kv_heads, queries, tokens] "
+                                         f"tensor, got {p.dtype} {tuple(p.shape)}")
+            self._changed()
+            self._core.observe_attention_device(p.data_ptr(), list(p.shape), as_positions(query_positions, "query_positions"),
+                                                raw_stream(p.device))
+            return
         probs, query_positions = as_float32(probs, "probs"), as_positions(query_positions, "query_positions")
         self._changed()
         self._core.observe_attention(probs, query_positions)

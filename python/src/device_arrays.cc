@@ -78,6 +78,21 @@ void bind_device_methods(py::module_& m, py::class_<KVCache>& cls) {
       },
       py::arg("queries"), py::arg("shape"), py::arg("query_positions"), py::arg("scale"), py::arg("out"),
       py::arg("probs") = 0, py::arg("stream") = 0);
+  // probs: device fp32 [B, H_kv, Q, T] (attend_device's), observed by a device cache (which copies
+  // them to the host on `stream` when its policy runs there: device eviction).
+  cls.def(
+      "observe_attention_device",
+      [](KVCache& c, std::uintptr_t probs, const std::vector<std::int64_t>& shape, const Positions& query_positions,
+         std::uintptr_t stream) {
+        const auto s = shape4(shape, "probs");
+        if (query_positions.ndim() != 1 || static_cast<std::size_t>(query_positions.shape(0)) != s[2]) {
+          throw InputError("query_positions: expected " + std::to_string(s[2]) + " positions (one per query)");
+        }
+        c.observe_attention(AttentionObservation{reinterpret_cast<const float*>(probs), s[0], s[1], s[2], s[3], s[3],
+                                                 {query_positions.data(), s[2]}, MemorySpace::cuda,
+                                                 reinterpret_cast<void*>(stream)});
+      },
+      py::arg("probs"), py::arg("shape"), py::arg("query_positions"), py::arg("stream") = 0);
 }
 
 }  // namespace kvslim::python

@@ -87,3 +87,43 @@ def test_device_cache_refuses_torch_attention():
     model = small_llama(torch.float16)
     with pytest.raises(ValueError, match="kvslim"):
         kvslim.hf.KVSlimCache(model, kvslim.Config(method="full", device="cuda"), attention="torch")
+
+
+def kept_positions(cache):
+    """Per layer, the set of (batch, head, position) rows the layer keeps."""
+    out = []
+    for layer in cache.layers:
+        p = layer.state.cache.view().positions  # [B, H_kv, T]
+        out.append({(b, h, int(x)) for b in range(p.shape[0]) for h in range(p.shape[1]) for x in p[b, h]})
+    return out
+
+
+def test_h2o_on_device_evicts_like_the_cpu_cache():
+    # The device cache runs the CPU's eviction core over rows in GPU memory; the observations differ
+    # only by the kernels' rounding (SDPA + kvslim's window probs against the CPU's kernels), so the
+    # kept rows agree but for near-ties, and the logits follow.
+    import kvslim.hf
+    model = small_llama(torch.float32)
+    g = torch.Generator(device="cuda").manual_seed(5)
+    ids = torch.randint(3, 512, (1, 300), device="cuda", generator=g)
+    config = dict(method="h2o", h2o_budget=128)
+    kvslim.hf.prepare(model)
+    try:
+        cpu = kvslim.hf.KVSlimCache(model, kvslim.Config(**config), attention="kvslim")
+        ref = step_logits(model, ids, cpu, 8)
+        gpu = kvslim.hf.KVSlimCache(model, kvslim.Config(device="cuda", **config))
+        got = step_logits(model, ids, gpu, 8)
+    finally:
+        kvslim.hf.restore(model)
+    assert gpu.layers[0].state.on_device and not cpu.layers[0].state.on_device
+    assert gpu.signal_reports()["attention"] == 3 * 9  # the prompt's window and every decode step, per layer
+    for c, d in zip(kept_positions(cpu), kept_positions(gpu)):
+        assert len(d) == 2 * 128
+        assert len(c & d) >= 0.97 * len(c)
+    scale = ref.abs().max()
+    err = ((got - ref).abs().max() / scale).item()
+    assert err < 2e-2, f"h2o on the device: logits differ from the CPU cache's by {err:.2e} of their scale"
+    # The device holds the budget's rows, not the prompt's: 3 layers x 2 heads x (128 + 1 + 15) slots.
+    stats = gpu.stats()
+    assert all(s["tokens_kept"] == 128 for s in stats)
+    assert sum(s["figures"]["device_bytes"] for s in stats) <= 3 * 2 * 144 * (64 * 2 * 2 + 8)

@@ -19,7 +19,7 @@ namespace {
 std::unique_ptr<KVCache> make_method_cache(const KVCacheConfig& c, const LayerContext& ctx) {
   std::unique_ptr<KVCache> cache;
   if (c.device_index() >= 0) {
-    cache = cuda::make_cache(c);
+    cache = cuda::make_cache(c, ctx.budget.value_or(-1));
   } else if (const MethodBuilder build = method_builder(c.method)) {
     cache = build(c, ctx);
   }
@@ -90,9 +90,9 @@ CacheSet KVCacheBuilder::for_model(const ModelSpec& model, const KVCacheConfig& 
     if (!pyramid.empty()) ctx.budget = pyramid[a];
     set.caches_[static_cast<std::size_t>(i)] = make_method_cache(layer_config, ctx);
     if (set.importance_) {
-      auto* eviction = dynamic_cast<EvictionCache*>(set.caches_[static_cast<std::size_t>(i)].get());
-      if (eviction == nullptr) throw std::logic_error("KVCacheBuilder: an H2O-core method built a cache without the eviction core");
-      eviction->share_importance(set.importance_, a);
+      auto* sharing = dynamic_cast<SharesImportance*>(set.caches_[static_cast<std::size_t>(i)].get());
+      if (sharing == nullptr) throw std::logic_error("KVCacheBuilder: an H2O-core method built a cache without the eviction core");
+      sharing->share_importance(set.importance_, a);
     }
   }
   // Squeeze layers read the schedule from the coordinator at their own next call (a layer changes

@@ -549,8 +549,11 @@ TEST(CudaCache, BadInputIsReportedAndPoisonsUntilReset) {
                             KVBlock{big.get(), DType::f32, 1, 1, 1, 96, MemorySpace::cuda, nullptr}),
                InputError);
   KVCacheConfig h;
-  h.method = "h2o";
+  h.method = "squeeze";  // no device storage yet
   h.device = "cuda";
+  EXPECT_THROW(KVCacheFactory::create(h), ConfigError);
+  h.method = "h2o";
+  h.evict_profile = "original";  // the key proxy reads stored keys on the host
   EXPECT_THROW(KVCacheFactory::create(h), ConfigError);
 }
 

@@ -43,7 +43,7 @@ TEST(DeviceConfig, AMethodWithoutADeviceStorageIsAConfigErrorNamingTheOnesThatHa
     } catch (const ConfigError& e) {
       const std::string what = e.what();
       EXPECT_NE(what.find("no CUDA storage"), std::string::npos) << what;
-      EXPECT_NE(what.find("full, kivi"), std::string::npos) << what;
+      EXPECT_NE(what.find("full, h2o, pyramidkv, kivi"), std::string::npos) << what;
     }
   }
 }
@@ -76,6 +76,28 @@ TEST(DeviceConfig, CpuCachesRefuseDeviceBlocksAndQueries) {
     EXPECT_THROW(cache->attend(QueryBlock{q.data(), 1, 1, 4, 64, 0.f, MemorySpace::cuda, nullptr}, qp, out.data()),
                  InputError)
         << method;
+  }
+}
+
+// An observation marked as device memory never reaches a CPU cache's reads (it would be read as
+// host memory): every cache that reads probs says where they are.
+TEST(DeviceConfig, CpuCachesRefuseDeviceObservations) {
+  for (const char* method : {"h2o", "pyramidkv", "squeeze"}) {
+    KVCacheConfig c;
+    c.method = method;
+    auto cache = KVCacheFactory::create(c);
+    std::vector<float> k(2 * 40 * 64, 0.5f);
+    const KVBlock host = make_block(k.data(), 1, 2, 40, 64);
+    cache->append(host, host);
+    const std::size_t rows = cache->rows();
+    std::vector<float> probs(2 * rows, 1.f / static_cast<float>(rows));
+    const std::vector<std::int64_t> qp{39};
+    try {
+      cache->observe_attention(AttentionObservation{probs.data(), 1, 2, 1, rows, rows, qp, MemorySpace::cuda, nullptr});
+      ADD_FAILURE() << method << " read a device observation";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("cuda memory"), std::string::npos) << e.what();
+    }
   }
 }
 

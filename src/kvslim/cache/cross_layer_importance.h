@@ -14,6 +14,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -53,6 +54,17 @@ class CrossLayerImportance {
   std::vector<char> left_;                   // [layers] left the current call
   std::vector<std::vector<Entry>> entries_;  // [batch rows][positions seen, ascending]
   std::vector<Entry> merged_;                // post scratch
+};
+
+// A cache whose eviction core takes part in the exchange (KVCacheBuilder hands each the model's
+// board): the CPU's EvictionCache and the device eviction cache (cuda/device_eviction_cache.h).
+class SharesImportance {
+ public:
+  // This cache is sharing layer number `layer` (its ordinal among the attention layers).
+  virtual void share_importance(std::shared_ptr<CrossLayerImportance> board, std::size_t layer) = 0;
+
+ protected:
+  ~SharesImportance() = default;
 };
 
 }  // namespace kvslim

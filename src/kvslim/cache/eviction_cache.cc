@@ -39,14 +39,16 @@ void EvictionCache::observe_attention(const AttentionObservation& obs) {
   after_step();
 }
 
-ObservationNeeds EvictionCache::needs() const {
+ObservationNeeds eviction_needs(const EvictionCore& core) {
   ObservationNeeds n;
-  n.attention = attention_scored();
+  n.attention = !core.fell_back() && scores_by_attention(core.policy().scoring);
   // An observation window reads only the last obs_window queries of a prefill; at least 2 are
   // asked for, so that the trimmed observation still reads as a prefill (pooling, cross-layer).
-  if (n.attention && core_.policy().obs_window > 0) n.attention_queries = std::max<std::size_t>(core_.policy().obs_window, 2);
+  if (n.attention && core.policy().obs_window > 0) n.attention_queries = std::max<std::size_t>(core.policy().obs_window, 2);
   return n;
 }
+
+ObservationNeeds EvictionCache::needs() const { return eviction_needs(core_); }
 
 void EvictionCache::hold_while_uncertain() {
   // A limit above the budget (squeeze's deferred prefill) may still cut the rows above the budget.

@@ -10,7 +10,11 @@
 
 namespace kvslim {
 
-class EvictionCache : public KVCache {
+// What an eviction core asks its caller to observe (KVCache::needs): the attention when scored by
+// it, only a prefill's last obs_window queries when the policy has a window.
+ObservationNeeds eviction_needs(const EvictionCore& core);
+
+class EvictionCache : public KVCache, public SharesImportance {
  public:
   // `storage` null: fp16 slots.
   EvictionCache(std::string method, EvictionPolicy policy, std::size_t budget, std::unique_ptr<RowStorage> storage = nullptr);
@@ -31,7 +35,7 @@ class EvictionCache : public KVCache {
 
   std::size_t budget() const { return budget_; }
   // The model's cross-layer board (KVCacheBuilder): this cache is sharing layer number `layer`.
-  void share_importance(std::shared_ptr<CrossLayerImportance> board, std::size_t layer) {
+  void share_importance(std::shared_ptr<CrossLayerImportance> board, std::size_t layer) override {
     core_.share_importance(std::move(board), layer);
   }
   const EvictionCore& core() const { return core_; }

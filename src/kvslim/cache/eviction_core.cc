@@ -149,6 +149,10 @@ void EvictionCore::absorb(std::size_t batch, std::size_t heads, std::size_t dim,
     dim_ = dim;
     storage_->begin(batch * heads, dim);
   }
+  const bool placed = keys16 == nullptr && values16 == nullptr;  // absorb_placed
+  if (placed && (!scores_by_attention(scoring()) || awaiting_observation_ || policy_.row_weight != nullptr)) {
+    throw std::logic_error("eviction core: placed rows need an attention scoring without a row score, every update observed");
+  }
   if (scores_by_attention(scoring()) && awaiting_observation_) {
     // The last update's attention never came: this integrator does not report attention. Score by
     // the key proxy from now on, and bring the rows the last update appended back to its limit.
@@ -193,6 +197,11 @@ void EvictionCore::absorb(std::size_t batch, std::size_t heads, std::size_t dim,
   if (!append_only) settle();  // this step's eviction is done (attention scorings evict in observe)
 }
 
+void EvictionCore::absorb_placed(std::size_t batch, std::size_t heads, std::size_t dim, const std::int64_t* positions,
+                                 std::size_t S, std::size_t limit) {
+  absorb(batch, heads, dim, nullptr, nullptr, positions, S, limit);
+}
+
 void EvictionCore::settle() {
   if (rows_ > hold_above_) return;
   storage_->settle(rows_, [this](std::size_t head, std::size_t slot) { return effective_score(head, slot); });
@@ -213,6 +222,11 @@ void EvictionCore::absorb_heads(std::size_t head_begin, std::size_t head_end, co
   const bool blocked = scoring_now == Scoring::key_proxy && S >= kBlockTokens && storage_->slot_writes();
   std::size_t final_rows = rows_;
   for (std::size_t head = head_begin; head < head_end; ++head) {
+    if (keys16 == nullptr) {  // absorb_placed: the rows are in the storage already
+      for (std::size_t s = 0; s < S; ++s) write_metadata(head, rows_ + s, positions[s], 0.0f);
+      final_rows = rows_ + S;
+      continue;
+    }
     const std::uint16_t* k = keys16 + head * S * D;
     const std::uint16_t* v = values16 + head * S * D;
     if (scores_by_attention(scoring_now)) {
@@ -360,12 +374,16 @@ std::size_t EvictionCore::absorb_head_blocked(std::size_t head, const std::uint1
 
 void EvictionCore::write_row(std::size_t head, std::size_t slot, const std::uint16_t* k, const std::uint16_t* v,
                              std::int64_t position, float score) {
-  const std::size_t row = head * capacity_ + slot;
   storage_->write(head, slot, k, v);
+  write_metadata(head, slot, position, score);
+  if (!weight_.empty()) weight_[head * capacity_ + slot] = policy_.row_weight(k, v, dim_);
+}
+
+void EvictionCore::write_metadata(std::size_t head, std::size_t slot, std::int64_t position, float score) {
+  const std::size_t row = head * capacity_ + slot;
   positions_[row] = position;
   scores_[row] = score;
   if (!exposure_.empty()) exposure_[row] = 0.0f;
-  if (!weight_.empty()) weight_[row] = policy_.row_weight(k, v, dim_);
 }
 
 void EvictionCore::move_row(std::size_t head, std::size_t from, std::size_t to) {

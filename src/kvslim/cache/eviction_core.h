@@ -76,6 +76,14 @@ class EvictionCore {
   // only append (they evict in observe()). Pass EvictionPolicy::kUnbounded for no limit.
   void absorb(std::size_t batch, std::size_t heads, std::size_t dim, const std::uint16_t* keys16,
               const std::uint16_t* values16, const std::int64_t* positions, std::size_t S, std::size_t limit);
+  // The same for rows the storage's owner has already placed at slots rows()..rows()+S-1 of every
+  // head (a device storage's append kernel): the core takes their metadata only. Attention
+  // scorings without a registered row score only (they append; the others admit by slot or read
+  // the rows), and never after an unobserved update (the key-proxy fallback reads rows).
+  void absorb_placed(std::size_t batch, std::size_t heads, std::size_t dim, const std::int64_t* positions,
+                     std::size_t S, std::size_t limit);
+  // True after an attention-scored append whose attention has not been observed yet.
+  bool awaiting_observation() const { return awaiting_observation_; }
   // Adds the attention each row received (the policy's window, pooling and decay), then evicts
   // down to `limit` rows per head.
   // `who` names the cache in errors (a shape mismatch, a NaN or infinite weight: checked first).
@@ -145,6 +153,8 @@ class EvictionCore {
   void relayout(std::size_t new_capacity);
   void write_row(std::size_t head, std::size_t slot, const std::uint16_t* k, const std::uint16_t* v,
                  std::int64_t position, float score);
+  // write_row's metadata half (the rows of absorb_placed are in the storage already).
+  void write_metadata(std::size_t head, std::size_t slot, std::int64_t position, float score);
   void move_row(std::size_t head, std::size_t from, std::size_t to);  // slot storages
   void move_metadata(std::size_t head, std::size_t from, std::size_t to);
   // Rows `slots` (ascending) of a head holding n leave, the others keep their order (storages

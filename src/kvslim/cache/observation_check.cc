@@ -34,6 +34,10 @@ std::size_t first_nonfinite(const float* x, std::size_t n) {
 }  // namespace
 
 void check_observation_finite(const AttentionObservation& obs, const std::string& who) {
+  if (obs.space != MemorySpace::host) {
+    throw InputError(who + ": the attention observation's probs are " + std::string(memory_space_name(obs.space)) +
+                     " memory; this cache is on the CPU and reads host memory only");
+  }
   if (obs.probs == nullptr || obs.tokens == 0 || obs.stride < obs.tokens) return;
   const std::size_t rows = obs.batch * obs.heads * obs.queries;
   for (std::size_t r = 0; r < rows; ++r) {

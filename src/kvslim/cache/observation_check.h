@@ -8,7 +8,8 @@
 
 namespace kvslim {
 
-// Throw InputError naming `who` and the first non-finite value's place. Observations without
+// Throw InputError naming `who` and the first non-finite value's place (or that probs are not host
+// memory: every CPU cache calls this before it reads them). Observations without
 // data (probs/before/after null) or with an inconsistent layout are left to the shape checks.
 void check_observation_finite(const AttentionObservation& obs, const std::string& who);
 void check_observation_finite(const HiddenObservation& obs, const std::string& who);

@@ -37,7 +37,7 @@ __device__ void report_bad(const AppendInput& in, int bh, int s, bool bad) {
 
 // One thread block per (row, bh): D threads.
 __global__ void dense_append_kernel(AppendInput in, std::uint16_t* k, std::uint16_t* v, DenseType type,
-                                    long long capacity, int n, std::int64_t* pos) {
+                                    long long capacity, int n, std::int64_t* pos, bool pos_per_head) {
   const int s = blockIdx.x, bh = blockIdx.y, c = threadIdx.x;
   const long long src = (static_cast<long long>(bh) * in.S + s) * in.D + c;
   const long long dst = (static_cast<long long>(bh) * capacity + n + s) * in.D + c;
@@ -66,7 +66,11 @@ __global__ void dense_append_kernel(AppendInput in, std::uint16_t* k, std::uint1
   bad = __syncthreads_or(bad);
   if (c == 0) {
     report_bad(in, bh, s, bad);
-    if (bh == 0) pos[n + s] = input_position(in, s);
+    if (pos_per_head) {
+      pos[bh * capacity + n + s] = input_position(in, s);
+    } else if (bh == 0) {
+      pos[n + s] = input_position(in, s);
+    }
   }
 }
 
@@ -175,8 +179,8 @@ __global__ void kivi_tail_kernel(AppendInput in, StagingWindow w, int first_inpu
 }  // namespace
 
 void launch_dense_append(const AppendInput& in, std::uint16_t* k, std::uint16_t* v, DenseType type,
-                         long long capacity, int n, std::int64_t* pos, cudaStream_t stream) {
-  dense_append_kernel<<<dim3(in.S, in.BH), in.D, 0, stream>>>(in, k, v, type, capacity, n, pos);
+                         long long capacity, int n, std::int64_t* pos, cudaStream_t stream, bool pos_per_head) {
+  dense_append_kernel<<<dim3(in.S, in.BH), in.D, 0, stream>>>(in, k, v, type, capacity, n, pos, pos_per_head);
   KVSLIM_CUDA_LAUNCHED("dense_append_kernel");
 }
 

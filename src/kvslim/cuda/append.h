@@ -28,9 +28,10 @@ struct AppendInput {
                                             // there (no copy per step; read once the step's event is done)
 };
 
-// Dense store: rows [n, n + S) of [BH, capacity, D] (type), pos [capacity].
+// Dense store: rows [n, n + S) of [BH, capacity, D] (type), pos [capacity] (pos_per_head: [BH,
+// capacity], every head's own table, for stores whose heads keep different rows).
 void launch_dense_append(const AppendInput& in, std::uint16_t* k, std::uint16_t* v, DenseType type,
-                         long long capacity, int n, std::int64_t* pos, cudaStream_t stream);
+                         long long capacity, int n, std::int64_t* pos, cudaStream_t stream, bool pos_per_head = false);
 
 // kivi: rows r < compress (a multiple of 32) of [staging window (staged rows) | input] become groups
 // n_groups .. n_groups + compress/32 of the code store; rows [compress, staged + S) go to stage_out

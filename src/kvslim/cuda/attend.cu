@@ -224,7 +224,8 @@ __global__ void __launch_bounds__(kThreads) attend_dense_kernel(QueryArgs a, Den
       cp_async16(dst + UNIT * ROW_BYTES + 16 * i, v_head + src0 + 16 * i);
     }
     const long long row = static_cast<long long>(u) * UNIT + r.lane;
-    cp_async8_if(r.lane < UNIT && row < rows.n_rows, dst + POS_OFFSET + 8 * r.lane, rows.pos + row);
+    cp_async8_if(r.lane < UNIT && row < rows.n_rows, dst + POS_OFFSET + 8 * r.lane,
+                 rows.pos + r.bh * rows.pos_head_stride + row);
   };
 
   RowState<D> st;

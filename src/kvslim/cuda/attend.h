@@ -60,7 +60,8 @@ struct DenseRows {
   const std::uint16_t* k = nullptr;        // [B * Hkv, stride, D] fp16 or bf16
   const std::uint16_t* v = nullptr;
   long long head_stride = 0;               // elements between heads (capacity * D, capacity % 16 == 0)
-  const std::int64_t* pos = nullptr;       // [n_rows]
+  const std::int64_t* pos = nullptr;       // [n_rows], or [B * Hkv, pos_head_stride] when heads keep different rows
+  long long pos_head_stride = 0;           // 0: one position table for every head (nothing evicted per head)
   int n_rows = 0;
   DenseType type = DenseType::f16;
   int row_offset = 0;

@@ -1,4 +1,5 @@
 #include "cuda/device_cache.h"
+#include "cuda/device_eviction_cache.h"
 
 #include <algorithm>
 #include <climits>
@@ -19,6 +20,10 @@ namespace {
   throw InputError(std::string(method) + " cache (cuda): " + what);
 }
 
+std::size_t round_up(std::size_t x, std::size_t m) { return (x + m - 1) / m * m; }
+
+}  // namespace
+
 void check_device_pointer(std::string_view method, const void* p, int device, const char* name) {
   cudaPointerAttributes attr{};
   const cudaError_t err = cudaPointerGetAttributes(&attr, p);
@@ -32,9 +37,24 @@ void check_device_pointer(std::string_view method, const void* p, int device, co
   }
 }
 
-std::size_t round_up(std::size_t x, std::size_t m) { return (x + m - 1) / m * m; }
+void copy_head_rows(void* dst, std::size_t dst_stride, const void* src, std::size_t src_stride, std::size_t rows,
+                    std::size_t BH, std::size_t row_bytes, cudaStream_t stream) {
+  if (rows == 0 || BH == 0) return;
+  KVSLIM_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_stride * row_bytes, src, src_stride * row_bytes, rows * row_bytes, BH,
+                                      cudaMemcpyDeviceToDevice, stream));
+}
 
-}  // namespace
+void download_dense_head(const std::uint16_t* k, const std::uint16_t* v, DenseType type, std::size_t stride,
+                         std::size_t D, std::size_t bh, std::size_t n, std::uint16_t* keys, std::uint16_t* values) {
+  KVSLIM_CUDA_CHECK(cudaMemcpy(keys, k + bh * stride * D, n * D * 2, cudaMemcpyDeviceToHost));
+  KVSLIM_CUDA_CHECK(cudaMemcpy(values, v + bh * stride * D, n * D * 2, cudaMemcpyDeviceToHost));
+  if (type == DenseType::bf16) {
+    for (std::size_t i = 0; i < n * D; ++i) {
+      keys[i] = f32_to_fp16(bf16_to_f32(keys[i]));
+      values[i] = f32_to_fp16(bf16_to_f32(values[i]));
+    }
+  }
+}
 
 // ---------------------------------------------------------------------------------------------
 // DeviceCache
@@ -126,7 +146,7 @@ void DeviceCache::append(const KVBlock& keys, const KVBlock& values, std::span<c
   absorb(in, resolved, stream);
   KVSLIM_CUDA_CHECK(cudaEventRecord(flag_event_, stream));
   if (!contiguous) KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream));  // `uploaded` dies here
-  positions_.insert(positions_.end(), resolved.begin(), resolved.end());
+  if (mirror_positions_) positions_.insert(positions_.end(), resolved.begin(), resolved.end());
   tokens_seen_ += keys.tokens;
   next_position_ = resolved.back() + 1;
 }
@@ -213,7 +233,7 @@ CacheView DeviceCache::materialize() const {
   view_positions_.resize(BH * N);
   for (std::size_t bh = 0; bh < BH; ++bh) {
     download_rows(bh, view_keys_.data() + bh * N * dim_, view_values_.data() + bh * N * dim_);
-    std::copy(positions_.begin(), positions_.end(), view_positions_.begin() + static_cast<std::ptrdiff_t>(bh * N));
+    head_positions(bh, view_positions_.data() + bh * N);
   }
   CacheView v;
   v.batch = batch_;
@@ -225,6 +245,10 @@ CacheView DeviceCache::materialize() const {
   v.values = view_values_.data();
   v.positions = view_positions_.data();
   return v;
+}
+
+void DeviceCache::head_positions(std::size_t, std::int64_t* out) const {
+  std::copy(positions_.begin(), positions_.end(), out);
 }
 
 CacheStats DeviceCache::stats() const {
@@ -239,7 +263,7 @@ CacheStats DeviceCache::stats() const {
   st.kept_per_head.assign(BH, N);
   st.tokens_kept = N;
   const std::size_t dev = device_bytes();
-  st.resident_bytes = dev + positions_.capacity() * sizeof(std::int64_t);
+  st.resident_bytes = dev + host_bytes();
   st.view_bytes = parts_acc_.bytes() + parts_ml_.bytes() + final_ml_.bytes() + logits_.bytes() + qpos_.bytes() +
                   (view_keys_.capacity() + view_values_.capacity()) * sizeof(std::uint16_t);
   st.kept_fp16_bytes = 2 * BH * N * dim_ * 2;
@@ -282,11 +306,9 @@ void DeviceDenseCache::grow(std::size_t rows, cudaStream_t stream) {
   v.reserve(BH * cap * D * 2);
   pos.reserve(cap * sizeof(std::int64_t));
   if (n_ > 0) {
-    KVSLIM_CUDA_CHECK(cudaMemcpy2DAsync(k.get(), cap * D * 2, k_.get(), capacity_ * D * 2, n_ * D * 2, BH,
-                                        cudaMemcpyDeviceToDevice, stream));
-    KVSLIM_CUDA_CHECK(cudaMemcpy2DAsync(v.get(), cap * D * 2, v_.get(), capacity_ * D * 2, n_ * D * 2, BH,
-                                        cudaMemcpyDeviceToDevice, stream));
-    KVSLIM_CUDA_CHECK(cudaMemcpyAsync(pos.get(), pos_.get(), n_ * sizeof(std::int64_t), cudaMemcpyDeviceToDevice, stream));
+    copy_head_rows(k.get(), cap, k_.get(), capacity_, n_, BH, D * 2, stream);
+    copy_head_rows(v.get(), cap, v_.get(), capacity_, n_, BH, D * 2, stream);
+    copy_head_rows(pos.get(), cap, pos_.get(), capacity_, n_, 1, sizeof(std::int64_t), stream);
     KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream));  // before the old buffers go
   }
   k_ = std::move(k);
@@ -320,15 +342,7 @@ int DeviceDenseCache::launch_segments(const QueryArgs& q, const Partials& parts,
 }
 
 void DeviceDenseCache::download_rows(std::size_t bh, std::uint16_t* keys, std::uint16_t* values) const {
-  const std::size_t D = dim_;
-  KVSLIM_CUDA_CHECK(cudaMemcpy(keys, k_.as<std::uint16_t>() + bh * capacity_ * D, n_ * D * 2, cudaMemcpyDeviceToHost));
-  KVSLIM_CUDA_CHECK(cudaMemcpy(values, v_.as<std::uint16_t>() + bh * capacity_ * D, n_ * D * 2, cudaMemcpyDeviceToHost));
-  if (type_ == DenseType::bf16) {
-    for (std::size_t i = 0; i < n_ * D; ++i) {
-      keys[i] = f32_to_fp16(bf16_to_f32(keys[i]));
-      values[i] = f32_to_fp16(bf16_to_f32(values[i]));
-    }
-  }
+  download_dense_head(k_.as<std::uint16_t>(), v_.as<std::uint16_t>(), type_, capacity_, dim_, bh, n_, keys, values);
 }
 
 void DeviceDenseCache::clear() {
@@ -573,7 +587,7 @@ std::string device_description(int device) {
          std::to_string(driver % 1000 / 10);
 }
 
-std::unique_ptr<KVCache> make_cache(const KVCacheConfig& c) {
+std::unique_ptr<KVCache> make_cache(const KVCacheConfig& c, int layer_budget) {
   const int device = c.device_index();
   if (device < 0) throw ConfigError("KVCacheConfig.device = \"" + c.device + "\": not a CUDA device");
   const int n = device_count();
@@ -581,10 +595,26 @@ std::unique_ptr<KVCache> make_cache(const KVCacheConfig& c) {
     throw ConfigError("KVCacheConfig.device = \"" + c.device + "\": this process sees " + std::to_string(n) +
                       " CUDA device(s)");
   }
-  // validate() has checked that the registry marks the method `cuda` (config.cc): full (dense) and
-  // kivi (the one quantizer with a device storage).
+  // validate() has checked that the registry marks the method `cuda` (config.cc): full (dense),
+  // h2o and pyramidkv (the eviction core over device slots) and kivi (the one quantizer with a
+  // device storage).
   const MethodInfo& info = method_info(c.method);
   if (info.kind == MethodKind::dense) return std::make_unique<DeviceDenseCache>(device);
+  if (info.kind == MethodKind::eviction && info.cuda) {
+    const EvictionPolicy policy = make_eviction_policy(c, c.*info.n_sink);
+    if (!scores_by_attention(policy.scoring)) {
+      throw ConfigError("KVCacheConfig.evict_scoring / evict_profile: " + c.method +
+                        " on a CUDA device is scored by the attention its caller observes (evict_profile = "
+                        "query_aware, or evict_scoring = attention / attention_normalized); the key proxy of "
+                        "evict_profile = original reads stored keys on the host");
+    }
+    if (policy.row_weight != nullptr) {
+      throw ConfigError("KVCacheConfig.evict_scoring = \"" + c.evict_scoring +
+                        "\": a registered row score reads each row's key and value on the host; not on a CUDA device");
+    }
+    const int budget = layer_budget >= 0 ? layer_budget : c.*info.budget;
+    return std::make_unique<DeviceEvictionCache>(c.method, policy, static_cast<std::size_t>(budget), device);
+  }
   if (info.kind == MethodKind::quantizer && info.cuda) {
     if (c.kivi_bits != 2 && c.kivi_bits != 4 && c.kivi_bits != 8) {
       throw ConfigError("KVCacheConfig.kivi_bits = " + std::to_string(c.kivi_bits) +

@@ -24,7 +24,7 @@ class DeviceCache : public KVCache {
   void append(const KVBlock& keys, const KVBlock& values, std::span<const std::int64_t> positions = {}) final;
   void attend(const QueryBlock& queries, std::span<const std::int64_t> query_positions, float* out,
               float* probs = nullptr, const ParallelFor* parallel = nullptr) const final;
-  std::size_t rows() const final { return positions_.size(); }
+  std::size_t rows() const override { return positions_.size(); }
   CacheView materialize() const final;
   CacheStats stats() const final;
   void reset() final;
@@ -45,11 +45,20 @@ class DeviceCache : public KVCache {
   // fp16 rows of head bh into keys/values [rows, D] (host), after synchronize().
   virtual void download_rows(std::size_t bh, std::uint16_t* keys, std::uint16_t* values) const = 0;
   virtual std::size_t device_bytes() const = 0;
+  // Host memory the cache keeps (the position mirror; an eviction cache's per-row metadata).
+  virtual std::size_t host_bytes() const { return positions_.capacity() * sizeof(std::int64_t); }
+  // Positions of head bh's rows() rows, in row order (every head the same unless rows are evicted).
+  virtual void head_positions(std::size_t bh, std::int64_t* out) const;
   virtual void clear() = 0;
   virtual void add_figures(CacheStats&) const {}
+  // Raises the deferred input error of an earlier append, if its kernel found one (no wait).
+  void raise_pending_error() const { check_pending_error(false); }
 
   std::size_t batch_ = 0, heads_ = 0, dim_ = 0;
   int sm_count_ = 0;
+  // false: the base does not mirror every appended position (a cache whose rows are evicted keeps
+  // its own per-head positions).
+  bool mirror_positions_ = true;
 
  private:
   void check_pending_error(bool wait) const;
@@ -74,6 +83,16 @@ class DeviceCache : public KVCache {
   mutable std::vector<std::uint16_t> view_keys_, view_values_;
   mutable std::vector<std::int64_t> view_positions_;
 };
+
+// Rows [0, rows) of each of BH heads from a [BH, src_stride, row_bytes] store into a [BH, dst_stride,
+// row_bytes] one, enqueued on `stream`.
+void copy_head_rows(void* dst, std::size_t dst_stride, const void* src, std::size_t src_stride, std::size_t rows,
+                    std::size_t BH, std::size_t row_bytes, cudaStream_t stream);
+// Head bh's first n rows of a dense [BH, stride, D] store as fp16 on the host (bf16 converted); waits.
+void download_dense_head(const std::uint16_t* k, const std::uint16_t* v, DenseType type, std::size_t stride,
+                         std::size_t D, std::size_t bh, std::size_t n, std::uint16_t* keys, std::uint16_t* values);
+// Throws InputError when p is not device memory of `device` (named `name` in the message).
+void check_device_pointer(std::string_view method, const void* p, int device, const char* name);
 
 // full: every row as fp16 (bf16 when the blocks are bf16) slots, [B*H, capacity, D].
 class DeviceDenseCache final : public DeviceCache {

@@ -1,0 +1,113 @@
+// Eviction on the device: h2o and pyramidkv whose rows live in GPU memory and leave it for real.
+//
+// The policy is the CPU's own eviction core (cache/eviction_core.h), unchanged: per head it keeps
+// each row's position, score and exposure on the host and decides which rows stay, so every
+// profile, the observation window, pooling, normalised scoring and the cross-layer exchange are
+// the CPU cache's by construction. The rows are a RowStorage in GPU memory (DeviceSlots): fp16 /
+// bf16 slots [B*H, stride, D] and every head's own positions [B*H, stride]. The append kernel
+// places a step's rows at the end of every head; the core's moves (an evicted row's slot refilled
+// by the head's last row) are recorded and applied by one kernel per step; the core's relayout
+// after a prefill's eviction reallocates the store to the budget, so the allocator's figure falls.
+//
+// What crosses to the host: each observation's probabilities (attend's probs, [B, Hkv, Q, rows]),
+// copied on the caller's stream, which waits for them -- the price of running the CPU's policy
+// as it is (docs/cuda.md measures it). The attention itself reads the slots where they lie.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "cache/eviction_cache.h"
+#include "cache/eviction_core.h"
+#include "cuda/device_cache.h"
+#include "storage/row_storage.h"
+
+namespace kvslim::cuda {
+
+// The eviction core's rows in GPU memory: slots [heads_total, stride, D] (fp16 or bf16, the first
+// append's element type), positions [heads_total, stride]; stride = the core's capacity rounded up
+// to 16 rows (the dense kernel reads whole units of 16).
+class DeviceSlots final : public RowStorage {
+ public:
+  std::string_view kind() const override { return "fp16"; }
+  bool slot_writes() const override { return true; }
+  void begin(std::size_t heads_total, std::size_t dim) override;
+  // Applies the recorded moves, then reallocates to `capacity` rows per head keeping the first
+  // `keep` (waits for the copy before the old store goes).
+  void relayout(std::size_t capacity, std::size_t keep) override;
+  // Rows arrive through the append kernel (DeviceEvictionCache::absorb); the core never writes one.
+  void write(std::size_t head, std::size_t slot, const std::uint16_t* key, const std::uint16_t* value) override;
+  // Recorded; applied by flush() (or before a relayout), all of a step's moves in one kernel.
+  void move(std::size_t head, std::size_t from, std::size_t to) override;
+  void erase(std::size_t head, std::span<const std::size_t> slots) override;
+  void key_logits(std::size_t head, std::size_t n, const float* query, float* logits) const override;
+  void feed(attend::HeadAttention& ha, std::size_t head, const std::int64_t* pos, std::size_t n) const override;
+  CacheView view(std::size_t batch, std::size_t heads, std::size_t rows, const std::int64_t* positions,
+                 std::size_t pos_stride) const override;
+  std::size_t resident_bytes() const override { return k_.bytes() + v_.bytes() + pos_.bytes(); }
+  void reset() override;
+
+  // The stream the next operations are ordered on (the caller's, set before each core call).
+  void set_stream(cudaStream_t stream) { stream_ = stream; }
+  void set_type(DenseType type) { type_ = type; }
+  DenseType type() const { return type_; }
+  // Enqueues the moves recorded since the last flush.
+  void flush();
+  std::uint16_t* keys() const { return k_.as<std::uint16_t>(); }
+  std::uint16_t* values() const { return v_.as<std::uint16_t>(); }
+  std::int64_t* positions() const { return pos_.as<std::int64_t>(); }
+  std::size_t stride() const { return stride_; }
+
+ private:
+  DeviceBuffer k_, v_, pos_;
+  std::size_t heads_total_ = 0, dim_ = 0, stride_ = 0;
+  DenseType type_ = DenseType::f16;
+  cudaStream_t stream_ = nullptr;
+  // Moves since the last flush: (head, from, to) triplets. One kernel applies them all at once,
+  // which is the core's sequential order only while no move reads a slot another one writes:
+  // move() flushes first when a new move would (pending_from_ / pending_to_: head * stride + slot).
+  std::vector<int> moves_;
+  std::unordered_set<std::uint64_t> pending_from_, pending_to_;
+  DeviceBuffer moves_dev_;
+};
+
+// h2o / pyramidkv on the device: the eviction core over DeviceSlots, scored by the attention its
+// caller observes (attend with probs, then observe_attention with them, as on the CPU).
+class DeviceEvictionCache final : public DeviceCache, public SharesImportance {
+ public:
+  DeviceEvictionCache(std::string method, EvictionPolicy policy, std::size_t budget, int device);
+  ~DeviceEvictionCache() override;
+
+  std::size_t rows() const override { return core_.rows(); }
+  void reserve(std::size_t tokens) override { core_.reserve(tokens); }
+  ObservationNeeds needs() const override { return eviction_needs(core_); }
+  // probs in device memory (this cache's attend) or host memory; [B, Hkv, Q, rows()].
+  void observe_attention(const AttentionObservation& obs) override;
+  void share_importance(std::shared_ptr<CrossLayerImportance> board, std::size_t layer) override {
+    core_.share_importance(std::move(board), layer);
+  }
+  const EvictionCore& core() const { return core_; }
+  std::size_t budget() const { return budget_; }
+
+ private:
+  void absorb(const AppendInput& in, const std::vector<std::int64_t>& positions, cudaStream_t stream) override;
+  int launch_segments(const QueryArgs& q, const Partials& parts, bool count_only, cudaStream_t stream) const override;
+  void download_rows(std::size_t bh, std::uint16_t* keys, std::uint16_t* values) const override;
+  std::size_t device_bytes() const override { return slots_->resident_bytes(); }
+  std::size_t host_bytes() const override;
+  void head_positions(std::size_t bh, std::int64_t* out) const override;
+  void clear() override;
+  void add_figures(CacheStats& st) const override;
+
+  DeviceSlots* slots_;  // owned by core_
+  EvictionCore core_;
+  std::size_t budget_;
+  float* probs_host_ = nullptr;  // pinned [B * Hkv * Q * rows] copy of a device observation
+  std::size_t probs_host_floats_ = 0;
+};
+
+}  // namespace kvslim::cuda

@@ -1,0 +1,240 @@
+// Eviction on the device (cuda/device_eviction_cache.h) against the CPU's eviction caches: the
+// same policy (the CPU's eviction core) over device slots. Given the same observations, the device
+// cache keeps exactly the CPU cache's rows, in the same slot order, with the same fp16 bits, step
+// after step (a prefill scored by its observation window, then decode steps one eviction each);
+// its own attend's probabilities equal the CPU's within the kernels' tolerance; the cross-layer
+// exchange and pyramidkv's per-layer budgets come through KVCacheBuilder; the device store shrinks
+// to the budget after the prefill's eviction (the allocator's figure falls) and stays bounded.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/device_buffer.h"
+#include "kvslim/cuda.h"
+#include "kvslim/errors.h"
+#include "kvslim/kvslim.h"
+
+namespace kvslim {
+namespace {
+
+using cuda::DeviceBuffer;
+
+#define REQUIRE_GPU() \
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device"
+
+std::vector<float> normal(std::size_t n, std::mt19937& rng, float scale = 1.f) {
+  std::normal_distribution<float> d(0.f, scale);
+  std::vector<float> x(n);
+  for (auto& v : x) v = d(rng);
+  return x;
+}
+
+DeviceBuffer upload_f32(const std::vector<float>& x) {
+  DeviceBuffer b;
+  b.reserve(x.size() * 4);
+  EXPECT_EQ(cudaMemcpy(b.get(), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  return b;
+}
+
+std::vector<float> download_f32(const void* p, std::size_t n) {
+  std::vector<float> x(n);
+  EXPECT_EQ(cudaMemcpy(x.data(), p, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  return x;
+}
+
+// One model's layers on the CPU and on the device, driven with the same inputs; each step's
+// observation is the CPU's probabilities, given to both (the device cache as device memory).
+struct Twin {
+  CacheSet cpu, gpu;
+  std::size_t B, H, G, D;
+  std::int64_t next = 0;
+  std::mt19937 rng{7};
+  double worst_probs = 0;  // max |device probs - CPU probs| seen
+
+  Twin(const KVCacheConfig& config, std::size_t layers, std::size_t b, std::size_t h, std::size_t g, std::size_t d)
+      : B(b), H(h), G(g), D(d) {
+    const ModelSpec spec = ModelSpec::uniform(static_cast<int>(layers), static_cast<int>(h), static_cast<int>(d));
+    cpu = KVCacheBuilder::for_model(spec, config);
+    KVCacheConfig on_gpu = config;
+    on_gpu.device = "cuda";
+    gpu = KVCacheBuilder::for_model(spec, on_gpu);
+  }
+
+  // Appends S tokens to every layer, attends with the observed queries (the last `needs` of them)
+  // and observes, layer after layer (the order a model runs them).
+  void step(std::size_t S) {
+    std::vector<std::int64_t> pos(S);
+    for (std::size_t i = 0; i < S; ++i) pos[i] = next + static_cast<std::int64_t>(i);
+    next += static_cast<std::int64_t>(S);
+    for (std::size_t l = 0; l < cpu.size(); ++l) {
+      KVCache& c = cpu.at(l);
+      KVCache& g = gpu.at(l);
+      std::vector<float> k = normal(B * H * S * D, rng), v = normal(B * H * S * D, rng);
+      for (std::size_t i = 0; i < k.size(); i += 53) k[i] *= 6.f;  // a few strong keys: uneven attention
+      c.append(make_block(k.data(), B, H, S, D), make_block(v.data(), B, H, S, D), pos);
+      DeviceBuffer dk = upload_f32(k), dv = upload_f32(v);
+      g.append(KVBlock{dk.get(), DType::f32, B, H, S, D, MemorySpace::cuda, nullptr},
+               KVBlock{dv.get(), DType::f32, B, H, S, D, MemorySpace::cuda, nullptr}, pos);
+      const ObservationNeeds needs = c.needs();
+      ASSERT_TRUE(needs.attention);
+      ASSERT_TRUE(g.needs().attention);
+      const std::size_t Q = needs.attention_queries > 0 ? std::min(S, needs.attention_queries) : S;
+      const std::vector<std::int64_t> qpos(pos.end() - static_cast<std::ptrdiff_t>(Q), pos.end());
+      std::vector<float> q = normal(B * Q * H * G * D, rng);
+      const std::size_t rows = c.rows();
+      ASSERT_EQ(g.rows(), rows);
+      std::vector<float> out(B * Q * H * G * D), probs(B * H * Q * rows);
+      c.attend(QueryBlock{q.data(), B, Q, H * G, D}, qpos, out.data(), probs.data());
+      DeviceBuffer dq = upload_f32(q), dout, dprobs;
+      dout.reserve(out.size() * 4);
+      dprobs.reserve(probs.size() * 4);
+      g.attend(QueryBlock{dq.as<float>(), B, Q, H * G, D, 0.f, MemorySpace::cuda, nullptr}, qpos, dout.as<float>(),
+               dprobs.as<float>());
+      const std::vector<float> gp = download_f32(dprobs.get(), probs.size());
+      for (std::size_t i = 0; i < probs.size(); ++i) worst_probs = std::max(worst_probs, double(std::fabs(gp[i] - probs[i])));
+      c.observe_attention(AttentionObservation{probs.data(), B, H, Q, rows, rows, qpos});
+      DeviceBuffer same = upload_f32(probs);
+      g.observe_attention(AttentionObservation{same.as<float>(), B, H, Q, rows, rows, qpos, MemorySpace::cuda, nullptr});
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the step's device buffers die here
+    }
+  }
+
+  // Every layer's rows: same count, positions in the same slot order, the same fp16 bits.
+  void expect_same_rows(const std::string& when) {
+    for (std::size_t l = 0; l < cpu.size(); ++l) {
+      const CacheView c = cpu.at(l).materialize();
+      const CacheView g = gpu.at(l).materialize();
+      ASSERT_EQ(c.tokens, g.tokens) << when << " layer " << l;
+      std::size_t pos_diff = 0, bit_diff = 0;
+      for (std::size_t bh = 0; bh < B * H; ++bh) {
+        for (std::size_t i = 0; i < c.tokens; ++i) {
+          pos_diff += c.positions[bh * c.head_stride + i] != g.positions[bh * g.head_stride + i];
+          for (std::size_t e = 0; e < D; ++e) {
+            bit_diff += c.keys[(bh * c.head_stride + i) * D + e] != g.keys[(bh * g.head_stride + i) * D + e];
+            bit_diff += c.values[(bh * c.head_stride + i) * D + e] != g.values[(bh * g.head_stride + i) * D + e];
+          }
+        }
+      }
+      EXPECT_EQ(pos_diff, 0u) << when << " layer " << l;
+      EXPECT_EQ(bit_diff, 0u) << when << " layer " << l;
+    }
+  }
+};
+
+TEST(CudaEviction, KeepsTheCpuCachesRowsStepAfterStep) {
+  REQUIRE_GPU();
+  for (const std::size_t D : {64, 128}) {
+    KVCacheConfig c;
+    c.method = "h2o";
+    c.h2o_budget = 96;
+    Twin t(c, 2, 2, 2, 3, D);  // 2 layers (the cross-layer exchange), batch 2, 2 KV heads x 3 queries
+    t.step(300);               // a prompt: scored by its last 16 queries, pooled, cut to 96 rows
+    t.expect_same_rows("after the prompt, D=" + std::to_string(D));
+    for (int s = 0; s < 40; ++s) t.step(1);  // decode: one eviction per step
+    t.expect_same_rows("after 40 decode steps, D=" + std::to_string(D));
+    t.step(37);  // a later multi-token call (a question after the context)
+    t.expect_same_rows("after a second prompt, D=" + std::to_string(D));
+    EXPECT_LE(t.worst_probs, 2e-5) << "D=" << D;
+    EXPECT_EQ(t.gpu.at(0).rows(), 96u);
+  }
+}
+
+TEST(CudaEviction, PyramidBudgetsPerLayerComeThroughTheBuilder) {
+  REQUIRE_GPU();
+  KVCacheConfig c;
+  c.method = "pyramidkv";
+  c.pyramidkv_budget = 128;
+  Twin t(c, 4, 1, 2, 4, 128);
+  t.step(512);
+  for (int s = 0; s < 8; ++s) t.step(1);
+  t.expect_same_rows("pyramidkv");
+  EXPECT_GT(t.gpu.at(0).rows(), t.gpu.at(3).rows());  // the taper: lower layers keep more
+}
+
+TEST(CudaEviction, ThePrefillsEvictionGivesTheMemoryBack) {
+  REQUIRE_GPU();
+  const std::size_t B = 1, H = 8, D = 128, prompt = 8192, budget = 1024;
+  KVCacheConfig c;
+  c.method = "h2o";
+  c.h2o_budget = static_cast<int>(budget);
+  c.device = "cuda";
+  auto gpu = KVCacheFactory::create(c);
+  std::mt19937 rng(3);
+  const std::vector<float> k = normal(B * H * prompt * D, rng), v = normal(B * H * prompt * D, rng);
+  DeviceBuffer dk = upload_f32(k), dv = upload_f32(v);
+  std::vector<std::int64_t> pos(prompt);
+  for (std::size_t i = 0; i < prompt; ++i) pos[i] = static_cast<std::int64_t>(i);
+  gpu->append(KVBlock{dk.get(), DType::f32, B, H, prompt, D, MemorySpace::cuda, nullptr},
+              KVBlock{dv.get(), DType::f32, B, H, prompt, D, MemorySpace::cuda, nullptr}, pos);
+  const double before = gpu->stats().figure("device_bytes");
+  const std::size_t Q = 16, G = 4;
+  const std::vector<float> q = normal(B * Q * H * G * D, rng);
+  DeviceBuffer dq = upload_f32(q), out, probs;
+  out.reserve(q.size() * 4);
+  probs.reserve(B * H * Q * prompt * 4);
+  const std::vector<std::int64_t> qpos(pos.end() - Q, pos.end());
+  gpu->attend(QueryBlock{dq.as<float>(), B, Q, H * G, D, 0.f, MemorySpace::cuda, nullptr}, qpos, out.as<float>(),
+              probs.as<float>());
+  // The device cache's own probabilities, as a caller passes them (no copy through the host).
+  gpu->observe_attention(AttentionObservation{probs.as<float>(), B, H, Q, prompt, prompt, qpos, MemorySpace::cuda, nullptr});
+  const double per_row = B * H * (D * 2 * 2 + 8);
+  const double after = gpu->stats().figure("device_bytes");
+  EXPECT_GE(before, per_row * prompt);
+  EXPECT_LE(after, per_row * (budget + 1 + 16));
+  EXPECT_EQ(gpu->rows(), budget);
+  // Decode steps: one row in, one out, the store never grows past budget + 1 rows.
+  DeviceBuffer sk = upload_f32(normal(B * H * D, rng)), sv = upload_f32(normal(B * H * D, rng));
+  DeviceBuffer sq = upload_f32(normal(B * H * G * D, rng));
+  for (std::size_t s = 0; s < 200; ++s) {
+    const std::int64_t p = static_cast<std::int64_t>(prompt + s);
+    gpu->append(KVBlock{sk.get(), DType::f32, B, H, 1, D, MemorySpace::cuda, nullptr},
+                KVBlock{sv.get(), DType::f32, B, H, 1, D, MemorySpace::cuda, nullptr}, std::vector<std::int64_t>{p});
+    gpu->attend(QueryBlock{sq.as<float>(), B, 1, H * G, D, 0.f, MemorySpace::cuda, nullptr}, std::vector<std::int64_t>{p},
+                out.as<float>(), probs.as<float>());
+    gpu->observe_attention(AttentionObservation{probs.as<float>(), B, H, 1, budget + 1, budget + 1,
+                                                std::vector<std::int64_t>{p}, MemorySpace::cuda, nullptr});
+  }
+  EXPECT_EQ(gpu->rows(), budget);
+  EXPECT_LE(gpu->stats().figure("device_bytes"), per_row * (budget + 1 + 16));
+  // Every head keeps the newest position (inside the recent window) and distinct positions.
+  const CacheView view = gpu->materialize();
+  for (std::size_t bh = 0; bh < B * H; ++bh) {
+    std::vector<std::int64_t> kept(view.positions + bh * view.head_stride, view.positions + bh * view.head_stride + view.tokens);
+    std::sort(kept.begin(), kept.end());
+    EXPECT_EQ(std::adjacent_find(kept.begin(), kept.end()), kept.end());
+    EXPECT_EQ(kept.back(), static_cast<std::int64_t>(prompt + 199));
+  }
+}
+
+TEST(CudaEviction, AnUnobservedAppendIsAClearError) {
+  REQUIRE_GPU();
+  KVCacheConfig c;
+  c.method = "h2o";
+  c.h2o_budget = 32;
+  c.device = "cuda";
+  auto gpu = KVCacheFactory::create(c);
+  std::mt19937 rng(5);
+  DeviceBuffer k = upload_f32(normal(2 * 40 * 64, rng));
+  gpu->append(KVBlock{k.get(), DType::f32, 1, 2, 40, 64, MemorySpace::cuda, nullptr},
+              KVBlock{k.get(), DType::f32, 1, 2, 40, 64, MemorySpace::cuda, nullptr});
+  try {
+    gpu->append(KVBlock{k.get(), DType::f32, 1, 2, 1, 64, MemorySpace::cuda, nullptr},
+                KVBlock{k.get(), DType::f32, 1, 2, 1, 64, MemorySpace::cuda, nullptr});
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("never observed"), std::string::npos) << e.what();
+  }
+  // An observation of the wrong shape names both shapes.
+  DeviceBuffer p;
+  p.reserve(2 * 39 * 4);
+  const std::vector<std::int64_t> qpos{39};
+  EXPECT_THROW(gpu->observe_attention(AttentionObservation{p.as<float>(), 1, 2, 1, 39, 39, qpos, MemorySpace::cuda, nullptr}),
+               InputError);
+}
+
+}  // namespace
+}  // namespace kvslim
