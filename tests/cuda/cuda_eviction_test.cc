@@ -181,7 +181,7 @@ TEST(CudaEviction, ThePrefillsEvictionGivesTheMemoryBack) {
               probs.as<float>());
   // The device cache's own probabilities, as a caller passes them (no copy through the host).
   gpu->observe_attention(AttentionObservation{probs.as<float>(), B, H, Q, prompt, prompt, qpos, MemorySpace::cuda, nullptr});
-  const double per_row = B * H * (D * 2 * 2 + 8);
+  const double per_row = B * H * (D * 2 * 2 + 8 + 4 + 4);  // K, V, position, score, exposure
   const double after = gpu->stats().figure("device_bytes");
   EXPECT_GE(before, per_row * prompt);
   EXPECT_LE(after, per_row * (budget + 1 + 16));

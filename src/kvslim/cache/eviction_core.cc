@@ -434,6 +434,13 @@ std::size_t EvictionCore::pick_victim(std::size_t head, std::size_t n, std::int6
   return best;
 }
 
+void EvictionCore::observed_by_owner(std::size_t rows, std::size_t limit) {
+  if (rows > rows_) throw std::logic_error("eviction core: an owner's observation cannot add rows");
+  awaiting_observation_ = false;
+  last_limit_ = limit;
+  rows_ = rows;
+}
+
 void EvictionCore::observe(const AttentionObservation& obs, std::size_t limit, const std::string& who) {
   if (fallback_) return;  // scored by the key proxy since an update went unobserved
   if (obs.batch != batch_ || obs.heads != heads_ || obs.tokens != rows_ || obs.probs == nullptr ||

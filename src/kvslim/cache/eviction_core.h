@@ -84,6 +84,24 @@ class EvictionCore {
                      std::size_t S, std::size_t limit);
   // True after an attention-scored append whose attention has not been observed yet.
   bool awaiting_observation() const { return awaiting_observation_; }
+  // An owner that mirrors the metadata and runs a single-query observation itself (the device
+  // eviction kernel: observe()'s arithmetic for one query, then drop_lowest(1)) reports that it
+  // did: the head now holds `rows` rows. The owner's mirror is the truth until it writes it back
+  // (metadata()).
+  void observed_by_owner(std::size_t rows, std::size_t limit);
+  // The per-row metadata, [heads_total, stride] each, for an owner that mirrors it (device
+  // eviction): written back into these before the core decides anything on the host again.
+  struct Metadata {
+    std::int64_t* positions;
+    float* scores;
+    float* exposure;  // attention_normalized only, else nullptr
+    std::size_t stride;
+  };
+  Metadata metadata() {
+    return {positions_.data(), scores_.data(), exposure_.empty() ? nullptr : exposure_.data(), capacity_};
+  }
+  // Positions at or above this are in the protected recent window, for a row limit `limit`.
+  std::int64_t recent_threshold(std::size_t limit) const;
   // Adds the attention each row received (the policy's window, pooling and decay), then evicts
   // down to `limit` rows per head.
   // `who` names the cache in errors (a shape mismatch, a NaN or infinite weight: checked first).
@@ -168,8 +186,6 @@ class EvictionCore {
   float effective_score(std::size_t head, std::size_t slot) const;
   // Drops `drop` evictable rows of every head (lowest effective score first), compacting.
   void drop_lowest(std::size_t drop);
-  // Positions at or above this are in the protected recent window, for a row limit `limit`.
-  std::int64_t recent_threshold(std::size_t limit) const;
   std::size_t recent_count(std::size_t limit) const;
   Scoring scoring() const { return fallback_ ? Scoring::key_proxy : policy_.scoring; }
   // One observation's contribution of head `head` into contribution_ (window, decay weights,

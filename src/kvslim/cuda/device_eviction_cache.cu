@@ -1,6 +1,7 @@
 #include "cuda/device_eviction_cache.h"
 
 #include <algorithm>
+#include <limits>
 #include <stdexcept>
 
 #include "cuda/append.h"
@@ -28,6 +29,102 @@ __global__ void apply_moves_kernel(const int* moves, std::uint16_t* k, std::uint
   }
   if (threadIdx.x == 0) pos[dst] = pos[src];
 }
+// (The scores and exposure mirrors are the core's to write back after a host decision: moves
+// happen only there, push_metadata follows them.)
+
+// One decode step's observation of every head (one CTA each): the eviction core's observe() for
+// one query -- scores = scores * decay + p, exposure = exposure * decay + (pos <= qpos), rows
+// appended since the last observation starting from 0 -- then, over the limit, its drop_lowest(1):
+// the evictable row (slot >= n_sink, position below the recent window) of the lowest effective
+// score (score / exposure when normalised; ties: the lower position) leaves, the head's last row
+// moving into its slot. Rounded as the CPU rounds (no contraction), so the same probabilities
+// give the same victims.
+struct DecodeObservation {
+  const float* probs = nullptr;  // [heads, probs_stride]: the query's attention per row
+  long long probs_stride = 0;
+  std::uint16_t* k = nullptr;  // [heads, stride, D]
+  std::uint16_t* v = nullptr;
+  std::int64_t* pos = nullptr;  // [heads, stride]
+  float* scores = nullptr;      // [heads, stride]
+  float* exposure = nullptr;    // [heads, stride] or null (plain attention scoring)
+  long long stride = 0;
+  int D = 0, n_rows = 0, fresh_from = 0, n_sink = 0, limit = 0;
+  std::int64_t qpos = 0, threshold = 0;
+  float decay = 1.f;
+};
+
+struct Candidate {
+  float score;
+  std::int64_t pos;
+  int slot;  // -1: none
+};
+
+__device__ bool lower(const Candidate& a, const Candidate& b) {
+  if (a.slot < 0) return false;
+  if (b.slot < 0) return true;
+  return a.score < b.score || (a.score == b.score && a.pos < b.pos);
+}
+
+constexpr int kObserveThreads = 256;
+
+__global__ void __launch_bounds__(kObserveThreads) observe_decode_kernel(DecodeObservation o) {
+  const long long base = static_cast<long long>(blockIdx.x) * o.stride;
+  const float* p = o.probs + static_cast<long long>(blockIdx.x) * o.probs_stride;
+  Candidate best{0.f, 0, -1};
+  for (int i = threadIdx.x; i < o.n_rows; i += blockDim.x) {
+    const bool fresh = i >= o.fresh_from;
+    float s = fresh ? 0.f : o.scores[base + i];
+    if (o.decay != 1.f) s = __fmul_rn(s, o.decay);
+    s = __fadd_rn(s, p[i]);
+    o.scores[base + i] = s;
+    const std::int64_t at = o.pos[base + i];
+    float effective = s;
+    if (o.exposure != nullptr) {
+      float e = fresh ? 0.f : o.exposure[base + i];
+      if (o.decay != 1.f) e = __fmul_rn(e, o.decay);
+      e = __fadd_rn(e, at <= o.qpos ? 1.f : 0.f);
+      o.exposure[base + i] = e;
+      effective = e > 0.f ? __fdiv_rn(s, e) : 0.f;
+    }
+    const Candidate c{effective, at, i};
+    if (i >= o.n_sink && at < o.threshold && lower(c, best)) best = c;
+  }
+  if (o.n_rows <= o.limit) return;
+  // The block's lowest candidate: within each warp, then across the warps.
+  for (int off = 16; off > 0; off /= 2) {
+    Candidate other;
+    other.score = __shfl_down_sync(0xffffffffu, best.score, off);
+    other.pos = __shfl_down_sync(0xffffffffu, best.pos, off);
+    other.slot = __shfl_down_sync(0xffffffffu, best.slot, off);
+    if (lower(other, best)) best = other;
+  }
+  __shared__ Candidate warps[kObserveThreads / 32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) warps[warp] = best;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kObserveThreads / 32; ++w) {
+      if (lower(warps[w], warps[0])) warps[0] = warps[w];
+    }
+  }
+  __syncthreads();
+  const int victim = warps[0].slot, last = o.n_rows - 1;
+  // No evictable row cannot happen: validate() keeps the budget above the sinks and the window.
+  if (victim < 0 || victim == last) return;
+  const uint4* ks = reinterpret_cast<const uint4*>(o.k + (base + last) * o.D);
+  const uint4* vs = reinterpret_cast<const uint4*>(o.v + (base + last) * o.D);
+  uint4* kd = reinterpret_cast<uint4*>(o.k + (base + victim) * o.D);
+  uint4* vd = reinterpret_cast<uint4*>(o.v + (base + victim) * o.D);
+  for (int i = threadIdx.x; i < o.D / 8; i += blockDim.x) {
+    kd[i] = ks[i];
+    vd[i] = vs[i];
+  }
+  if (threadIdx.x == 0) {
+    o.pos[base + victim] = o.pos[base + last];
+    o.scores[base + victim] = o.scores[base + last];
+    if (o.exposure != nullptr) o.exposure[base + victim] = o.exposure[base + last];
+  }
+}
 
 [[noreturn]] void not_on_device(const char* what) {
   throw std::logic_error(std::string("DeviceSlots: ") + what);
@@ -47,17 +144,23 @@ void DeviceSlots::relayout(std::size_t capacity, std::size_t keep) {
   flush();
   const std::size_t stride = round_up16(std::max<std::size_t>(capacity, 1));
   const std::size_t H = heads_total_, D = dim_;
-  DeviceBuffer k, v, pos;
+  DeviceBuffer k, v, pos, scores, exposure;
   k.reserve(H * stride * D * 2);
   v.reserve(H * stride * D * 2);
   pos.reserve(H * stride * sizeof(std::int64_t));
+  scores.reserve(H * stride * sizeof(float));
+  if (with_exposure_) exposure.reserve(H * stride * sizeof(float));
   copy_head_rows(k.get(), stride, k_.get(), stride_, keep, H, D * 2, stream_);
   copy_head_rows(v.get(), stride, v_.get(), stride_, keep, H, D * 2, stream_);
   copy_head_rows(pos.get(), stride, pos_.get(), stride_, keep, H, sizeof(std::int64_t), stream_);
+  copy_head_rows(scores.get(), stride, scores_.get(), stride_, keep, H, sizeof(float), stream_);
+  if (with_exposure_) copy_head_rows(exposure.get(), stride, exposure_.get(), stride_, keep, H, sizeof(float), stream_);
   if (keep > 0) KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream_));  // before the old store goes
   k_ = std::move(k);
   v_ = std::move(v);
   pos_ = std::move(pos);
+  scores_ = std::move(scores);
+  exposure_ = std::move(exposure);
   stride_ = stride;
 }
 
@@ -108,6 +211,8 @@ void DeviceSlots::reset() {
   k_.release();
   v_.release();
   pos_.release();
+  scores_.release();
+  exposure_.release();
   moves_dev_.release();
   moves_.clear();
   pending_from_.clear();
@@ -121,7 +226,7 @@ void DeviceSlots::reset() {
 
 DeviceEvictionCache::DeviceEvictionCache(std::string method, EvictionPolicy policy, std::size_t budget, int device)
     : DeviceCache(std::move(method), device),
-      slots_(new DeviceSlots),
+      slots_(new DeviceSlots(policy.scoring == Scoring::attention_normalized)),
       core_(policy, std::unique_ptr<RowStorage>(slots_)),
       budget_(budget) {
   mirror_positions_ = false;
@@ -142,6 +247,7 @@ void DeviceEvictionCache::absorb(const AppendInput& in, const std::vector<std::i
   }
   const std::size_t n0 = core_.rows();
   if (n0 == 0) slots_->set_type(in.dtype == DType::bf16 ? DenseType::bf16 : DenseType::f16);
+  fresh_from_ = n0;
   slots_->set_stream(stream);
   core_.absorb_placed(batch_, heads_, dim_, positions.data(), static_cast<std::size_t>(in.S), budget_);
   launch_dense_append(in, slots_->keys(), slots_->values(), slots_->type(), static_cast<long long>(slots_->stride()),
@@ -157,13 +263,15 @@ void DeviceEvictionCache::observe_attention(const AttentionObservation& obs) {
   const auto stream = static_cast<cudaStream_t>(obs.stream);
   if (obs.space == MemorySpace::cuda) {
     if (obs.probs == nullptr || obs.batch != batch_ || obs.heads != heads_ || obs.tokens != core_.rows() ||
-        obs.stride < obs.tokens) {
+        obs.stride < obs.tokens || obs.queries == 0 ||
+        (!obs.query_positions.empty() && obs.query_positions.size() != obs.queries)) {
       throw InputError(who + ": attention observation [" + std::to_string(obs.batch) + ", " + std::to_string(obs.heads) +
                        ", " + std::to_string(obs.queries) + ", " + std::to_string(obs.tokens) + "] does not match [" +
                        std::to_string(batch_) + ", " + std::to_string(heads_) + ", q, " + std::to_string(core_.rows()) +
-                       "] (the rows after the last append)");
+                       "] (the rows after the last append), or its query positions do not match its queries");
     }
     check_device_pointer(method(), obs.probs, device(), "probs");
+    if (observe_on_device(obs)) return;
     const std::size_t rows = obs.batch * obs.heads * obs.queries, floats = rows * obs.tokens;
     if (floats > probs_host_floats_) {
       if (probs_host_) KVSLIM_CUDA_CHECK(cudaFreeHost(probs_host_));
@@ -181,8 +289,74 @@ void DeviceEvictionCache::observe_attention(const AttentionObservation& obs) {
     host.space = MemorySpace::host;
   }
   slots_->set_stream(stream);
+  pull_metadata();
   core_.observe(host, budget_, who);
   slots_->flush();
+  push_metadata(stream);
+  fresh_from_ = core_.rows();
+}
+
+bool DeviceEvictionCache::observe_on_device(const AttentionObservation& obs) {
+  const std::size_t n = core_.rows();
+  // One query (a decode step) with at most one row to drop; NaN/Inf probabilities are left to the
+  // host path's check (a device step would have to wait to see them).
+  if (obs.queries != 1 || n > budget_ + 1 || core_.fell_back()) return false;
+  const EvictionPolicy& policy = core_.policy();
+  DecodeObservation o;
+  o.probs = obs.probs;
+  o.probs_stride = static_cast<long long>(obs.stride);
+  o.k = slots_->keys();
+  o.v = slots_->values();
+  o.pos = slots_->positions();
+  o.scores = slots_->scores();
+  o.exposure = slots_->exposure();
+  o.stride = static_cast<long long>(slots_->stride());
+  o.D = static_cast<int>(dim_);
+  o.n_rows = static_cast<int>(n);
+  o.fresh_from = static_cast<int>(fresh_from_);
+  o.n_sink = static_cast<int>(policy.n_sink);
+  o.limit = static_cast<int>(budget_);
+  o.qpos = obs.query_positions.empty() ? std::numeric_limits<std::int64_t>::max() : obs.query_positions[0];
+  o.threshold = core_.recent_threshold(n > budget_ ? budget_ : n);
+  o.decay = policy.decay;
+  const auto stream = static_cast<cudaStream_t>(obs.stream);
+  observe_decode_kernel<<<static_cast<unsigned>(batch_ * heads_), kObserveThreads, 0, stream>>>(o);
+  KVSLIM_CUDA_LAUNCHED("observe_decode_kernel");
+  core_.observed_by_owner(std::min(n, budget_), budget_);
+  fresh_from_ = core_.rows();
+  host_stale_ = true;
+  return true;
+}
+
+void DeviceEvictionCache::pull_metadata() {
+  if (!host_stale_) return;
+  const EvictionCore::Metadata m = core_.metadata();
+  const std::size_t BH = batch_ * heads_, ds = slots_->stride();
+  // Positions of every row; scores and exposure of the rows observed (the later ones are the
+  // core's fresh zeros: the mirror holds nothing for them yet).
+  const std::size_t rows = core_.rows(), seen = std::min(fresh_from_, rows);
+  KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream()));  // the decode kernels ran on the caller's stream
+  KVSLIM_CUDA_CHECK(cudaMemcpy2D(m.positions, m.stride * 8, slots_->positions(), ds * 8, rows * 8, BH, cudaMemcpyDeviceToHost));
+  if (seen > 0) {
+    KVSLIM_CUDA_CHECK(cudaMemcpy2D(m.scores, m.stride * 4, slots_->scores(), ds * 4, seen * 4, BH, cudaMemcpyDeviceToHost));
+    if (m.exposure != nullptr) {
+      KVSLIM_CUDA_CHECK(
+          cudaMemcpy2D(m.exposure, m.stride * 4, slots_->exposure(), ds * 4, seen * 4, BH, cudaMemcpyDeviceToHost));
+    }
+  }
+  host_stale_ = false;
+}
+
+void DeviceEvictionCache::push_metadata(cudaStream_t stream) {
+  EvictionCore::Metadata m = core_.metadata();
+  const std::size_t BH = batch_ * heads_, ds = slots_->stride(), rows = core_.rows();
+  if (rows == 0) return;
+  // Synchronous copies from pageable memory: the core may change its arrays right after.
+  KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  KVSLIM_CUDA_CHECK(cudaMemcpy2D(slots_->scores(), ds * 4, m.scores, m.stride * 4, rows * 4, BH, cudaMemcpyHostToDevice));
+  if (m.exposure != nullptr) {
+    KVSLIM_CUDA_CHECK(cudaMemcpy2D(slots_->exposure(), ds * 4, m.exposure, m.stride * 4, rows * 4, BH, cudaMemcpyHostToDevice));
+  }
 }
 
 int DeviceEvictionCache::launch_segments(const QueryArgs& q, const Partials& parts, bool count_only,
@@ -209,14 +383,20 @@ void DeviceEvictionCache::download_rows(std::size_t bh, std::uint16_t* keys, std
 }
 
 void DeviceEvictionCache::head_positions(std::size_t bh, std::int64_t* out) const {
-  std::copy_n(core_.positions(bh), core_.rows(), out);
+  // From the device: the decode kernel may have moved rows since the core last saw them.
+  KVSLIM_CUDA_CHECK(cudaMemcpy(out, slots_->positions() + bh * slots_->stride(), core_.rows() * sizeof(std::int64_t),
+                               cudaMemcpyDeviceToHost));
 }
 
 std::size_t DeviceEvictionCache::host_bytes() const {
   return core_.resident_bytes() - slots_->resident_bytes() + probs_host_floats_ * sizeof(float);
 }
 
-void DeviceEvictionCache::clear() { core_.reset(); }
+void DeviceEvictionCache::clear() {
+  core_.reset();
+  fresh_from_ = 0;
+  host_stale_ = false;
+}
 
 void DeviceEvictionCache::add_figures(CacheStats& st) const {
   st.figures.emplace_back("layer_budget", static_cast<double>(budget_));

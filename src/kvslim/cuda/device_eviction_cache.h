@@ -33,6 +33,8 @@ namespace kvslim::cuda {
 // to 16 rows (the dense kernel reads whole units of 16).
 class DeviceSlots final : public RowStorage {
  public:
+  // with_exposure: the policy normalises by exposure (attention_normalized), mirrored too.
+  explicit DeviceSlots(bool with_exposure) : with_exposure_(with_exposure) {}
   std::string_view kind() const override { return "fp16"; }
   bool slot_writes() const override { return true; }
   void begin(std::size_t heads_total, std::size_t dim) override;
@@ -48,7 +50,9 @@ class DeviceSlots final : public RowStorage {
   void feed(attend::HeadAttention& ha, std::size_t head, const std::int64_t* pos, std::size_t n) const override;
   CacheView view(std::size_t batch, std::size_t heads, std::size_t rows, const std::int64_t* positions,
                  std::size_t pos_stride) const override;
-  std::size_t resident_bytes() const override { return k_.bytes() + v_.bytes() + pos_.bytes(); }
+  std::size_t resident_bytes() const override {
+    return k_.bytes() + v_.bytes() + pos_.bytes() + scores_.bytes() + exposure_.bytes();
+  }
   void reset() override;
 
   // The stream the next operations are ordered on (the caller's, set before each core call).
@@ -60,10 +64,15 @@ class DeviceSlots final : public RowStorage {
   std::uint16_t* keys() const { return k_.as<std::uint16_t>(); }
   std::uint16_t* values() const { return v_.as<std::uint16_t>(); }
   std::int64_t* positions() const { return pos_.as<std::int64_t>(); }
+  // The core's per-row metadata mirrored for the decode-step kernel: scores and (normalised
+  // scoring) exposure, [heads_total, stride] (exposure null without it).
+  float* scores() const { return scores_.as<float>(); }
+  float* exposure() const { return with_exposure_ ? exposure_.as<float>() : nullptr; }
   std::size_t stride() const { return stride_; }
 
  private:
-  DeviceBuffer k_, v_, pos_;
+  bool with_exposure_;
+  DeviceBuffer k_, v_, pos_, scores_, exposure_;
   std::size_t heads_total_ = 0, dim_ = 0, stride_ = 0;
   DenseType type_ = DenseType::f16;
   cudaStream_t stream_ = nullptr;
@@ -77,6 +86,14 @@ class DeviceSlots final : public RowStorage {
 
 // h2o / pyramidkv on the device: the eviction core over DeviceSlots, scored by the attention its
 // caller observes (attend with probs, then observe_attention with them, as on the CPU).
+//
+// Two places decide, with the same arithmetic. A multi-query observation (a prompt's window, a
+// later question) runs the core on the host: the probs are copied over, the core scores, pools,
+// exchanges across layers and evicts, its moves are applied on the device and its metadata
+// written to the device mirror. A decode step's observation (one query, at most one row over the
+// limit) runs on the device in one kernel (observe() for one query, then drop_lowest(1), bit for
+// bit), so a step neither copies nor waits; the core is told the outcome (observed_by_owner) and
+// its metadata is read back from the mirror before it next decides on the host.
 class DeviceEvictionCache final : public DeviceCache, public SharesImportance {
  public:
   DeviceEvictionCache(std::string method, EvictionPolicy policy, std::size_t budget, int device);
@@ -103,9 +120,19 @@ class DeviceEvictionCache final : public DeviceCache, public SharesImportance {
   void clear() override;
   void add_figures(CacheStats& st) const override;
 
+  // Runs a one-query device observation in the decode kernel; false: the host must decide.
+  bool observe_on_device(const AttentionObservation& obs);
+  // The mirror's metadata (rows' positions; scores and exposure of the rows observed so far) into
+  // the core, when the decode kernel changed it since.
+  void pull_metadata();
+  // The core's metadata of every row into the mirror (after a host decision).
+  void push_metadata(cudaStream_t stream);
+
   DeviceSlots* slots_;  // owned by core_
   EvictionCore core_;
   std::size_t budget_;
+  std::size_t fresh_from_ = 0;  // rows at or past this were appended after the last observation
+  bool host_stale_ = false;     // the decode kernel changed the mirror since the core last decided
   float* probs_host_ = nullptr;  // pinned [B * Hkv * Q * rows] copy of a device observation
   std::size_t probs_host_floats_ = 0;
 };
