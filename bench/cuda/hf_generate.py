@@ -108,8 +108,12 @@ def profile_steps(model, ids, make_cache, static, steps=8):
                 step()
             sync()
             wall = time.perf_counter() - t0
-    kernel_us = sum(getattr(e, "self_device_time_total", 0.0) for e in prof.key_averages())
-    return prefill, 1000 * plain / steps, 1000 * wall / steps, kernel_us / 1000 / steps
+    events = [(e.key, getattr(e, "self_device_time_total", 0.0)) for e in prof.key_averages()]
+    kernel_us = sum(t for _, t in events)
+    # kvslim's own kernels by name, ms per step (attend, merge, probs, append, the decode
+    # eviction): what eviction costs beside the attention.
+    top = {k[:80]: round(t / 1000 / steps, 4) for k, t in sorted(events, key=lambda e: -e[1]) if t > 0 and "kvslim" in k}
+    return prefill, 1000 * plain / steps, 1000 * wall / steps, kernel_us / 1000 / steps, top
 
 
 def measure(model, ids, new, label, make_cache=None, static=False, reference=None, log=print):
@@ -142,7 +146,7 @@ def measure(model, ids, new, label, make_cache=None, static=False, reference=Non
             rec["agreement_with_dynamic"] = round(sum(a == b for a, b in zip(rec["tokens"], ref)) / len(ref), 3)
         del cache
         gc.collect()
-        prefill_s, forward_ms, step_ms, kernel_ms = profile_steps(model, ids, make_cache, static)
+        prefill_s, forward_ms, step_ms, kernel_ms, rec["top_kernels_ms"] = profile_steps(model, ids, make_cache, static)
         rec["prefill_s"] = round(prefill_s, 4)
         # generate's decode: the time of `new` tokens minus that of one (the prompt's call).
         decode_s = max(t_all - t_one, 1e-9)

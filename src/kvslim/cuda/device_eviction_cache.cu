@@ -13,6 +13,9 @@ namespace {
 
 std::size_t round_up16(std::size_t x) { return (x + 15) / 16 * 16; }
 
+// Pinned host memory for observations up to this size stays for the next one.
+constexpr std::size_t kKeptProbsBytes = std::size_t{4} << 20;
+
 // One CTA per move (head, from, to): the row's key, value and position into slot `to`.
 // Rows are D fp16/bf16 values (D = 64 or 128: 128 or 256 bytes, 16-byte aligned).
 __global__ void apply_moves_kernel(const int* moves, std::uint16_t* k, std::uint16_t* v, std::int64_t* pos,
@@ -294,6 +297,13 @@ void DeviceEvictionCache::observe_attention(const AttentionObservation& obs) {
   slots_->flush();
   push_metadata(stream);
   fresh_from_ = core_.rows();
+  // A prompt's window of probabilities is large (16 queries x every row of every head) and needed
+  // once: pinned host memory is not kept for it.
+  if (probs_host_floats_ * sizeof(float) > kKeptProbsBytes) {
+    KVSLIM_CUDA_CHECK(cudaFreeHost(probs_host_));
+    probs_host_ = nullptr;
+    probs_host_floats_ = 0;
+  }
 }
 
 bool DeviceEvictionCache::observe_on_device(const AttentionObservation& obs) {
