@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <random>
 #include <span>
 #include <string>
 #include <vector>
@@ -265,6 +267,40 @@ TEST(QueryAware, DecayForgetsOldAttention) {
     cache->observe_attention(AttentionObservation{probs.data(), 1, 1, 5, 5, 5, pos});
     const std::vector<std::int64_t> expect = {0, decay == 1.0 ? 1 : 2, 4};
     EXPECT_EQ(sorted_positions(cache->view()), expect) << decay;
+  }
+}
+
+// A prompt's observation over many heads is scored on several threads (eviction_core.cc): a batch
+// of 8 sequences decides, sequence by sequence, exactly what each decides alone (one thread).
+TEST(QueryAware, AThreadedObservationKeepsWhatEachSequenceKeepsAlone) {
+  const std::size_t B = 8, H = 2, S = 8192, D = 16, Q = 16;  // 2.1e6 > the threads' threshold; alone 2.6e5
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  std::vector<float> k(B * H * S * D), probs(B * H * Q * S);
+  for (auto& x : k) x = u(rng) - 0.5f;
+  for (std::size_t r = 0; r < B * H * Q; ++r) {  // each query's weights over the rows it sees, summing to 1
+    const std::size_t q = S - Q + r % Q;
+    float sum = 0.f;
+    for (std::size_t i = 0; i <= q; ++i) sum += probs[r * S + i] = std::pow(u(rng), 8.f);
+    for (std::size_t i = 0; i <= q; ++i) probs[r * S + i] /= sum;
+  }
+  const std::vector<std::int64_t> pos = iota_positions(S), qpos(pos.end() - Q, pos.end());
+  auto batched = KVCacheFactory::create(query_aware(512));
+  batched->append(make_block(k.data(), B, H, S, D), make_block(k.data(), B, H, S, D), pos);
+  batched->observe_attention(AttentionObservation{probs.data(), B, H, Q, S, S, qpos});
+  const CacheView all = batched->materialize();
+  for (std::size_t b = 0; b < B; ++b) {
+    auto alone = KVCacheFactory::create(query_aware(512));
+    const float* kb = k.data() + b * H * S * D;
+    alone->append(make_block(kb, 1, H, S, D), make_block(kb, 1, H, S, D), pos);
+    alone->observe_attention(AttentionObservation{probs.data() + b * H * Q * S, 1, H, Q, S, S, qpos});
+    const CacheView one = alone->materialize();
+    ASSERT_EQ(one.tokens, all.tokens);
+    for (std::size_t h = 0; h < H; ++h) {
+      for (std::size_t i = 0; i < one.tokens; ++i) {
+        ASSERT_EQ(one.position(0, h, i), all.position(b, h, i)) << "sequence " << b << " head " << h << " slot " << i;
+      }
+    }
   }
 }
 

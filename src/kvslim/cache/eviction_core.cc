@@ -7,6 +7,8 @@
 #include <memory>
 #include <mutex>
 #include <stdexcept>
+#include <exception>
+#include <functional>
 #include <thread>
 
 #include "attend/head_attention.h"
@@ -79,6 +81,10 @@ struct AbsorbScratch {
 namespace {
 // Below this much scoring work per call (multiply-adds) a second thread costs more than it saves.
 constexpr double kThreadWork = 4e6;
+// Below this much observation work (heads x rows x window queries) a prompt's scoring stays on one
+// thread; above it, up to kMaxObserveThreads threads share the heads.
+constexpr double kObserveThreadWork = 2e6;
+constexpr std::size_t kMaxObserveThreads = 16;
 // A scratch larger than this (a very long cache's transposed keys) is freed after use, not pooled.
 constexpr std::size_t kPooledScratchBytes = std::size_t{16} << 20;
 
@@ -458,18 +464,38 @@ void EvictionCore::observe(const AttentionObservation& obs, std::size_t limit, c
   const bool prefill = obs.queries > 1;
   const bool exchange = prefill && board_ != nullptr && policy_.cross_layer > 0.0f && board_->join(board_layer_, prefill_calls_);
   if (prefill) ++prefill_calls_;
-  for (std::size_t head = 0; head < heads_total(); ++head) {
-    const float factor = observation_contribution(obs, head);
-    float* scores = scores_.data() + head * capacity_;
-    if (factor != 1.0f) {
-      for (std::size_t i = 0; i < rows_; ++i) scores[i] *= factor;
+  if (prior_ != nullptr && obs.queries > 1 && prior_->heads != heads_total()) {
+    if (exchange) board_->leave(board_layer_);
+    throw InputError("prior scores for " + std::to_string(prior_->heads) + " heads given to a cache of " +
+                     std::to_string(heads_total()));
+  }
+  // Each head scores alone (its rows, its scratch; the board's reads exclude this layer's own
+  // posts and keep maxima, so the order heads post in changes nothing): a prompt's window over
+  // many heads is split across threads.
+  auto observe_heads = [&](std::size_t begin, std::size_t end, ObserveScratch& sc) {
+    for (std::size_t head = begin; head < end; ++head) {
+      const float factor = observation_contribution(obs, head, sc);
+      float* scores = scores_.data() + head * capacity_;
+      if (factor != 1.0f) {
+        for (std::size_t i = 0; i < rows_; ++i) scores[i] *= factor;
+      }
+      kernels::add_f32(sc.pooled.data(), rows_, scores);
+      if (normalized) {
+        float* exposure = exposure_.data() + head * capacity_;
+        for (std::size_t i = 0; i < rows_; ++i) exposure[i] = exposure[i] * factor + sc.exposure[i];
+      }
+      if (exchange) exchange_importance(head, sc);
     }
-    kernels::add_f32(pooled_.data(), rows_, scores);
-    if (normalized) {
-      float* exposure = exposure_.data() + head * capacity_;
-      for (std::size_t i = 0; i < rows_; ++i) exposure[i] = exposure[i] * factor + contribution_exposure_[i];
-    }
-    if (exchange) exchange_importance(head);
+  };
+  const std::size_t total = heads_total();
+  const double work = static_cast<double>(total) * static_cast<double>(rows_) *
+                      static_cast<double>(std::min<std::size_t>(obs.queries, policy_.obs_window > 0 ? policy_.obs_window : obs.queries));
+  if (observe_scratch_.size() < kMaxObserveThreads) observe_scratch_.resize(kMaxObserveThreads);
+  try {
+    split_heads(total, work, [&](std::size_t begin, std::size_t end, std::size_t t) { observe_heads(begin, end, observe_scratch_[t]); });
+  } catch (...) {
+    if (exchange) board_->leave(board_layer_);
+    throw;
   }
   if (exchange) board_->leave(board_layer_);
   if (prefill) prior_.reset();  // used by this prefill (kvslim/prior_scores.h): the next sequence attaches its own
@@ -480,111 +506,107 @@ void EvictionCore::observe(const AttentionObservation& obs, std::size_t limit, c
   settle();
 }
 
-float EvictionCore::observation_contribution(const AttentionObservation& obs, std::size_t head) {
+float EvictionCore::observation_contribution(const AttentionObservation& obs, std::size_t head, ObserveScratch& sc) const {
   const bool normalized = policy_.scoring == Scoring::attention_normalized;
   const std::size_t n = rows_, Q = obs.queries;
   // Observation window: only the last obs_window queries of a long observation (the end of a
   // prompt, where the question is) score the rows.
   const std::size_t first = policy_.obs_window > 0 && Q > policy_.obs_window ? Q - policy_.obs_window : 0;
-  contribution_.assign(n, 0.0f);
-  if (normalized) contribution_exposure_.assign(n, 0.0f);
+  sc.contribution.assign(n, 0.0f);
+  if (normalized) sc.exposure.assign(n, 0.0f);
   const std::int64_t* pos = positions_.data() + head * capacity_;
   float weight = 1.0f;  // decay^(queries after q)
-  window_queries_ = Q - first;
+  sc.window_queries = Q - first;
   for (std::size_t q = Q; q-- > first;) {
     const float* p = obs.probs + (head * Q + q) * obs.stride;
     if (weight == 1.0f) {
-      kernels::add_f32(p, n, contribution_.data());
+      kernels::add_f32(p, n, sc.contribution.data());
     } else {
-      for (std::size_t i = 0; i < n; ++i) contribution_[i] += weight * p[i];
+      for (std::size_t i = 0; i < n; ++i) sc.contribution[i] += weight * p[i];
     }
     if (normalized) {
       const std::int64_t qpos = obs.query_positions.empty() ? std::numeric_limits<std::int64_t>::max() : obs.query_positions[q];
-      for (std::size_t i = 0; i < n; ++i) contribution_exposure_[i] += pos[i] <= qpos ? weight : 0.0f;
+      for (std::size_t i = 0; i < n; ++i) sc.exposure[i] += pos[i] <= qpos ? weight : 0.0f;
     }
     weight *= policy_.decay;
   }
   if (!weight_.empty()) {  // a registered score: the row's own weight times its attention
     const float* w = weight_.data() + head * capacity_;
-    for (std::size_t i = 0; i < n; ++i) contribution_[i] *= w[i];
+    for (std::size_t i = 0; i < n; ++i) sc.contribution[i] *= w[i];
   }
   // The prior hook (kvslim/prior_scores.h, issue 27): a prefill's window ranks rows by what the
   // prompt's last queries attended, which is the question only when the question is inside the
   // prompt. A prior (e.g. reconstruction scores) adds, per row, weight x its importance as
   // attention per window query (the unit the window's own mean is in), before pooling, so the
   // recent window, sinks, pooling and cross-layer exchange treat it as the window's own signal.
-  if (prior_ != nullptr && Q > 1) {
-    if (prior_->heads != heads_total()) {
-      throw InputError("prior scores for " + std::to_string(prior_->heads) + " heads given to a cache of " +
-                       std::to_string(heads_total()));
-    }
+  if (prior_ != nullptr && Q > 1) {  // observe() checked its heads
     const float w = prior_->weight;
     for (std::size_t i = 0; i < n; ++i) {
-      const float seen = normalized ? contribution_exposure_[i] : static_cast<float>(window_queries_);
-      contribution_[i] += w * prior_->at(head, pos[i]) * seen;
+      const float seen = normalized ? sc.exposure[i] : static_cast<float>(sc.window_queries);
+      sc.contribution[i] += w * prior_->at(head, pos[i]) * seen;
     }
   }
   // Pooling over position neighbours, for multi-query observations (a prefill) only: a decode
   // step's single query scores exactly what it attended (and stays O(rows) per step).
   const std::size_t half = policy_.pool_kernel / 2;
   if (half == 0 || Q < 2 || n < 2) {
-    pooled_.swap(contribution_);
+    sc.pooled.swap(sc.contribution);
     return weight;
   }
-  order_by_position(head);
+  order_by_position(head, sc);
   // Normalised scoring pools the mean attention per query that saw the row (so a token right
   // after a hot one is not inflated by its smaller exposure), then weighs it back by the exposure.
   if (normalized) {
     for (std::size_t i = 0; i < n; ++i) {
-      contribution_[i] = contribution_exposure_[i] > 0.0f ? contribution_[i] / contribution_exposure_[i] : 0.0f;
+      sc.contribution[i] = sc.exposure[i] > 0.0f ? sc.contribution[i] / sc.exposure[i] : 0.0f;
     }
   }
-  pooled_.resize(n);
+  sc.pooled.resize(n);
   for (std::size_t j = 0; j < n; ++j) {
     float m = 0.0f;
-    for (std::size_t t = j > half ? j - half : 0; t <= std::min(n - 1, j + half); ++t) m = std::max(m, contribution_[order_[t]]);
-    pooled_[order_[j]] = m;
+    for (std::size_t t = j > half ? j - half : 0; t <= std::min(n - 1, j + half); ++t) m = std::max(m, sc.contribution[sc.order[t]]);
+    sc.pooled[sc.order[j]] = m;
   }
   if (normalized) {
-    for (std::size_t i = 0; i < n; ++i) pooled_[i] *= contribution_exposure_[i];
+    for (std::size_t i = 0; i < n; ++i) sc.pooled[i] *= sc.exposure[i];
   }
   return weight;
 }
 
-void EvictionCore::order_by_position(std::size_t head) {
+void EvictionCore::order_by_position(std::size_t head, ObserveScratch& sc) const {
   const std::int64_t* pos = positions_.data() + head * capacity_;
   const std::size_t n = rows_;
-  order_.resize(n);
-  for (std::size_t i = 0; i < n; ++i) order_[i] = i;
+  sc.order.resize(n);
+  for (std::size_t i = 0; i < n; ++i) sc.order[i] = i;
   // Rows are in position order unless an eviction reused a slot: sort only then.
   auto earlier = [&](std::size_t a, std::size_t b) { return pos[a] < pos[b]; };
-  if (!std::is_sorted(order_.begin(), order_.end(), earlier)) std::sort(order_.begin(), order_.end(), earlier);
+  if (!std::is_sorted(sc.order.begin(), sc.order.end(), earlier)) std::sort(sc.order.begin(), sc.order.end(), earlier);
 }
 
-void EvictionCore::exchange_importance(std::size_t head) {
+void EvictionCore::exchange_importance(std::size_t head, ObserveScratch& sc) {
   const std::size_t n = rows_;
   const bool normalized = policy_.scoring == Scoring::attention_normalized;
-  if (policy_.pool_kernel < 3 || n < 2) order_by_position(head);  // else observation_contribution sorted them
+  if (policy_.pool_kernel < 3 || n < 2) order_by_position(head, sc);  // else observation_contribution sorted them
   const std::int64_t* pos = positions_.data() + head * capacity_;
   float* scores = scores_.data() + head * capacity_;
-  board_positions_.resize(n);
-  board_values_.resize(n);
-  own_values_.resize(n);
-  board_seen_.resize(n);
+  sc.board_positions.resize(n);
+  sc.board_values.resize(n);
+  sc.own_values.resize(n);
+  sc.board_seen.resize(n);
   // This observation's importance of a row: its (pooled) attention per window query that saw it.
-  // pooled_ holds that mean times the row's exposure when normalised, the window's sum otherwise.
+  // sc.pooled holds that mean times the row's exposure when normalised, the window's sum otherwise.
   for (std::size_t k = 0; k < n; ++k) {
-    const std::size_t i = order_[k];
-    const float seen = normalized ? contribution_exposure_[i] : static_cast<float>(window_queries_);
-    board_positions_[k] = pos[i];
-    board_seen_[k] = seen;
-    own_values_[k] = seen > 0.0f ? pooled_[i] / seen : 0.0f;
+    const std::size_t i = sc.order[k];
+    const float seen = normalized ? sc.exposure[i] : static_cast<float>(sc.window_queries);
+    sc.board_positions[k] = pos[i];
+    sc.board_seen[k] = seen;
+    sc.own_values[k] = seen > 0.0f ? sc.pooled[i] / seen : 0.0f;
   }
   const std::size_t batch_row = head / heads_;
-  board_->read(board_layer_, batch_row, board_positions_.data(), n, board_values_.data());
+  board_->read(board_layer_, batch_row, sc.board_positions.data(), n, sc.board_values.data());
   // Another layer's importance counts as attention these queries paid (the same weight per query).
-  for (std::size_t k = 0; k < n; ++k) scores[order_[k]] += policy_.cross_layer * board_values_[k] * board_seen_[k];
-  board_->post(board_layer_, batch_row, board_positions_.data(), own_values_.data(), n);
+  for (std::size_t k = 0; k < n; ++k) scores[sc.order[k]] += policy_.cross_layer * sc.board_values[k] * sc.board_seen[k];
+  board_->post(board_layer_, batch_row, sc.board_positions.data(), sc.own_values.data(), n);
 }
 
 void EvictionCore::share_importance(std::shared_ptr<CrossLayerImportance> board, std::size_t layer) {
@@ -592,39 +614,52 @@ void EvictionCore::share_importance(std::shared_ptr<CrossLayerImportance> board,
   board_layer_ = layer;
 }
 
+void EvictionCore::choose_holes(std::size_t head, std::size_t drop, std::int64_t threshold, std::vector<Ranked>& ranked,
+                                std::vector<std::size_t>& holes) const {
+  holes.clear();
+  if (drop == 1) {
+    const std::size_t victim = pick_victim(head, rows_, threshold);
+    if (victim == kNone) throw std::logic_error("eviction core: no evictable row to drop");
+    holes.push_back(victim);
+    return;
+  }
+  // Each candidate's effective score once (not in every comparison); lowest first, ties: lower
+  // position (positions are distinct: the order is total, so the chosen set is unique).
+  const std::int64_t* pos = positions_.data() + head * capacity_;
+  ranked.clear();
+  for (std::size_t j = policy_.n_sink; j < rows_; ++j) {
+    if (pos[j] < threshold) ranked.push_back(Ranked{effective_score(head, j), pos[j], j});
+  }
+  if (ranked.size() < drop) throw std::logic_error("eviction core: fewer evictable rows than must go");
+  std::nth_element(ranked.begin(), ranked.begin() + static_cast<std::ptrdiff_t>(drop - 1), ranked.end(),
+                   [](const Ranked& a, const Ranked& b) { return a.score < b.score || (a.score == b.score && a.position < b.position); });
+  for (std::size_t i = 0; i < drop; ++i) holes.push_back(ranked[i].slot);
+  std::sort(holes.begin(), holes.end());
+}
+
 void EvictionCore::drop_lowest(std::size_t drop) {
   const std::int64_t threshold = recent_threshold(rows_ - drop);
-  for (std::size_t head = 0; head < heads_total(); ++head) {
-    const std::int64_t* pos = positions_.data() + head * capacity_;
-    holes_.clear();
-    if (drop == 1) {
-      const std::size_t victim = pick_victim(head, rows_, threshold);
-      if (victim == kNone) throw std::logic_error("eviction core: no evictable row to drop");
-      holes_.push_back(victim);
-    } else {
-      candidates_.clear();
-      for (std::size_t j = policy_.n_sink; j < rows_; ++j) {
-        if (pos[j] < threshold) candidates_.push_back(j);
-      }
-      if (candidates_.size() < drop) throw std::logic_error("eviction core: fewer evictable rows than must go");
-      auto lower = [&](std::size_t a, std::size_t b) {
-        const float sa = effective_score(head, a), sb = effective_score(head, b);
-        return sa < sb || (sa == sb && pos[a] < pos[b]);
-      };
-      std::nth_element(candidates_.begin(), candidates_.begin() + static_cast<std::ptrdiff_t>(drop - 1), candidates_.end(), lower);
-      holes_.assign(candidates_.begin(), candidates_.begin() + static_cast<std::ptrdiff_t>(drop));
-      std::sort(holes_.begin(), holes_.end());
-    }
+  const std::size_t total = heads_total();
+  // Which rows leave is each head's own choice (threads share a prompt's many heads); the storage
+  // then moves them head after head.
+  if (holes_.size() < total) holes_.resize(total);
+  if (ranked_.size() < total) ranked_.resize(total);
+  const double work = drop > 1 ? static_cast<double>(total) * static_cast<double>(rows_) * 16.0 : 0.0;
+  split_heads(total, work, [&](std::size_t begin, std::size_t end, std::size_t) {
+    for (std::size_t head = begin; head < end; ++head) choose_holes(head, drop, threshold, ranked_[head], holes_[head]);
+  });
+  for (std::size_t head = 0; head < total; ++head) {
+    const std::vector<std::size_t>& holes = holes_[head];
     if (!storage_->slot_writes()) {  // a compressed storage: the others keep their order
-      erase_rows(head, rows_, holes_);
+      erase_rows(head, rows_, holes);
       continue;
     }
     // Fill each hole with the last live row: O(drop * D) moves, sinks (the leading slots) stay put.
     std::size_t last = rows_;  // one past the last candidate for moving
-    std::size_t tail_hole = holes_.size();
-    for (std::size_t h = 0; h < holes_.size(); ++h) {
-      const std::size_t hole = holes_[h];
-      while (last > 0 && tail_hole > h && holes_[tail_hole - 1] == last - 1) {
+    std::size_t tail_hole = holes.size();
+    for (std::size_t h = 0; h < holes.size(); ++h) {
+      const std::size_t hole = holes[h];
+      while (last > 0 && tail_hole > h && holes[tail_hole - 1] == last - 1) {
         --tail_hole;  // the row at the end is itself a hole: skip it
         --last;
       }
@@ -634,6 +669,34 @@ void EvictionCore::drop_lowest(std::size_t drop) {
     }
   }
   rows_ -= drop;
+  for (auto& r : ranked_) r = std::vector<Ranked>();  // a prompt's candidates are not kept between calls
+}
+
+void EvictionCore::split_heads(std::size_t total, double work,
+                               const std::function<void(std::size_t, std::size_t, std::size_t)>& task) {
+  const std::size_t threads =
+      work < kObserveThreadWork
+          ? 1
+          : std::min<std::size_t>({total, kMaxObserveThreads, std::max<std::size_t>(1, std::thread::hardware_concurrency())});
+  if (threads <= 1) {
+    task(0, total, 0);
+    return;
+  }
+  std::vector<std::exception_ptr> errors(threads);
+  std::vector<std::thread> workers;
+  auto run = [&](std::size_t t) {
+    try {
+      task(total * t / threads, total * (t + 1) / threads, t);
+    } catch (...) {
+      errors[t] = std::current_exception();
+    }
+  };
+  for (std::size_t t = 1; t < threads; ++t) workers.emplace_back(run, t);
+  run(0);
+  for (std::thread& w : workers) w.join();
+  for (const std::exception_ptr& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
 }
 
 std::vector<float> EvictionCore::evictable_scores(std::size_t limit, std::size_t& protected_rows) const {

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -186,16 +187,31 @@ class EvictionCore {
   float effective_score(std::size_t head, std::size_t slot) const;
   // Drops `drop` evictable rows of every head (lowest effective score first), compacting.
   void drop_lowest(std::size_t drop);
+  struct Ranked;
+  // The slots (ascending) of head `head` that drop_lowest removes.
+  void choose_holes(std::size_t head, std::size_t drop, std::int64_t threshold, std::vector<Ranked>& ranked,
+                    std::vector<std::size_t>& holes) const;
+  // task(begin, end, thread) over heads [0, total), on one thread below kObserveThreadWork of work,
+  // else split across threads (exceptions rethrown on the caller's).
+  static void split_heads(std::size_t total, double work, const std::function<void(std::size_t, std::size_t, std::size_t)>& task);
   std::size_t recent_count(std::size_t limit) const;
   Scoring scoring() const { return fallback_ ? Scoring::key_proxy : policy_.scoring; }
-  // One observation's contribution of head `head` into contribution_ (window, decay weights,
-  // pooling); returns the decay factor the stored scores take first.
-  float observation_contribution(const AttentionObservation& obs, std::size_t head);
+  // Working memory of one thread of observe(), per head in turn (each thread its own).
+  struct ObserveScratch {
+    std::vector<float> contribution, exposure, pooled;  // [rows] this observation's attention, exposure, pooled
+    std::vector<std::size_t> order;                      // [rows] slots in position order
+    std::vector<std::int64_t> board_positions;           // [rows] exchange: ascending positions
+    std::vector<float> board_values, own_values, board_seen;
+    std::size_t window_queries = 0;                      // queries the last observation_contribution counted
+  };
+  // One observation's contribution of head `head` into sc.pooled (window, decay weights, pooling);
+  // returns the decay factor the stored scores take first.
+  float observation_contribution(const AttentionObservation& obs, std::size_t head, ObserveScratch& sc) const;
   // After head `head` took this observation: adds the other layers' importance of its rows (times
   // cross_layer, weighed like the observation's own attention) and posts its own.
-  void exchange_importance(std::size_t head);
-  // order_ = the slots of head `head` in position order.
-  void order_by_position(std::size_t head);
+  void exchange_importance(std::size_t head, ObserveScratch& sc);
+  // sc.order = the slots of head `head` in position order.
+  void order_by_position(std::size_t head, ObserveScratch& sc) const;
 
   static constexpr std::size_t kNone = std::numeric_limits<std::size_t>::max();
   EvictionPolicy policy_;
@@ -209,22 +225,25 @@ class EvictionCore {
   UninitBuffer<std::int64_t> positions_;  // [batch * heads, capacity] absolute positions
   std::deque<std::int64_t> recent_;      // the last recent_window absorbed positions (all heads)
   std::vector<std::int64_t> thresholds_;  // [S] recent-window threshold after each incoming token
-  std::vector<std::size_t> candidates_, holes_;  // drop_lowest scratch
+  // drop_lowest scratch, per head: its evictable rows ranked, the slots that leave.
+  struct Ranked {
+    float score;
+    std::int64_t position;
+    std::size_t slot;
+  };
+  std::vector<std::vector<Ranked>> ranked_;
+  std::vector<std::vector<std::size_t>> holes_;
   std::size_t head_rows_ = 0;            // rows per head after absorb_heads
   std::size_t reserve_hint_ = 0;         // reserve(): rows the caller expects at most
   std::size_t last_limit_ = kNone;       // the limit of the last absorb / observe
   bool awaiting_observation_ = false;    // attention scoring: absorbed rows not yet observed
   bool fallback_ = false;                // see fell_back()
   std::size_t hold_above_ = EvictionPolicy::kUnbounded;  // see hold_compression_above()
-  std::vector<float> contribution_, contribution_exposure_, pooled_;  // observe scratch [rows]
-  std::vector<std::size_t> order_;       // observe scratch: slots in position order
-  std::size_t window_queries_ = 0;       // queries the last observation_contribution counted
   std::shared_ptr<const PriorScores> prior_;     // null: the window's attention alone (the usual case)
   std::shared_ptr<CrossLayerImportance> board_;  // null: this layer scores alone
   std::size_t board_layer_ = 0;          // this core's ordinal on the board
   std::size_t prefill_calls_ = 0;        // multi-query observations so far (the board's call index)
-  std::vector<std::int64_t> board_positions_;    // exchange scratch [rows], ascending
-  std::vector<float> board_values_, own_values_, board_seen_;  // exchange scratch [rows], same order
+  std::vector<ObserveScratch> observe_scratch_;  // one per thread of observe()
 };
 
 }  // namespace kvslim

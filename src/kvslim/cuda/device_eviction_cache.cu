@@ -165,6 +165,8 @@ void DeviceSlots::relayout(std::size_t capacity, std::size_t keep) {
   scores_ = std::move(scores);
   exposure_ = std::move(exposure);
   stride_ = stride;
+  read_in_.assign(H * stride, 0u);
+  written_in_.assign(H * stride, 0u);
 }
 
 void DeviceSlots::write(std::size_t, std::size_t, const std::uint16_t*, const std::uint16_t*) {
@@ -172,11 +174,11 @@ void DeviceSlots::write(std::size_t, std::size_t, const std::uint16_t*, const st
 }
 
 void DeviceSlots::move(std::size_t head, std::size_t from, std::size_t to) {
-  const std::uint64_t f = head * stride_ + from, t = head * stride_ + to;
-  if (pending_to_.count(f) != 0 || pending_to_.count(t) != 0 || pending_from_.count(t) != 0) flush();
+  const std::size_t f = head * stride_ + from, t = head * stride_ + to;
+  if (written_in_[f] == epoch_ || written_in_[t] == epoch_ || read_in_[t] == epoch_) flush();
   moves_.insert(moves_.end(), {static_cast<int>(head), static_cast<int>(from), static_cast<int>(to)});
-  pending_from_.insert(f);
-  pending_to_.insert(t);
+  read_in_[f] = epoch_;
+  written_in_[t] = epoch_;
 }
 
 void DeviceSlots::flush() {
@@ -190,8 +192,11 @@ void DeviceSlots::flush() {
                                             static_cast<long long>(stride_), static_cast<int>(dim_));
   KVSLIM_CUDA_LAUNCHED("apply_moves_kernel");
   moves_.clear();
-  pending_from_.clear();
-  pending_to_.clear();
+  if (++epoch_ == 0) {  // wrapped: no slot may look marked in the new epoch
+    std::fill(read_in_.begin(), read_in_.end(), 0u);
+    std::fill(written_in_.begin(), written_in_.end(), 0u);
+    epoch_ = 1;
+  }
 }
 
 void DeviceSlots::erase(std::size_t, std::span<const std::size_t>) {
@@ -218,8 +223,9 @@ void DeviceSlots::reset() {
   exposure_.release();
   moves_dev_.release();
   moves_.clear();
-  pending_from_.clear();
-  pending_to_.clear();
+  read_in_ = std::vector<std::uint32_t>();
+  written_in_ = std::vector<std::uint32_t>();
+  epoch_ = 1;
   heads_total_ = dim_ = stride_ = 0;
   type_ = DenseType::f16;
 }
@@ -399,7 +405,7 @@ void DeviceEvictionCache::head_positions(std::size_t bh, std::int64_t* out) cons
 }
 
 std::size_t DeviceEvictionCache::host_bytes() const {
-  return core_.resident_bytes() - slots_->resident_bytes() + probs_host_floats_ * sizeof(float);
+  return core_.resident_bytes() - slots_->resident_bytes() + slots_->host_bytes() + probs_host_floats_ * sizeof(float);
 }
 
 void DeviceEvictionCache::clear() {

@@ -18,7 +18,6 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <unordered_set>
 #include <vector>
 
 #include "cache/eviction_cache.h"
@@ -69,6 +68,10 @@ class DeviceSlots final : public RowStorage {
   float* scores() const { return scores_.as<float>(); }
   float* exposure() const { return with_exposure_ ? exposure_.as<float>() : nullptr; }
   std::size_t stride() const { return stride_; }
+  // Host memory of the move bookkeeping (the epoch marks, the recorded moves).
+  std::size_t host_bytes() const {
+    return (read_in_.capacity() + written_in_.capacity()) * sizeof(std::uint32_t) + moves_.capacity() * sizeof(int);
+  }
 
  private:
   bool with_exposure_;
@@ -78,9 +81,12 @@ class DeviceSlots final : public RowStorage {
   cudaStream_t stream_ = nullptr;
   // Moves since the last flush: (head, from, to) triplets. One kernel applies them all at once,
   // which is the core's sequential order only while no move reads a slot another one writes:
-  // move() flushes first when a new move would (pending_from_ / pending_to_: head * stride + slot).
+  // move() flushes first when a new move would. read_in_ / written_in_ [heads_total * stride]: the
+  // flush epoch in which a slot was last read / written (a prompt's eviction moves millions of
+  // rows: an array, not a hash set).
   std::vector<int> moves_;
-  std::unordered_set<std::uint64_t> pending_from_, pending_to_;
+  std::vector<std::uint32_t> read_in_, written_in_;
+  std::uint32_t epoch_ = 1;
   DeviceBuffer moves_dev_;
 };
 
