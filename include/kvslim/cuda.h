@@ -12,9 +12,12 @@
 //    since checking at once would stall the stream every step. The cache then refuses every call
 //    until reset().
 //  - materialize() and stats() wait for the stream.
-// Methods on the device: "full" (fp16 slots, bf16 when the blocks are bf16) and "kivi" (2/4/8-bit
+// Methods on the device: "full" (fp16 slots, bf16 when the blocks are bf16), "kivi" (2/4/8-bit
 // codes, keys and values per channel over groups of 32 tokens, the CPU's layout and rules, with its
-// fp16 staging window); head_dim 64 or 128.
+// fp16 staging window), and "h2o" / "pyramidkv" (the CPU's eviction core over fp16 slots in GPU
+// memory, scored by the attention the caller observes: attend with probs, then observe_attention
+// with them, device memory accepted; a decode step's observation and eviction run on the device);
+// head_dim 64 or 128.
 #pragma once
 #include <memory>
 #include <string>
