@@ -308,8 +308,14 @@ std::span<const float> Transformer::forward(std::span<const int> tokens, std::sp
       rmsnorm(xb_.data() + i * hidden, x_.data() + i * hidden, L.mlp_norm.data(), hidden,
               static_cast<float>(c.rms_norm_eps));
     }
-    matmul(L.w_gate, xb_.data(), s, gate_.data(), tile_.data(), kTileRows, &pool_);
-    matmul(L.w_up, xb_.data(), s, up_.data(), tile_.data(), kTileRows, &pool_);
+    if (s == 1) {  // decode: one activation quantization and one pool hand-off for both
+      const Matrix* ws[2] = {&L.w_gate, &L.w_up};
+      float* ys[2] = {gate_.data(), up_.data()};
+      gemv_multi(ws, ys, 2, xb_.data(), &pool_);
+    } else {
+      matmul(L.w_gate, xb_.data(), s, gate_.data(), tile_.data(), kTileRows, &pool_);
+      matmul(L.w_up, xb_.data(), s, up_.data(), tile_.data(), kTileRows, &pool_);
+    }
     swiglu(gate_.data(), up_.data(), s * c.intermediate_size);
     matmul(L.w_down, gate_.data(), s, xb_.data(), tile_.data(), kTileRows, &pool_);
     for (std::size_t i = 0; i < s * hidden; ++i) x_[i] += xb_[i];
@@ -343,9 +349,15 @@ void Transformer::attention_block(std::size_t layer, std::size_t s, std::span<co
     rmsnorm(xb_.data() + i * hidden, x_.data() + i * hidden, L.attn_norm.data(), hidden,
             static_cast<float>(c.rms_norm_eps));
   }
-  matmul(L.wq, xb_.data(), s, q_.data(), tile_.data(), kTileRows, &pool_);  // [S, H*D]
-  matmul(L.wk, xb_.data(), s, k_.data(), tile_.data(), kTileRows, &pool_);  // [S, Hkv*D]
-  matmul(L.wv, xb_.data(), s, v_.data(), tile_.data(), kTileRows, &pool_);  // [S, Hkv*D]
+  if (s == 1) {  // decode: one activation quantization and one pool hand-off for q, k and v
+    const Matrix* ws[3] = {&L.wq, &L.wk, &L.wv};
+    float* ys[3] = {q_.data(), k_.data(), v_.data()};
+    gemv_multi(ws, ys, 3, xb_.data(), &pool_);
+  } else {
+    matmul(L.wq, xb_.data(), s, q_.data(), tile_.data(), kTileRows, &pool_);  // [S, H*D]
+    matmul(L.wk, xb_.data(), s, k_.data(), tile_.data(), kTileRows, &pool_);  // [S, Hkv*D]
+    matmul(L.wv, xb_.data(), s, v_.data(), tile_.data(), kTileRows, &pool_);  // [S, Hkv*D]
+  }
   if (!L.bq.empty()) {
     for (std::size_t i = 0; i < s; ++i) {
       for (std::size_t j = 0; j < q_dim; ++j) q_[i * q_dim + j] += L.bq[j];

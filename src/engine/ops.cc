@@ -348,6 +348,38 @@ void gemv(const Matrix& w, const float* x, float* y, ThreadPool* pool) {
   pool->for_each(parts, part);
 }
 
+void gemv_multi(const Matrix* const* ws, float* const* ys, std::size_t count, const float* x, ThreadPool* pool) {
+  bool fused = count > 0 && pool != nullptr && pool->threads() > 1;
+  std::size_t elements = 0;
+  for (std::size_t k = 0; k < count && fused; ++k) {
+    fused = is_block_type(ws[k]->type) && ws[k]->cols == ws[0]->cols &&
+            qgemv::activation_format(ws[k]->type) == qgemv::activation_format(ws[0]->type);
+    elements += ws[k]->rows * ws[k]->cols;
+  }
+  // gemv's threshold: below it the hand-off costs more than the second core saves.
+  constexpr std::size_t kParallelMinElements = 1 << 18;
+  if (!fused || elements < kParallelMinElements) {
+    for (std::size_t k = 0; k < count; ++k) gemv(*ws[k], x, ys[k], pool);
+    return;
+  }
+  thread_local qgemv::Q8Blocks caller_xq;
+  qgemv::Q8Blocks& xq = caller_xq;  // a local reference: the pool's workers read the caller's blocks
+  qgemv::quantize_activation(x, ws[0]->cols, xq, qgemv::activation_format(ws[0]->type));
+  const int parts = pool->threads();
+  // Every matrix split as gemv splits it (multiples of 16 rows): part i takes its share of each.
+  auto part = [&](int i) {
+    for (std::size_t k = 0; k < count; ++k) {
+      const Matrix& w = *ws[k];
+      const std::size_t per = (w.rows + parts - 1) / parts;
+      const std::size_t step = (per + 15) / 16 * 16;
+      const std::size_t r0 = std::min(w.rows, static_cast<std::size_t>(i) * step);
+      const std::size_t r1 = std::min(w.rows, r0 + step);
+      if (r0 < r1) qgemv::gemv_rows(w.type, w.data, w.row_bytes(), w.cols, xq, ys[k], r0, r1);
+    }
+  };
+  pool->for_each(parts, part);
+}
+
 namespace {
 
 // Y[:, r0:r1] for weight rows [r0, r1): f32 weights straight to sgemm, bf16/f16 converted

@@ -81,6 +81,11 @@ class ThreadPool {
 // Block types (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K) go through engine/quant_gemv.h: x is quantized to
 // int8 blocks of 32 once per call and every row is an integer dot product over its stored blocks.
 void gemv(const Matrix& w, const float* x, float* y, ThreadPool* pool = nullptr);
+// ys[k] = ws[k] x for k < count: several products of one input (decode's q/k/v and gate/up
+// projections). With block weights of one activation format, x is quantized once and the pool
+// is handed the work once (each thread takes its share of every matrix's rows); otherwise one
+// gemv per matrix. Each row's value is gemv's.
+void gemv_multi(const Matrix* const* ws, float* const* ys, std::size_t count, const float* x, ThreadPool* pool = nullptr);
 // The instruction set gemv uses on this machine ("avx512", "avx2", "scalar").
 const char* gemv_target_name();
 // Forces the scalar (or a narrower) gemv kernel; for tests and benchmarks. "" restores the best.

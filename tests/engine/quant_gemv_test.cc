@@ -252,6 +252,87 @@ TEST(QuantGemv, EveryTargetMatchesDoubleReferenceOverDequantizedBlocks) {
   }
 }
 
+// Every row range [r0, r1) gives each row the value it has in the whole matrix's product, bit for
+// bit, in each activation format: a row's sum never depends on how the rows are split (the pool's
+// parts, gemv_multi's shares of several matrices).
+TEST(QuantGemv, EveryTargetGivesARowTheSameValueInAnyRowRange) {
+  const std::size_t rows = 13;
+  for (const TensorType t : kBlockTypes) {
+    SCOPED_TRACE(gguf::tensor_type_name(static_cast<std::uint32_t>(t)));
+    const std::size_t cols = gguf::block_elements(t) == 32 ? 928 : 768;
+    const std::vector<std::uint8_t> w = random_blocks(t, rows, cols, 5 + static_cast<int>(t));
+    const std::size_t row_bytes = w.size() / rows;
+    const std::vector<float> x = random_values(cols, 9);
+    for (const qgemv::ActivationFormat format :
+         {qgemv::ActivationFormat::fine, qgemv::ActivationFormat::q8_0, qgemv::ActivationFormat::q8_k}) {
+      qgemv::Q8Blocks xq;
+      qgemv::quantize_activation(x.data(), cols, xq, format);
+      kvslim::testing::for_each_target([&] {
+        SCOPED_TRACE(qgemv::target_name());
+        std::vector<float> all(rows);
+        qgemv::gemv_rows(weight_type_of(t), w.data(), row_bytes, cols, xq, all.data(), 0, rows);
+        for (std::size_t r0 = 0; r0 < rows; ++r0) {
+          for (std::size_t r1 = r0 + 1; r1 <= std::min(rows, r0 + 6); ++r1) {
+            std::vector<float> part(rows, -3.0f);
+            qgemv::gemv_rows(weight_type_of(t), w.data(), row_bytes, cols, xq, part.data(), r0, r1);
+            for (std::size_t r = 0; r < rows; ++r) {
+              EXPECT_EQ(part[r], r >= r0 && r < r1 ? all[r] : -3.0f) << "range " << r0 << ".." << r1 << ", row " << r;
+            }
+          }
+        }
+      });
+    }
+  }
+}
+
+// Decode's fused products (ops.h gemv_multi): one quantized activation and one pool hand-off for
+// several matrices give each of them exactly gemv's values; matrices of different activation
+// formats or plain float types fall back to one gemv each.
+TEST(QuantGemv, GemvMultiMatchesOneGemvPerMatrix) {
+  const std::size_t cols = 512;
+  const std::vector<float> x = random_values(cols, 77);
+  ThreadPool pool(2);
+  const std::vector<std::vector<TensorType>> groups = {
+      {TensorType::q4_k, TensorType::q4_k, TensorType::q6_k},  // Q4_K_M's q / k / v
+      {TensorType::q4_0, TensorType::q4_0, TensorType::q4_0},
+      {TensorType::q8_0, TensorType::q8_0},
+      {TensorType::q4_0, TensorType::q4_k},  // two activation formats: one gemv each
+  };
+  const std::size_t row_counts[3] = {1029, 256, 77};
+  for (const auto& group : groups) {
+    std::vector<std::vector<std::uint8_t>> blocks;
+    std::vector<Matrix> mats;
+    for (std::size_t k = 0; k < group.size(); ++k) {
+      blocks.push_back(random_blocks(group[k], row_counts[k], cols, 50 + k));
+    }
+    for (std::size_t k = 0; k < group.size(); ++k) {
+      mats.push_back(Matrix{weight_type_of(group[k]), blocks[k].data(), row_counts[k], cols});
+    }
+    std::vector<const Matrix*> ws;
+    std::vector<std::vector<float>> fused(group.size()), single(group.size());
+    std::vector<float*> ys;
+    for (std::size_t k = 0; k < group.size(); ++k) {
+      ws.push_back(&mats[k]);
+      fused[k].assign(row_counts[k], -1.0f);
+      single[k].assign(row_counts[k], -2.0f);
+      ys.push_back(fused[k].data());
+      gemv(mats[k], x.data(), single[k].data(), &pool);
+    }
+    gemv_multi(ws.data(), ys.data(), ws.size(), x.data(), &pool);
+    for (std::size_t k = 0; k < group.size(); ++k) {
+      for (std::size_t r = 0; r < row_counts[k]; ++r) EXPECT_EQ(fused[k][r], single[k][r]) << "matrix " << k << " row " << r;
+    }
+    std::vector<std::vector<float>> alone(group.size());
+    std::vector<float*> ys_alone;
+    for (std::size_t k = 0; k < group.size(); ++k) {
+      alone[k].assign(row_counts[k], -4.0f);
+      ys_alone.push_back(alone[k].data());
+    }
+    gemv_multi(ws.data(), ys_alone.data(), ws.size(), x.data(), nullptr);  // no pool: one gemv each
+    for (std::size_t k = 0; k < group.size(); ++k) EXPECT_EQ(alone[k], single[k]) << "matrix " << k;
+  }
+}
+
 TEST(QuantGemv, EveryTargetGemmMatchesGemvPerToken) {
   const std::size_t rows = 45, n = 7;  // a partial 16-row tile; 4 + 3 tokens
   for (const TensorType t : kBlockTypes) {
