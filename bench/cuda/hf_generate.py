@@ -137,6 +137,8 @@ def measure(model, ids, new, label, make_cache=None, static=False, reference=Non
         rec["torch_peak_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 3)
         own = hasattr(cache, "resident_bytes")  # kvslim: its K/V are its own device allocations, not torch's
         rec["kv_bytes"] = int(cache.resident_bytes()) if own else kv_tensor_bytes(cache)
+        if own:  # of which in GPU memory (the rest: host-side metadata, e.g. an eviction core's scores)
+            rec["kv_device_bytes"] = int(sum(s["figures"].get("device_bytes", 0) for s in cache.stats() if s is not None))
         # Peak device memory of the run: torch's peak, plus kvslim's own allocations (at their
         # largest at the end of generate: the caches only grow).
         rec["peak_gb"] = round(rec["torch_peak_gb"] + (rec["kv_bytes"] / 1e9 if own else 0.0), 3)
