@@ -141,7 +141,7 @@ def measure(model, ids, new, label, make_cache=None, static=False, reference=Non
             rec["kv_device_bytes"] = int(sum(s["figures"].get("device_bytes", 0) for s in cache.stats() if s is not None))
         # Peak device memory of the run: torch's peak, plus kvslim's own allocations (at their
         # largest at the end of generate: the caches only grow).
-        rec["peak_gb"] = round(rec["torch_peak_gb"] + (rec["kv_bytes"] / 1e9 if own else 0.0), 3)
+        rec["peak_gb"] = round(rec["torch_peak_gb"] + (rec["kv_device_bytes"] / 1e9 if own else 0.0), 3)
         rec["tokens"] = seq[0].tolist()
         if reference is not None:
             ref = reference["tokens"]
