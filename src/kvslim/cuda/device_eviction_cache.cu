@@ -314,8 +314,9 @@ void DeviceEvictionCache::observe_attention(const AttentionObservation& obs) {
 
 bool DeviceEvictionCache::observe_on_device(const AttentionObservation& obs) {
   const std::size_t n = core_.rows();
-  // One query (a decode step) with at most one row to drop; NaN/Inf probabilities are left to the
-  // host path's check (a device step would have to wait to see them).
+  // One query (a decode step) with at most one row to drop. Device probabilities are not checked
+  // for NaN/Inf here (that would wait for the stream): the cache's own attend writes finite ones,
+  // and a non-finite score is never the lowest (it only shields its row).
   if (obs.queries != 1 || n > budget_ + 1 || core_.fell_back()) return false;
   const EvictionPolicy& policy = core_.policy();
   DecodeObservation o;
