@@ -15,6 +15,8 @@
 
 #include "cli/command.h"
 #include "cli/option_checks.h"
+#include <nlohmann/json.hpp>
+
 #include "engine/eval/evaluator.h"
 #include "engine/eval/method_grid.h"
 #include "engine/eval/report.h"
@@ -31,7 +33,7 @@ using namespace kvslim::engine;
 using namespace kvslim::engine::eval;
 
 struct Options {
-  std::string model, preset = "quick", methods, text, json, plot, table;
+  std::string model, preset = "quick", methods, text, json, plot, table, dump_episodes;
   bool wide = false;
   std::vector<double> levels, depths;
   std::vector<std::size_t> contexts, lengths;
@@ -53,6 +55,31 @@ std::string read_text(const std::filesystem::path& path, const std::string& flag
   const std::string text = read_text_input(path.string(), flag);
   if (text.empty()) throw std::runtime_error(flag + " " + path.string() + ": the file is empty");
   return text;
+}
+
+// The run's retrieval episodes as JSON lines (token ids and texts), for the same episodes through
+// another engine (bench/cuda/hf_retrieval.py runs them through transformers with kvslim.hf).
+int dump_episodes(const std::string& path, const EvalOptions& e, const EpisodeMaker& maker) {
+  std::string out;
+  for (const GridEpisode& g : make_episodes(e, maker)) {
+    const Episode& ep = g.episode;
+    nlohmann::json j;
+    j["task"] = ep.task;
+    j["length"] = e.retrieval_lengths[g.length_index];
+    j["depth"] = e.depths[g.depth_index];
+    j["prompt"] = ep.prompt;  // [bos] + the document and the question
+    j["question_start"] = ep.question_start;
+    j["answer"] = ep.answer;
+    j["answer_text"] = ep.answer_text;
+    j["turns"] = e.turns_for(ep.task);
+    nlohmann::json follow = nlohmann::json::array();
+    for (const FollowUp& f : ep.follow_ups) follow.push_back({{"question", f.question}, {"answer", f.answer}, {"answer_text", f.answer_text}});
+    j["follow_ups"] = follow;
+    out += j.dump() + "\n";
+  }
+  write_file_atomically(path, out, "--dump-episodes " + path);
+  std::printf("%s: the run's retrieval episodes (tasks, lengths, depths, trials and seed as given)\n", path.c_str());
+  return 0;
 }
 
 int list_variants() {
@@ -137,6 +164,10 @@ int run(const Options& o, CLI::App& app) {
   if (!e.tasks.empty()) {
     maker = std::make_unique<EpisodeMaker>([&](std::string_view t) { return tokenizer.encode(t, false); }, in.bos, lines);
     in.episodes = maker.get();
+  }
+  if (!o.dump_episodes.empty()) {
+    if (maker == nullptr) throw std::invalid_argument("--dump-episodes: no retrieval tasks in this run (--tasks)");
+    return dump_episodes(o.dump_episodes, e, *maker);
   }
 
   const EvalResults results = run_eval(model, in, e);
@@ -225,6 +256,8 @@ const CommandRegistrar registrar(
       app.add_option("--depths", o->depths, "needle depths in [0, 1]")->delimiter(',')->check(finite_range(0.0, 1.0));
       app.add_option("--trials", o->trials, "episodes per (task, length, depth) (preset's when 0)")->check(CLI::Range(0, 1 << 20));
       app.add_option("--seed", o->seed, "episode seed")->capture_default_str();
+      app.add_option("--dump-episodes", o->dump_episodes,
+                     "write the run's retrieval episodes (token ids, question split, answers) to this JSON-lines file and exit");
       app.add_flag("--no-progress", o->no_progress, "no progress bar on stderr");
       app.add_flag("--no-speed", o->no_speed, "skip the decode-speed phase (quality figures only)");
       app.add_flag("--list-methods", o->list, "list the method variants and exit");

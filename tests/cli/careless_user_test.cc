@@ -266,4 +266,36 @@ TEST_F(CliCareless, SmallCommandsNameTheFlag) {
   }
 }
 
+// `eval --dump-episodes`: the retrieval episodes the run would score, one JSON line each, the same
+// on every call with the same seed (another engine replays them: bench/cuda/hf_retrieval.py), and
+// a clear error when the run has no retrieval task.
+TEST_F(CliCareless, EvalDumpsTheEpisodesItWouldScore) {
+  const std::string base = "eval --model " + sh(model().string()) + " --text " + path("text.txt").string() +
+                           " --no-progress --lengths 250 --depths 0.25,0.75 --trials 1 ";
+  const fs::path a = path("episodes_a.jsonl"), b = path("episodes_b.jsonl");
+  Result r = run_cli(base + "--tasks passkey,kvlist --dump-episodes " + sh(a.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = run_cli(base + "--tasks passkey,kvlist --dump-episodes " + sh(b.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string text = slurp(a);
+  EXPECT_EQ(text, slurp(b));
+  std::size_t lines = 0, passkey = 0, kvlist = 0;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    ++lines;
+    passkey += line.find("\"task\":\"passkey\"") != std::string::npos;
+    kvlist += line.find("\"task\":\"kvlist\"") != std::string::npos;
+    for (const char* field : {"\"prompt\":[", "\"question_start\":", "\"answer\":[", "\"answer_text\":\"", "\"follow_ups\":["}) {
+      EXPECT_NE(line.find(field), std::string::npos) << field << " in " << line.substr(0, 200);
+    }
+  }
+  EXPECT_EQ(lines, 4u);  // 2 tasks x 2 depths x 1 trial
+  EXPECT_EQ(passkey, 2u);
+  EXPECT_EQ(kvlist, 2u);
+  r = run_cli(base + "--tasks '' --dump-episodes " + sh(path("none.jsonl").string()));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--dump-episodes"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(path("none.jsonl")));
+}
+
 }  // namespace

@@ -74,10 +74,7 @@ KVCacheConfig full_config() {
   return c;
 }
 
-struct EpisodeSpec {
-  std::size_t task_index, length_index, depth_index;
-  Episode episode;
-};
+using EpisodeSpec = GridEpisode;
 
 std::vector<TaskScore> empty_scores(const EvalOptions& o) {
   std::vector<TaskScore> scores;
@@ -334,6 +331,22 @@ bool EvalResults::task_reported(const std::string& task) const {
   return false;
 }
 
+std::vector<GridEpisode> make_episodes(const EvalOptions& options, const EpisodeMaker& maker) {
+  std::vector<GridEpisode> episodes;
+  std::mt19937_64 rng(options.seed);
+  for (std::size_t t = 0; t < options.tasks.size(); ++t) {
+    for (std::size_t li = 0; li < options.retrieval_lengths.size(); ++li) {
+      for (std::size_t di = 0; di < options.depths.size(); ++di) {
+        for (std::size_t k = 0; k < options.trials; ++k) {
+          Episode e = maker.make(options.tasks[t], options.retrieval_lengths[li], options.depths[di], rng);
+          episodes.push_back(GridEpisode{t, li, di, std::move(e)});
+        }
+      }
+    }
+  }
+  return episodes;
+}
+
 EvalResults run_eval(const Model& model, const EvalInputs& inputs, const EvalOptions& options) {
   options.validate();
   options.check_model_context(static_cast<std::size_t>(model.config().max_position_embeddings));
@@ -377,28 +390,18 @@ EvalResults run_eval(const Model& model, const EvalInputs& inputs, const EvalOpt
     }
   }
   std::vector<EpisodeSpec> episodes;
-  if (inputs.episodes != nullptr) {
-    std::mt19937_64 rng(options.seed);
-    for (std::size_t t = 0; t < options.tasks.size(); ++t) {
-      for (std::size_t li = 0; li < options.retrieval_lengths.size(); ++li) {
-        for (std::size_t di = 0; di < options.depths.size(); ++di) {
-          for (std::size_t k = 0; k < options.trials; ++k) {
-            const std::size_t len = options.retrieval_lengths[li];
-            const double depth = options.depths[di];
-            Episode e = inputs.episodes->make(options.tasks[t], len, depth, rng);
-            // The follow-up turns add tokens past --lengths: refuse here, before any model work.
-            const std::size_t need = options.has_setting("later") ? e.length_with_turns(options.turns_for(options.tasks[t])) : e.length();
-            const auto max_positions = static_cast<std::size_t>(model.config().max_position_embeddings);
-            if (need > max_positions) {
-              throw std::invalid_argument("--lengths " + std::to_string(len) + " with --turns " + std::to_string(options.turns) +
-                                          ": a " + options.tasks[t] + " episode with its follow-up questions needs " +
-                                          std::to_string(need) + " tokens, past the model's context (max_position_embeddings = " +
-                                          std::to_string(max_positions) + ")");
-            }
-            episodes.push_back(EpisodeSpec{t, li, di, std::move(e)});
-          }
-        }
-      }
+  if (inputs.episodes != nullptr) episodes = make_episodes(options, *inputs.episodes);
+  for (const EpisodeSpec& ep : episodes) {
+    // The follow-up turns add tokens past --lengths: refuse here, before any model work.
+    const std::string& task = options.tasks[ep.task_index];
+    const std::size_t need = options.has_setting("later") ? ep.episode.length_with_turns(options.turns_for(task)) : ep.episode.length();
+    const auto max_positions = static_cast<std::size_t>(model.config().max_position_embeddings);
+    if (need > max_positions) {
+      throw std::invalid_argument("--lengths " + std::to_string(options.retrieval_lengths[ep.length_index]) + " with --turns " +
+                                  std::to_string(options.turns) + ": a " + task +
+                                  " episode with its follow-up questions needs " + std::to_string(need) +
+                                  " tokens, past the model's context (max_position_embeddings = " +
+                                  std::to_string(max_positions) + ")");
     }
   }
 

@@ -162,4 +162,15 @@ struct EvalInputs {
 
 EvalResults run_eval(const Model& model, const EvalInputs& inputs, const EvalOptions& options);
 
+// One retrieval episode of a run with its place in the grid (indices into options.tasks,
+// retrieval_lengths, depths).
+struct GridEpisode {
+  std::size_t task_index, length_index, depth_index;
+  Episode episode;
+};
+// The retrieval episodes run_eval scores, in its order (task, length, depth, trial) and from its
+// seed: the same episodes for another engine (`kvslim eval --dump-episodes`, the GPU check of
+// kvslim.hf).
+std::vector<GridEpisode> make_episodes(const EvalOptions& options, const EpisodeMaker& maker);
+
 }  // namespace kvslim::engine::eval
