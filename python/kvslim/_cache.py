@@ -106,6 +106,7 @@ class Cache:
         self._core = _core
         self._owner = _owner  # the CacheSet a layer belongs to (keeps it alive)
         self._generation = 0  # bumped by every call that may move or free the storage (copy=False views)
+        self._kv_heads = None  # KV heads of the last device append (sizes attend's probs without stats(), which waits)
 
     def _changed(self) -> None:
         self._generation += 1
@@ -134,7 +135,7 @@ class Cache:
                 raise _kvslim.InputError(f"values: {tuple(v.shape)} {v.dtype} on {v.device} differs from keys' "
                                          f"{tuple(k.shape)} {k.dtype} on {k.device}")
             self._core.append_device(k.data_ptr(), v.data_ptr(), list(k.shape), kd, as_positions(positions), stream)
-            self._kv_heads = int(k.shape[1])  # attend's probs shape without asking the device cache (stats() waits)
+            self._kv_heads = int(k.shape[1])
             return
         k, kd = as_block(keys, "keys")
         v, vd = as_block(values, "values")
@@ -161,7 +162,7 @@ class Cache:
             out = torch.empty((B, S, H, D), dtype=torch.float32, device=q.device)
             p = None
             if probs:
-                heads = getattr(self, "_kv_heads", None) or self._core.stats()["heads"]
+                heads = self._kv_heads or self._core.stats()["heads"]
                 p = torch.empty((B, heads, S, self._core.rows()), dtype=torch.float32, device=q.device)
             stream = raw_stream(q.device)
             self._core.attend_device(q.data_ptr(), [B, S, H, D], as_positions(query_positions, "query_positions"),

@@ -490,13 +490,15 @@ void EvictionCore::observe(const AttentionObservation& obs, std::size_t limit, c
   const std::size_t total = heads_total();
   const double work = static_cast<double>(total) * static_cast<double>(rows_) *
                       static_cast<double>(std::min<std::size_t>(obs.queries, policy_.obs_window > 0 ? policy_.obs_window : obs.queries));
-  if (observe_scratch_.size() < kMaxObserveThreads) observe_scratch_.resize(kMaxObserveThreads);
+  // One scratch per thread split_heads may use; a decode step's small observation uses one.
+  observe_scratch_.resize(work < kObserveThreadWork ? 1 : kMaxObserveThreads);
   try {
     split_heads(total, work, [&](std::size_t begin, std::size_t end, std::size_t t) { observe_heads(begin, end, observe_scratch_[t]); });
   } catch (...) {
     if (exchange) board_->leave(board_layer_);
     throw;
   }
+  observe_scratch_.resize(1);  // the other threads' scratch served one prompt: not kept
   if (exchange) board_->leave(board_layer_);
   if (prefill) prior_.reset();  // used by this prefill (kvslim/prior_scores.h): the next sequence attaches its own
   if (rows_ > limit) drop_lowest(rows_ - limit);
@@ -669,7 +671,10 @@ void EvictionCore::drop_lowest(std::size_t drop) {
     }
   }
   rows_ -= drop;
-  for (auto& r : ranked_) r = std::vector<Ranked>();  // a prompt's candidates are not kept between calls
+  if (drop > 1) {  // a prompt's candidates and holes (every row of every head) are not kept between calls
+    ranked_.clear();
+    holes_.clear();
+  }
 }
 
 void EvictionCore::split_heads(std::size_t total, double work,
