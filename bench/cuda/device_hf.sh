@@ -10,7 +10,8 @@ mkdir -p "$OUT"
 ROOT=$PWD
 { BUILD=/tmp/build-python JOBS=16 timeout 300 python/build.sh 2>&1 | tail -n 5; } > "$OUT"/python_build.txt 2>&1
 [ -z "${SKIP_TESTS:-}" ] && (cd /tmp && PYTHONPATH=/tmp/build-python/python timeout 240 python3 -m pytest -q -p no:cacheprovider \
-  "$ROOT"/python/tests/test_cuda.py "$ROOT"/python/tests/test_hf_cuda.py "$ROOT"/python/tests/test_attend.py 2>&1 | tail -n 40) \
+  "$ROOT"/python/tests/test_cuda.py "$ROOT"/python/tests/test_hf_cuda.py "$ROOT"/python/tests/test_hf.py \
+  "$ROOT"/python/tests/test_attend.py "$ROOT"/python/tests/test_attention.py 2>&1 | tail -n 40) \
   > "$OUT"/python.txt 2>&1
 tail -n 3 "$OUT"/python.txt
 PYTHONPATH=/tmp/build-python/python timeout 400 python3 bench/cuda/hf_generate.py --out "$OUT" "$@" > "$OUT"/hf_generate.log 2>&1

@@ -94,6 +94,8 @@ def main():
     log(f"hf_retrieval: {torch.cuda.get_device_name(0)}, {args.model} ({args.dtype}), {len(episodes)} episodes, "
         f"eviction keeping {args.fraction:.0%} of each document")
     t0 = time.time()
+    mismatched = 0
+    log(f"{'method':10s} {'task':9s} {'setting':8s} {'turn':>4s} {'n':>4s} {'cpu':>6s} {'cuda':>6s} {'differ':>6s}")
     for method in args.methods.split(","):
         for ep in episodes:
             prompt, qs = ep["prompt"], ep["question_start"]
@@ -113,15 +115,21 @@ def main():
                     rec[f"{where}_generated"], rec[f"{where}_correct"] = gen, ok
                 rec["same_tokens"] = rec["cpu_generated"] == rec["cuda_generated"]
                 records.append(rec)
+        # Accuracy per (task, setting, turn) on each path, and the answers whose tokens differ:
+        # written as each method ends, so a run cut short still reports the methods it finished.
+        mismatched += summarize([r for r in records if r["method"] == method], log)
         log(f"  {method} done ({time.time() - t0:.0f} s)")
+        (out / "hf_retrieval.json").write_text(json.dumps(records))
     kvslim.hf.restore(model)
+    log(f"answers that differ between the CPU and the GPU path: {mismatched}")
+    return 0
 
-    # Accuracy per (method, task, setting, turn) on each path, and the episodes whose tokens differ.
-    log(f"{'method':10s} {'task':9s} {'setting':8s} {'turn':>4s} {'n':>4s} {'cpu':>6s} {'cuda':>6s} {'differ':>6s}")
-    keys = sorted({(r["method"], r["task"], r["setting"]) for r in records}, key=lambda k: (args.methods.split(",").index(k[0]), k[1], k[2]))
+
+def summarize(records, log) -> int:
+    """Logs one method's accuracy rows; returns how many answers differ between the paths."""
     mismatched = 0
-    for m, task, setting in keys:
-        rs = [r for r in records if (r["method"], r["task"], r["setting"]) == (m, task, setting)]
+    for task, setting in sorted({(r["task"], r["setting"]) for r in records}):
+        rs = [r for r in records if (r["task"], r["setting"]) == (task, setting)]
         turns = max(len(r["cpu_correct"]) for r in rs)
         for t in range(turns):
             at = [r for r in rs if len(r["cpu_correct"]) > t and len(r["cuda_correct"]) > t]
@@ -129,10 +137,8 @@ def main():
             gpu = sum(r["cuda_correct"][t] for r in at) / len(at)
             differ = sum(r["cpu_generated"][t] != r["cuda_generated"][t] for r in at)
             mismatched += differ
-            log(f"{m:10s} {task:9s} {setting:8s} {t + 1:4d} {len(at):4d} {cpu:6.2f} {gpu:6.2f} {differ:6d}")
-    (out / "hf_retrieval.json").write_text(json.dumps(records))
-    log(f"answers that differ between the CPU and the GPU path: {mismatched}")
-    return 0
+            log(f"{rs[0]['method']:10s} {task:9s} {setting:8s} {t + 1:4d} {len(at):4d} {cpu:6.2f} {gpu:6.2f} {differ:6d}")
+    return mismatched
 
 
 if __name__ == "__main__":

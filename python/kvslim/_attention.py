@@ -8,12 +8,12 @@ it into a model. Two ways to attend (LayerState's `attention`):
   "torch":  the cache absorbs the step and hands back its fp16 view (update_and_fetch); attention
             runs here in torch, step for step as transformers' eager attention (so method "full"
             reproduces it bit for bit). Works with every build.
+In "kvslim" mode a prompt's first call (the cache empty, S > 1) attends in torch's SDPA over the
+step's own keys and values, before the cache compresses them (as KIVI's and transformers' quantized
+caches do), since every row it could read is in that step; later calls attend over the cache.
 A cache built for a GPU (Config(device="cuda")) keeps its rows in GPU memory: "kvslim" mode then
 appends the step's CUDA tensors in place and attends with the cache's kernels on torch's current
-stream, so nothing crosses to the host but a few positions; a prompt's first call (the cache
-empty, S > 1) attends in torch's SDPA over the step's own keys and values, before the cache
-compresses them (as KIVI's and transformers' quantized caches do), since every row it could read
-is in that step.
+stream, so nothing crosses to the host but a few positions.
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ class LayerState:
         self.on_device = device != "cpu"  # the cache's rows are in GPU memory (Config.device)
         if self.on_device and attention != "kvslim":
             raise ValueError(f'a cache on {device} attends with its own kernels: attention="kvslim", not {attention!r}')
-        self.whole_prompt = False     # the last update was a prompt into an empty device cache (SDPA attends it)
+        self.whole_prompt = False     # the last update was a prompt into an empty cache (SDPA attends it; "kvslim" mode)
         self.cache = cache
         self.seen = 0                 # next absolute position (tokens absorbed)
         self.view_positions = None    # [B, H_kv, T] int64 on the model's device, rows of the last view
@@ -82,12 +82,14 @@ class LayerState:
             positions = torch.arange(self.seen, self.seen + s, dtype=torch.int64)
         positions = positions.detach().to(device="cpu", dtype=torch.int64).reshape(-1)
         if self.mode == "kvslim":
+            self.whole_prompt = self.seen == 0 and s > 1 and self.cache.rows() == 0
             if keys.is_cuda:  # a host cache under a GPU model: the step's states cross to it
-                keys, values = keys.detach().cpu(), values.detach().cpu()
-            self.cache.append(keys, values, positions.numpy())
+                self.cache.append(keys.detach().cpu(), values.detach().cpu(), positions.numpy())
+            else:
+                self.cache.append(keys, values, positions.numpy())
             self.seen = int(positions[-1]) + 1
             self.query_positions = positions
-            return keys, values
+            return keys, values  # where the model has them (a prompt's first call attends them)
         view = self.cache.update(keys, values, positions.numpy(), copy=True)
         self.seen = int(positions[-1]) + 1
         self.query_positions = positions.to(keys.device)
@@ -130,23 +132,9 @@ class LayerState:
         # The cache's own kernels (fp32 arithmetic over its fp16/packed storage).
         if self.query_positions is None or query.shape[2] != self.query_positions.shape[0]:
             raise RuntimeError("kvslim attention: the queries are not those of this layer's last append")
+        if self.whole_prompt:
+            return self._attend_prompt(query, key, value, scaling), None
         if self.on_device:
-            if self.whole_prompt:
-                # key/value: the step's own [B, H_kv, S, D] states (update returned them), every row
-                # this prompt can see; causal SDPA over them is the attention of an empty cache.
-                groups = query.shape[1] // key.shape[1]
-                out = torch.nn.functional.scaled_dot_product_attention(
-                    query, repeat_kv(key, groups), repeat_kv(value, groups), is_causal=True, scale=scaling)
-                if self.wants_attention:
-                    # An eviction cache scores the prompt by its last queries' attention over every
-                    # row (its observation window): kvslim's kernels attend just those queries, for
-                    # their probabilities, which the cache observes on the device.
-                    n = query.shape[2] if self.observed_queries <= 0 else min(self.observed_queries, query.shape[2])
-                    window = self.query_positions[-n:]
-                    _, probs = self.cache.attend(query[:, :, -n:].transpose(1, 2), window, scaling, probs=True)
-                    self.cache.observe_attention(probs, window)
-                    self.attention_reports += 1
-                return out.transpose(1, 2).contiguous(), None
             out, probs = self.cache.attend(query.transpose(1, 2), self.query_positions, scaling,
                                            probs=self.wants_attention)  # [B, S, H_q, D] fp32
             if self.wants_attention:
@@ -159,6 +147,36 @@ class LayerState:
             self.cache.observe_attention(probs, self.query_positions)
             self.attention_reports += 1
         return torch.from_numpy(out).to(device=query.device, dtype=query.dtype), None
+
+    def _attend_prompt(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float | None):
+        """A prompt's first call into an empty cache: causal SDPA in torch over the step's own keys and
+        values (update returned them where the model has them: every row this prompt can see), before
+        the cache's compression touches them, as KIVI, ZipCache and transformers' quantized caches
+        run a prefill; host and device caches alike, so both paths answer the same."""
+        groups = query.shape[1] // key.shape[1]
+        k, v = repeat_kv(key, groups), repeat_kv(value, groups)
+        sdpa = getattr(torch.nn.functional, "scaled_dot_product_attention", None)
+        if sdpa is not None:
+            out = sdpa(query, k, v, is_causal=True, scale=scaling)
+        else:  # torch < 2.0 (Debian 12's): the same causal attention in eager arithmetic, fp32 softmax
+            s = query.shape[2]
+            weights = torch.matmul(query, k.transpose(2, 3)) * (query.shape[-1] ** -0.5 if scaling is None else scaling)
+            weights = weights.masked_fill(torch.ones(s, s, dtype=torch.bool, device=query.device).triu(1),
+                                          torch.finfo(weights.dtype).min)
+            out = torch.matmul(torch.nn.functional.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype), v)
+        if self.wants_attention:
+            # An eviction cache scores the prompt by its last queries' attention over every row (its
+            # observation window): the cache's own kernels attend just those queries, for their
+            # probabilities, which it observes (on the device for a device cache).
+            n = query.shape[2] if self.observed_queries <= 0 else min(self.observed_queries, query.shape[2])
+            window = self.query_positions[-n:]
+            q = query[:, :, -n:].transpose(1, 2)
+            if not self.on_device:
+                q = q.detach().to(device="cpu", dtype=torch.float32).contiguous()
+            _, probs = self.cache.attend(q, window, scaling, probs=True)
+            self.cache.observe_attention(probs, window)
+            self.attention_reports += 1
+        return out.transpose(1, 2).contiguous()
 
     def observe_hidden(self, before: torch.Tensor, after: torch.Tensor) -> None:
         """Hidden states [B, T, hidden] before attention and after attention plus the residual."""
