@@ -55,14 +55,20 @@ def answer(model, cache, calls, answers, follow_ups):
     return generated, correct
 
 
-def config_fields(method, episode, fraction):
-    """kvslim.Config fields of `method` ("full", "kivi2", "kivi4", "h2o", "pyramidkv") for one episode."""
-    if method.startswith("kivi"):
-        return {"method": "kivi", "kivi_bits": int(method[4:])}
-    if method in ("h2o", "pyramidkv"):
-        budget = max(48, int(fraction * episode["question_start"]))
-        return {"method": method, f"{method}_budget": budget}
-    return {"method": method}
+def config_of(method, episode, fraction, device=None):
+    """The kvslim.Config of `method` for one episode: a method spec -- a method or one of the
+    registry's eval variants ("full", "kivi2", "kivi4", "h2o", "pyramidkv"; kvslim.variants()),
+    optionally @field=value,... -- with the budget field its registry row names (eviction) set to
+    keep `fraction` of the document's tokens, on `device` when given."""
+    import kvslim
+    cfg = kvslim.Config.from_spec(method)
+    budget_field = kvslim.method_info(cfg.method)["budget_field"]
+    if budget_field is not None:
+        setattr(cfg, budget_field, max(48, int(fraction * episode["question_start"])))
+    if device is not None:
+        cfg.device = device
+    cfg.validate()
+    return cfg
 
 
 def main():
@@ -70,7 +76,8 @@ def main():
     ap.add_argument("--episodes", required=True, help="kvslim eval --dump-episodes output")
     ap.add_argument("--out", required=True)
     ap.add_argument("--model", default=str(ROOT / "models/tiny"))
-    ap.add_argument("--methods", default="full,kivi2,kivi4,h2o,pyramidkv")
+    ap.add_argument("--methods", default="full,kivi2,kivi4,h2o,pyramidkv",
+                    help="comma-separated methods or registry eval variants (kvslim.variants())")
     ap.add_argument("--fraction", type=float, default=0.25, help="eviction: share of the document's tokens kept")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     args = ap.parse_args()
@@ -107,10 +114,8 @@ def main():
             for setting, (calls, answers) in settings.items():
                 rec = {"method": method, "task": ep["task"], "length": ep["length"], "depth": ep["depth"], "setting": setting}
                 for where in ("cpu", "cuda"):
-                    fields = config_fields(method, ep, args.fraction)
-                    if where == "cuda":
-                        fields["device"] = "cuda"
-                    cache = kvslim.hf.KVSlimCache(model, kvslim.Config(**fields), attention="kvslim")
+                    cfg = config_of(method, ep, args.fraction, "cuda" if where == "cuda" else None)
+                    cache = kvslim.hf.KVSlimCache(model, cfg, attention="kvslim")
                     gen, ok = answer(model, cache, calls, answers, ep["follow_ups"])
                     rec[f"{where}_generated"], rec[f"{where}_correct"] = gen, ok
                 rec["same_tokens"] = rec["cpu_generated"] == rec["cuda_generated"]

@@ -13,7 +13,7 @@ HF transformers models: see kvslim.hf.
 """
 from ._kvslim import ConfigError, InputError, attend_kernels, simd_target
 from ._kvslim import cuda_built, cuda_device_count, cuda_device_description
-from ._config import Config, method_info, methods, storages
+from ._config import Config, method_info, methods, storages, variants
 from ._cache import Cache, CacheSet, StaleViewError, View
 
 
@@ -27,6 +27,6 @@ def has_attend() -> bool:
 
 __all__ = [
     "Config", "ConfigError", "InputError", "Cache", "CacheSet", "StaleViewError", "View", "attend_kernels", "has_attend",
-    "method_info", "methods", "storages", "simd_target", "cuda_built", "cuda_device_count", "cuda_device_description",
+    "method_info", "methods", "storages", "variants", "simd_target", "cuda_built", "cuda_device_count", "cuda_device_description",
 ]
 __version__ = "0.1.0"

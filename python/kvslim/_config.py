@@ -15,9 +15,17 @@ def methods() -> list[str]:
 
 def method_info(name: str) -> dict:
     """The registry's row of a method: name, summary, kind ("dense", "eviction", "quantizer"),
-    budget_field / sink_field (None unless it evicts), h2o_core, cuda and its own config fields.
+    budget_field / sink_field (None unless it evicts), h2o_core, cuda, its own config fields and
+    its `kvslim eval` variants (dicts: name, description, settings "field=value,...",
+    compares_to, quick, composed, recent_window_fraction, reconstruction_weight).
     An unknown name raises ConfigError naming the known ones."""
     return dict(_kvslim.method_info(name))
+
+
+def variants() -> list[str]:
+    """The registry's eval variants (kivi4, squeeze_s1, h2o+kivi3_g64, ...), in `kvslim eval`'s
+    order; Config.from_spec(name) is one's config."""
+    return list(_kvslim.variants())
 
 
 def storages() -> list[str]:
@@ -114,6 +122,15 @@ class Config:
         """Every field with its current value, in the library's declaration order."""
         return {name: _from_text(name, text) for name, text in self._c.fields()}
 
+    @classmethod
+    def from_spec(cls, spec: str) -> "Config":
+        """The config a method spec names (kvslim/methods.h): a method or a registry eval variant
+        ("kivi4", "squeeze_s1"), optionally with "@field=value,..."; raises ConfigError on an
+        unknown name, a bad field or a variant only kvslim eval can run."""
+        out = cls.__new__(cls)
+        object.__setattr__(out, "_c", _kvslim.config_from_spec(spec))
+        return out
+
     def copy(self) -> "Config":
         out = Config.__new__(Config)
         object.__setattr__(out, "_c", self._c.copy())
@@ -128,4 +145,4 @@ class Config:
         return isinstance(other, Config) and self._c.fields() == other._c.fields()
 
     def __dir__(self):
-        return list(_TYPES) + ["validate", "fields", "copy"]
+        return list(_TYPES) + ["validate", "fields", "copy", "from_spec"]

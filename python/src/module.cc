@@ -177,9 +177,35 @@ PYBIND11_MODULE(_kvslim, m) {
         d["h2o_core"] = info.h2o_core;
         d["cuda"] = info.cuda;
         d["fields"] = info.fields();
+        py::list variants;
+        for (const EvalVariant& v : info.variants) {
+          py::dict e;
+          e["name"] = std::string(v.name);
+          e["description"] = std::string(v.description);
+          e["settings"] = std::string(v.settings);
+          e["compares_to"] = std::string(v.compares_to);
+          e["quick"] = v.quick;
+          e["composed"] = v.composed();
+          e["recent_window_fraction"] = v.recent_window_fraction;
+          e["reconstruction_weight"] = v.reconstruction_weight;
+          variants.append(e);
+        }
+        d["variants"] = variants;
         return d;
       },
-      "The method's row of the library's registry: name, summary, kind, budget/sink fields, its own fields.");
+      "The method's row of the library's registry: name, summary, kind, budget/sink fields, its own fields, "
+      "its kvslim eval variants.");
+  m.def(
+      "variants",
+      [] {
+        std::vector<std::string> names;
+        for (const EvalVariant* v : eval_variants()) names.emplace_back(v->name);
+        return names;
+      },
+      "The registry's eval variants, in kvslim eval's order.");
+  m.def(
+      "config_from_spec", [](const std::string& spec) { return config_from_spec(spec); },
+      "A config from a method spec: METHOD or VARIANT, optionally @field=value,... (kvslim/methods.h).");
   m.def("storages", [] { return storage_names(); }, "Storage kinds of an eviction method's rows (Config.storage).");
   // Where a KVBlock made from this array points (tests: inputs are read in place, not copied).
   m.def("_block_address", [](const py::array& a, const std::string& dtype) {

@@ -27,3 +27,28 @@ def test_storages_are_fp16_and_the_quantizers():
 def test_unknown_method_raises_config_error():
     with pytest.raises(kvslim.ConfigError, match="must be one of"):
         kvslim.method_info("kivo")
+
+
+def test_eval_variants_are_rows_of_their_method():
+    listed = []
+    for name in kvslim.methods():
+        for v in kvslim.method_info(name)["variants"]:
+            listed.append(v["name"])
+            cfg = kvslim.Config.from_spec(name + ("@" + v["settings"] if v["settings"] else ""))
+            assert cfg.method == name
+            assert v["composed"] == (cfg.storage != "fp16")
+            if v["recent_window_fraction"] == 0 and v["reconstruction_weight"] == 0:
+                assert kvslim.Config.from_spec(v["name"]) == cfg  # the variant's name is a spec
+            else:
+                with pytest.raises(kvslim.ConfigError, match="kvslim eval"):
+                    kvslim.Config.from_spec(v["name"])
+    assert sorted(kvslim.variants()) == sorted(listed)
+    assert len(set(listed)) == len(listed)
+
+
+def test_config_from_spec():
+    assert kvslim.Config.from_spec("kivi4") == kvslim.Config(method="kivi", kivi_bits=4)
+    assert kvslim.Config.from_spec("kivi@kivi_bits=4,kivi_group_size=64").kivi_group_size == 64
+    assert kvslim.Config.from_spec("h2o+kivi3_g64").storage == "kivi"
+    with pytest.raises(kvslim.ConfigError, match="unknown method"):
+        kvslim.Config.from_spec("kivo")

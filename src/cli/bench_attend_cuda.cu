@@ -13,6 +13,7 @@
 #include "cli/bench_attend_cuda.h"
 #include "kvslim/cuda.h"
 #include "kvslim/factory.h"
+#include "kvslim/methods.h"
 
 namespace kvslim::cli {
 namespace {
@@ -52,27 +53,28 @@ void fill(void* bf16, float* f32, std::size_t n, unsigned seed, float scale = 1.
   check(cudaGetLastError(), "fill_kernel");
 }
 
+// A cache by method spec (kvslim/methods.h: a method or one of the registry's eval variants, e.g.
+// kivi4, optionally @field=value,...) on `device`. The bench models the bytes of dense and
+// quantizer storage; the eviction methods the device takes are measured by kvslim.hf instead.
 KVCacheConfig config_of(const std::string& name, int device) {
-  KVCacheConfig c;
-  if (name == "full") {
-    c.method = "full";
-  } else if (name == "kivi2" || name == "kivi4" || name == "kivi8") {
-    c.method = "kivi";
-    c.kivi_bits = name[4] - '0';
-  } else {
-    throw std::invalid_argument("--cache " + name + ": the device takes full, kivi2, kivi4, kivi8");
-  }
+  KVCacheConfig c = config_from_spec(name);
   c.device = "cuda:" + std::to_string(device);
-  c.validate();
+  c.validate();  // refuses a method the device does not take, naming those it takes
+  if (method_info(c.method).kind == MethodKind::eviction) {
+    throw std::invalid_argument("--cache " + name + ": bench attend --device cuda measures dense and quantized storage, not " +
+                                c.method);
+  }
   return c;
 }
 
-// Bytes one decode attend reads from the storage (what a perfect kernel must read).
-double storage_bytes(const std::string& name, std::size_t B, std::size_t H, std::size_t N, std::size_t D, int staging) {
-  if (name == "full") return static_cast<double>(B * H * N * D * 2 * 2 + N * 8);
-  const int bits = name[4] - '0';
-  const std::size_t staged = N >= static_cast<std::size_t>(staging) ? N % 32 : N;
-  const std::size_t rows = N - staged, groups = rows / 32;
+// Bytes one decode attend reads from the storage (what a perfect kernel must read): fp16 K and V,
+// or (a quantizer on the device: kivi's layout) codes + fp16 scale and zero per group and channel
+// + the fp16 window not yet compressed; a position per row or group.
+double storage_bytes(const KVCacheConfig& c, std::size_t B, std::size_t H, std::size_t N, std::size_t D) {
+  if (method_info(c.method).kind == MethodKind::dense) return static_cast<double>(B * H * N * D * 2 * 2 + N * 8);
+  const std::size_t group = static_cast<std::size_t>(c.kivi_group_size), bits = static_cast<std::size_t>(c.kivi_bits);
+  const std::size_t staged = N >= static_cast<std::size_t>(c.kivi_staging) ? N % group : N;
+  const std::size_t rows = N - staged, groups = rows / group;
   const double codes = static_cast<double>(B * H * rows * D * bits / 8) * 2;
   const double params = static_cast<double>(B * H * groups * 2 * D * 2) * 2;
   const double window = static_cast<double>(B * H * staged * D * 2 * 2);
@@ -135,7 +137,7 @@ int run_cuda_attend_bench(const CudaAttendOptions& o) {
         const std::size_t elems = B * H * N * static_cast<std::size_t>(D);
         for (const std::string& name : o.caches) {
           const KVCacheConfig config = config_of(name, o.device);
-          const double bytes = storage_bytes(name, B, H, N, static_cast<std::size_t>(D), config.kivi_staging);
+          const double bytes = storage_bytes(config, B, H, N, static_cast<std::size_t>(D));
           // Enough layers that their storage is several times the L2: the next call never hits it.
           const int layers = static_cast<int>(std::clamp(std::ceil(512e6 / bytes), 1.0, 16.0));
           std::vector<std::unique_ptr<KVCache>> caches;

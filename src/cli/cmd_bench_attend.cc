@@ -29,23 +29,15 @@ struct Options {
   std::vector<std::size_t> contexts{1024, 4096, 16384, 32768};
   std::vector<int> head_dims{128, 64};
   int kv_heads = 8, q_heads = 32, threads = 2, repeats = 15;
-  std::vector<std::string> caches{"full", "kivi4", "kivi2", "zipcache42"};
+  // Method specs (kvslim/methods.h): methods or the registry's eval variants.
+  std::vector<std::string> caches{"full", "kivi4", "kivi2", "zipcache_4_2_h20"};
 };
 
 double seconds(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// A cache by short name, or any method spec (kvslim/methods.h: NAME or NAME@field=value,...).
-KVCacheConfig config_of(const std::string& name) {
-  static const std::pair<const char*, const char*> kShort[] = {
-      {"kivi2", "kivi@kivi_bits=2"},
-      {"kivi4", "kivi@kivi_bits=4"},
-      {"zipcache42", "zipcache@zipcache_hi_bits=4,zipcache_lo_bits=2,zipcache_hi_fraction=0.2"},
-  };
-  for (const auto& [short_name, spec] : kShort) {
-    if (name == short_name) return config_from_spec(spec);
-  }
-  return config_from_spec(name);
-}
+// A cache by method spec (kvslim/methods.h: NAME or NAME@field=value,..., NAME a method or one of
+// the registry's eval variants: kivi4, zipcache_4_2_h20).
+KVCacheConfig config_of(const std::string& name) { return config_from_spec(name); }
 
 // Bytes attend reads: the stored keys and values (codes + group parameters, or fp16 rows) and a
 // position per row and head.
@@ -92,7 +84,7 @@ int run(const Options& o) {
               o.kv_heads, o.q_heads, o.threads, o.repeats);
   std::printf("memcpy (%d threads): %.2f GB/s copied\n", o.threads, copy);
   std::printf("kivi / zipcache codes read by: %s\n", attend_packed_kernels());
-  std::printf("%-5s %7s %-11s %10s %10s %12s %10s %9s\n", "D", "tokens", "cache", "us/call", "x fp16", "MB read",
+  std::printf("%-5s %7s %-16s %10s %10s %12s %10s %9s\n", "D", "tokens", "cache", "us/call", "x fp16", "MB read",
               "GB/s read", "/memcpy");
   const std::size_t chunk = 1024;
   for (int D : o.head_dims) {
@@ -136,7 +128,7 @@ int run(const Options& o) {
         const double gbs = bytes / best[c] / 1e9;
         char ratio[32] = "-";
         if (fp16_us > 0) std::snprintf(ratio, sizeof ratio, "%.2fx", fp16_us / us);
-        std::printf("%-5d %7zu %-11s %10.1f %10s %12.2f %10.2f %8.0f%%\n", D, ctx, name.c_str(), us, ratio,
+        std::printf("%-5d %7zu %-16s %10.1f %10s %12.2f %10.2f %8.0f%%\n", D, ctx, name.c_str(), us, ratio,
                     bytes / 1e6, gbs, 100.0 * gbs / copy);
       }
       std::fflush(stdout);
@@ -152,7 +144,8 @@ const CommandRegistrar registrar("bench attend", "decode attention over each cac
   app.add_option("--head-dim", o->head_dims, "head dimensions")->capture_default_str()->check(CLI::Range(1, 1024));
   app.add_option("--kv-heads", o->kv_heads, "KV heads")->capture_default_str()->check(CLI::Range(1, 256));
   app.add_option("--q-heads", o->q_heads, "query heads (a multiple of --kv-heads)")->capture_default_str()->check(CLI::Range(1, 1024));
-  app.add_option("--cache", o->caches, "full, kivi2, kivi4, zipcache42 or any method spec NAME@field=value,... (full first: the ratios divide by it)")->capture_default_str();
+  app.add_option("--cache", o->caches, "method specs: a method or an eval variant (kvslim eval --list-methods: kivi2, zipcache_4_2_h20...), "
+                 "optionally @field=value,... (full first: the ratios divide by it)")->capture_default_str();
   app.add_option("--threads", o->threads, "threads")->capture_default_str()->check(CLI::Range(1, 256));
   app.add_option("--repeats", o->repeats, "timed calls per point (best reported)")->capture_default_str()->check(CLI::Range(1, 1000));
   // The GPU: kvslim's device caches at batch x context shapes (bench/cuda/sdpa_bench.py adds torch SDPA).

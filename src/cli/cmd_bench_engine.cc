@@ -44,8 +44,9 @@ struct Options {
 
 double seconds(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// `method` is a method spec (kvslim/methods.h), a name optionally followed by its own options:
-// "kivi@kivi_bits=4,kivi_group_size=64" (applied after the --set options, which apply to every method).
+// `method` is a method spec (kvslim/methods.h), a method or an eval variant (kivi4, squeeze_s1)
+// optionally followed by its own options: "kivi@kivi_bits=4,kivi_group_size=64" (applied after the
+// --set options, which apply to every method).
 KVCacheConfig cache_config(const std::string& method, const std::vector<std::string>& sets) {
   KVCacheConfig base;
   for (const std::string& kv : sets) {
@@ -226,7 +227,8 @@ const CommandRegistrar registrar("bench engine", "engine prefill/decode tokens/s
   auto o = std::make_shared<Options>();
   app.add_option("--model", o->model, "model directory (see `kvslim random-model`)")->required();
   app.add_option("--context", o->contexts, "prompt lengths")->capture_default_str()->check(CLI::Range(1, 1 << 26));
-  app.add_option("--method", o->methods, "KV cache methods; name@key=value,... gives one its own options (kivi@kivi_bits=4)")
+  app.add_option("--method", o->methods, "KV cache methods or eval variants (kvslim eval --list-methods: kivi4, h2o+kivi3_g64...); "
+                 "name@key=value,... gives one its own options (kivi@kivi_bits=4)")
       ->capture_default_str();
   app.add_option("--set", o->sets, "cache options key=value, applied to every method")->capture_default_str();
   app.add_option("--decode-tokens", o->decode_tokens, "decode steps timed per run")->capture_default_str()->check(CLI::Range(1, 1 << 16));

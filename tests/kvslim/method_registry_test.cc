@@ -60,6 +60,66 @@ TEST(MethodRegistry, SpecsSetTheMethodAndItsFields) {
   EXPECT_THROW(config_from_spec("kivi@kivi_bits=9"), ConfigError);
 }
 
+// kvslim eval's variants are rows of their method (engine/eval/method_grid.cc only reads them).
+TEST(MethodRegistry, EvalVariantsBelongToTheirMethodsRow) {
+  std::size_t total = 0;
+  for (const MethodInfo& m : method_registry()) {
+    if (m.kind == MethodKind::dense) { EXPECT_TRUE(m.variants.empty()) << m.name << ": the eval's reference has no variants"; }
+    for (const EvalVariant& v : m.variants) {
+      ++total;
+      EXPECT_EQ(v.method, m.name) << v.name;
+      EXPECT_EQ(find_variant(v.name), &v) << v.name << ": a variant name appears once";
+      KVCacheConfig c;
+      ASSERT_NO_THROW(c = v.config()) << v.name;
+      EXPECT_EQ(c.method, std::string(m.name)) << v.name;
+      EXPECT_EQ(v.composed(), c.storage != "fp16") << v.name;
+      if (v.composed()) { EXPECT_EQ(m.kind, MethodKind::eviction) << v.name << ": only a policy goes over a storage"; }
+      if (find_method(v.name) != nullptr) {  // a variant named like a method is that method at its defaults
+        EXPECT_EQ(v.name, m.name);
+        EXPECT_EQ(c.fields(), config_from_spec(m.name).fields()) << v.name;
+      }
+      if (!v.compares_to.empty()) {
+        const EvalVariant* base = find_variant(v.compares_to);
+        ASSERT_NE(base, nullptr) << v.name << " compares to " << v.compares_to;
+        EXPECT_EQ(base->method, v.method) << v.name;
+      }
+      if (v.recent_window_fraction != 0) { EXPECT_TRUE(m.budgeted()) << v.name; }
+    }
+  }
+  EXPECT_EQ(eval_variants().size(), total);
+  // Every variant over fp16 rows before the first composed one.
+  bool composed = false;
+  for (const EvalVariant* v : eval_variants()) {
+    if (composed) { EXPECT_TRUE(v->composed()) << v->name; }
+    composed = composed || v->composed();
+  }
+  EXPECT_EQ(find_variant("kivo"), nullptr);
+}
+
+TEST(MethodRegistry, SpecsNameEvalVariants) {
+  const EvalVariant* kivi4 = find_variant("kivi4");
+  ASSERT_NE(kivi4, nullptr);
+  EXPECT_EQ(config_from_spec("kivi4").fields(), kivi4->config().fields());
+  EXPECT_EQ(config_from_spec("kivi4").kivi_bits, 4);
+  const KVCacheConfig g = config_from_spec("kivi4@kivi_group_size=64");
+  EXPECT_EQ(g.kivi_bits, 4);
+  EXPECT_EQ(g.kivi_group_size, 64);
+  KVCacheConfig base;
+  base.h2o_budget = 77;
+  const KVCacheConfig composed = config_from_spec("h2o+kivi3_g64", base);
+  EXPECT_EQ(composed.method, "h2o");
+  EXPECT_EQ(composed.storage, "kivi");
+  EXPECT_EQ(composed.kivi_bits, 3);
+  EXPECT_EQ(composed.h2o_budget, 77);
+  // Eval-only data (a budget-proportional window, reconstruction scores) has no config: refused.
+  for (const EvalVariant* v : eval_variants()) {
+    if (v->eval_only()) { EXPECT_THROW(config_from_spec(v->name), ConfigError) << v->name; }
+  }
+  EXPECT_THROW(config_from_spec("h2o_recent"), ConfigError);
+  EXPECT_THROW(config_from_spec("kivi4@"), ConfigError);
+  EXPECT_THROW(config_from_spec("kivi4@kivi_bits=9"), ConfigError);
+}
+
 // The fuzz corpus holds a seed per registered method (fuzz/corpus/config/NAME.txt, method=NAME).
 TEST(MethodRegistry, FuzzCorpusSeedsEveryMethod) {
   const char* root = std::getenv("KVSLIM_SOURCE_DIR");

@@ -1,5 +1,6 @@
 // The methods `kvslim eval` compares: a catalogue of named variants (a method plus the options
-// that distinguish a documented proxy from its faithful signal), and the memory matching that
+// that distinguish a documented proxy from its faithful signal), read from the method registry
+// (kvslim/methods.h: each method's row carries its EvalVariants), and the memory matching that
 // turns a memory level ("25% of the full cache") into each eviction method's token budget.
 #pragma once
 #include <cstddef>
@@ -34,7 +35,8 @@ struct MethodVariant {
   bool budgeted() const;
 };
 
-// Every variant, in table order (baselines, then each method's proxy before its faithful signal).
+// Every variant, in the registry's eval order (kvslim::eval_variants(): baselines, then each
+// method's proxy before its faithful signal, the composed policy+storage ones last).
 const std::vector<MethodVariant>& variant_catalogue();
 // `list`: comma-separated variant names or method ids (a method id takes all its variants); empty
 // takes the preset's variants. Throws std::invalid_argument naming an unknown entry.
