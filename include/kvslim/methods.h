@@ -38,10 +38,14 @@ struct EvalVariant {
   // engine) for the first prefill of every sequence, at this weight against the window's
   // attention; 0 = none.
   float reconstruction_weight = 0;
+  // kvslim eval's engine attends a prompt over the previous view plus the call's own rows (as
+  // computed, fp16) and only then lets the cache absorb them (engine PrefillAttention::full_prompt:
+  // KIVI's, ZipCache's and kvpress's order), instead of over what the cache kept of them.
+  bool prefill_full_prompt = false;
   std::string_view method;  // its row's name (filled by the registry)
 
   // Data only kvslim eval can apply (not part of the config).
-  bool eval_only() const { return recent_window_fraction != 0 || reconstruction_weight != 0; }
+  bool eval_only() const { return recent_window_fraction != 0 || reconstruction_weight != 0 || prefill_full_prompt; }
   // Its method over a storage other than fp16 (named policy+storage); `kvslim eval` lists these
   // after every variant over fp16 rows.
   bool composed() const;

@@ -188,6 +188,7 @@ PYBIND11_MODULE(_kvslim, m) {
           e["composed"] = v.composed();
           e["recent_window_fraction"] = v.recent_window_fraction;
           e["reconstruction_weight"] = v.reconstruction_weight;
+          e["prefill_full_prompt"] = v.prefill_full_prompt;
           variants.append(e);
         }
         d["variants"] = variants;

@@ -209,6 +209,17 @@ const std::vector<Row>& table() {
                          .description = "h2o at its default over uniform 3-bit groups of 128 rows, decode rows 16 at a time "
                                         "(storage=kivi)",
                          .settings = "storage=kivi,kivi_bits=3,kivi_group_size=128,kivi_staging=16,zipcache_staging=32"},
+                        {.name = "h2o+kivi2_g128_full_prefill",
+                         .description = "h2o over uniform 2-bit groups of 128 rows, decode rows 16 at a time, the prompt "
+                                        "attending its own rows before the cache compresses (full_prompt prefill)",
+                         .settings = "storage=kivi,kivi_bits=2,kivi_group_size=128,kivi_staging=16,zipcache_staging=32",
+                         .prefill_full_prompt = true},
+                        {.name = "h2o+kivi3_g128_full_prefill",
+                         .description = "h2o+kivi3_g128, the prompt attending its own rows before the cache compresses "
+                                        "(full_prompt prefill)",
+                         .settings = "storage=kivi,kivi_bits=3,kivi_group_size=128,kivi_staging=16,zipcache_staging=32",
+                         .compares_to = "h2o+kivi3_g128",
+                         .prefill_full_prompt = true},
                     }},
        .build = build_h2o},
       {.info = {.name = "squeeze",
@@ -406,6 +417,12 @@ const std::vector<Row>& table() {
                         {.name = "kivi2_g128",
                          .description = "uniform 2-bit group quantization of K and V, groups of 128 rows (128 fp16 staging)",
                          .settings = "kivi_bits=2,kivi_group_size=128,kivi_staging=128"},
+                        {.name = "kivi2_full_prefill",
+                         .description = "kivi2, the prompt attending its own rows before the cache quantizes them "
+                                        "(full_prompt prefill: KIVI's order)",
+                         .settings = "kivi_bits=2,kivi_group_size=32,kivi_staging=128",
+                         .compares_to = "kivi2",
+                         .prefill_full_prompt = true},
                     }},
        .build = build_kivi},
   };
@@ -546,7 +563,8 @@ KVCacheConfig config_from_spec(std::string_view spec, KVCacheConfig base) {
   } else if (const EvalVariant* v = find_variant(name)) {
     if (v->eval_only()) {
       throw ConfigError("method spec \"" + std::string(spec) + "\": variant '" + std::string(name) +
-                        "' needs kvslim eval (a recent window proportional to the budget, or reconstruction scores); "
+                        "' needs kvslim eval (a recent window proportional to the budget, reconstruction scores or its "
+                        "prefill order); "
                         "a config cannot hold it");
     }
     base.method = std::string(v->method);

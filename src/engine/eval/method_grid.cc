@@ -27,6 +27,7 @@ std::vector<MethodVariant> build_catalogue() {
     v.recent_window_fraction = e->recent_window_fraction;
     v.quick = e->quick;
     v.reconstruction_weight = e->reconstruction_weight;
+    v.prefill = e->prefill_full_prompt ? PrefillAttention::full_prompt : PrefillAttention::cache_view;
     all.push_back(std::move(v));
   }
   return all;
