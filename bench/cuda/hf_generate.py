@@ -257,15 +257,23 @@ def tiny(args, log):
     return recs
 
 
-def llama8b_shape(args, log):
+def llama8b_model(layers: int):
+    """A random-weight bf16 model of Llama-3-8B's attention and FFN shape with `layers` layers, on
+    the GPU, attending with SDPA (shared by hf_profile.py and hf_max_batch.py)."""
     from transformers import LlamaConfig, LlamaForCausalLM
     cfg = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
-                      head_dim=128, num_hidden_layers=args.layers, vocab_size=128256, max_position_embeddings=262144,
+                      head_dim=128, num_hidden_layers=layers, vocab_size=128256, max_position_embeddings=262144,
                       rope_theta=500000.0, tie_word_embeddings=False)
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
     model.config._attn_implementation = "sdpa"
+    return model
+
+
+def llama8b_shape(args, log):
+    model = llama8b_model(args.layers)
+    cfg = model.config
     recs = []
     for shape in args.shapes.split(","):
         b, t = (int(x) for x in shape.lower().split("x"))

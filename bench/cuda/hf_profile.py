@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hf_generate import sync  # noqa: E402
+from hf_generate import llama8b_model, sync  # noqa: E402
 
 
 def caches(model, T):
@@ -114,14 +114,8 @@ def main():
         (out / "hf_profile.txt").write_text("\n".join(lines) + "\n")
 
     import kvslim.hf
-    from transformers import LlamaConfig, LlamaForCausalLM
-    cfg = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
-                      head_dim=128, num_hidden_layers=args.layers, vocab_size=128256, max_position_embeddings=262144,
-                      rope_theta=500000.0, tie_word_embeddings=False)
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
-    model.config._attn_implementation = "sdpa"
+    model = llama8b_model(args.layers)
+    cfg = model.config
     only = list(filter(None, args.only.split(",")))
     for shape in args.shapes.split(","):
         b, t = (int(x) for x in shape.lower().split("x"))

@@ -135,18 +135,34 @@ class LayerState:
         if self.whole_prompt:
             return self._attend_prompt(query, key, value, scaling), None
         if self.on_device:
-            out, probs = self.cache.attend(query.transpose(1, 2), self.query_positions, scaling,
-                                           probs=self.wants_attention)  # [B, S, H_q, D] fp32
-            if self.wants_attention:
-                self.cache.observe_attention(probs, self.query_positions)
-                self.attention_reports += 1
+            q = query.transpose(1, 2)  # [B, S, H_q, D]; Cache.attend converts it to fp32 on the device
+        else:
+            q = query.detach().transpose(1, 2).to(device="cpu", dtype=torch.float32).contiguous()  # [B, S, H_q, D]
+        out = self._attend_observing(q, scaling)
+        if self.on_device:
             return out.to(query.dtype), None
-        q = query.detach().transpose(1, 2).to(device="cpu", dtype=torch.float32).contiguous()  # [B, S, H_q, D]
-        out, probs = self.cache.attend(q, self.query_positions, scaling, probs=self.wants_attention)
-        if self.wants_attention:
-            self.cache.observe_attention(probs, self.query_positions)
-            self.attention_reports += 1
         return torch.from_numpy(out).to(device=query.device, dtype=query.dtype), None
+
+    def _attend_observing(self, q, scaling: float | None):
+        """The cache's attention of q [B, S, H_q, D] at the step's positions; a cache that scores by
+        attention observes the probabilities of the queries it reads (its window: the last
+        `attention_queries`, or all), and only those are computed with probabilities -- a long
+        chunk's [B, H_kv, S, rows] probabilities would cost more memory than its cache."""
+        pos = self.query_positions
+        s = q.shape[1]
+        n = s if self.observed_queries <= 0 else min(self.observed_queries, s)
+        if not self.wants_attention:
+            return self.cache.attend(q, pos, scaling)[0]
+        if n == s:
+            out, probs = self.cache.attend(q, pos, scaling, probs=True)
+        else:
+            head, _ = self.cache.attend(q[:, : s - n], pos[: s - n], scaling)
+            out, probs = self.cache.attend(q[:, s - n:], pos[s - n:], scaling, probs=True)
+            cat = torch.cat if self.on_device else np.concatenate
+            out = cat([head, out], 1)
+        self.cache.observe_attention(probs, pos[s - n:])
+        self.attention_reports += 1
+        return out
 
     def _attend_prompt(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float | None):
         """A prompt's first call into an empty cache: causal SDPA in torch over the step's own keys and
