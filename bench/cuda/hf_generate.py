@@ -32,6 +32,20 @@ def sync():
     torch.cuda.synchronize()
 
 
+def file_logger(out: Path, name: str):
+    """A log(line) that prints each line and rewrites out/name with every line so far (a run cut
+    short keeps what it wrote)."""
+    out.mkdir(parents=True, exist_ok=True)
+    lines = []
+
+    def log(line):
+        print(line, flush=True)
+        lines.append(line)
+        (out / name).write_text("\n".join(lines) + "\n")
+
+    return log
+
+
 def kv_tensor_bytes(cache) -> int:
     total = 0
     for layer in getattr(cache, "layers", []):
@@ -303,13 +317,7 @@ def main():
     args = ap.parse_args()
     ONLY[:] = list(filter(None, args.only.split(",")))
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    lines = []
-
-    def log(line):
-        print(line, flush=True)
-        lines.append(line)
-        (out / "hf_generate.txt").write_text("\n".join(lines) + "\n")
+    log = file_logger(out, "hf_generate.txt")
 
     import transformers
 

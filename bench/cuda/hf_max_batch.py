@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hf_generate import llama8b_model, sync  # noqa: E402
+from hf_generate import file_logger, llama8b_model, sync  # noqa: E402
 
 
 def caches(model, context):
@@ -120,13 +120,8 @@ def main():
     ap.add_argument("--only", default="")
     args = ap.parse_args()
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    lines, results = [], []
-
-    def log(line):
-        print(line, flush=True)
-        lines.append(line)
-        (out / "hf_max_batch.txt").write_text("\n".join(lines) + "\n")
+    log = file_logger(out, "hf_max_batch.txt")
+    results = []
 
     import kvslim.hf
     model = llama8b_model(args.layers)

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hf_generate import llama8b_model, sync  # noqa: E402
+from hf_generate import file_logger, llama8b_model, sync  # noqa: E402
 
 
 def caches(model, T):
@@ -104,14 +104,7 @@ def main():
     ap.add_argument("--shapes", default="1x32768,8x32768")
     ap.add_argument("--only", default="")
     args = ap.parse_args()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    lines = []
-
-    def log(line):
-        print(line, flush=True)
-        lines.append(line)
-        (out / "hf_profile.txt").write_text("\n".join(lines) + "\n")
+    log = file_logger(Path(args.out), "hf_profile.txt")
 
     import kvslim.hf
     model = llama8b_model(args.layers)
