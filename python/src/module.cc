@@ -189,6 +189,7 @@ PYBIND11_MODULE(_kvslim, m) {
           e["recent_window_fraction"] = v.recent_window_fraction;
           e["reconstruction_weight"] = v.reconstruction_weight;
           e["prefill_full_prompt"] = v.prefill_full_prompt;
+          e["eval_only"] = v.eval_only();  // data only kvslim eval applies: its name is not a config spec
           variants.append(e);
         }
         d["variants"] = variants;

@@ -37,7 +37,9 @@ def test_eval_variants_are_rows_of_their_method():
             cfg = kvslim.Config.from_spec(name + ("@" + v["settings"] if v["settings"] else ""))
             assert cfg.method == name
             assert v["composed"] == (cfg.storage != "fp16")
-            if v["recent_window_fraction"] == 0 and v["reconstruction_weight"] == 0:
+            assert v["eval_only"] == (v["recent_window_fraction"] != 0 or v["reconstruction_weight"] != 0
+                                      or v["prefill_full_prompt"])
+            if not v["eval_only"]:
                 assert kvslim.Config.from_spec(v["name"]) == cfg  # the variant's name is a spec
             else:
                 with pytest.raises(kvslim.ConfigError, match="kvslim eval"):
