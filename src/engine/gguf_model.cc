@@ -14,6 +14,7 @@
 #include "engine/json_util.h"
 #include "engine/model.h"
 #include "engine/ops.h"
+#include "engine/quant_gemv.h"
 #include "engine/tokenizer.h"
 #include "engine/utf8.h"
 #include "kvslim/dtype.h"
@@ -160,13 +161,31 @@ bool dequantize_at_load() {
   return v != nullptr && std::string(v) == "1";
 }
 
+// KVSLIM_GGUF_REPACK=0: Q4_0 matrices stay in the file's layout instead of being repacked into
+// Q4_0x16 at load (for A/B benchmarks of the repacked kernels).
+bool repack_at_load() {
+  const char* v = std::getenv("KVSLIM_GGUF_REPACK");
+  return v == nullptr || std::string(v) != "0";
+}
+
 // Memory the store's tensor views point into: the mapped file and converted copies.
 struct Owner {
+  struct Free {
+    void operator()(void* p) const { std::free(p); }
+  };
   std::shared_ptr<const void> keep_alive;  // the mapped file
   std::vector<std::unique_ptr<std::byte[]>> buffers;
+  std::vector<std::unique_ptr<void, Free>> aligned;
   std::byte* allocate(std::size_t n) {
     buffers.push_back(std::make_unique<std::byte[]>(std::max<std::size_t>(n, 1)));
     return buffers.back().get();
+  }
+  // n bytes on a 64-byte boundary (the kernels' vectors), left uninitialised (the caller writes all).
+  std::byte* allocate_aligned(std::size_t n) {
+    void* p = std::aligned_alloc(64, (std::max<std::size_t>(n, 1) + 63) / 64 * 64);
+    if (p == nullptr) throw std::bad_alloc();
+    aligned.emplace_back(p);
+    return static_cast<std::byte*>(p);
   }
 };
 
@@ -337,12 +356,29 @@ GgufModel read_gguf_model(const gguf::Header& h, const std::string& fname, std::
     }
     const bool qk = t.name.ends_with(".attn_q.weight") || t.name.ends_with(".attn_k.weight") ||
                     t.name.ends_with(".attn_q.bias") || t.name.ends_with(".attn_k.bias");
-    if (arch == "llama" && qk) {
-      const std::size_t rows = static_cast<std::size_t>(t.ne.size() == 1 ? t.ne[0] : t.ne[1]);
-      if (rows % d != 0) {
-        throw ModelFileError(fname + ": tensor '" + t.name + "' has " + std::to_string(rows) +
-                             " rows, not a multiple of the head size " + std::to_string(d));
+    const bool permute = arch == "llama" && qk;
+    const std::size_t rows = static_cast<std::size_t>(t.ne.size() == 1 ? t.ne[0] : t.ne[1]);
+    if (permute && rows % d != 0) {
+      throw ModelFileError(fname + ": tensor '" + t.name + "' has " + std::to_string(rows) +
+                           " rows, not a multiple of the head size " + std::to_string(d));
+    }
+    // Q4_0 matrices are repacked into Q4_0x16 (quant_gemv.h: 16 rows side by side, what decode's
+    // kernel reads in one pass; the same bytes rearranged), taking the q/k rows in HF order on the
+    // way; the mapped originals' pages are handed back, so the weights stay resident once. The
+    // embedding keeps the file's layout: its rows are read one token at a time.
+    if (info.type == WeightType::q4_0 && t.ne.size() == 2 && rows % 16 == 0 && t.name != "token_embd.weight" &&
+        repack_at_load()) {
+      const std::size_t row_bytes = nbytes / rows;
+      std::vector<const std::uint8_t*> src(rows);
+      for (std::size_t r = 0; r < rows; ++r) {
+        src[permute ? hf_row_of_gguf_row(r, d) : r] = reinterpret_cast<const std::uint8_t*>(data) + r * row_bytes;
       }
+      std::byte* out = owner->allocate_aligned(nbytes);
+      qgemv::interleave_q4_0(src.data(), rows, static_cast<std::size_t>(t.ne[0]), reinterpret_cast<std::uint8_t*>(out));
+      if (mapped != nullptr) mapped->release_pages(data, nbytes);
+      data = out;
+      info.type = WeightType::q4_0x16;
+    } else if (permute) {
       // Rows are whole blocks in every type, so the permutation moves bytes, not values.
       const std::size_t row_bytes = nbytes / rows;
       std::byte* out = owner->allocate(nbytes);
@@ -626,7 +662,7 @@ void write_gguf(const Model& model, const std::string& tokenizer_json, const std
     std::size_t n = 1;
     for (std::int64_t dim : t.shape) n *= static_cast<std::size_t>(dim);
     std::vector<float> x(n);
-    convert_weights(t.data, t.type, x.data(), n);
+    convert_tensor(t, x.data());
     const bool qk = g.ends_with(".attn_q.weight") || g.ends_with(".attn_k.weight") || g.ends_with(".attn_q.bias") ||
                     g.ends_with(".attn_k.bias");
     if (arch == "llama" && qk) {
