@@ -71,6 +71,13 @@ BENCHMARK(BM_Gemv)
 const std::vector<std::uint8_t>& block_bytes(WeightType type) {
   static std::map<WeightType, std::vector<std::uint8_t>> cache;
   auto& b = cache[type];
+  if (b.empty() && type == WeightType::q4_0x16) {  // the Q4_0 matrix repacked as the GGUF loader does
+    const std::vector<std::uint8_t>& q = block_bytes(WeightType::q4_0);
+    std::vector<const std::uint8_t*> rows(kRows);
+    for (std::size_t r = 0; r < kRows; ++r) rows[r] = q.data() + r * (q.size() / kRows);
+    b.resize(q.size());
+    qgemv::interleave_q4_0(rows.data(), kRows, kCols, b.data());
+  }
   if (b.empty()) {
     const std::size_t bb = weight_type_size(type), blocks = kRows * kCols / weight_block_elements(type);
     b.resize(blocks * bb);
@@ -107,7 +114,7 @@ void BM_GemvQuant(benchmark::State& state) {
 }
 BENCHMARK(BM_GemvQuant)
     ->ArgsProduct({{static_cast<int>(WeightType::q4_0), static_cast<int>(WeightType::q8_0), static_cast<int>(WeightType::q4_k),
-                    static_cast<int>(WeightType::q5_k), static_cast<int>(WeightType::q6_k)},
+                    static_cast<int>(WeightType::q5_k), static_cast<int>(WeightType::q6_k), static_cast<int>(WeightType::q4_0x16)},
                    {1, 2}})
     ->Unit(benchmark::kMillisecond)->UseRealTime();
 
@@ -125,7 +132,8 @@ void BM_MatmulQuant(benchmark::State& state) {
   state.SetLabel(weight_type_name(type));
 }
 BENCHMARK(BM_MatmulQuant)
-    ->ArgsProduct({{static_cast<int>(WeightType::q4_0), static_cast<int>(WeightType::q4_k)}, {16, 128}})
+    ->ArgsProduct({{static_cast<int>(WeightType::q4_0), static_cast<int>(WeightType::q4_k), static_cast<int>(WeightType::q4_0x16)},
+                   {16, 128}})
     ->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_Matmul(benchmark::State& state) {

@@ -40,7 +40,16 @@ bool has_non_finite(const void* data, WeightType type, std::size_t n) {
   return false;
 }
 
-bool has_non_finite(const Matrix& m) { return has_non_finite(m.data, m.type, m.rows * m.cols); }
+bool has_non_finite(const Matrix& m) {
+  if (weight_interleave_rows(m.type) == 1) return has_non_finite(m.data, m.type, m.rows * m.cols);
+  std::vector<float> tmp(16 * m.cols);  // an interleaved type: 16 rows (one group) at a time
+  for (std::size_t r = 0; r < m.rows; r += 16) {
+    const std::size_t nr = std::min<std::size_t>(16, m.rows - r);
+    convert_rows(m, r, nr, tmp.data());
+    if (!all_finite(tmp.data(), nr * m.cols)) return true;
+  }
+  return false;
+}
 bool has_non_finite(const std::vector<float>& v) { return !all_finite(v.data(), v.size()); }
 
 // The weights one stage reads, in the order the forward pass reads them, with their HF names.

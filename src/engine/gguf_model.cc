@@ -7,13 +7,18 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <new>
+#include <stdexcept>
 #include <set>
+
+#include <sys/mman.h>
 
 #include <nlohmann/json.hpp>
 
 #include "engine/json_util.h"
 #include "engine/model.h"
 #include "engine/ops.h"
+#include "engine/quant_gemv.h"
 #include "engine/tokenizer.h"
 #include "engine/utf8.h"
 #include "kvslim/dtype.h"
@@ -160,13 +165,54 @@ bool dequantize_at_load() {
   return v != nullptr && std::string(v) == "1";
 }
 
+// KVSLIM_GGUF_REPACK=0: Q4_0 matrices stay in the file's layout instead of being repacked into
+// Q4_0x16 at load (for A/B benchmarks of the repacked kernels).
+bool repack_at_load() {
+  const char* v = std::getenv("KVSLIM_GGUF_REPACK");
+  return v == nullptr || std::string(v) != "0";
+}
+
 // Memory the store's tensor views point into: the mapped file and converted copies.
 struct Owner {
+  struct Free {
+    void operator()(void* p) const { std::free(p); }
+  };
   std::shared_ptr<const void> keep_alive;  // the mapped file
   std::vector<std::unique_ptr<std::byte[]>> buffers;
+  std::vector<std::unique_ptr<void, Free>> aligned;
   std::byte* allocate(std::size_t n) {
     buffers.push_back(std::make_unique<std::byte[]>(std::max<std::size_t>(n, 1)));
     return buffers.back().get();
+  }
+  // One arena for the repacked matrices (reserve() once with their total, then slices of
+  // it): 64-byte aligned slices (the kernels' vectors), left uninitialised (the caller writes
+  // all). From 2 MiB on, the arena sits on a 2 MiB boundary and is marked for transparent huge
+  // pages before the first write (decode streams every byte once per token: fewer TLB misses);
+  // one arena rather than one buffer per matrix, so at most one huge page is partly unused.
+  // KVSLIM_GGUF_HUGEPAGES=0: 4 KiB pages.
+  std::byte* arena = nullptr;
+  std::size_t arena_size = 0, arena_used = 0;
+  static std::size_t slice(std::size_t n) { return (n + 63) / 64 * 64; }
+  void reserve(std::size_t n) {
+    if (n == 0) return;
+    constexpr std::size_t kHuge = std::size_t{2} << 20;
+    const char* env = std::getenv("KVSLIM_GGUF_HUGEPAGES");
+    const bool huge = n >= kHuge && !(env != nullptr && std::string(env) == "0");
+    const std::size_t align = huge ? kHuge : 64;
+    arena_size = (n + align - 1) / align * align;
+    void* p = std::aligned_alloc(align, arena_size);
+    if (p == nullptr) throw std::bad_alloc();
+    aligned.emplace_back(p);
+#ifdef MADV_HUGEPAGE
+    if (huge) ::madvise(p, arena_size, MADV_HUGEPAGE);  // advice only: without it the pages are 4 KiB
+#endif
+    arena = static_cast<std::byte*>(p);
+  }
+  std::byte* allocate_aligned(std::size_t n) {
+    if (arena == nullptr || arena_used + slice(n) > arena_size) throw std::logic_error("gguf loader: repack arena too small");
+    std::byte* p = arena + arena_used;
+    arena_used += slice(n);
+    return p;
   }
 };
 
@@ -293,6 +339,18 @@ GgufModel read_gguf_model(const gguf::Header& h, const std::string& fname, std::
   auto owner = std::make_shared<Owner>();
   owner->keep_alive = std::move(keep_alive);
   std::vector<TensorInfo> tensors;
+  // Q4_0 matrices are repacked into Q4_0x16 (quant_gemv.h: 16 rows side by side, what decode's
+  // kernel reads in one pass; the same bytes rearranged). The embedding keeps the file's layout:
+  // its rows are read one token at a time.
+  auto repacked = [&](const gguf::TensorEntry& t) {
+    return static_cast<TensorType>(t.type) == TensorType::q4_0 && t.ne.size() == 2 && t.ne[1] % 16 == 0 &&
+           t.name != "token_embd.weight" && !dequantize_at_load() && repack_at_load();
+  };
+  std::size_t repack_bytes = 0;
+  for (const gguf::TensorEntry& t : h.tensors) {
+    if (repacked(t)) repack_bytes += Owner::slice(t.nbytes);
+  }
+  owner->reserve(repack_bytes);
   const std::size_t d = static_cast<std::size_t>(c.head_dim);
   for (const gguf::TensorEntry& t : h.tensors) {
     if (t.name == "rope_freqs.weight") {
@@ -337,12 +395,26 @@ GgufModel read_gguf_model(const gguf::Header& h, const std::string& fname, std::
     }
     const bool qk = t.name.ends_with(".attn_q.weight") || t.name.ends_with(".attn_k.weight") ||
                     t.name.ends_with(".attn_q.bias") || t.name.ends_with(".attn_k.bias");
-    if (arch == "llama" && qk) {
-      const std::size_t rows = static_cast<std::size_t>(t.ne.size() == 1 ? t.ne[0] : t.ne[1]);
-      if (rows % d != 0) {
-        throw ModelFileError(fname + ": tensor '" + t.name + "' has " + std::to_string(rows) +
-                             " rows, not a multiple of the head size " + std::to_string(d));
+    const bool permute = arch == "llama" && qk;
+    const std::size_t rows = static_cast<std::size_t>(t.ne.size() == 1 ? t.ne[0] : t.ne[1]);
+    if (permute && rows % d != 0) {
+      throw ModelFileError(fname + ": tensor '" + t.name + "' has " + std::to_string(rows) +
+                           " rows, not a multiple of the head size " + std::to_string(d));
+    }
+    // A repacked matrix takes the q/k rows in HF order on the way; the mapped originals' pages
+    // are handed back, so the weights stay resident once.
+    if (repacked(t)) {
+      const std::size_t row_bytes = nbytes / rows;
+      std::vector<const std::uint8_t*> src(rows);
+      for (std::size_t r = 0; r < rows; ++r) {
+        src[permute ? hf_row_of_gguf_row(r, d) : r] = reinterpret_cast<const std::uint8_t*>(data) + r * row_bytes;
       }
+      std::byte* out = owner->allocate_aligned(nbytes);
+      qgemv::interleave_q4_0(src.data(), rows, static_cast<std::size_t>(t.ne[0]), reinterpret_cast<std::uint8_t*>(out));
+      if (mapped != nullptr) mapped->release_pages(data, nbytes);
+      data = out;
+      info.type = WeightType::q4_0x16;
+    } else if (permute) {
       // Rows are whole blocks in every type, so the permutation moves bytes, not values.
       const std::size_t row_bytes = nbytes / rows;
       std::byte* out = owner->allocate(nbytes);
@@ -626,7 +698,7 @@ void write_gguf(const Model& model, const std::string& tokenizer_json, const std
     std::size_t n = 1;
     for (std::int64_t dim : t.shape) n *= static_cast<std::size_t>(dim);
     std::vector<float> x(n);
-    convert_weights(t.data, t.type, x.data(), n);
+    convert_tensor(t, x.data());
     const bool qk = g.ends_with(".attn_q.weight") || g.ends_with(".attn_k.weight") || g.ends_with(".attn_q.bias") ||
                     g.ends_with(".attn_k.bias");
     if (arch == "llama" && qk) {

@@ -284,7 +284,7 @@ std::span<const float> Transformer::forward(std::span<const int> tokens, std::sp
       throw std::invalid_argument("forward: token id " + std::to_string(tokens[i]) + " outside the vocabulary [0, " +
                                   std::to_string(c.vocab_size) + ")");
     }
-    convert_weights(w.embed.row(tokens[i]), w.embed.type, x_.data() + i * hidden, hidden);
+    convert_rows(w.embed, static_cast<std::size_t>(tokens[i]), 1, x_.data() + i * hidden);
     rope_.angles(positions[i], cos_.data() + i * half, sin_.data() + i * half);
   }
   // NaN/Inf checks (embedding, each layer's K/V and output, logits): each costs one pass over

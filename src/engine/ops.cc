@@ -40,6 +40,24 @@ void convert_weights(const void* src, WeightType type, float* dst, std::size_t n
   convert_to_f32(src, to_dtype(type), dst, n);
 }
 
+void convert_rows(const Matrix& w, std::size_t r0, std::size_t nr, float* dst) {
+  if (weight_interleave_rows(w.type) > 1) {
+    qgemv::dequantize_rows(w.type, w.data, w.cols, r0, nr, dst);
+    return;
+  }
+  convert_weights(w.row(r0), w.type, dst, nr * w.cols);
+}
+
+void convert_tensor(const TensorInfo& t, float* dst) {
+  const std::size_t n = weight_elements(t.type, t.nbytes);
+  if (weight_interleave_rows(t.type) > 1) {
+    const auto cols = static_cast<std::size_t>(t.shape.at(1));
+    convert_rows(Matrix{t.type, t.data, n / cols, cols}, 0, n / cols, dst);
+    return;
+  }
+  convert_weights(t.data, t.type, dst, n);
+}
+
 // ------------------------------------------------------------------------------------------------
 // ThreadPool
 
@@ -393,7 +411,7 @@ void matmul_rows(const Matrix& w, const float* x, std::size_t n, float* y, float
     if (w.type == WeightType::f32) {
       b = static_cast<const float*>(w.data) + t0 * w.cols;
     } else {
-      convert_weights(w.row(t0), w.type, tile, tr * w.cols);
+      convert_rows(w, t0, tr, tile);
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), static_cast<int>(tr), cols, 1.0f, x,
                 cols, b, cols, 0.0f, y + t0, rows);

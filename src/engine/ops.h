@@ -20,8 +20,10 @@
 namespace kvslim::engine {
 
 // A weight matrix as stored in the model file: [rows = out_features, cols = in_features],
-// row-major, element type `type` (for a block type each row is cols / block_elements blocks).
-// Not owned (points into the mmap'ed file).
+// row-major, element type `type` (for a block type each row is cols / block_elements blocks), or
+// an interleaved type (Q4_0x16: 16 rows side by side, repacked at load) whose rows are not
+// contiguous: row() is for the others; convert_rows decodes any. Not owned (points into the
+// mmap'ed file or the loader's repacked copy).
 struct Matrix {
   WeightType type = WeightType::f32;
   const void* data = nullptr;
@@ -37,6 +39,11 @@ DType to_dtype(WeightType type);
 // dst[i] = float(src[i]) for n elements of `type` (exact: bf16/f16 embed into f32; block types:
 // the format's own decoding, n a multiple of the block size, src at a block boundary).
 void convert_weights(const void* src, WeightType type, float* dst, std::size_t n);
+// Rows [r0, r0 + nr) of w as fp32, row-major (every type, interleaved ones included).
+void convert_rows(const Matrix& w, std::size_t r0, std::size_t nr, float* dst);
+// A whole tensor as fp32 in its logical (row-major) order, every type: a 2-D tensor of an
+// interleaved type by its shape, the others as convert_weights.
+void convert_tensor(const TensorInfo& t, float* dst);
 
 // A tiny persistent pool: `run(n, fn)` calls fn(i) for i in [0, n) spread over the threads, the
 // caller taking part. No allocation per call; workers sleep on an atomic between calls.

@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "engine/gguf.h"
@@ -236,6 +238,12 @@ HWY_INLINE void PrefetchAhead(const std::uint8_t* p, std::size_t bytes) {
 
 HWY_INLINE __m512i DotU8S8x64(__m512i acc, __m512i u, __m512i s) {
   __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));  // EVEX: a zmm form has no VEX encoding
+  return acc;
+}
+
+// acc + w (16 rows x 4 unsigned bytes) . the 4 signed bytes at p broadcast to every row.
+HWY_INLINE __m512i DotBcast(__m512i acc, __m512i w, const std::int8_t* p) {
+  __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*reinterpret_cast<const std::int32_t*>(p)));
   return acc;
 }
 
@@ -539,9 +547,185 @@ float DotQ6_K(const std::uint8_t* row, const Q8Blocks& x, std::size_t n_super) {
 }
 #endif
 
+// ---------------------------------------------------------------------------------------------
+// Q4_0x16: Q4_0 matrices repacked at load (interleave_q4_0, quant_gemv.h) so that one pass over
+// the activation feeds 16 rows and each row's sum stays in its own int32 lane (no horizontal
+// reduction, one sequential weight stream per thread). A 16-row group is nb = cols / 32 units of
+// 288 bytes, unit b = block b of the 16 rows: their fp16 scales (32 bytes), then 4 chunks of 64
+// bytes, chunk c = [row 0..15][the row's code bytes 4c..4c+3], whose low nibbles are the block's
+// values 4c..4c+3 and high nibbles its values 16+4c..16+4c+3. Codes q in 0..15 stand for q - 8:
+// each block's int32 sum is corrected in integers (- 8 * the activation block's code sum) before
+// its one convert and FMA, so a row's value is sum_b float(dot(q - 8, x_b)) * (d_w * d_x), the
+// order of llama.cpp's repacked kernels.
+constexpr std::size_t kQ4x16Unit = 288;
+
+// 8 * (sum of activation block b's 32 codes).
+HWY_INLINE std::int32_t Q4Offset(const Q8Blocks& x, std::size_t b) { return 8 * (x.s16[2 * b] + x.s16[2 * b + 1]); }
+
+#if HWY_TARGET == HWY_AVX3_DL
+// out[0..16) = the 16 rows of group g (nb units).
+void GroupQ4_0x16(const std::uint8_t* g, const Q8Blocks& x, std::size_t nb, float* out) {
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  const __m512i m4 = _mm512_set1_epi8(0x0f), zero = _mm512_setzero_si512();
+  const std::int8_t* xq = x.q.data();
+  auto unit = [&](std::size_t b, __m512& acc) {
+    // No software prefetch: the repacked matrices sit on 2 MiB pages (gguf_model.cc), where the
+    // hardware prefetchers follow the stream; PrefetchAhead's 16 KB into L2 was slower there
+    // (decode of the 1 B Q4_0 file, alternated runs: 1 thread 47.4-47.9 -> 53.3-56.0 tok/s
+    // without; 2 threads after 512 tokens, best of 6: 66.8 -> 69.8, median ~48 -> ~58).
+    const std::uint8_t* u = g + kQ4x16Unit * b;
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(u)));
+    const std::int8_t* q = xq + 32 * b;
+    __m512i lo = zero, hi = zero;
+    for (int c = 0; c < 4; ++c) {
+      const __m512i v = _mm512_loadu_si512(u + 32 + 64 * c);
+      lo = DotBcast(lo, _mm512_and_si512(v, m4), q + 4 * c);
+      hi = DotBcast(hi, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4), q + 16 + 4 * c);
+    }
+    const __m512i p = _mm512_sub_epi32(_mm512_add_epi32(lo, hi), _mm512_set1_epi32(Q4Offset(x, b)));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw, _mm512_set1_ps(x.d[b])), acc);
+  };
+  std::size_t b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    unit(b, acc0);
+    unit(b + 1, acc1);
+  }
+  if (b < nb) unit(b, acc0);
+  _mm512_storeu_ps(out, _mm512_add_ps(acc0, acc1));
+}
+
+// Prefill: y[t * ldy + row0 + i] for NT tokens from t0 and the group's rows i < 16 in `m`; the
+// group's 8 code vectors per unit are unpacked once for the NT tokens (the group's bytes stay in
+// L1/L2 while the tokens stream past).
+template <int NT>
+void TileQ4_0x16(const std::uint8_t* g, std::size_t nb, const Q8Blocks* xs, std::size_t t0, float* y, std::size_t ldy,
+                 std::size_t row0, __mmask16 m) {
+  __m512 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  const __m512i m4 = _mm512_set1_epi8(0x0f), zero = _mm512_setzero_si512();
+  for (std::size_t b = 0; b < nb; ++b) {
+    const std::uint8_t* u = g + kQ4x16Unit * b;
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(u)));
+    __m512i lo[4], hi[4];
+    for (int c = 0; c < 4; ++c) {
+      const __m512i v = _mm512_loadu_si512(u + 32 + 64 * c);
+      lo[c] = _mm512_and_si512(v, m4);
+      hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+    }
+    for (int t = 0; t < NT; ++t) {
+      const Q8Blocks& x = xs[t0 + t];
+      const std::int8_t* q = x.q.data() + 32 * b;
+      __m512i pl = DotBcast(zero, lo[0], q), ph = DotBcast(zero, hi[0], q + 16);
+      for (int c = 1; c < 4; ++c) {
+        pl = DotBcast(pl, lo[c], q + 4 * c);
+        ph = DotBcast(ph, hi[c], q + 16 + 4 * c);
+      }
+      const __m512i p = _mm512_sub_epi32(_mm512_add_epi32(pl, ph), _mm512_set1_epi32(Q4Offset(x, b)));
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw, _mm512_set1_ps(x.d[b])), acc[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(y + (t0 + t) * ldy + row0, m, acc[t]);
+}
+
+#elif KVSLIM_QGEMV_X86
+// AVX2 / AVX3: rows 0-7 and 8-15 of a chunk are its two 32-byte halves, one ymm of 8 int32 row
+// sums each; the activation's 4 bytes broadcast per chunk.
+void GroupQ4_0x16(const std::uint8_t* g, const Q8Blocks& x, std::size_t nb, float* out) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  const __m256i m4 = _mm256_set1_epi8(0x0f), zero = _mm256_setzero_si256();
+  for (std::size_t b = 0; b < nb; ++b) {
+    const std::uint8_t* u = g + kQ4x16Unit * b;
+    const __m256 dw0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u)));
+    const __m256 dw1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u + 16)));
+    const std::int8_t* q = x.q.data() + 32 * b;
+    __m256i p0 = zero, p1 = zero;
+    for (int c = 0; c < 4; ++c) {
+      std::int32_t a, h;
+      std::memcpy(&a, q + 4 * c, 4);
+      std::memcpy(&h, q + 16 + 4 * c, 4);
+      const __m256i xl = _mm256_set1_epi32(a), xh = _mm256_set1_epi32(h);
+      const __m256i v0 = Load32(u + 32 + 64 * c), v1 = Load32(u + 64 + 64 * c);
+      p0 = DotU8S8(p0, _mm256_and_si256(v0, m4), xl);
+      p0 = DotU8S8(p0, _mm256_and_si256(_mm256_srli_epi16(v0, 4), m4), xh);
+      p1 = DotU8S8(p1, _mm256_and_si256(v1, m4), xl);
+      p1 = DotU8S8(p1, _mm256_and_si256(_mm256_srli_epi16(v1, 4), m4), xh);
+    }
+    const __m256i off = _mm256_set1_epi32(Q4Offset(x, b));
+    const __m256 s = _mm256_set1_ps(x.d[b]);
+    acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(p0, off)), _mm256_mul_ps(dw0, s), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(p1, off)), _mm256_mul_ps(dw1, s), acc1);
+  }
+  _mm256_storeu_ps(out, acc0);
+  _mm256_storeu_ps(out + 8, acc1);
+}
+
+#else
+// Portable: the same integer sums, one code at a time.
+void GroupQ4_0x16(const std::uint8_t* g, const Q8Blocks& x, std::size_t nb, float* out) {
+  for (int r = 0; r < 16; ++r) {
+    float acc = 0;
+    for (std::size_t b = 0; b < nb; ++b) {
+      const std::uint8_t* u = g + kQ4x16Unit * b;
+      const std::int8_t* q = x.q.data() + 32 * b;
+      std::int32_t s = 0;
+      for (int c = 0; c < 4; ++c) {
+        for (int k = 0; k < 4; ++k) {
+          const std::uint8_t byte = u[32 + 64 * c + 4 * r + k];
+          s += static_cast<std::int32_t>(byte & 15) * q[4 * c + k] + static_cast<std::int32_t>(byte >> 4) * q[16 + 4 * c + k];
+        }
+      }
+      acc += static_cast<float>(s - Q4Offset(x, b)) * (Half(u + 2 * r) * x.d[b]);
+    }
+    out[r] = acc;
+  }
+}
+#endif
+
+// y[r] for r in [r0, r1) of a Q4_0x16 matrix: whole groups straight into y, a partial group
+// through a 16-value buffer (each row's value does not depend on the range).
+void GemvQ4_0x16(const std::uint8_t* base, std::size_t cols, const Q8Blocks& x, float* y, std::size_t r0, std::size_t r1) {
+  const std::size_t nb = cols / 32, stride = kQ4x16Unit * nb;
+  for (std::size_t g = r0 / 16; 16 * g < r1; ++g) {
+    const std::size_t lo = 16 * g;
+    if (lo >= r0 && lo + 16 <= r1) {
+      GroupQ4_0x16(base + g * stride, x, nb, y + lo);
+    } else {
+      alignas(64) float tmp[16];
+      GroupQ4_0x16(base + g * stride, x, nb, tmp);
+      for (std::size_t r = std::max(lo, r0); r < std::min(lo + 16, r1); ++r) y[r] = tmp[r - lo];
+    }
+  }
+}
+
+// Rows [r0, r0 + nr) of a Q4_0x16 matrix as fp32, row-major (the values gguf::to_float gives the
+// original Q4_0 rows).
+void DequantizeRowsQ4_0x16(const std::uint8_t* base, std::size_t cols, std::size_t r0, std::size_t nr, float* dst) {
+  const std::size_t nb = cols / 32, stride = kQ4x16Unit * nb;
+  for (std::size_t i = 0; i < nr; ++i) {
+    const std::size_t r = r0 + i, l = r % 16;
+    const std::uint8_t* g = base + (r / 16) * stride;
+    float* out = dst + i * cols;
+    for (std::size_t b = 0; b < nb; ++b) {
+      const std::uint8_t* u = g + kQ4x16Unit * b;
+      const float d = Half(u + 2 * l);
+      for (int c = 0; c < 4; ++c) {
+        for (int k = 0; k < 4; ++k) {
+          const std::uint8_t byte = u[32 + 64 * c + 4 * l + k];
+          out[32 * b + 4 * c + k] = static_cast<float>(static_cast<int>(byte & 15) - 8) * d;
+          out[32 * b + 16 + 4 * c + k] = static_cast<float>(static_cast<int>(byte >> 4) - 8) * d;
+        }
+      }
+    }
+  }
+}
+
 void GemvRows(WeightType type, const void* w, std::size_t row_bytes, std::size_t cols, const Q8Blocks& x, float* y,
               std::size_t r0, std::size_t r1) {
   const auto* base = static_cast<const std::uint8_t*>(w);
+  if (type == WeightType::q4_0x16) {
+    GemvQ4_0x16(base, cols, x, y, r0, r1);
+    return;
+  }
   for (std::size_t r = r0; r < r1; ++r) {
     const std::uint8_t* row = base + r * row_bytes;
     switch (type) {
@@ -648,12 +832,6 @@ void DecodeCodes(WeightType type, const std::uint8_t* row, std::size_t cols, std
   }
 }
 
-// acc + w (16 rows x 4 unsigned bytes) . the 4 signed bytes at p broadcast to every row.
-HWY_INLINE __m512i DotBcast(__m512i acc, __m512i w, const std::int8_t* p) {
-  __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*reinterpret_cast<const std::int32_t*>(p)));
-  return acc;
-}
-
 // Formats whose two 16-value halves of a 32-value block share the scale and offset (all but
 // Q6_K): one int32 sum per (block, token), then one convert and two FMAs for 16 rows.
 template <int NT>
@@ -711,6 +889,24 @@ void TileTokens(const std::uint8_t* tc, const float* ts, const float* to, std::s
 void GemmRows(WeightType type, const void* w, std::size_t row_bytes, std::size_t cols, const Q8Blocks* xs, std::size_t n,
               float* y, std::size_t ldy, std::size_t r0, std::size_t r1) {
 #if HWY_TARGET == HWY_AVX3_DL
+  if (type == WeightType::q4_0x16) {  // the repacked groups are read as they are (no tile to build)
+    const auto* base = static_cast<const std::uint8_t*>(w);
+    const std::size_t nb = cols / 32, stride = kQ4x16Unit * nb;
+    for (std::size_t g = r0 / 16; 16 * g < r1; ++g) {
+      const std::size_t lo = 16 * g, a = std::max(lo, r0) - lo, e = std::min(lo + 16, r1) - lo;
+      const auto m = static_cast<__mmask16>(((1u << e) - 1u) & ~((1u << a) - 1u));
+      const std::uint8_t* grp = base + g * stride;
+      std::size_t t = 0;
+      for (; t + 4 <= n; t += 4) TileQ4_0x16<4>(grp, nb, xs, t, y, ldy, lo, m);
+      switch (n - t) {
+        case 3: TileQ4_0x16<3>(grp, nb, xs, t, y, ldy, lo, m); break;
+        case 2: TileQ4_0x16<2>(grp, nb, xs, t, y, ldy, lo, m); break;
+        case 1: TileQ4_0x16<1>(grp, nb, xs, t, y, ldy, lo, m); break;
+        default: break;
+      }
+    }
+    return;
+  }
   const std::size_t units = cols / 16;
   thread_local std::vector<std::uint8_t> row_codes, tile_codes;
   thread_local std::vector<float> row_s, row_o, tile_s, tile_o;
@@ -973,6 +1169,7 @@ HWY_EXPORT(TargetName);
 HWY_EXPORT(GemmRows);
 HWY_EXPORT(GemmIsPacked);
 HWY_EXPORT(QuantizeActivation);
+HWY_EXPORT(DequantizeRowsQ4_0x16);
 
 ActivationFormat activation_format(WeightType type) {
   return type == WeightType::q4_k || type == WeightType::q5_k || type == WeightType::q6_k ? ActivationFormat::q8_k
@@ -1059,7 +1256,37 @@ void gemv_rows(WeightType type, const void* w, std::size_t row_bytes, std::size_
 }
 
 void dequantize(WeightType type, const void* src, float* dst, std::size_t n) {
+  if (weight_interleave_rows(type) > 1) {
+    throw std::invalid_argument(std::string("dequantize: ") + weight_type_name(type) +
+                                " interleaves rows: decode it with dequantize_rows");
+  }
   HWY_DYNAMIC_DISPATCH(Dequantize)(type, src, dst, n);
+}
+
+void dequantize_rows(WeightType type, const void* w, std::size_t cols, std::size_t r0, std::size_t nr, float* dst) {
+  if (type == WeightType::q4_0x16) {
+    HWY_DYNAMIC_DISPATCH(DequantizeRowsQ4_0x16)(static_cast<const std::uint8_t*>(w), cols, r0, nr, dst);
+    return;
+  }
+  dequantize(type, static_cast<const std::uint8_t*>(w) + r0 * weight_bytes(type, cols), dst, nr * cols);
+}
+
+void interleave_q4_0(const std::uint8_t* const* rows, std::size_t n_rows, std::size_t cols, std::uint8_t* out) {
+  if (n_rows % 16 != 0 || cols % 32 != 0) {
+    throw std::invalid_argument("interleave_q4_0: " + std::to_string(n_rows) + " x " + std::to_string(cols) +
+                                " is not whole 16-row groups of 32-value blocks");
+  }
+  const std::size_t nb = cols / 32;
+  for (std::size_t g = 0; g < n_rows / 16; ++g) {
+    for (std::size_t b = 0; b < nb; ++b) {
+      std::uint8_t* u = out + (g * nb + b) * 288;
+      for (std::size_t r = 0; r < 16; ++r) {
+        const std::uint8_t* blk = rows[16 * g + r] + 18 * b;
+        std::memcpy(u + 2 * r, blk, 2);
+        for (int c = 0; c < 4; ++c) std::memcpy(u + 32 + 64 * c + 4 * r, blk + 2 + 4 * c, 4);
+      }
+    }
+  }
 }
 
 const char* target_name() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }

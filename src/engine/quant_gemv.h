@@ -64,7 +64,20 @@ void gemm_rows(WeightType type, const void* w, std::size_t row_bytes, std::size_
 bool gemm_is_packed();
 
 // n values of `type` (whole blocks) decoded to fp32 with SIMD: the same values as gguf::to_float.
+// Throws std::invalid_argument for an interleaved type (Q4_0x16), whose rows are not contiguous.
 void dequantize(WeightType type, const void* src, float* dst, std::size_t n);
+// Rows [r0, r0 + nr) of the matrix at w (`cols` values per row, any block type including the
+// interleaved ones) as fp32, row-major.
+void dequantize_rows(WeightType type, const void* w, std::size_t cols, std::size_t r0, std::size_t nr, float* dst);
+
+// Q4_0x16 (WeightType::q4_0x16): a Q4_0 matrix repacked so that decode's kernel reads 16 rows in
+// one pass over the activation, their sums in the lanes of one vector (as llama.cpp's repacked
+// q4_0 layouts; the same bytes as the Q4_0 rows, rearranged). rows[r] points to row r's Q4_0
+// blocks (n_rows a multiple of 16, cols of 32); out gets n_rows * cols / 32 * 18 bytes: per group of
+// 16 rows, per block b a 288-byte unit = the 16 fp16 scales, then 4 chunks of 64 bytes, chunk c =
+// [row 0..15][the row's code bytes 4c..4c+3] (low nibbles: values 4c..4c+3, high: 16+4c..16+4c+3).
+// gemv_rows, gemm_rows and dequantize_rows take the matrix base (row_bytes unused).
+void interleave_q4_0(const std::uint8_t* const* rows, std::size_t n_rows, std::size_t cols, std::uint8_t* out);
 
 // The Highway target gemv_rows runs on ("AVX3_DL", "AVX2", ...).
 const char* target_name();

@@ -51,7 +51,7 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
 
 std::vector<float> tensor_as_float(const TensorInfo& t) {
   std::vector<float> out(weight_elements(t.type, t.nbytes));
-  convert_weights(t.data, t.type, out.data(), out.size());
+  convert_tensor(t, out.data());  // row-major also for the repacked Q4_0x16 matrices
   return out;
 }
 

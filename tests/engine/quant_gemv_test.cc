@@ -16,6 +16,8 @@
 #include <cstdlib>
 #include <functional>
 #include <cstring>
+#include <set>
+#include <stdexcept>
 #include <vector>
 
 #include "engine/gguf.h"
@@ -506,6 +508,170 @@ TEST(QuantGemv, MatrixGemvWithPoolAndMatmulMatchTheReference) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Q4_0x16: Q4_0 matrices repacked at load (16 rows interleaved, quant_gemv.h interleave_q4_0).
+
+std::vector<std::uint8_t> interleaved(const std::vector<std::uint8_t>& w, std::size_t rows, std::size_t cols) {
+  const std::size_t row_bytes = w.size() / rows;
+  std::vector<const std::uint8_t*> src(rows);
+  for (std::size_t r = 0; r < rows; ++r) src[r] = w.data() + r * row_bytes;
+  std::vector<std::uint8_t> out(w.size(), 0xee);
+  qgemv::interleave_q4_0(src.data(), rows, cols, out.data());
+  return out;
+}
+
+TEST(QuantGemvQ4_0x16, HoldsTheSameBytesAndDecodesToTheQ4_0Rows) {
+  const std::size_t rows = 32, cols = 928;
+  const std::vector<std::uint8_t> w = random_blocks(TensorType::q4_0, rows, cols, 3);
+  const std::vector<std::uint8_t> wi = interleaved(w, rows, cols);
+  std::multiset<std::uint8_t> a(w.begin(), w.end()), b(wi.begin(), wi.end());
+  EXPECT_EQ(a, b);  // a permutation of the bytes (every one written)
+  const std::vector<float> wf = decode(TensorType::q4_0, w, rows * cols);
+  kvslim::testing::for_each_target([&] {
+    SCOPED_TRACE(qgemv::target_name());
+    std::vector<float> back(rows * cols, 9.0f);
+    qgemv::dequantize_rows(WeightType::q4_0x16, wi.data(), cols, 0, rows, back.data());
+    EXPECT_EQ(back, wf);
+    std::vector<float> part(7 * cols);
+    qgemv::dequantize_rows(WeightType::q4_0x16, wi.data(), cols, 13, 7, part.data());
+    EXPECT_TRUE(std::equal(part.begin(), part.end(), wf.begin() + 13 * cols));
+  });
+  std::vector<float> out(cols);
+  EXPECT_THROW(qgemv::dequantize(WeightType::q4_0x16, wi.data(), out.data(), cols), std::invalid_argument);
+  std::vector<const std::uint8_t*> src(rows, w.data());
+  std::vector<std::uint8_t> sink(w.size());
+  EXPECT_THROW(qgemv::interleave_q4_0(src.data(), 24, cols, sink.data()), std::invalid_argument);
+}
+
+TEST(QuantGemvQ4_0x16, EveryTargetMatchesTheReferenceInAnyRowRange) {
+  const std::size_t rows = 48, cols = 928;  // 29 blocks: an odd count (the AVX-512 kernel takes pairs)
+  const std::vector<std::uint8_t> w = random_blocks(TensorType::q4_0, rows, cols, 21);
+  const std::vector<std::uint8_t> wi = interleaved(w, rows, cols);
+  const std::vector<float> wf = decode(TensorType::q4_0, w, rows * cols);
+  const std::vector<float> x = random_values(cols, 8);
+  for (const qgemv::ActivationFormat format :
+       {qgemv::ActivationFormat::fine, qgemv::ActivationFormat::q8_0, qgemv::ActivationFormat::q8_k}) {
+    qgemv::Q8Blocks xq;
+    qgemv::quantize_activation(x.data(), cols, xq, format);
+    std::vector<double> ref(rows);
+    double scale = 0;
+    for (std::size_t r = 0; r < rows; ++r) {
+      for (std::size_t c = 0; c < cols; ++c) {
+        ref[r] += static_cast<double>(wf[r * cols + c]) * xq.q[c] * xq.d[c / 32];
+        scale = std::max(scale, std::fabs(static_cast<double>(wf[r * cols + c])));
+      }
+    }
+    kvslim::testing::for_each_target([&] {
+      SCOPED_TRACE(qgemv::target_name());
+      std::vector<float> all(rows, -1.0f), plain(rows);
+      qgemv::gemv_rows(WeightType::q4_0x16, wi.data(), 0, cols, xq, all.data(), 0, rows);
+      qgemv::gemv_rows(WeightType::q4_0, w.data(), w.size() / rows, cols, xq, plain.data(), 0, rows);
+      for (std::size_t r = 0; r < rows; ++r) {
+        EXPECT_NEAR(all[r], ref[r], 2e-5 * scale * static_cast<double>(cols)) << "row " << r;
+        EXPECT_NEAR(all[r], plain[r], 2e-5 * scale * static_cast<double>(cols)) << "row " << r;
+      }
+      for (const std::size_t r0 : {0, 3, 15, 16, 17, 31, 40}) {
+        for (const std::size_t r1 : {r0 + 1, r0 + 5, std::size_t{32}, rows}) {
+          if (r1 <= r0 || r1 > rows) continue;
+          std::vector<float> part(rows, -3.0f);
+          qgemv::gemv_rows(WeightType::q4_0x16, wi.data(), 0, cols, xq, part.data(), r0, r1);
+          for (std::size_t r = 0; r < rows; ++r) {
+            EXPECT_EQ(part[r], r >= r0 && r < r1 ? all[r] : -3.0f) << "range " << r0 << ".." << r1 << ", row " << r;
+          }
+        }
+      }
+    });
+  }
+}
+
+TEST(QuantGemvQ4_0x16, EveryTargetGemmMatchesTheReference) {
+  const std::size_t rows = 48, n = 7, cols = 800;  // 4 + 3 tokens; 25 blocks
+  const std::vector<std::uint8_t> w = random_blocks(TensorType::q4_0, rows, cols, 31);
+  const std::vector<std::uint8_t> wi = interleaved(w, rows, cols);
+  const std::vector<float> wf = decode(TensorType::q4_0, w, rows * cols);
+  std::vector<qgemv::Q8Blocks> xs(n);
+  for (std::size_t s = 0; s < n; ++s) {
+    const std::vector<float> x = random_values(cols, 40 + s);
+    qgemv::quantize_activation(x.data(), cols, xs[s], qgemv::ActivationFormat::q8_0);
+  }
+  std::vector<double> ref(n * rows);
+  double scale = 0;
+  for (std::size_t s = 0; s < n; ++s) {
+    for (std::size_t r = 0; r < rows; ++r) {
+      for (std::size_t c = 0; c < cols; ++c) {
+        ref[s * rows + r] += static_cast<double>(wf[r * cols + c]) * xs[s].q[c] * xs[s].d[c / 32];
+        scale = std::max(scale, std::fabs(static_cast<double>(wf[r * cols + c])));
+      }
+    }
+  }
+  kvslim::testing::for_each_target([&] {
+    SCOPED_TRACE(qgemv::target_name());
+    std::vector<float> y(n * rows, -5.0f);
+    qgemv::gemm_rows(WeightType::q4_0x16, wi.data(), 0, cols, xs.data(), n, y.data(), rows, 0, rows);
+    for (std::size_t i = 0; i < n * rows; ++i) EXPECT_NEAR(y[i], ref[i], 2e-5 * scale * static_cast<double>(cols)) << i;
+    std::vector<float> part(n * rows, -5.0f);
+    qgemv::gemm_rows(WeightType::q4_0x16, wi.data(), 0, cols, xs.data(), n, part.data(), rows, 5, 37);
+    for (std::size_t s = 0; s < n; ++s) {
+      for (std::size_t r = 0; r < rows; ++r) {
+        EXPECT_EQ(part[s * rows + r], r >= 5 && r < 37 ? y[s * rows + r] : -5.0f) << "token " << s << " row " << r;
+      }
+    }
+  });
+}
+
+// The ops.h entry points (pool split, gemv_multi, matmul's int8 tiles or dequantized tiles + sgemm,
+// convert_rows) on Q4_0x16 matrices, on every target.
+TEST(QuantGemvQ4_0x16, MatrixOpsOnEveryTarget) {
+  const std::size_t cols = 512;
+  const std::size_t row_counts[3] = {1024, 256, 272};
+  std::vector<std::vector<std::uint8_t>> plain, packed;
+  std::vector<Matrix> mats;
+  for (std::size_t k = 0; k < 3; ++k) {
+    plain.push_back(random_blocks(TensorType::q4_0, row_counts[k], cols, 60 + k));
+    packed.push_back(interleaved(plain[k], row_counts[k], cols));
+  }
+  for (std::size_t k = 0; k < 3; ++k) mats.push_back(Matrix{WeightType::q4_0x16, packed[k].data(), row_counts[k], cols});
+  const std::vector<float> x = random_values(cols * 4, 21);
+  ThreadPool pool(2);
+  kvslim::testing::for_each_target([&] {
+    SCOPED_TRACE(qgemv::target_name());
+    std::vector<std::vector<float>> single(3), fused(3);
+    std::vector<float*> ys;
+    std::vector<const Matrix*> ws;
+    for (std::size_t k = 0; k < 3; ++k) {
+      const Matrix& m = mats[k];
+      const std::vector<float> wf = decode(TensorType::q4_0, plain[k], m.rows * cols);
+      std::vector<float> rows_back(m.rows * cols);
+      convert_rows(m, 0, m.rows, rows_back.data());
+      EXPECT_EQ(rows_back, wf);
+      std::vector<float> y1(m.rows), ymm(4 * m.rows), tile(64 * cols);
+      single[k].assign(m.rows, 0.0f);
+      gemv(m, x.data(), y1.data(), nullptr);
+      gemv(m, x.data(), single[k].data(), &pool);
+      EXPECT_EQ(y1, single[k]);
+      matmul(m, x.data(), 4, ymm.data(), tile.data(), 64, &pool);
+      for (std::size_t s = 0; s < 4; ++s) {
+        for (std::size_t r = 0; r < m.rows; ++r) {
+          double ref = 0, mag = 0;
+          for (std::size_t c = 0; c < cols; ++c) {
+            ref += static_cast<double>(wf[r * cols + c]) * x[s * cols + c];
+            mag += std::fabs(static_cast<double>(wf[r * cols + c]));
+          }
+          if (s == 0) {
+            EXPECT_NEAR(y1[r], ref, mag / 254 + 1e-4) << r;
+          }
+          EXPECT_NEAR(ymm[s * m.rows + r], ref, mag / 254 + 1e-4) << "token " << s << " row " << r;
+        }
+      }
+      fused[k].assign(m.rows, -1.0f);
+      ys.push_back(fused[k].data());
+      ws.push_back(&m);
+    }
+    gemv_multi(ws.data(), ys.data(), 3, x.data(), &pool);
+    for (std::size_t k = 0; k < 3; ++k) EXPECT_EQ(fused[k], single[k]) << "matrix " << k;
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
 // Model level: quantized kernels vs the same weights dequantized to fp32.
 
 // The same config and tensors with every weight converted to fp32 (the "dequantized at load" path).
@@ -515,7 +681,7 @@ Model dequantized_copy(const Model& q, std::vector<std::vector<float>>& keep) {
     const TensorInfo& t = *q.store().find(name);
     const std::size_t n = weight_elements(t.type, t.nbytes);
     keep.emplace_back(n);
-    convert_weights(t.data, t.type, keep.back().data(), n);
+    convert_tensor(t, keep.back().data());
     TensorInfo f = t;
     f.type = WeightType::f32;
     f.data = keep.back().data();
@@ -565,10 +731,12 @@ TEST_P(QuantModel, KeepsBlocksInMemoryAndDecodesLikeTheDequantizedWeights) {
   write_gguf(hf, "", tmp.path() / "m.gguf", {.matrix_type = type});
   const Model q = Model::load(tmp.path() / "m.gguf");
 
-  // Every matrix is held in the file's type: the resident bytes are the blocks' bytes.
+  // Every matrix is held in the file's type (Q4_0 matrices repacked at load into Q4_0x16, the same
+  // bytes rearranged; the embedding as stored): the resident bytes are the blocks' bytes.
   const WeightType wt = weight_type_of(type);
-  EXPECT_EQ(q.weights().layers[0].wq.type, wt);
-  EXPECT_EQ(q.weights().layers[1].w_down.type, wt);
+  const WeightType matrices = wt == WeightType::q4_0 ? WeightType::q4_0x16 : wt;
+  EXPECT_EQ(q.weights().layers[0].wq.type, matrices);
+  EXPECT_EQ(q.weights().layers[1].w_down.type, matrices);
   EXPECT_EQ(q.weights().embed.type, wt);
   for (const Matrix* m : {&q.weights().layers[0].wq, &q.weights().layers[0].w_up}) {
     EXPECT_EQ(m->nbytes(), m->rows * m->cols / gguf::block_elements(type) * gguf::block_bytes(type));

@@ -6,6 +6,8 @@ raw = sys.argv[1]
 # Runs left out: two invocations of ab_r3.sh overlapped for ~9 s at 14:06:19-14:06:28 UTC (rounds 1-3,
 # then 4-5 started before the first had finished), so these two ran beside another benchmark.
 EXCLUDED = {"kvslim_new_q4_k_m_t1_r3.json", "llama_q4_0_t2_r4.json"}
+if os.path.basename(os.path.normpath(raw)) != "raw_r3":  # those two are raw_r3's (later runs: none)
+    EXCLUDED = set()
 types = ["q4_0", "q8_0", "q4_k_m"]
 names = {"q4_0": "Q4_0", "q8_0": "Q8_0", "q4_k_m": "Q4_K_M"}
 rounds = sorted({int(m.group(1)) for p in os.listdir(raw) if (m := re.search(r"_r(\d+)\.json$", p))})
