@@ -51,6 +51,24 @@ std::vector<float> decode(TensorType t, const std::vector<std::uint8_t>& bytes, 
 // ---------------------------------------------------------------------------------------------
 // Golden decoding of hand-built blocks.
 
+
+// Reference for a batch of activations: y[s * rows + r] = sum_c w[r, c] * x_s[c] in double, over
+// the dequantized weights `wf` [rows, cols] and each activation as quantized (q8 codes times their
+// block scale); `scale` gets the largest |weight| (the tolerances scale with it).
+std::vector<double> reference_products(const std::vector<float>& wf, const std::vector<qgemv::Q8Blocks>& xs,
+                                       std::size_t rows, std::size_t cols, double& scale) {
+  std::vector<double> ref(xs.size() * rows);
+  for (std::size_t s = 0; s < xs.size(); ++s) {
+    for (std::size_t r = 0; r < rows; ++r) {
+      for (std::size_t c = 0; c < cols; ++c) {
+        ref[s * rows + r] += static_cast<double>(wf[r * cols + c]) * xs[s].q[c] * xs[s].d[c / 32];
+        scale = std::max(scale, std::fabs(static_cast<double>(wf[r * cols + c])));
+      }
+    }
+  }
+  return ref;
+}
+
 TEST(KQuantBlocks, Q4_KDecodesAsPublished) {
   std::vector<std::uint8_t> b(144, 0);
   put_half(b.data(), 0.5f);       // d
@@ -348,17 +366,8 @@ TEST(QuantGemv, EveryTargetGemmMatchesGemvPerToken) {
       const std::vector<float> x = random_values(cols, 40 + s);
       qgemv::quantize_activation(x.data(), cols, xs[s]);
     }
-    // Reference: double over the dequantized blocks and the activations as quantized.
-    std::vector<double> ref(n * rows);
     double scale = 0;
-    for (std::size_t s = 0; s < n; ++s) {
-      for (std::size_t r = 0; r < rows; ++r) {
-        for (std::size_t c = 0; c < cols; ++c) {
-          ref[s * rows + r] += static_cast<double>(wf[r * cols + c]) * xs[s].q[c] * xs[s].d[c / 32];
-          scale = std::max(scale, std::fabs(static_cast<double>(wf[r * cols + c])));
-        }
-      }
-    }
+    const std::vector<double> ref = reference_products(wf, xs, rows, cols, scale);
     kvslim::testing::for_each_target([&] {
       SCOPED_TRACE(qgemv::target_name());
       std::vector<float> y(n * rows, -5.0f);
@@ -593,16 +602,8 @@ TEST(QuantGemvQ4_0x16, EveryTargetGemmMatchesTheReference) {
     const std::vector<float> x = random_values(cols, 40 + s);
     qgemv::quantize_activation(x.data(), cols, xs[s], qgemv::ActivationFormat::q8_0);
   }
-  std::vector<double> ref(n * rows);
   double scale = 0;
-  for (std::size_t s = 0; s < n; ++s) {
-    for (std::size_t r = 0; r < rows; ++r) {
-      for (std::size_t c = 0; c < cols; ++c) {
-        ref[s * rows + r] += static_cast<double>(wf[r * cols + c]) * xs[s].q[c] * xs[s].d[c / 32];
-        scale = std::max(scale, std::fabs(static_cast<double>(wf[r * cols + c])));
-      }
-    }
-  }
+  const std::vector<double> ref = reference_products(wf, xs, rows, cols, scale);
   kvslim::testing::for_each_target([&] {
     SCOPED_TRACE(qgemv::target_name());
     std::vector<float> y(n * rows, -5.0f);
@@ -765,7 +766,9 @@ TEST_P(QuantModel, KeepsBlocksInMemoryAndDecodesLikeTheDequantizedWeights) {
   for (int i = 0; i < steps; ++i) {
     std::vector<float> s = b.logits[i];
     std::partial_sort(s.begin(), s.begin() + 2, s.end(), std::greater<float>());
-    if (s[0] - s[1] > 2 * max_diff) EXPECT_EQ(a.tokens[i], b.tokens[i]) << "step " << i;
+    if (s[0] - s[1] > 2 * max_diff) {
+      EXPECT_EQ(a.tokens[i], b.tokens[i]) << "step " << i;
+    }
   }
 }
 
