@@ -134,35 +134,44 @@ class LayerState:
             raise RuntimeError("kvslim attention: the queries are not those of this layer's last append")
         if self.whole_prompt:
             return self._attend_prompt(query, key, value, scaling), None
-        if self.on_device:
-            q = query.transpose(1, 2)  # [B, S, H_q, D]; Cache.attend converts it to fp32 on the device
-        else:
-            q = query.detach().transpose(1, 2).to(device="cpu", dtype=torch.float32).contiguous()  # [B, S, H_q, D]
-        out = self._attend_observing(q, scaling)
+        out = self._attend_observing(self._cache_queries(query), scaling)
         if self.on_device:
             return out.to(query.dtype), None
         return torch.from_numpy(out).to(device=query.device, dtype=query.dtype), None
 
+    def _cache_queries(self, query: torch.Tensor):
+        """[B, H_q, S, D] model queries as the cache's attend takes them, [B, S, H_q, D]: in place for
+        a device cache (Cache.attend converts to fp32 there), an fp32 host copy for a host cache."""
+        if self.on_device:
+            return query.transpose(1, 2)
+        return query.detach().transpose(1, 2).to(device="cpu", dtype=torch.float32).contiguous()
+
+    def _window(self, s: int) -> int:
+        """How many of a call's last queries the cache reads (its observation window), of `s`."""
+        return s if self.observed_queries <= 0 else min(self.observed_queries, s)
+
+    def _attend_and_observe(self, q, pos, scaling: float | None):
+        """The cache's attention of q at `pos`, with probabilities, which the cache observes."""
+        out, probs = self.cache.attend(q, pos, scaling, probs=True)
+        self.cache.observe_attention(probs, pos)
+        self.attention_reports += 1
+        return out
+
     def _attend_observing(self, q, scaling: float | None):
         """The cache's attention of q [B, S, H_q, D] at the step's positions; a cache that scores by
-        attention observes the probabilities of the queries it reads (its window: the last
-        `attention_queries`, or all), and only those are computed with probabilities -- a long
-        chunk's [B, H_kv, S, rows] probabilities would cost more memory than its cache."""
+        attention observes the probabilities of the queries it reads (its window), and only those
+        are computed with probabilities -- a long chunk's [B, H_kv, S, rows] probabilities would
+        cost more memory than its cache."""
         pos = self.query_positions
         s = q.shape[1]
-        n = s if self.observed_queries <= 0 else min(self.observed_queries, s)
+        n = self._window(s)
         if not self.wants_attention:
             return self.cache.attend(q, pos, scaling)[0]
         if n == s:
-            out, probs = self.cache.attend(q, pos, scaling, probs=True)
-        else:
-            head, _ = self.cache.attend(q[:, : s - n], pos[: s - n], scaling)
-            out, probs = self.cache.attend(q[:, s - n:], pos[s - n:], scaling, probs=True)
-            cat = torch.cat if self.on_device else np.concatenate
-            out = cat([head, out], 1)
-        self.cache.observe_attention(probs, pos[s - n:])
-        self.attention_reports += 1
-        return out
+            return self._attend_and_observe(q, pos, scaling)
+        head, _ = self.cache.attend(q[:, : s - n], pos[: s - n], scaling)
+        tail = self._attend_and_observe(q[:, s - n:], pos[s - n:], scaling)
+        return (torch.cat if self.on_device else np.concatenate)([head, tail], 1)
 
     def _attend_prompt(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float | None):
         """A prompt's first call into an empty cache: causal SDPA in torch over the step's own keys and
@@ -184,14 +193,8 @@ class LayerState:
             # An eviction cache scores the prompt by its last queries' attention over every row (its
             # observation window): the cache's own kernels attend just those queries, for their
             # probabilities, which it observes (on the device for a device cache).
-            n = query.shape[2] if self.observed_queries <= 0 else min(self.observed_queries, query.shape[2])
-            window = self.query_positions[-n:]
-            q = query[:, :, -n:].transpose(1, 2)
-            if not self.on_device:
-                q = q.detach().to(device="cpu", dtype=torch.float32).contiguous()
-            _, probs = self.cache.attend(q, window, scaling, probs=True)
-            self.cache.observe_attention(probs, window)
-            self.attention_reports += 1
+            n = self._window(query.shape[2])
+            self._attend_and_observe(self._cache_queries(query[:, :, -n:]), self.query_positions[-n:], scaling)
         return out.transpose(1, 2).contiguous()
 
     def observe_hidden(self, before: torch.Tensor, after: torch.Tensor) -> None:
