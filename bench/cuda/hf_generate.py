@@ -187,12 +187,78 @@ def measure(model, ids, new, label, make_cache=None, static=False, reference=Non
     return rec
 
 
+def measure_graph(model, ids, new, label, make_cache, reference=None, log=print, rounds=3, steps=16):
+    """A kvslim cache decoded by kvslim.hf.GraphDecoder (one CUDA graph replay per step): generate's
+    time with the eager first step and the capture included (decode_ms_per_step, as measure()
+    reports it for generate), and the steady replay time per step (best of `rounds` x `steps`
+    steps timed alone: graph_step_ms)."""
+    import kvslim.hf
+    rec = {"variant": label, "batch": int(ids.shape[0]), "context": int(ids.shape[1]), "new_tokens": new}
+    T = ids.shape[1]
+    try:
+        kvslim.hf.GraphDecoder(model, make_cache(), max_tokens=136).generate(ids[:, :128], 4)  # warm-up
+        gc.collect()
+        torch.cuda.empty_cache()
+        sync()
+        t0 = time.perf_counter()
+        kvslim.hf.GraphDecoder(model, make_cache(), max_tokens=T + 1).generate(ids, 1)  # the prompt alone
+        sync()
+        t_one = time.perf_counter() - t0
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        cache = make_cache()
+        dec = kvslim.hf.GraphDecoder(model, cache, max_tokens=T + new + rounds * steps)
+        sync()
+        t0 = time.perf_counter()
+        seq = dec.generate(ids, new)
+        sync()
+        t_all = time.perf_counter() - t0
+        nxt = seq[:, -1:]
+        best = float("inf")
+        for _ in range(rounds):
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                nxt = dec.step(nxt).argmax(-1)
+            sync()
+            best = min(best, time.perf_counter() - t0)
+        rec["graph_step_ms"] = round(1000 * best / steps, 3)
+        rec["graph_nodes_kvslim"] = int(dec._step_graph.nodes)
+        rec["torch_peak_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 3)
+        rec["kv_bytes"] = int(cache.resident_bytes())
+        rec["kv_device_bytes"] = int(sum(s["figures"].get("device_bytes", 0) for s in cache.stats() if s is not None))
+        rec["peak_gb"] = round(rec["torch_peak_gb"] + rec["kv_device_bytes"] / 1e9, 3)
+        rec["tokens"] = seq[0].tolist()
+        if reference is not None:
+            ref = reference["tokens"]
+            rec["agreement_with_dynamic"] = round(sum(a == b for a, b in zip(rec["tokens"], ref)) / len(ref), 3)
+        decode_s = max(t_all - t_one, 1e-9)
+        rec["prefill_s"] = round(t_one, 4)
+        rec["decode_tok_s"] = round((new - 1) / decode_s, 2)
+        rec["decode_ms_per_step"] = round(1000 * decode_s / (new - 1), 3)
+        del dec, cache
+    except Exception as e:  # report and go on
+        rec["error"] = f"{type(e).__name__}: {e}"[:400]
+    gc.collect()
+    torch.cuda.empty_cache()
+    if "error" in rec:
+        log(f"  {label:28s} FAIL {rec['error']}")
+    else:
+        agree = f"  agree {rec['agreement_with_dynamic']:.2f}" if "agreement_with_dynamic" in rec else ""
+        log(f"  {label:28s} prefill {rec['prefill_s']:8.3f} s  generate {rec['decode_tok_s']:8.2f} tok/s/seq "
+            f"({rec['decode_ms_per_step']:7.2f} ms/step, eager step + capture included)  replay "
+            f"{rec['graph_step_ms']:7.3f} ms/step  K/V {rec['kv_bytes'] / 1e9:8.3f} GB  peak {rec['peak_gb']:7.2f} GB{agree}")
+    return rec
+
+
 ONLY = []  # --only
 NO_CUDNN = "DynamicCache (sdpa, no cuDNN)"
 
 
 def variants():
-    """(label, Config fields or None for transformers' caches, static, cpu)."""
+    """(label, Config fields or None for transformers' caches, static: True for StaticCache,
+    "graph" for a kvslim cache decoded by GraphDecoder)."""
     return [
         ("DynamicCache (sdpa)", None, False),
         # The same with torch's cuDNN attention backend off: on the H200 (torch 2.11) SDPA picks
@@ -206,6 +272,10 @@ def variants():
         ("kvslim kivi4 (cuda)", {"method": "kivi", "kivi_bits": 4, "device": "cuda"}, False),
         # h2o keeping 25 % of the prompt's tokens per head (the budget is set from the prompt).
         ("kvslim h2o 25% (cuda)", {"method": "h2o", "h2o_budget": 0.25, "device": "cuda"}, False),
+        # The same caches decoded by kvslim.hf.GraphDecoder: one CUDA graph replay per step.
+        ("kvslim full (cuda, graph)", {"method": "full", "device": "cuda"}, "graph"),
+        ("kvslim kivi2 (cuda, graph)", {"method": "kivi", "kivi_bits": 2, "device": "cuda"}, "graph"),
+        ("kvslim kivi4 (cuda, graph)", {"method": "kivi", "kivi_bits": 4, "device": "cuda"}, "graph"),
     ]
 
 
@@ -217,7 +287,7 @@ def bench_model(model, ids, new, log, cpu_reference=False, with_static=True):
     recs = []
     ref = None
     for label, fields, static in variants():
-        if static and not with_static:
+        if static is True and not with_static:
             continue
         if ONLY and not any(o in label for o in ONLY):
             continue
@@ -240,7 +310,11 @@ def bench_model(model, ids, new, log, cpu_reference=False, with_static=True):
         if isinstance(fields.get("h2o_budget"), float):  # a share of the prompt's tokens
             fields["h2o_budget"] = int(fields["h2o_budget"] * ids.shape[1])
         cfg = kvslim.Config(**fields)
-        recs.append(measure(model, ids, new, label, lambda: kvslim.hf.KVSlimCache(model, cfg), reference=ref, log=log))
+        make = lambda: kvslim.hf.KVSlimCache(model, cfg)
+        if static == "graph":
+            recs.append(measure_graph(model, ids, new, label, make, reference=ref, log=log))
+        else:
+            recs.append(measure(model, ids, new, label, make, reference=ref, log=log))
         kvslim.hf.restore(model)
     if cpu_reference:
         kvslim.hf.prepare(model)

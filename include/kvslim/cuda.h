@@ -21,6 +21,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kvslim/cache.h"
 #include "kvslim/config.h"
@@ -38,5 +39,39 @@ std::string device_description(int device = 0);
 // the layer's own token budget where a per-layer schedule sets it (pyramidkv's taper; -1: the
 // config's budget).
 std::unique_ptr<KVCache> make_cache(const KVCacheConfig& config, int layer_budget = -1);
+
+// Decode steps replayed as one CUDA graph: a framework's per-step host work (a Python forward pass
+// of a few hundred kernel launches) replaced by one graph launch. The caller captures one decode
+// step of its model, kvslim's caches included, into a CUDA graph -- torch.cuda.CUDAGraph(keep_graph
+// = True) in kvslim.hf -- between begin_capture() and end_capture(); each replay() then runs one
+// step. Captured inputs (the step's keys, values and queries, the attention output) must stay at
+// their addresses, as any replayed graph's do; what moves between steps is the caches' own state
+// (rows, kivi's window and groups, positions, split counts), and the caches set their kernels'
+// arguments from it before every launch (cudaGraphExecKernelNodeSetParams), growing their storage
+// outside the graph when a step needs it. Each step appends query_tokens new tokens at the next
+// positions and attends them. Caches "full" and "kivi"; the caches must outlive the StepGraph and
+// take no other call while a step is captured.
+class StepGraph {
+ public:
+  explicit StepGraph(const std::vector<KVCache*>& caches);
+  ~StepGraph();
+  StepGraph(const StepGraph&) = delete;
+  StepGraph& operator=(const StepGraph&) = delete;
+
+  // The caches' next append and attend -- once each, on a capturing stream -- become graph nodes.
+  // The caches are left as after that step (capture runs nothing: the first replay() runs it).
+  // Reserve the tokens the run needs first (KVCache::reserve): a captured step cannot allocate.
+  void begin_capture(int query_heads, int query_tokens = 1);
+  // graph: the captured cudaGraph_t (kept alive by the caller while this StepGraph is used).
+  void end_capture(void* graph);
+  // Runs the next step on `stream` (a cudaStream_t): the captured step first, then later ones.
+  void replay(void* stream);
+  std::size_t steps() const;   // replays so far
+  std::size_t nodes() const;   // the caches' kernel nodes in the graph
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace kvslim::cuda

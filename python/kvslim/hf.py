@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import torch
 
+from ._arrays import raw_stream
 from ._attention import LayerState
 from ._cache import CacheSet
 from ._config import Config
@@ -168,6 +169,121 @@ class KVSlimCache(Cache):
         """How many attention / hidden-state observations reached the caches (summed over layers)."""
         return {"attention": sum(l.state.attention_reports for l in self.layers),
                 "hidden_states": sum(l.state.hidden_reports for l in self.layers)}
+
+
+class GraphDecoder:
+    """Decode steps of `model` over a GPU KVSlimCache, each run as one CUDA graph replay.
+
+    transformers' eager forward spends milliseconds of Python and kernel launches per step, more
+    than the GPU needs for a compressed cache's attention (docs/cuda.md). GraphDecoder captures one
+    decode step -- the model's kernels and kvslim's -- with torch.cuda.CUDAGraph; every later step
+    is one graph launch, before which the caches set their kernels' arguments from their own state
+    (rows, kivi's window and groups, positions: kvslim's StepGraph) and the step's token ids and
+    position are copied into the graph's inputs.
+
+        kvslim.hf.prepare(model)
+        cache = kvslim.hf.KVSlimCache(model, kvslim.Config(method="kivi", kivi_bits=2, device="cuda"))
+        dec = kvslim.hf.GraphDecoder(model, cache, max_tokens=prompt_len + new)
+        tokens = dec.generate(prompt_ids, new)   # greedy: [B, new]
+        # or, after a prefill of your own: logits = dec.step(next_ids)   # [B, 1, vocab]
+
+    Caches "full" and "kivi" on the GPU, one token per sequence per step, batches without padding.
+    The first step runs eagerly (lazy initialisation stays out of the graph), the second is
+    captured and runs, later ones replay. step()'s logits live in the graph's output buffer: the
+    next step overwrites them. Needs torch's CUDAGraph(keep_graph=True) (torch >= 2.7)."""
+
+    def __init__(self, model, cache: "KVSlimCache", max_tokens: int):
+        if not isinstance(cache, KVSlimCache):
+            raise TypeError("GraphDecoder replays a kvslim.hf.KVSlimCache")
+        if not cache.layers or not all(layer.state.on_device for layer in cache.layers):
+            raise ValueError('GraphDecoder replays caches in GPU memory: kvslim.Config(..., device="cuda")')
+        if getattr(model.config, "_attn_implementation", None) != ATTENTION_NAME:
+            raise ValueError("GraphDecoder: call kvslim.hf.prepare(model) first (the model attends through its cache)")
+        if not isinstance(max_tokens, int) or max_tokens <= 0:
+            raise ValueError(f"max_tokens must be a positive int (prompt plus generated tokens), got {max_tokens!r}")
+        self.model, self.cache, self.max_tokens = model, cache, max_tokens
+        self.heads = _text_config(model.config).num_attention_heads
+        self.steps = 0                         # steps run by step()
+        self._graph = self._step_graph = None  # torch's CUDAGraph (keeps its pool and cudaGraph_t alive), kvslim's StepGraph
+        self._ids = self._position = self._logits = None
+
+    def step(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """One decode step: input_ids [B, 1] (the last tokens) on the GPU -> logits [B, 1, vocab]."""
+        if input_ids.dim() != 2 or input_ids.shape[1] != 1 or not input_ids.is_cuda:
+            raise ValueError(f"GraphDecoder.step takes [batch, 1] token ids on the GPU, got {tuple(input_ids.shape)} "
+                             f"on {input_ids.device}")
+        seen = self.cache.get_seq_length()
+        if seen == 0:
+            raise ValueError("GraphDecoder.step decodes after a prompt: run the prompt through the model first")
+        if seen + 1 > self.max_tokens:
+            raise ValueError(f"GraphDecoder: step {seen + 1} exceeds max_tokens={self.max_tokens}")
+        with torch.no_grad():
+            if self.steps == 0:  # eager: lazy initialisation (cuBLAS handles, kernel attributes) outside any capture
+                self.cache.kvslim.reserve(self.max_tokens)  # the capacity a captured step may not allocate
+                logits = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True,
+                                    cache_position=torch.tensor([seen], device=input_ids.device)).logits
+            elif self._step_graph is None:
+                logits = self._capture(input_ids, seen)
+            else:
+                self._ids.copy_(input_ids)
+                self._position.fill_(seen)  # cache_position and position_ids (a view of it)
+                self._step_graph.replay(raw_stream(input_ids.device))
+                for layer in self.cache.layers:  # Python's mirror of the caches' positions (capture ran it once)
+                    layer.state.seen += 1
+                logits = self._logits
+        self.steps += 1
+        return logits
+
+    def _capture(self, input_ids: torch.Tensor, seen: int) -> torch.Tensor:
+        from ._kvslim import StepGraph
+        try:
+            graph = torch.cuda.CUDAGraph(keep_graph=True)
+        except TypeError as e:
+            raise RuntimeError(f"GraphDecoder needs torch.cuda.CUDAGraph(keep_graph=True) (torch >= 2.7), "
+                               f"torch {torch.__version__} has no such argument") from e
+        self._ids = input_ids.clone()
+        self._position = torch.full((1,), seen, dtype=torch.long, device=input_ids.device)
+        # Both passed as tensors: a position the model derived from the cache's length on the host
+        # would be a constant of the graph (RoPE at the captured position in every replay).
+        positions = self._position.view(1, 1).expand(input_ids.shape[0], 1)
+        step_graph = StepGraph([layer.state.cache._core for layer in self.cache.layers])
+        step_graph.begin_capture(self.heads, 1)
+        # The captured step counts as run: the caches and the layers' positions advance as in an
+        # eager step, and the first replay runs its kernels. Captured on a side stream (as
+        # torch.cuda.graph does) but without its gc.collect() and empty_cache(): with tens of GB of
+        # a long prompt's blocks cached, those cost more than many steps. relaxed: kvslim checks
+        # its inputs' pointers (cudaPointerGetAttributes) while capturing.
+        device = input_ids.device
+        side = torch.cuda.Stream(device=device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            graph.capture_begin(capture_error_mode="relaxed")
+            try:
+                out = self.model(input_ids=self._ids, past_key_values=self.cache, use_cache=True,
+                                 cache_position=self._position, position_ids=positions)
+            finally:
+                graph.capture_end()
+        torch.cuda.current_stream(device).wait_stream(side)
+        step_graph.end_capture(graph.raw_cuda_graph())
+        self._graph, self._step_graph, self._logits = graph, step_graph, out.logits
+        step_graph.replay(raw_stream(input_ids.device))
+        return self._logits
+
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+        """Greedy decoding: the prompt input_ids [B, T] (eager prefill into the empty cache), then
+        max_new_tokens - 1 graph steps. Returns the new tokens [B, max_new_tokens]."""
+        if self.cache.get_seq_length() != 0:
+            raise ValueError("GraphDecoder.generate starts from an empty cache (reset() it, or use step())")
+        if input_ids.shape[1] + max_new_tokens > self.max_tokens:
+            raise ValueError(f"prompt {input_ids.shape[1]} + {max_new_tokens} new tokens exceed max_tokens={self.max_tokens}")
+        with torch.no_grad():
+            logits = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1).logits
+        nxt = logits[:, -1:].argmax(-1)
+        out = [nxt]
+        for _ in range(max_new_tokens - 1):
+            nxt = self.step(nxt)[:, -1:].argmax(-1)
+            out.append(nxt)
+        return torch.cat(out, dim=1)
 
 
 def kvslim_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):

@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -78,6 +79,23 @@ void bind_device_methods(py::module_& m, py::class_<KVCache>& cls) {
       },
       py::arg("queries"), py::arg("shape"), py::arg("query_positions"), py::arg("scale"), py::arg("out"),
       py::arg("probs") = 0, py::arg("stream") = 0);
+  // Decode steps replayed as one CUDA graph (kvslim/cuda.h StepGraph; kvslim.hf.GraphDecoder).
+  // caches: the model's device caches (their Python objects are kept alive by this one); graph
+  // and stream: the cudaGraph_t / cudaStream_t handles as ints (torch's raw_cuda_graph(),
+  // cuda_stream).
+  py::class_<cuda::StepGraph>(m, "StepGraph")
+      .def(py::init([](const std::vector<KVCache*>& caches) { return std::make_unique<cuda::StepGraph>(caches); }),
+           py::arg("caches"), py::keep_alive<1, 2>())
+      .def("begin_capture", &cuda::StepGraph::begin_capture, py::arg("query_heads"), py::arg("query_tokens") = 1)
+      .def(
+          "end_capture",
+          [](cuda::StepGraph& g, std::uintptr_t graph) { g.end_capture(reinterpret_cast<void*>(graph)); },
+          py::arg("graph"))
+      .def(
+          "replay", [](cuda::StepGraph& g, std::uintptr_t stream) { g.replay(reinterpret_cast<void*>(stream)); },
+          py::arg("stream"))
+      .def_property_readonly("steps", &cuda::StepGraph::steps)
+      .def_property_readonly("nodes", &cuda::StepGraph::nodes);
   // probs: device fp32 [B, H_kv, Q, T] (attend_device's), observed by a device cache (which copies
   // them to the host on `stream` when its policy runs there: device eviction).
   cls.def(

@@ -128,3 +128,78 @@ def test_h2o_on_device_evicts_like_the_cpu_cache():
     stats = gpu.stats()
     assert all(s["tokens_kept"] == 128 for s in stats)
     assert sum(s["figures"]["device_bytes"] for s in stats) <= 3 * 2 * 144 * (64 * 2 * 2 + 8 + 4 + 4)
+
+
+def eager_greedy(model, ids, cache, new):
+    """Greedy tokens [B, new] decoded with one eager forward call per step."""
+    with torch.no_grad():
+        r = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        nxt = r.logits[:, -1:].argmax(-1)
+        out, logits = [nxt], []
+        for _ in range(new - 1):
+            r = model(input_ids=nxt, past_key_values=cache, use_cache=True)
+            logits.append(r.logits[:, -1].float())
+            nxt = r.logits[:, -1:].argmax(-1)
+            out.append(nxt)
+    return torch.cat(out, 1), torch.stack(logits)
+
+
+@pytest.mark.parametrize("method,bits", [("full", 2), ("kivi", 2), ("kivi", 4)])
+def test_graph_decoder_replays_the_eager_steps(method, bits):
+    """GraphDecoder's replayed steps produce the eager steps' logits, across kivi's window flushes
+    (staging 128: the 170 steps cross one). kvslim's kernels run with the same arguments (bit for
+    bit in tests/cuda); the model's GEMMs may pick other cuBLAS kernels inside a capture, so an fp32
+    model, whose reordered sums differ by ~1e-6, keeps the comparison tight."""
+    import kvslim.hf
+    model = small_llama(torch.float32)
+    g = torch.Generator(device="cuda").manual_seed(5)
+    ids = torch.randint(3, 512, (2, 150), device="cuda", generator=g)
+    new = 170
+    kvslim.hf.prepare(model)
+    try:
+        cfg = kvslim.Config(method=method, kivi_bits=bits, device="cuda")
+        ref_tokens, ref_logits = eager_greedy(model, ids, kvslim.hf.KVSlimCache(model, cfg), new)
+        cache = kvslim.hf.KVSlimCache(model, cfg)
+        dec = kvslim.hf.GraphDecoder(model, cache, max_tokens=ids.shape[1] + new)
+        with torch.no_grad():
+            r = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        nxt = r.logits[:, -1:].argmax(-1)
+        tokens, logits = [nxt], []
+        for i in range(new - 1):
+            step = dec.step(ref_tokens[:, i:i + 1])  # teacher-forced on the eager tokens: every step comparable
+            logits.append(step[:, -1].float().clone())
+            tokens.append(step[:, -1:].argmax(-1))
+    finally:
+        kvslim.hf.restore(model)
+    assert dec._step_graph is not None and dec._step_graph.steps == new - 2  # one eager step, then the graph
+    torch.testing.assert_close(torch.stack(logits), ref_logits, atol=1e-4 * ref_logits.abs().max().item(), rtol=0)
+    assert torch.equal(torch.cat(tokens, 1), ref_tokens)
+    assert cache.get_seq_length() == ids.shape[1] + new - 1
+    assert all(s["tokens_seen"] == ids.shape[1] + new - 1 for s in cache.stats())
+
+
+def test_graph_decoder_generate_and_refusals():
+    import kvslim.hf
+    model = small_llama(torch.float32)
+    ids = torch.randint(3, 512, (1, 64), device="cuda")
+    kvslim.hf.prepare(model)
+    try:
+        cfg = kvslim.Config(method="kivi", kivi_bits=2, device="cuda")
+        ref, _ = eager_greedy(model, ids, kvslim.hf.KVSlimCache(model, cfg), 40)
+        dec = kvslim.hf.GraphDecoder(model, kvslim.hf.KVSlimCache(model, cfg), max_tokens=104)
+        assert torch.equal(dec.generate(ids, 40), ref)
+        dec.step(ref[:, -1:])  # the 104th token: the last max_tokens allows
+        with pytest.raises(ValueError, match="max_tokens"):
+            dec.step(ref[:, -1:])
+        # Methods whose step has host decisions (eviction) are refused by name.
+        h2o = kvslim.hf.KVSlimCache(model, kvslim.Config(method="h2o", h2o_budget=32, device="cuda"))
+        dec2 = kvslim.hf.GraphDecoder(model, h2o, max_tokens=200)
+        with torch.no_grad():
+            model(input_ids=ids, past_key_values=h2o, use_cache=True)
+        dec2.step(ref[:, :1])  # the eager step
+        with pytest.raises(kvslim.InputError, match="full and kivi"):
+            dec2.step(ref[:, 1:2])
+        with pytest.raises(ValueError, match="GPU memory"):
+            kvslim.hf.GraphDecoder(model, kvslim.hf.KVSlimCache(model, kvslim.Config(method="kivi")), max_tokens=10)
+    finally:
+        kvslim.hf.restore(model)

@@ -13,4 +13,15 @@ std::unique_ptr<KVCache> make_cache(const KVCacheConfig& config, int) {
                     "\": this kvslim was built without CUDA (configure with -DKVSLIM_CUDA=ON where nvcc is installed)");
 }
 
+struct StepGraph::Impl {};
+StepGraph::StepGraph(const std::vector<KVCache*>&) {
+  throw ConfigError("StepGraph: this kvslim was built without CUDA (configure with -DKVSLIM_CUDA=ON where nvcc is installed)");
+}
+StepGraph::~StepGraph() = default;
+void StepGraph::begin_capture(int, int) {}
+void StepGraph::end_capture(void*) {}
+void StepGraph::replay(void*) {}
+std::size_t StepGraph::steps() const { return 0; }
+std::size_t StepGraph::nodes() const { return 0; }
+
 }  // namespace kvslim::cuda

@@ -6,6 +6,7 @@
 #include <climits>
 
 #include "cuda/append.h"
+#include "cuda/kernel_launch.h"
 
 namespace kvslim::cuda {
 namespace {
@@ -180,26 +181,24 @@ __global__ void kivi_tail_kernel(AppendInput in, StagingWindow w, int first_inpu
 
 void launch_dense_append(const AppendInput& in, std::uint16_t* k, std::uint16_t* v, DenseType type,
                          long long capacity, int n, std::int64_t* pos, cudaStream_t stream, bool pos_per_head) {
-  dense_append_kernel<<<dim3(in.S, in.BH), in.D, 0, stream>>>(in, k, v, type, capacity, n, pos, pos_per_head);
-  KVSLIM_CUDA_LAUNCHED("dense_append_kernel");
+  launch_kernel(true, false, dense_append_kernel, dim3(in.S, in.BH), dim3(in.D), 0, stream, in, k, v, type, capacity, n,
+                pos, pos_per_head);
 }
 
 void launch_kivi_append(const AppendInput& in, const KiviStore& store, int n_groups, int compress,
                         const StagingWindow& window, cudaStream_t stream) {
   const int total = window.staged + in.S;
-  if (compress > 0) {
-    kivi_group_kernel<<<dim3(compress / 32, in.BH, 2), in.D, 32 * in.D, stream>>>(in, store, n_groups, window);
-    KVSLIM_CUDA_LAUNCHED("kivi_group_kernel");
-  }
+  // Both kernels are launch sites in every step, switched off when they have nothing to do (a
+  // replayed step's graph holds both: kernel_launch.h).
+  launch_kernel(compress > 0, false, kivi_group_kernel, dim3(compress / 32, in.BH, 2), dim3(in.D),
+                static_cast<std::size_t>(32 * in.D), stream, in, store, n_groups, window);
   // compress == 0: the whole input joins the window after its staged rows; else the input's last
   // total - compress rows start the fresh window.
   const int tail = compress == 0 ? in.S : total - compress;
-  if (tail > 0) {
-    const int first_input_row = in.S - tail;
-    const int out_row0 = compress == 0 ? window.staged : 0;
-    kivi_tail_kernel<<<dim3(tail, in.BH), in.D, 0, stream>>>(in, window, first_input_row, out_row0);
-    KVSLIM_CUDA_LAUNCHED("kivi_tail_kernel");
-  }
+  const int first_input_row = in.S - tail;
+  const int out_row0 = compress == 0 ? window.staged : 0;
+  launch_kernel(tail > 0, false, kivi_tail_kernel, dim3(tail, in.BH), dim3(in.D), 0, stream, in, window,
+                first_input_row, out_row0);
 }
 
 }  // namespace kvslim::cuda

@@ -408,9 +408,9 @@ void dense_launch(const QueryArgs& q, const DenseRows& rows, const Partials& par
   static std::atomic<unsigned long long> done{0};
   set_smem(kernel, smem, done);
   const int units = (rows.n_rows + kUnit - 1) / kUnit;
-  const int per = (units + splits - 1) / splits;
-  launch_dependent(kernel, dim3(splits, q.tiles(), q.B * q.Hkv), dim3(kThreads), smem, stream, q, rows, parts,
-                   part_base, per);
+  const int per = splits > 0 ? (units + splits - 1) / splits : 0;
+  launch_kernel(splits > 0, part_base > 0, kernel, dim3(splits, q.tiles(), q.B * q.Hkv), dim3(kThreads),
+                static_cast<std::size_t>(smem), stream, q, rows, parts, part_base, per);
 }
 
 }  // namespace
@@ -425,7 +425,7 @@ int dense_splits(const QueryArgs& q, int n_rows, int sm_count, DenseType type) {
 
 void launch_dense(const QueryArgs& q, const DenseRows& rows, const Partials& parts, int part_base, int splits,
                   cudaStream_t stream) {
-  if (splits <= 0) return;
+  splits = std::max(splits, 0);
   const bool bf = rows.type == DenseType::bf16;
   if (q.D == 64) return bf ? dense_launch<DenseType::bf16, 64>(q, rows, parts, part_base, splits, stream)
                            : dense_launch<DenseType::f16, 64>(q, rows, parts, part_base, splits, stream);
@@ -438,17 +438,15 @@ void launch_combine(const QueryArgs& q, const Partials& parts, int n_parts, floa
                     cudaStream_t stream) {
   const long long ctas = static_cast<long long>(q.tiles()) * q.B * q.Hkv * kTileRows;
   const dim3 grid(static_cast<unsigned>(ctas)), block(32 * kCombineWarps);
-  if (q.D == 64) return launch_dependent(combine_kernel<64>, grid, block, 0, stream, q, parts, n_parts, out, final_ml);
-  if (q.D == 128) return launch_dependent(combine_kernel<128>, grid, block, 0, stream, q, parts, n_parts, out, final_ml);
+  if (q.D == 64) return launch_kernel(true, true, combine_kernel<64>, grid, block, 0, stream, q, parts, n_parts, out, final_ml);
+  if (q.D == 128) return launch_kernel(true, true, combine_kernel<128>, grid, block, 0, stream, q, parts, n_parts, out, final_ml);
   throw InputError("cuda attend: no merge for head_dim " + std::to_string(q.D) + " (64 or 128)");
 }
 
 void launch_probs(const QueryArgs& q, const float* final_ml, float* probs, cudaStream_t stream) {
-  if (q.rows_total == 0) return;
   const long long n_bhs = static_cast<long long>(q.B) * q.Hkv * q.S;
   const dim3 grid(static_cast<unsigned>((q.rows_total + 255) / 256), static_cast<unsigned>(std::min(n_bhs, 65535LL)));
-  probs_kernel<<<grid, 256, 0, stream>>>(q, final_ml, probs);
-  KVSLIM_CUDA_LAUNCHED("probs_kernel");
+  launch_kernel(q.rows_total > 0, false, probs_kernel, grid, dim3(256), 0, stream, q, final_ml, probs);
 }
 
 }  // namespace kvslim::cuda

@@ -454,9 +454,9 @@ void codes_launch(const QueryArgs& q, const PackedRows& rows, const Partials& pa
   auto kernel = attend_codes_kernel<BITS, D, NSUB>;
   static std::atomic<unsigned long long> done{0};
   set_smem(kernel, smem, done);
-  const int per = (rows.n_groups + splits - 1) / splits;
-  kernel<<<dim3(splits, q.tiles(), q.B * q.Hkv), kThreads, smem, stream>>>(q, rows, parts, part_base, per);
-  KVSLIM_CUDA_LAUNCHED("attend_codes_kernel");
+  const int per = splits > 0 ? (rows.n_groups + splits - 1) / splits : 0;
+  launch_kernel(splits > 0, false, kernel, dim3(splits, q.tiles(), q.B * q.Hkv), dim3(kThreads), smem, stream, q, rows,
+                parts, part_base, per);
 }
 
 // One sub-tile when a step's query vectors fit in 4 (decode with up to 4 query heads per KV head).
@@ -480,7 +480,7 @@ int packed_splits(const QueryArgs& q, int n_groups, int sm_count, int bits) {
 
 void launch_packed(const QueryArgs& q, const PackedRows& rows, const Partials& parts, int part_base, int splits,
                    cudaStream_t stream) {
-  if (splits <= 0) return;
+  splits = std::max(splits, 0);
   const bool one = one_subtile(q);
 #define KVSLIM_PACKED_CASE(B, DD)                                                             \
   if (rows.bits == B && q.D == DD) {                                                          \

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "cuda/attend.h"
+#include "cuda/kernel_launch.h"
 
 namespace kvslim::cuda::attend_detail {
 
@@ -56,23 +57,6 @@ __device__ void merge_warps(const QueryArgs& a, int tile, int bh, const float* r
 // waiting for it covers everything before it.
 __device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::); }
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
-
-// kernel<<<grid, block, smem, stream>>>(args...) allowed to start while the previous kernel on the
-// stream runs (it must pdl_wait before reading that kernel's output, and before it exits).
-template <typename... Params, typename... Args>
-void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, int smem, cudaStream_t stream, Args&&... args) {
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = static_cast<std::size_t>(smem);
-  config.stream = stream;
-  config.attrs = attr;
-  config.numAttrs = 1;
-  KVSLIM_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
-}
 
 template <typename Kernel>
 void set_smem_always(Kernel k, int bytes) {

@@ -35,8 +35,6 @@ namespace kvslim::cuda {
     const cudaError_t kvslim_err_ = (call);                                          \
     if (kvslim_err_ != cudaSuccess) ::kvslim::cuda::throw_cuda_error(kvslim_err_, #call, __FILE__, __LINE__); \
   } while (0)
-// After a launch: configuration errors surface at once, faults at the next synchronising call.
-#define KVSLIM_CUDA_LAUNCHED(name) KVSLIM_CUDA_CHECK(cudaPeekAtLastError())
 
 // Element type of a dense (uncompressed) row store.
 enum class DenseType : int { f16 = 0, bf16 = 1 };

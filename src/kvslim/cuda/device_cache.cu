@@ -100,7 +100,9 @@ void DeviceCache::synchronize() const {
 
 void DeviceCache::append(const KVBlock& keys, const KVBlock& values, std::span<const std::int64_t> positions) {
   DeviceGuard guard(device_);
-  check_pending_error(false);
+  const bool capture = capturing();
+  if (capture && step_->appended) reject(method_, "a captured step appends once (StepGraph)");
+  if (!capture) check_pending_error(false);
   std::vector<std::int64_t> resolved =
       check_append(method_, MemorySpace::cuda, keys, values, positions, batch_, heads_, dim_, next_position_);
   if (keys.dtype != values.dtype) {
@@ -130,6 +132,9 @@ void DeviceCache::append(const KVBlock& keys, const KVBlock& values, std::span<c
   in.bad_host = bad_host_device_;
   bool contiguous = true;
   for (std::size_t s = 1; s < resolved.size() && contiguous; ++s) contiguous = resolved[s] == resolved[0] + static_cast<std::int64_t>(s);
+  if (capture && (!contiguous || resolved[0] != next_position_)) {
+    reject(method_, "a captured step appends at the next positions, in order (StepGraph)");
+  }
   DeviceBuffer uploaded;
   if (!contiguous) {
     uploaded.reserve(resolved.size() * sizeof(std::int64_t));
@@ -143,11 +148,22 @@ void DeviceCache::append(const KVBlock& keys, const KVBlock& values, std::span<c
     dim_ = keys.head_dim;
   }
   stream_ = stream;
-  absorb(in, resolved, stream);
+  if (capture) {
+    LaunchScope scope(step_->slots, LaunchSlots::Mode::capture);
+    absorb_step(in, resolved, stream);
+    step_->append = in;
+    step_->appended = true;
+    return;  // the input-error event is recorded after each replay (graph_launched)
+  }
+  absorb_step(in, resolved, stream);
   KVSLIM_CUDA_CHECK(cudaEventRecord(flag_event_, stream));
   if (!contiguous) KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream));  // `uploaded` dies here
+}
+
+void DeviceCache::absorb_step(const AppendInput& in, const std::vector<std::int64_t>& resolved, cudaStream_t stream) {
+  absorb(in, resolved, stream);
   if (mirror_positions_) positions_.insert(positions_.end(), resolved.begin(), resolved.end());
-  tokens_seen_ += keys.tokens;
+  tokens_seen_ += static_cast<std::uint64_t>(in.S);
   next_position_ = resolved.back() + 1;
 }
 
@@ -159,7 +175,8 @@ void DeviceCache::attend(const QueryBlock& queries, std::span<const std::int64_t
     fail("queries are in " + std::string(memory_space_name(queries.space)) + " memory; this cache is on cuda:" +
          std::to_string(device_) + " (queries, out and probs must be device memory there)");
   }
-  check_pending_error(false);
+  const bool capture = capturing();
+  if (!capture) check_pending_error(false);
   if (queries.tokens == 0) return;
   if (queries.data == nullptr || out == nullptr) fail("queries and out must not be null");
   if (query_positions.size() != queries.tokens) {
@@ -173,6 +190,7 @@ void DeviceCache::attend(const QueryBlock& queries, std::span<const std::int64_t
   const auto stream = static_cast<cudaStream_t>(queries.stream);
   const std::size_t out_elems = queries.batch * queries.tokens * queries.heads * queries.head_dim;
   if (batch_ == 0) {
+    if (capture) fail("a captured step attends after its append (StepGraph)");
     if (queries.heads == 0 || queries.head_dim == 0) fail("queries need heads >= 1 and head_dim >= 1");
     KVSLIM_CUDA_CHECK(cudaMemsetAsync(out, 0, out_elems * sizeof(float), stream));
     return;
@@ -184,8 +202,31 @@ void DeviceCache::attend(const QueryBlock& queries, std::span<const std::int64_t
          ", head_dim=" + std::to_string(dim_) + "] (heads must be a multiple of kv_heads)");
   }
   if (queries.tokens * queries.heads / heads_ > static_cast<std::size_t>(INT_MAX) / 8) fail("too many query vectors");
+  if (capture) {
+    // A replayed step's queries are its own new tokens, their positions passed with the launch.
+    if (!step_->appended || step_->attended) fail("a captured step attends once, after its append (StepGraph)");
+    if (probs) fail("a captured step computes no probabilities (their [.., rows] shape changes every step)");
+    if (queries.tokens != static_cast<std::size_t>(step_->append.S)) fail("a captured step attends its own new tokens");
+    for (std::size_t i = 0; i < queries.tokens; ++i) {
+      if (query_positions[i] != step_->append.first_position + static_cast<std::int64_t>(i)) {
+        fail("a captured step attends at the positions it appended");
+      }
+    }
+  }
   stream_ = stream;
+  const QueryArgs q = query_args(queries, query_positions);
+  if (capture) {
+    LaunchScope scope(step_->slots, LaunchSlots::Mode::capture);
+    attend_checked(q, out, probs, stream);
+    step_->queries = queries;
+    step_->out = out;
+    step_->attended = true;
+    return;
+  }
+  attend_checked(q, out, probs, stream);
+}
 
+QueryArgs DeviceCache::query_args(const QueryBlock& queries, std::span<const std::int64_t> query_positions) const {
   QueryArgs q;
   q.q = queries.data;
   q.B = static_cast<int>(batch_);
@@ -202,10 +243,16 @@ void DeviceCache::attend(const QueryBlock& queries, std::span<const std::int64_t
   } else {
     qpos_.reserve(queries.tokens * sizeof(std::int64_t));
     KVSLIM_CUDA_CHECK(cudaMemcpyAsync(qpos_.get(), query_positions.data(), queries.tokens * sizeof(std::int64_t),
-                                      cudaMemcpyHostToDevice, stream));
+                                      cudaMemcpyHostToDevice, static_cast<cudaStream_t>(queries.stream)));
     q.qpos = qpos_.as<std::int64_t>();
   }
-  const std::size_t BH = batch_ * heads_, vectors = queries.tokens * static_cast<std::size_t>(q.G);
+  return q;
+}
+
+void DeviceCache::attend_checked(const QueryArgs& q_in, float* out, float* probs, cudaStream_t stream) const {
+  QueryArgs q = q_in;
+  const bool capture = capturing();
+  const std::size_t BH = batch_ * heads_, vectors = static_cast<std::size_t>(q.S) * static_cast<std::size_t>(q.G);
   if (probs) {
     logits_.reserve(BH * vectors * rows() * sizeof(float));
     final_ml_.reserve(BH * vectors * 2 * sizeof(float));
@@ -214,6 +261,9 @@ void DeviceCache::attend(const QueryBlock& queries, std::span<const std::int64_t
   Partials parts;
   const int n_parts = launch_segments(q, parts, true, stream);
   const std::size_t slots = static_cast<std::size_t>(std::max(n_parts, 1)) * q.tiles() * BH * kTileRows;
+  if (capture && (parts_acc_.bytes() < slots * dim_ * sizeof(float) || parts_ml_.bytes() < slots * 2 * sizeof(float))) {
+    reject(method_, "attend: the captured step needs more attention workspace than graph_begin reserved (StepGraph)");
+  }
   parts_acc_.reserve(slots * dim_ * sizeof(float));
   parts_ml_.reserve(slots * 2 * sizeof(float));
   parts.acc = parts_acc_.as<float>();
@@ -223,6 +273,77 @@ void DeviceCache::attend(const QueryBlock& queries, std::span<const std::int64_t
   launch_combine(q, parts, n_parts, out, probs ? final_ml_.as<float>() : nullptr, stream);
   if (probs) launch_probs(q, final_ml_.as<float>(), probs, stream);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Replayed decode steps (StepGraph)
+
+bool DeviceCache::capturing() const { return step_ != nullptr && step_->capturing; }
+
+LaunchSlots& DeviceCache::graph_slots() {
+  if (!step_) throw InputError(method_ + " cache (cuda): no captured step");
+  return step_->slots;
+}
+
+void DeviceCache::graph_begin(int query_heads, int query_tokens) {
+  DeviceGuard guard(device_);
+  check_pending_error(false);
+  if (batch_ == 0) {
+    reject(method_, "StepGraph: capture a decode step after the prompt (the cache is empty, its shape unknown)");
+  }
+  if (query_heads % static_cast<int>(heads_) != 0) {
+    reject(method_, "StepGraph: " + std::to_string(query_heads) + " query heads for " + std::to_string(heads_) +
+                        " KV heads (a multiple is needed)");
+  }
+  step_ = std::make_unique<StepRecord>();
+  QueryArgs q;
+  q.B = static_cast<int>(batch_);
+  q.S = query_tokens;
+  q.Hq = query_heads;
+  q.Hkv = static_cast<int>(heads_);
+  q.G = q.Hq / q.Hkv;
+  q.D = static_cast<int>(dim_);
+  const std::size_t BH = batch_ * heads_;
+  const std::size_t slots =
+      static_cast<std::size_t>(std::max(parts_at_capacity(q), 1)) * q.tiles() * BH * kTileRows;
+  parts_acc_.reserve(slots * dim_ * sizeof(float));
+  parts_ml_.reserve(slots * 2 * sizeof(float));
+  step_->capturing = true;
+}
+
+void DeviceCache::graph_captured() {
+  if (!step_) throw InputError(method_ + " cache (cuda): StepGraph: end_capture without begin_capture");
+  step_->capturing = false;
+  if (!step_->appended || !step_->attended) {
+    reject(method_, std::string("StepGraph: the captured step ") + (step_->appended ? "did not attend" : "did not append") +
+                        " through this cache (every cache appends and attends once per step)");
+  }
+}
+
+void DeviceCache::graph_arm(cudaGraphExec_t exec, cudaStream_t stream) {
+  if (!step_ || !step_->attended) reject(method_, "StepGraph: no captured step");
+  if (batch_ == 0) reject(method_, "StepGraph: the cache was reset after the step was captured; capture again");
+  check_pending_error(false);
+  AppendInput in = step_->append;
+  const int S = in.S;
+  std::vector<std::int64_t> positions(static_cast<std::size_t>(S));
+  for (int i = 0; i < S; ++i) positions[i] = next_position_ + i;
+  in.first_position = positions[0];
+  in.positions = nullptr;
+  stream_ = stream;
+  LaunchScope scope(step_->slots, LaunchSlots::Mode::update, exec);
+  absorb_step(in, positions, stream);
+  QueryBlock queries = step_->queries;
+  queries.stream = stream;
+  attend_checked(query_args(queries, positions), step_->out, nullptr, stream);
+  if (scope.visited() != step_->slots.size()) {
+    reject(method_, "StepGraph: this step launched " + std::to_string(scope.visited()) + " kernels, the captured one " +
+                        std::to_string(step_->slots.size()) + "; capture again");
+  }
+}
+
+void DeviceCache::graph_launched(cudaStream_t stream) { KVSLIM_CUDA_CHECK(cudaEventRecord(flag_event_, stream)); }
+
+void DeviceCache::graph_end() { step_.reset(); }
 
 CacheView DeviceCache::materialize() const {
   synchronize();
@@ -317,9 +438,28 @@ void DeviceDenseCache::grow(std::size_t rows, cudaStream_t stream) {
   capacity_ = cap;
 }
 
+void DeviceDenseCache::reserve(std::size_t tokens) {
+  reserved_ = tokens;
+  // Known shape: allocate now (a captured step cannot; StepGraph reserves before it captures).
+  if (batch_ != 0 && tokens > capacity_) {
+    DeviceGuard guard(device());
+    grow(tokens, stream());
+  }
+}
+
+int DeviceDenseCache::parts_at_capacity(const QueryArgs& q) const {
+  return dense_splits(q, static_cast<int>(std::max(capacity_, n_ + 1)), sm_count_, type_);
+}
+
 void DeviceDenseCache::absorb(const AppendInput& in, const std::vector<std::int64_t>&, cudaStream_t stream) {
   if (n_ == 0) type_ = in.dtype == DType::bf16 ? DenseType::bf16 : DenseType::f16;
-  if (n_ + in.S > capacity_) grow(n_ + in.S, stream);
+  if (n_ + in.S > capacity_) {
+    if (capturing()) {
+      reject(method(), "a captured step needs " + std::to_string(n_ + in.S) + " rows, " + std::to_string(capacity_) +
+                           " are allocated: reserve() the run's tokens before StepGraph::begin_capture");
+    }
+    grow(n_ + in.S, stream);
+  }
   launch_dense_append(in, k_.as<std::uint16_t>(), v_.as<std::uint16_t>(), type_, static_cast<long long>(capacity_),
                       static_cast<int>(n_), pos_.as<std::int64_t>(), stream);
   n_ += in.S;
@@ -327,7 +467,7 @@ void DeviceDenseCache::absorb(const AppendInput& in, const std::vector<std::int6
 
 int DeviceDenseCache::launch_segments(const QueryArgs& q, const Partials& parts, bool count_only,
                                       cudaStream_t stream) const {
-  const int splits = dense_splits(q, static_cast<int>(n_), sm_count_, type_);
+  const int splits = n_ > 0 ? dense_splits(q, static_cast<int>(n_), sm_count_, type_) : 0;
   if (!count_only) {
     DenseRows rows;
     rows.k = k_.as<std::uint16_t>();
@@ -336,7 +476,7 @@ int DeviceDenseCache::launch_segments(const QueryArgs& q, const Partials& parts,
     rows.pos = pos_.as<std::int64_t>();
     rows.n_rows = static_cast<int>(n_);
     rows.type = type_;
-    launch_dense(q, rows, parts, 0, splits, stream);
+    launch_dense(q, rows, parts, 0, splits, stream);  // splits == 0: a switched-off launch (kernel_launch.h)
   }
   return splits;
 }
@@ -364,9 +504,24 @@ std::size_t DeviceKiviCache::device_bytes() const {
   return b;
 }
 
+void DeviceKiviCache::reserve(std::size_t tokens) {
+  reserved_tokens_ = tokens;
+  // Known shape: allocate the groups now (a captured step cannot; see DeviceDenseCache::reserve).
+  const std::size_t groups = tokens / 32;
+  if (batch_ != 0 && row_bytes_ != 0 && groups > group_capacity_) {
+    DeviceGuard guard(device());
+    grow_codes(groups, stream());
+  }
+}
+
+int DeviceKiviCache::parts_at_capacity(const QueryArgs& q) const {
+  const int groups = static_cast<int>(std::max(group_capacity_, static_cast<std::size_t>(groups_) + 1));
+  return packed_splits(q, groups, sm_count_, bits_) + dense_splits(q, staging_, sm_count_, DenseType::f16);
+}
+
 void DeviceKiviCache::grow_codes(std::size_t groups, cudaStream_t stream) {
   // By an eighth (at least 8 groups), as the dense store grows.
-  const std::size_t cap = std::max({groups, group_capacity_ + std::max(group_capacity_ / 8, std::size_t{8})});
+  const std::size_t cap = std::max({groups, reserved_tokens_ / 32, group_capacity_ + std::max(group_capacity_ / 8, std::size_t{8})});
   const std::size_t BH = batch_ * heads_, D = dim_, RB = static_cast<std::size_t>(row_bytes_);
   DeviceBuffer kc, vc, kp, vp, pos;
   kc.reserve(BH * cap * 32 * RB);
@@ -408,6 +563,11 @@ void DeviceKiviCache::absorb(const AppendInput& in, const std::vector<std::int64
   const int total = staged_ + in.S;
   const int compress = total >= staging_ ? total / 32 * 32 : 0;
   if (compress > 0 && static_cast<std::size_t>(groups_ + compress / 32) > group_capacity_) {
+    if (capturing()) {
+      reject(method(), "a captured step needs " + std::to_string(groups_ + compress / 32) + " groups, " +
+                           std::to_string(group_capacity_) +
+                           " are allocated: reserve() the run's tokens before StepGraph::begin_capture");
+    }
     grow_codes(static_cast<std::size_t>(groups_ + compress / 32), stream);
   }
   KiviStore store;
@@ -439,7 +599,9 @@ int DeviceKiviCache::launch_segments(const QueryArgs& q, const Partials& parts, 
   const int ps = groups_ > 0 ? packed_splits(q, groups_, sm_count_, bits_) : 0;
   const int ds = staged_ > 0 ? dense_splits(q, staged_, sm_count_, DenseType::f16) : 0;
   if (!count_only) {
-    if (ps > 0) {
+    // Both segments launch in every step, switched off while empty (a replayed step's graph holds
+    // both: kernel_launch.h).
+    {
       PackedRows rows;
       rows.k_codes = k_codes_.as<std::uint8_t>();
       rows.v_codes = v_codes_.as<std::uint8_t>();
@@ -452,7 +614,7 @@ int DeviceKiviCache::launch_segments(const QueryArgs& q, const Partials& parts, 
       rows.bits = bits_;
       launch_packed(q, rows, parts, 0, ps, stream);
     }
-    if (ds > 0) {
+    {
       DenseRows rows;
       rows.k = stage_k_[cur_].as<std::uint16_t>();
       rows.v = stage_v_[cur_].as<std::uint16_t>();

@@ -5,12 +5,15 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "cuda/append.h"
 #include "cuda/attend.h"
 #include "cuda/device_buffer.h"
+#include "cuda/step_graph.h"
 #include "kvslim/cache.h"
 #include "kvslim/config.h"
 
@@ -36,6 +39,24 @@ class DeviceCache : public KVCache {
   // The stream of the last call (where the cache's state is ordered).
   cudaStream_t stream() const { return stream_; }
 
+  // Decode steps replayed as a CUDA graph (kvslim/cuda.h StepGraph; step_graph.h). Only storages
+  // whose step has no host decision the graph could not replay say yes.
+  virtual bool graph_replayable() const { return false; }
+  // The next append + attend are captured (their kernels recorded as nodes); the attention
+  // workspace is sized first for the capacity reserved, since a capture cannot allocate.
+  void graph_begin(int query_heads, int query_tokens);
+  // Capture over: checks that the step appended and attended once each.
+  void graph_captured();
+  LaunchSlots& graph_slots();
+  // Before a replay: the next step's append + attend run their host logic, each launch updating its
+  // node in `exec` instead of reaching the stream (storage growth, a plain copy, still runs on
+  // `stream`, ahead of the graph); the host state advances as after an eager step.
+  void graph_arm(cudaGraphExec_t exec, cudaStream_t stream);
+  // After a replay's launch: the input-error flag is ordered after it.
+  void graph_launched(cudaStream_t stream);
+  // Back to eager steps only.
+  void graph_end();
+
  protected:
   // The method's part of append, after every check: enqueue on `stream`.
   virtual void absorb(const AppendInput& in, const std::vector<std::int64_t>& positions, cudaStream_t stream) = 0;
@@ -53,6 +74,10 @@ class DeviceCache : public KVCache {
   virtual void add_figures(CacheStats&) const {}
   // Raises the deferred input error of an earlier append, if its kernel found one (no wait).
   void raise_pending_error() const { check_pending_error(false); }
+  // Attention parts the segments would use at the reserved capacity (graph_begin's workspace).
+  virtual int parts_at_capacity(const QueryArgs&) const { return 0; }
+  // Whether a step is being captured (the storage cannot grow: KVCache::reserve first).
+  bool capturing() const;
 
   std::size_t batch_ = 0, heads_ = 0, dim_ = 0;
   int sm_count_ = 0;
@@ -62,6 +87,21 @@ class DeviceCache : public KVCache {
 
  private:
   void check_pending_error(bool wait) const;
+  // append / attend after their checks (shared by eager calls and a replayed step's re-arming).
+  void absorb_step(const AppendInput& in, const std::vector<std::int64_t>& resolved, cudaStream_t stream);
+  QueryArgs query_args(const QueryBlock& queries, std::span<const std::int64_t> query_positions) const;
+  void attend_checked(const QueryArgs& q, float* out, float* probs, cudaStream_t stream) const;
+
+  // A captured decode step: the calls' device addresses (fixed while the graph is replayed) and
+  // the nodes their kernels made.
+  struct StepRecord {
+    bool capturing = false, appended = false, attended = false;
+    AppendInput append;      // positions: first_position + i, set per step
+    QueryBlock queries;      // data, shape, scale
+    float* out = nullptr;
+    LaunchSlots slots;
+  };
+  std::unique_ptr<StepRecord> step_;
 
   std::string method_;
   int device_;
@@ -98,10 +138,12 @@ void check_device_pointer(std::string_view method, const void* p, int device, co
 class DeviceDenseCache final : public DeviceCache {
  public:
   explicit DeviceDenseCache(int device) : DeviceCache("full", device) {}
-  void reserve(std::size_t tokens) override { reserved_ = tokens; }
+  void reserve(std::size_t tokens) override;
   DenseType store_type() const { return type_; }
+  bool graph_replayable() const override { return true; }
 
  private:
+  int parts_at_capacity(const QueryArgs& q) const override;
   void absorb(const AppendInput& in, const std::vector<std::int64_t>& positions, cudaStream_t stream) override;
   int launch_segments(const QueryArgs& q, const Partials& parts, bool count_only, cudaStream_t stream) const override;
   void download_rows(std::size_t bh, std::uint16_t* keys, std::uint16_t* values) const override;
@@ -128,8 +170,11 @@ class DeviceKiviCache final : public DeviceCache {
     std::vector<std::vector<std::uint16_t>> k_params, v_params, stage_k, stage_v;
   };
   Snapshot snapshot() const;
+  void reserve(std::size_t tokens) override;
+  bool graph_replayable() const override { return true; }
 
  private:
+  int parts_at_capacity(const QueryArgs& q) const override;
   void absorb(const AppendInput& in, const std::vector<std::int64_t>& positions, cudaStream_t stream) override;
   int launch_segments(const QueryArgs& q, const Partials& parts, bool count_only, cudaStream_t stream) const override;
   void download_rows(std::size_t bh, std::uint16_t* keys, std::uint16_t* values) const override;
@@ -143,6 +188,7 @@ class DeviceKiviCache final : public DeviceCache {
   DeviceBuffer stage_k_[2], stage_v_[2], stage_pos_[2];
   int cur_ = 0;                     // which window buffer is live
   std::size_t group_capacity_ = 0;  // groups the code store holds
+  std::size_t reserved_tokens_ = 0;
   int groups_ = 0, staged_ = 0;
 };
 

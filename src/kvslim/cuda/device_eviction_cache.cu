@@ -6,6 +6,7 @@
 
 #include "cuda/append.h"
 #include "cuda/attend.h"
+#include "cuda/kernel_launch.h"
 #include "kvslim/errors.h"
 
 namespace kvslim::cuda {
@@ -188,9 +189,8 @@ void DeviceSlots::flush() {
   // From pageable memory: the call returns once moves_ is staged, so it may be reused at once.
   KVSLIM_CUDA_CHECK(cudaMemcpyAsync(moves_dev_.get(), moves_.data(), bytes, cudaMemcpyHostToDevice, stream_));
   const unsigned n = static_cast<unsigned>(moves_.size() / 3);
-  apply_moves_kernel<<<n, 32, 0, stream_>>>(moves_dev_.as<int>(), keys(), values(), positions(),
-                                            static_cast<long long>(stride_), static_cast<int>(dim_));
-  KVSLIM_CUDA_LAUNCHED("apply_moves_kernel");
+  launch_kernel(true, false, apply_moves_kernel, dim3(n), dim3(32), 0, stream_, moves_dev_.as<int>(), keys(), values(),
+                positions(), static_cast<long long>(stride_), static_cast<int>(dim_));
   moves_.clear();
   if (++epoch_ == 0) {  // wrapped: no slot may look marked in the new epoch
     std::fill(read_in_.begin(), read_in_.end(), 0u);
@@ -337,8 +337,8 @@ bool DeviceEvictionCache::observe_on_device(const AttentionObservation& obs) {
   o.threshold = core_.recent_threshold(n > budget_ ? budget_ : n);
   o.decay = policy.decay;
   const auto stream = static_cast<cudaStream_t>(obs.stream);
-  observe_decode_kernel<<<static_cast<unsigned>(batch_ * heads_), kObserveThreads, 0, stream>>>(o);
-  KVSLIM_CUDA_LAUNCHED("observe_decode_kernel");
+  launch_kernel(true, false, observe_decode_kernel, dim3(static_cast<unsigned>(batch_ * heads_)),
+                dim3(kObserveThreads), 0, stream, o);
   core_.observed_by_owner(std::min(n, budget_), budget_);
   fresh_from_ = core_.rows();
   host_stale_ = true;

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# On the GPU machine, devbin/ and python/third_party carried: the replayed decode step
+# (kvslim.hf.GraphDecoder / StepGraph) checked first, then everything else the device checks.
+# Each result is written into $OUT as it finishes (a call cut short keeps what it made).
+#   bash bench/cuda/device_graph.sh [quick]   quick: the graph tests and their sanitizer run only
+set -u
+OUT=${OUT:-/tmp/kvslim-device-out}
+mkdir -p "$OUT"
+ROOT=$PWD
+export LD_LIBRARY_PATH="$PWD/devbin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+xz -dkf devbin/cuda_tests.xz && chmod +x devbin/cuda_tests
+( BUILD=/tmp/build-python JOBS=16 timeout 300 python/build.sh 2>&1 | tail -n 5 ) > "$OUT"/python_build.txt 2>&1 &
+BUILD_PID=$!
+timeout 120 devbin/cuda_tests --gtest_filter='CudaStepGraph.*' > "$OUT"/graph_tests.txt 2>&1
+echo "graph tests exit: $?" >> "$OUT"/graph_tests.txt
+if grep -q "exit: 139" "$OUT"/graph_tests.txt && command -v gdb >/dev/null; then
+  timeout 120 gdb -batch -ex run -ex bt --args devbin/cuda_tests --gtest_filter='CudaStepGraph.*' > "$OUT"/graph_gdb.txt 2>&1
+fi
+timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 devbin/cuda_tests --gtest_filter='CudaStepGraph.*' 2>&1 \
+  | tail -n 25 > "$OUT"/graph_memcheck.txt
+echo "memcheck exit: ${PIPESTATUS[0]}" >> "$OUT"/graph_memcheck.txt
+wait $BUILD_PID
+(cd /tmp && PYTHONPATH=/tmp/build-python/python timeout 200 python3 -m pytest -q -p no:cacheprovider -k graph \
+  "$ROOT"/python/tests/test_hf_cuda.py 2>&1 | tail -n 60) > "$OUT"/python_graph.txt 2>&1
+tail -n 3 "$OUT"/graph_tests.txt "$OUT"/graph_memcheck.txt "$OUT"/python_graph.txt
+[ "${1:-}" = quick ] && exit 0
+if [ "${1:-}" = bench ]; then
+  shift
+  PYTHONPATH=/tmp/build-python/python timeout 420 python3 bench/cuda/hf_generate.py --out "$OUT" "$@" > "$OUT"/hf_generate.log 2>&1
+  tail -n 30 "$OUT"/hf_generate.log
+  exit 0
+fi
+timeout 150 devbin/cuda_tests 2>&1 | grep -v "^\[       OK\|^\[ RUN" | tail -c 20000 > "$OUT"/tests.txt
+echo "tests exit: ${PIPESTATUS[0]}" >> "$OUT"/tests.txt
+tail -n 4 "$OUT"/tests.txt
+(cd /tmp && PYTHONPATH=/tmp/build-python/python timeout 240 python3 -m pytest -q -p no:cacheprovider \
+  "$ROOT"/python/tests/test_cuda.py "$ROOT"/python/tests/test_hf_cuda.py "$ROOT"/python/tests/test_hf.py \
+  "$ROOT"/python/tests/test_attend.py "$ROOT"/python/tests/test_attention.py 2>&1 | tail -n 40) > "$OUT"/python.txt 2>&1
+tail -n 3 "$OUT"/python.txt

@@ -1,0 +1,249 @@
+// Decode steps replayed as a CUDA graph (kvslim/cuda.h StepGraph) against the same steps run
+// eagerly: one step captured on a stream, then hundreds of replays -- crossing kivi's window flushes
+// and split-count changes -- whose attention outputs and stored rows equal, bit for bit, those of a
+// twin cache fed the same steps without a graph. Misuse (caches without a replayable step, a
+// capture that would have to allocate, a step that does not append and attend) is refused with a
+// message naming it.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <cstring>
+#include <execinfo.h>
+#include <unistd.h>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/device_buffer.h"
+#include "kvslim/cuda.h"
+#include "kvslim/errors.h"
+#include "kvslim/kvslim.h"
+
+namespace kvslim {
+namespace {
+
+// A host fault in this suite prints its stack (the device machine has no debugger): frame
+// addresses resolve with addr2line against this binary.
+void print_stack_and_exit(int sig) {
+  void* frames[64];
+  const int n = backtrace(frames, 64);
+  backtrace_symbols_fd(frames, n, 2);
+  _exit(128 + sig);
+}
+const bool stack_on_fault = [] {
+  std::signal(SIGSEGV, print_stack_and_exit);
+  return true;
+}();
+
+using cuda::DeviceBuffer;
+
+#define REQUIRE_GPU() \
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device"
+
+std::vector<std::uint16_t> random_half(std::size_t n, std::mt19937& rng, DType t) {
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::vector<std::uint16_t> x(n);
+  for (auto& v : x) {
+    const float f = d(rng);
+    v = t == DType::bf16 ? f32_to_bf16(f) : f32_to_fp16(f);
+  }
+  return x;
+}
+
+std::vector<float> random_float(std::size_t n, std::mt19937& rng) {
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::vector<float> x(n);
+  for (auto& v : x) v = d(rng);
+  return x;
+}
+
+std::unique_ptr<KVCache> device_cache(const std::string& method, int bits = 2) {
+  KVCacheConfig c;
+  c.method = method;
+  c.kivi_bits = bits;
+  c.h2o_budget = 64;
+  c.device = "cuda";
+  return KVCacheFactory::create(c);
+}
+
+// A stream that outlives the caches using it (a cache waits for its stream when it is destroyed):
+// declare it before them.
+struct OwnStream {
+  cudaStream_t s = nullptr;
+  OwnStream() { EXPECT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess); }
+  ~OwnStream() { cudaStreamDestroy(s); }
+};
+
+struct OwnGraph {  // a captured graph, destroyed after the StepGraph declared below it
+  cudaGraph_t g = nullptr;
+  ~OwnGraph() {
+    if (g) cudaGraphDestroy(g);
+  }
+};
+
+struct Shape {
+  std::size_t B = 2, H = 2, Hq = 8, D = 128;
+};
+
+// One step's inputs at fixed device addresses (what a captured graph reads).
+struct StepInputs {
+  Shape s;
+  DType dtype;
+  DeviceBuffer k, v, q;
+  StepInputs(const Shape& shape, DType t) : s(shape), dtype(t) {
+    k.reserve(s.B * s.H * s.D * 2);
+    v.reserve(s.B * s.H * s.D * 2);
+    q.reserve(s.B * s.Hq * s.D * 4);
+  }
+  KVBlock keys(cudaStream_t st) const { return {k.get(), dtype, s.B, s.H, 1, s.D, MemorySpace::cuda, st}; }
+  KVBlock values(cudaStream_t st) const { return {v.get(), dtype, s.B, s.H, 1, s.D, MemorySpace::cuda, st}; }
+  QueryBlock queries(cudaStream_t st) const {
+    return {q.as<float>(), s.B, 1, s.Hq, s.D, 0.f, MemorySpace::cuda, st};
+  }
+  void write(const std::vector<std::uint16_t>& hk, const std::vector<std::uint16_t>& hv, const std::vector<float>& hq,
+             cudaStream_t st) {
+    ASSERT_EQ(cudaMemcpyAsync(k.get(), hk.data(), hk.size() * 2, cudaMemcpyHostToDevice, st), cudaSuccess);
+    ASSERT_EQ(cudaMemcpyAsync(v.get(), hv.data(), hv.size() * 2, cudaMemcpyHostToDevice, st), cudaSuccess);
+    ASSERT_EQ(cudaMemcpyAsync(q.get(), hq.data(), hq.size() * 4, cudaMemcpyHostToDevice, st), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);  // the host vectors may go
+  }
+};
+
+// A prompt of `rows` rows appended eagerly to both caches.
+void prefill(KVCache& a, KVCache& b, const Shape& s, DType t, std::size_t rows, std::mt19937& rng,
+             cudaStream_t st) {
+  const std::size_t n = s.B * s.H * rows * s.D;
+  const auto hk = random_half(n, rng, t), hv = random_half(n, rng, t);
+  DeviceBuffer k, v;
+  k.reserve(n * 2);
+  v.reserve(n * 2);
+  ASSERT_EQ(cudaMemcpy(k.get(), hk.data(), n * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(v.get(), hv.data(), n * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  for (KVCache* c : {&a, &b}) {
+    c->append({k.get(), t, s.B, s.H, rows, s.D, MemorySpace::cuda, st}, {v.get(), t, s.B, s.H, rows, s.D, MemorySpace::cuda, st});
+  }
+  ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+}
+
+void expect_replays_equal_eager(const std::string& method, int bits, DType t, std::size_t prompt, int steps) {
+  const std::string what = method + (method == "kivi" ? std::to_string(bits) : "") + " " +
+                           std::string(dtype_name(t)) + " prompt " + std::to_string(prompt);
+  const Shape s;
+  OwnStream stream;
+  cudaStream_t st = stream.s;
+  auto graphed = device_cache(method, bits), eager = device_cache(method, bits);
+  std::mt19937 rng(7 + prompt);
+  prefill(*graphed, *eager, s, t, prompt, rng, st);
+  graphed->reserve(prompt + steps);
+
+  StepInputs in(s, t);
+  DeviceBuffer out_graph, out_eager;
+  const std::size_t out_n = s.B * s.Hq * s.D;
+  out_graph.reserve(out_n * 4);
+  out_eager.reserve(out_n * 4);
+
+  OwnGraph captured;
+  cuda::StepGraph graph({graphed.get()});
+  graph.begin_capture(static_cast<int>(s.Hq), 1);
+  {
+    ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed), cudaSuccess);
+    const std::int64_t pos = static_cast<std::int64_t>(prompt);
+    graphed->append(in.keys(st), in.values(st), {&pos, 1});
+    graphed->attend(in.queries(st), {&pos, 1}, out_graph.as<float>());
+    ASSERT_EQ(cudaStreamEndCapture(st, &captured.g), cudaSuccess);
+  }
+  graph.end_capture(captured.g);
+  EXPECT_GT(graph.nodes(), 0u);
+
+  std::vector<float> a(out_n), b(out_n);
+  for (int step = 0; step < steps; ++step) {
+    const auto hk = random_half(s.B * s.H * s.D, rng, t), hv = random_half(s.B * s.H * s.D, rng, t);
+    const auto hq = random_float(out_n, rng);
+    in.write(hk, hv, hq, st);
+    graph.replay(st);
+    ASSERT_EQ(cudaMemcpyAsync(a.data(), out_graph.get(), out_n * 4, cudaMemcpyDeviceToHost, st), cudaSuccess);
+    const std::int64_t pos = static_cast<std::int64_t>(prompt) + step;
+    eager->append(in.keys(st), in.values(st), {&pos, 1});
+    eager->attend(in.queries(st), {&pos, 1}, out_eager.as<float>());
+    ASSERT_EQ(cudaMemcpyAsync(b.data(), out_eager.get(), out_n * 4, cudaMemcpyDeviceToHost, st), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess) << what;
+    ASSERT_EQ(std::memcmp(a.data(), b.data(), out_n * 4), 0) << what << ": step " << step << " differs from eager";
+    ASSERT_EQ(graphed->rows(), eager->rows()) << what << " step " << step;
+  }
+  EXPECT_EQ(graph.steps(), static_cast<std::size_t>(steps));
+  const CacheView va = graphed->materialize(), vb = eager->materialize();
+  ASSERT_EQ(va.tokens, vb.tokens) << what;
+  for (std::size_t bh = 0; bh < s.B * s.H; ++bh) {
+    EXPECT_EQ(std::memcmp(va.keys + bh * va.head_stride * s.D, vb.keys + bh * vb.head_stride * s.D, va.tokens * s.D * 2), 0)
+        << what << " keys of head " << bh;
+    EXPECT_EQ(std::memcmp(va.values + bh * va.head_stride * s.D, vb.values + bh * vb.head_stride * s.D,
+                          va.tokens * s.D * 2), 0)
+        << what << " values of head " << bh;
+    EXPECT_EQ(std::memcmp(va.positions + bh * va.head_stride, vb.positions + bh * vb.head_stride, va.tokens * 8), 0)
+        << what << " positions of head " << bh;
+  }
+}
+
+TEST(CudaStepGraph, FullReplaysEqualEagerSteps) {
+  REQUIRE_GPU();
+  expect_replays_equal_eager("full", 2, DType::f16, 300, 200);
+  expect_replays_equal_eager("full", 2, DType::bf16, 37, 120);
+}
+
+TEST(CudaStepGraph, KiviReplaysEqualEagerStepsAcrossFlushes) {
+  REQUIRE_GPU();
+  // staging 128: a flush every 32 steps once the window is full, the first at the prompt's edge.
+  expect_replays_equal_eager("kivi", 2, DType::bf16, 300, 300);
+  expect_replays_equal_eager("kivi", 4, DType::f16, 127, 200);
+  expect_replays_equal_eager("kivi", 8, DType::bf16, 5, 90);  // codes appear during the replays
+}
+
+TEST(CudaStepGraph, RefusesWhatItCannotReplay) {
+  REQUIRE_GPU();
+  auto h2o = device_cache("h2o");
+  try {
+    cuda::StepGraph g({h2o.get()});
+    FAIL() << "h2o has no replayable step";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("full and kivi"), std::string::npos) << e.what();
+  }
+  KVCacheConfig host;
+  host.method = "kivi";
+  auto cpu = KVCacheFactory::create(host);
+  EXPECT_THROW(cuda::StepGraph({cpu.get()}), InputError);
+  EXPECT_THROW(cuda::StepGraph(std::vector<KVCache*>{}), InputError);
+
+  // An empty cache has no shape to capture.
+  auto empty = device_cache("full");
+  cuda::StepGraph g_empty({empty.get()});
+  EXPECT_THROW(g_empty.begin_capture(8, 1), InputError);
+
+  // A capture whose step would grow the storage (nothing reserved) is refused before it allocates.
+  const Shape s;
+  OwnStream stream;
+  cudaStream_t st = stream.s;
+  auto full = device_cache("full"), twin = device_cache("full");
+  std::mt19937 rng(3);
+  prefill(*full, *twin, s, DType::f16, 256, rng, st);  // capacity exactly 256 rows
+  cuda::StepGraph g({full.get()});
+  g.begin_capture(static_cast<int>(s.Hq), 1);
+  StepInputs in(s, DType::f16);
+  ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed), cudaSuccess);
+  const std::int64_t pos = 256;
+  try {
+    full->append(in.keys(st), in.values(st), {&pos, 1});
+    ADD_FAILURE() << "a capture that must grow the storage was accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("reserve"), std::string::npos) << e.what();
+  }
+  cudaGraph_t captured = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(st, &captured), cudaSuccess);
+  // The step neither appended nor attended through the cache: end_capture says so.
+  EXPECT_THROW(g.end_capture(captured), InputError);
+  if (captured) cudaGraphDestroy(captured);
+}
+
+}  // namespace
+}  // namespace kvslim
