@@ -30,9 +30,7 @@ if [ "${1:-}" = bench ]; then
   tail -n 30 "$OUT"/hf_generate.log
   exit 0
 fi
-timeout 150 devbin/cuda_tests 2>&1 | grep -v "^\[       OK\|^\[ RUN" | tail -c 20000 > "$OUT"/tests.txt
-echo "tests exit: ${PIPESTATUS[0]}" >> "$OUT"/tests.txt
-tail -n 4 "$OUT"/tests.txt
+bash bench/cuda/device_run.sh tests
 (cd /tmp && PYTHONPATH=/tmp/build-python/python timeout 240 python3 -m pytest -q -p no:cacheprovider \
   "$ROOT"/python/tests/test_cuda.py "$ROOT"/python/tests/test_hf_cuda.py "$ROOT"/python/tests/test_hf.py \
   "$ROOT"/python/tests/test_attend.py "$ROOT"/python/tests/test_attention.py 2>&1 | tail -n 40) > "$OUT"/python.txt 2>&1
