@@ -24,6 +24,11 @@ wait $BUILD_PID
   "$ROOT"/python/tests/test_hf_cuda.py 2>&1 | tail -n 60) > "$OUT"/python_graph.txt 2>&1
 tail -n 3 "$OUT"/graph_tests.txt "$OUT"/graph_memcheck.txt "$OUT"/python_graph.txt
 [ "${1:-}" = quick ] && exit 0
+if [ "${1:-}" = greedy ]; then
+  PYTHONPATH=/tmp/build-python/python timeout 200 python3 bench/cuda/hf_tiny_greedy.py --out "$OUT" > "$OUT"/hf_tiny_greedy.log 2>&1
+  tail -n 12 "$OUT"/hf_tiny_greedy.log
+  exit 0
+fi
 if [ "${1:-}" = bench ]; then
   shift
   PYTHONPATH=/tmp/build-python/python timeout 420 python3 bench/cuda/hf_generate.py --out "$OUT" "$@" > "$OUT"/hf_generate.log 2>&1

@@ -26,6 +26,9 @@ What goes where:
     kernels over the packed codes on torch's current stream, and the prompt's first call attends in
     torch's SDPA before the cache compresses it. A CPU cache under a GPU model works too, with the
     step's keys/values copied to the host and the attention output back every step.
+  * GraphDecoder(model, cache, max_tokens) decodes a GPU cache ("full", "kivi") with one CUDA graph
+    replay per step instead of transformers' eager forward (host-bound on the GPU): the step is
+    captured once, kvslim's kernels re-armed from the caches' state before each replay.
 Limits: batches without padding (one sequence, or equal lengths), no beam search (reorder), no
 sliding-window layers.
 Needs torch >= 2.0 (layer hooks with keyword arguments) and transformers >= 5.
