@@ -49,8 +49,10 @@ std::unique_ptr<KVCache> make_cache(const KVCacheConfig& config, int layer_budge
 // (rows, kivi's window and groups, positions, split counts), and the caches set their kernels'
 // arguments from it before every launch (cudaGraphExecKernelNodeSetParams), growing their storage
 // outside the graph when a step needs it. Each step appends query_tokens new tokens at the next
-// positions and attends them. Caches "full" and "kivi"; the caches must outlive the StepGraph and
-// take no other call while a step is captured.
+// positions and attends them; an eviction cache ("h2o", "pyramidkv") also attends with
+// probabilities and observes them, its decode kernel evicting a row per step, and is captured once
+// it holds its budget (the probabilities' shape is fixed from then on). The caches must outlive the
+// StepGraph and take no other call while a step is captured.
 class StepGraph {
  public:
   explicit StepGraph(const std::vector<KVCache*>& caches);

@@ -26,7 +26,7 @@ What goes where:
     kernels over the packed codes on torch's current stream, and the prompt's first call attends in
     torch's SDPA before the cache compresses it. A CPU cache under a GPU model works too, with the
     step's keys/values copied to the host and the attention output back every step.
-  * GraphDecoder(model, cache, max_tokens) decodes a GPU cache ("full", "kivi") with one CUDA graph
+  * GraphDecoder(model, cache, max_tokens) decodes a GPU cache (full, kivi, h2o, pyramidkv) with one CUDA graph
     replay per step instead of transformers' eager forward (host-bound on the GPU): the step is
     captured once, kvslim's kernels re-armed from the caches' state before each replay.
 Limits: batches without padding (one sequence, or equal lengths), no beam search (reorder), no
@@ -190,7 +190,9 @@ class GraphDecoder:
         tokens = dec.generate(prompt_ids, new)   # greedy: [B, new]
         # or, after a prefill of your own: logits = dec.step(next_ids)   # [B, 1, vocab]
 
-    Caches "full" and "kivi" on the GPU, one token per sequence per step, batches without padding.
+    Caches "full", "kivi", "h2o" and "pyramidkv" on the GPU (an eviction cache once it holds its
+    budget: from then on every step attends over budget + 1 rows and evicts one on the device), one
+    token per sequence per step, batches without padding.
     The first step runs eagerly (lazy initialisation stays out of the graph), the second is
     captured and runs, later ones replay. step()'s logits live in the graph's output buffer: the
     next step overwrites them. Needs torch's CUDAGraph(keep_graph=True) (torch >= 2.7)."""

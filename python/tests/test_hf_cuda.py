@@ -144,12 +144,14 @@ def eager_greedy(model, ids, cache, new):
     return torch.cat(out, 1), torch.stack(logits)
 
 
-@pytest.mark.parametrize("method,bits", [("full", 2), ("kivi", 2), ("kivi", 4)])
-def test_graph_decoder_replays_the_eager_steps(method, bits):
+@pytest.mark.parametrize("fields", [dict(method="full"), dict(method="kivi", kivi_bits=2), dict(method="kivi", kivi_bits=4),
+                                    dict(method="h2o", h2o_budget=64)])
+def test_graph_decoder_replays_the_eager_steps(fields):
     """GraphDecoder's replayed steps produce the eager steps' logits, across kivi's window flushes
-    (staging 128: the 170 steps cross one). kvslim's kernels run with the same arguments (bit for
-    bit in tests/cuda); the model's GEMMs may pick other cuBLAS kernels inside a capture, so an fp32
-    model, whose reordered sums differ by ~1e-6, keeps the comparison tight."""
+    (staging 128: the 170 steps cross one) and h2o's eviction of a row every step (its prompt cut to
+    64 rows). kvslim's kernels run with the same arguments (bit for bit in tests/cuda); the model's
+    GEMMs may pick other cuBLAS kernels inside a capture, so an fp32 model, whose reordered sums
+    differ by ~1e-6, keeps the comparison tight."""
     import kvslim.hf
     model = small_llama(torch.float32)
     g = torch.Generator(device="cuda").manual_seed(5)
@@ -157,7 +159,7 @@ def test_graph_decoder_replays_the_eager_steps(method, bits):
     new = 170
     kvslim.hf.prepare(model)
     try:
-        cfg = kvslim.Config(method=method, kivi_bits=bits, device="cuda")
+        cfg = kvslim.Config(device="cuda", **fields)
         ref_tokens, ref_logits = eager_greedy(model, ids, kvslim.hf.KVSlimCache(model, cfg), new)
         cache = kvslim.hf.KVSlimCache(model, cfg)
         dec = kvslim.hf.GraphDecoder(model, cache, max_tokens=ids.shape[1] + new)
@@ -191,13 +193,13 @@ def test_graph_decoder_generate_and_refusals():
         dec.step(ref[:, -1:])  # the 104th token: the last max_tokens allows
         with pytest.raises(ValueError, match="max_tokens"):
             dec.step(ref[:, -1:])
-        # Methods whose step has host decisions (eviction) are refused by name.
-        h2o = kvslim.hf.KVSlimCache(model, kvslim.Config(method="h2o", h2o_budget=32, device="cuda"))
+        # An eviction cache below its budget: its probabilities would change shape every step.
+        h2o = kvslim.hf.KVSlimCache(model, kvslim.Config(method="h2o", h2o_budget=100, device="cuda"))
         dec2 = kvslim.hf.GraphDecoder(model, h2o, max_tokens=200)
         with torch.no_grad():
             model(input_ids=ids, past_key_values=h2o, use_cache=True)
         dec2.step(ref[:, :1])  # the eager step
-        with pytest.raises(kvslim.InputError, match="full and kivi"):
+        with pytest.raises(kvslim.InputError, match="budget"):
             dec2.step(ref[:, 1:2])
         with pytest.raises(ValueError, match="GPU memory"):
             kvslim.hf.GraphDecoder(model, kvslim.hf.KVSlimCache(model, kvslim.Config(method="kivi")), max_tokens=10)

@@ -1,7 +1,8 @@
 // Decode steps replayed as a CUDA graph (kvslim/cuda.h StepGraph) against the same steps run
 // eagerly: one step captured on a stream, then hundreds of replays -- crossing kivi's window flushes
-// and split-count changes -- whose attention outputs and stored rows equal, bit for bit, those of a
-// twin cache fed the same steps without a graph. Misuse (caches without a replayable step, a
+// and split-count changes, h2o's eviction of a row every step -- whose attention outputs (and h2o's
+// probabilities), stored rows and positions equal, bit for bit, those of a twin cache fed the same
+// steps without a graph. Misuse (caches without a replayable step, a
 // capture that would have to allocate, a step that does not append and attend) is refused with a
 // message naming it.
 #include <cuda_runtime.h>
@@ -111,7 +112,9 @@ struct StepInputs {
   }
 };
 
-// A prompt of `rows` rows appended eagerly to both caches.
+// A prompt of `rows` rows appended eagerly to both caches. An eviction cache then observes the
+// prompt's last query (cut to its budget) and takes one eager decode step, as kvslim.hf's
+// GraphDecoder does before it captures: the store keeps room for budget + 1 rows from then on.
 void prefill(KVCache& a, KVCache& b, const Shape& s, DType t, std::size_t rows, std::mt19937& rng,
              cudaStream_t st) {
   const std::size_t n = s.B * s.H * rows * s.D;
@@ -123,6 +126,38 @@ void prefill(KVCache& a, KVCache& b, const Shape& s, DType t, std::size_t rows, 
   ASSERT_EQ(cudaMemcpy(v.get(), hv.data(), n * 2, cudaMemcpyHostToDevice), cudaSuccess);
   for (KVCache* c : {&a, &b}) {
     c->append({k.get(), t, s.B, s.H, rows, s.D, MemorySpace::cuda, st}, {v.get(), t, s.B, s.H, rows, s.D, MemorySpace::cuda, st});
+  }
+  if (a.needs().attention) {  // an eviction cache: the prompt's last query observed, the cache cut to its budget
+    const auto hq = random_float(s.B * s.Hq * s.D, rng);
+    DeviceBuffer q, out, probs;
+    q.reserve(hq.size() * 4);
+    out.reserve(hq.size() * 4);
+    probs.reserve(s.B * s.H * (rows + 1) * 4);  // the prompt's observation, then the step's (<= rows + 1)
+    ASSERT_EQ(cudaMemcpy(q.get(), hq.data(), hq.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    const std::int64_t pos = static_cast<std::int64_t>(rows) - 1;
+    for (KVCache* c : {&a, &b}) {
+      c->attend({q.as<float>(), s.B, 1, s.Hq, s.D, 0.f, MemorySpace::cuda, st}, {&pos, 1}, out.as<float>(),
+                probs.as<float>());
+      c->observe_attention(AttentionObservation{probs.as<float>(), s.B, s.H, 1, rows, rows, {&pos, 1},
+                                                MemorySpace::cuda, st});
+    }
+    const std::size_t kept = a.rows() + 1;  // the decode step's rows before it evicts
+    const std::int64_t next = static_cast<std::int64_t>(rows);
+    const auto sk = random_half(s.B * s.H * s.D, rng, t), sv = random_half(s.B * s.H * s.D, rng, t);
+    DeviceBuffer dk, dv;
+    dk.reserve(sk.size() * 2);
+    dv.reserve(sv.size() * 2);
+    ASSERT_EQ(cudaMemcpy(dk.get(), sk.data(), sk.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dv.get(), sv.data(), sv.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    for (KVCache* c : {&a, &b}) {
+      c->append({dk.get(), t, s.B, s.H, 1, s.D, MemorySpace::cuda, st}, {dv.get(), t, s.B, s.H, 1, s.D, MemorySpace::cuda, st},
+                {&next, 1});
+      c->attend({q.as<float>(), s.B, 1, s.Hq, s.D, 0.f, MemorySpace::cuda, st}, {&next, 1}, out.as<float>(),
+                probs.as<float>());
+      c->observe_attention(AttentionObservation{probs.as<float>(), s.B, s.H, 1, kept, kept, {&next, 1},
+                                                MemorySpace::cuda, st});
+    }
+    ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);  // dk, dv, q, out and probs die here
   }
   ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
 }
@@ -136,40 +171,53 @@ void expect_replays_equal_eager(const std::string& method, int bits, DType t, st
   auto graphed = device_cache(method, bits), eager = device_cache(method, bits);
   std::mt19937 rng(7 + prompt);
   prefill(*graphed, *eager, s, t, prompt, rng, st);
-  graphed->reserve(prompt + steps);
+  const std::size_t first = prompt + (graphed->needs().attention ? 1 : 0);  // the eviction cache's eager step
+  graphed->reserve(first + steps);
 
   StepInputs in(s, t);
-  DeviceBuffer out_graph, out_eager;
+  DeviceBuffer out_graph, out_eager, probs_graph, probs_eager;
   const std::size_t out_n = s.B * s.Hq * s.D;
   out_graph.reserve(out_n * 4);
   out_eager.reserve(out_n * 4);
+  // Eviction: each step attends with probabilities over budget + 1 rows and observes them.
+  const bool observes = graphed->needs().attention;
+  const std::size_t prob_rows = graphed->rows() + 1, probs_n = s.B * s.H * prob_rows;
+  probs_graph.reserve(probs_n * 4);
+  probs_eager.reserve(probs_n * 4);
+  const auto step_calls = [&](KVCache& c, std::int64_t pos, DeviceBuffer& out, DeviceBuffer& probs) {
+    c.append(in.keys(st), in.values(st), {&pos, 1});
+    c.attend(in.queries(st), {&pos, 1}, out.as<float>(), observes ? probs.as<float>() : nullptr);
+    if (observes) {
+      c.observe_attention(AttentionObservation{probs.as<float>(), s.B, s.H, 1, prob_rows, prob_rows, {&pos, 1},
+                                               MemorySpace::cuda, st});
+    }
+  };
 
   OwnGraph captured;
   cuda::StepGraph graph({graphed.get()});
   graph.begin_capture(static_cast<int>(s.Hq), 1);
   {
     ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed), cudaSuccess);
-    const std::int64_t pos = static_cast<std::int64_t>(prompt);
-    graphed->append(in.keys(st), in.values(st), {&pos, 1});
-    graphed->attend(in.queries(st), {&pos, 1}, out_graph.as<float>());
+    step_calls(*graphed, static_cast<std::int64_t>(first), out_graph, probs_graph);
     ASSERT_EQ(cudaStreamEndCapture(st, &captured.g), cudaSuccess);
   }
   graph.end_capture(captured.g);
   EXPECT_GT(graph.nodes(), 0u);
 
-  std::vector<float> a(out_n), b(out_n);
+  std::vector<float> a(out_n), b(out_n), pa(probs_n), pb(probs_n);
   for (int step = 0; step < steps; ++step) {
     const auto hk = random_half(s.B * s.H * s.D, rng, t), hv = random_half(s.B * s.H * s.D, rng, t);
     const auto hq = random_float(out_n, rng);
     in.write(hk, hv, hq, st);
     graph.replay(st);
     ASSERT_EQ(cudaMemcpyAsync(a.data(), out_graph.get(), out_n * 4, cudaMemcpyDeviceToHost, st), cudaSuccess);
-    const std::int64_t pos = static_cast<std::int64_t>(prompt) + step;
-    eager->append(in.keys(st), in.values(st), {&pos, 1});
-    eager->attend(in.queries(st), {&pos, 1}, out_eager.as<float>());
+    ASSERT_EQ(cudaMemcpyAsync(pa.data(), probs_graph.get(), probs_n * 4, cudaMemcpyDeviceToHost, st), cudaSuccess);
+    step_calls(*eager, static_cast<std::int64_t>(first) + step, out_eager, probs_eager);
     ASSERT_EQ(cudaMemcpyAsync(b.data(), out_eager.get(), out_n * 4, cudaMemcpyDeviceToHost, st), cudaSuccess);
+    ASSERT_EQ(cudaMemcpyAsync(pb.data(), probs_eager.get(), probs_n * 4, cudaMemcpyDeviceToHost, st), cudaSuccess);
     ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess) << what;
     ASSERT_EQ(std::memcmp(a.data(), b.data(), out_n * 4), 0) << what << ": step " << step << " differs from eager";
+    if (observes) ASSERT_EQ(std::memcmp(pa.data(), pb.data(), probs_n * 4), 0) << what << ": probs of step " << step;
     ASSERT_EQ(graphed->rows(), eager->rows()) << what << " step " << step;
   }
   EXPECT_EQ(graph.steps(), static_cast<std::size_t>(steps));
@@ -200,14 +248,31 @@ TEST(CudaStepGraph, KiviReplaysEqualEagerStepsAcrossFlushes) {
   expect_replays_equal_eager("kivi", 8, DType::bf16, 5, 90);  // codes appear during the replays
 }
 
+TEST(CudaStepGraph, EvictionReplaysEqualEagerSteps) {
+  REQUIRE_GPU();
+  // h2o keeping 64 rows per head: every step appends a row, attends over 65 with probabilities and
+  // the decode kernel evicts the lowest; the moves, scores and victims equal the eager twin's.
+  expect_replays_equal_eager("h2o", 2, DType::bf16, 300, 150);
+  expect_replays_equal_eager("h2o", 2, DType::f16, 64, 100);  // the prompt is the budget: nothing evicted before
+}
+
 TEST(CudaStepGraph, RefusesWhatItCannotReplay) {
   REQUIRE_GPU();
-  auto h2o = device_cache("h2o");
-  try {
+  // An eviction cache below its budget: its probabilities would change shape every step.
+  const Shape s;
+  OwnStream stream;
+  cudaStream_t st = stream.s;
+  {
+    auto h2o = device_cache("h2o"), twin = device_cache("h2o");
+    std::mt19937 rng(5);
+    prefill(*h2o, *twin, s, DType::f16, 40, rng, st);
     cuda::StepGraph g({h2o.get()});
-    FAIL() << "h2o has no replayable step";
-  } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("full and kivi"), std::string::npos) << e.what();
+    try {
+      g.begin_capture(static_cast<int>(s.Hq), 1);
+      FAIL() << "an h2o cache below its budget was captured";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("budget"), std::string::npos) << e.what();
+    }
   }
   KVCacheConfig host;
   host.method = "kivi";
@@ -221,9 +286,6 @@ TEST(CudaStepGraph, RefusesWhatItCannotReplay) {
   EXPECT_THROW(g_empty.begin_capture(8, 1), InputError);
 
   // A capture whose step would grow the storage (nothing reserved) is refused before it allocates.
-  const Shape s;
-  OwnStream stream;
-  cudaStream_t st = stream.s;
   auto full = device_cache("full"), twin = device_cache("full");
   std::mt19937 rng(3);
   prefill(*full, *twin, s, DType::f16, 256, rng, st);  // capacity exactly 256 rows

@@ -205,7 +205,9 @@ void DeviceCache::attend(const QueryBlock& queries, std::span<const std::int64_t
   if (capture) {
     // A replayed step's queries are its own new tokens, their positions passed with the launch.
     if (!step_->appended || step_->attended) fail("a captured step attends once, after its append (StepGraph)");
-    if (probs) fail("a captured step computes no probabilities (their [.., rows] shape changes every step)");
+    if (probs && !graph_observes()) {
+      fail("a captured step of this cache computes no probabilities (their [.., rows] shape changes every step)");
+    }
     if (queries.tokens != static_cast<std::size_t>(step_->append.S)) fail("a captured step attends its own new tokens");
     for (std::size_t i = 0; i < queries.tokens; ++i) {
       if (query_positions[i] != step_->append.first_position + static_cast<std::int64_t>(i)) {
@@ -220,6 +222,8 @@ void DeviceCache::attend(const QueryBlock& queries, std::span<const std::int64_t
     attend_checked(q, out, probs, stream);
     step_->queries = queries;
     step_->out = out;
+    step_->probs = probs;
+    step_->rows_total = q.rows_total;
     step_->attended = true;
     return;
   }
@@ -254,6 +258,10 @@ void DeviceCache::attend_checked(const QueryArgs& q_in, float* out, float* probs
   const bool capture = capturing();
   const std::size_t BH = batch_ * heads_, vectors = static_cast<std::size_t>(q.S) * static_cast<std::size_t>(q.G);
   if (probs) {
+    if (capture && (logits_.bytes() < BH * vectors * rows() * sizeof(float) ||
+                    final_ml_.bytes() < BH * vectors * 2 * sizeof(float))) {
+      reject(method_, "attend: the captured step needs more logits workspace than graph_begin reserved (StepGraph)");
+    }
     logits_.reserve(BH * vectors * rows() * sizeof(float));
     final_ml_.reserve(BH * vectors * 2 * sizeof(float));
     q.logits = logits_.as<float>();
@@ -294,6 +302,7 @@ void DeviceCache::graph_begin(int query_heads, int query_tokens) {
     reject(method_, "StepGraph: " + std::to_string(query_heads) + " query heads for " + std::to_string(heads_) +
                         " KV heads (a multiple is needed)");
   }
+  graph_check_capturable();
   step_ = std::make_unique<StepRecord>();
   QueryArgs q;
   q.B = static_cast<int>(batch_);
@@ -307,6 +316,11 @@ void DeviceCache::graph_begin(int query_heads, int query_tokens) {
       static_cast<std::size_t>(std::max(parts_at_capacity(q), 1)) * q.tiles() * BH * kTileRows;
   parts_acc_.reserve(slots * dim_ * sizeof(float));
   parts_ml_.reserve(slots * 2 * sizeof(float));
+  if (graph_observes()) {  // the step's probabilities over rows() + query_tokens rows
+    const std::size_t vectors = static_cast<std::size_t>(q.S) * static_cast<std::size_t>(q.G);
+    logits_.reserve(BH * vectors * (rows() + static_cast<std::size_t>(query_tokens)) * sizeof(float));
+    final_ml_.reserve(BH * vectors * 2 * sizeof(float));
+  }
   step_->capturing = true;
 }
 
@@ -316,6 +330,10 @@ void DeviceCache::graph_captured() {
   if (!step_->appended || !step_->attended) {
     reject(method_, std::string("StepGraph: the captured step ") + (step_->appended ? "did not attend" : "did not append") +
                         " through this cache (every cache appends and attends once per step)");
+  }
+  if (graph_observes() && (!step_->probs || !step_->observed)) {
+    reject(method_, "StepGraph: the captured step did not attend with probabilities and observe them (this cache is "
+                    "scored by the attention it is shown, every step)");
   }
 }
 
@@ -334,7 +352,18 @@ void DeviceCache::graph_arm(cudaGraphExec_t exec, cudaStream_t stream) {
   absorb_step(in, positions, stream);
   QueryBlock queries = step_->queries;
   queries.stream = stream;
-  attend_checked(query_args(queries, positions), step_->out, nullptr, stream);
+  const QueryArgs q = query_args(queries, positions);
+  if (step_->probs && q.rows_total != step_->rows_total) {
+    reject(method_, "StepGraph: the step attends over " + std::to_string(q.rows_total) + " rows, the captured one over " +
+                        std::to_string(step_->rows_total) + " (its probabilities' shape); capture again");
+  }
+  attend_checked(q, step_->out, step_->probs, stream);
+  if (step_->observed) {
+    AttentionObservation obs = step_->observation;
+    obs.query_positions = positions;
+    obs.stream = stream;
+    graph_observe(obs);
+  }
   if (scope.visited() != step_->slots.size()) {
     reject(method_, "StepGraph: this step launched " + std::to_string(scope.visited()) + " kernels, the captured one " +
                         std::to_string(step_->slots.size()) + "; capture again");

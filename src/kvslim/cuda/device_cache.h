@@ -76,6 +76,26 @@ class DeviceCache : public KVCache {
   void raise_pending_error() const { check_pending_error(false); }
   // Attention parts the segments would use at the reserved capacity (graph_begin's workspace).
   virtual int parts_at_capacity(const QueryArgs&) const { return 0; }
+  // A cache whose step also observes its attention (eviction): graph_begin refuses a cache whose
+  // replayed steps would not keep one row count (the probabilities' shape) and says why; a
+  // replayed step re-arms its observation after its attention (graph_observe).
+  virtual bool graph_observes() const { return false; }
+  virtual void graph_check_capturable() const {}
+  virtual void graph_observe(const AttentionObservation&) {}
+
+  // A captured decode step: the calls' device addresses (fixed while the graph is replayed) and
+  // the nodes their kernels made.
+  struct StepRecord {
+    bool capturing = false, appended = false, attended = false, observed = false;
+    AppendInput append;      // positions: first_position + i, set per step
+    QueryBlock queries;      // data, shape, scale
+    float* out = nullptr;
+    float* probs = nullptr;  // [B, Hkv, S, rows_total] when the step observes its attention
+    long long rows_total = 0;
+    AttentionObservation observation;  // query_positions set per step
+    LaunchSlots slots;
+  };
+  std::unique_ptr<StepRecord> step_;
   // Whether a step is being captured (the storage cannot grow: KVCache::reserve first).
   bool capturing() const;
 
@@ -92,16 +112,6 @@ class DeviceCache : public KVCache {
   QueryArgs query_args(const QueryBlock& queries, std::span<const std::int64_t> query_positions) const;
   void attend_checked(const QueryArgs& q, float* out, float* probs, cudaStream_t stream) const;
 
-  // A captured decode step: the calls' device addresses (fixed while the graph is replayed) and
-  // the nodes their kernels made.
-  struct StepRecord {
-    bool capturing = false, appended = false, attended = false;
-    AppendInput append;      // positions: first_position + i, set per step
-    QueryBlock queries;      // data, shape, scale
-    float* out = nullptr;
-    LaunchSlots slots;
-  };
-  std::unique_ptr<StepRecord> step_;
 
   std::string method_;
   int device_;

@@ -7,6 +7,7 @@
 #include "cuda/append.h"
 #include "cuda/attend.h"
 #include "cuda/kernel_launch.h"
+#include "cuda/step_graph.h"
 #include "kvslim/errors.h"
 
 namespace kvslim::cuda {
@@ -145,6 +146,12 @@ void DeviceSlots::begin(std::size_t heads_total, std::size_t dim) {
 }
 
 void DeviceSlots::relayout(std::size_t capacity, std::size_t keep) {
+  if (capturing_) {
+    throw InputError("device eviction cache: a captured decode step would reallocate the store (" +
+                     std::to_string(stride_) + " slots per head, " + std::to_string(capacity) +
+                     " needed): run one eager step at the budget first (the store then keeps room for budget + 1 "
+                     "rows), then capture (StepGraph)");
+  }
   flush();
   const std::size_t stride = round_up16(std::max<std::size_t>(capacity, 1));
   const std::size_t H = heads_total_, D = dim_;
@@ -258,6 +265,11 @@ void DeviceEvictionCache::absorb(const AppendInput& in, const std::vector<std::i
   if (n0 == 0) slots_->set_type(in.dtype == DType::bf16 ? DenseType::bf16 : DenseType::f16);
   fresh_from_ = n0;
   slots_->set_stream(stream);
+  slots_->set_capturing(capturing());
+  struct Release {
+    DeviceSlots* s;
+    ~Release() { s->set_capturing(false); }
+  } release{slots_};
   core_.absorb_placed(batch_, heads_, dim_, positions.data(), static_cast<std::size_t>(in.S), budget_);
   launch_dense_append(in, slots_->keys(), slots_->values(), slots_->type(), static_cast<long long>(slots_->stride()),
                       static_cast<int>(n0), slots_->positions(), stream, /*pos_per_head=*/true);
@@ -266,8 +278,25 @@ void DeviceEvictionCache::absorb(const AppendInput& in, const std::vector<std::i
 void DeviceEvictionCache::observe_attention(const AttentionObservation& obs) {
   if (!needs().attention) return;
   DeviceGuard guard(device());
-  raise_pending_error();
   const std::string who = std::string(method()) + " cache (cuda)";
+  if (capturing()) {
+    // The step's observation becomes the decode kernel's node (graph_observe re-arms it).
+    if (!step_->attended || step_->observed || obs.space != MemorySpace::cuda || obs.probs != step_->probs ||
+        obs.queries != 1 || obs.tokens != core_.rows() || obs.stride != obs.tokens) {
+      throw InputError(who + ": a captured step observes once, the probabilities of its own attend (one query over "
+                             "every row) (StepGraph)");
+    }
+    LaunchScope scope(step_->slots, LaunchSlots::Mode::capture);
+    if (!observe_on_device(obs)) {
+      throw InputError(who + ": this step's observation is decided on the host (more than one row over the budget, or "
+                             "the core fell back to the key proxy): no graph can replay it (StepGraph)");
+    }
+    step_->observation = obs;
+    step_->observation.query_positions = {};
+    step_->observed = true;
+    return;
+  }
+  raise_pending_error();
   AttentionObservation host = obs;
   const auto stream = static_cast<cudaStream_t>(obs.stream);
   if (obs.space == MemorySpace::cuda) {
@@ -343,6 +372,21 @@ bool DeviceEvictionCache::observe_on_device(const AttentionObservation& obs) {
   fresh_from_ = core_.rows();
   host_stale_ = true;
   return true;
+}
+
+void DeviceEvictionCache::graph_check_capturable() const {
+  if (core_.rows() != budget_ || core_.fell_back() || core_.awaiting_observation()) {
+    throw InputError(std::string(method()) + " cache (cuda): StepGraph: capture a decode step once the cache holds its "
+                     "budget (" + std::to_string(budget_) + " rows per head, now " + std::to_string(core_.rows()) +
+                     "), every step observed: until then a step's probabilities change shape");
+  }
+}
+
+void DeviceEvictionCache::graph_observe(const AttentionObservation& obs) {
+  if (!observe_on_device(obs)) {
+    throw InputError(std::string(method()) + " cache (cuda): StepGraph: this step's observation is decided on the host; "
+                     "capture again");
+  }
 }
 
 void DeviceEvictionCache::pull_metadata() {

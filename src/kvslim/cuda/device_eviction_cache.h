@@ -60,6 +60,9 @@ class DeviceSlots final : public RowStorage {
   DenseType type() const { return type_; }
   // Enqueues the moves recorded since the last flush.
   void flush();
+  // While a decode step is captured: a relayout (a copy on the stream, an allocation) would enter
+  // the graph; refused instead.
+  void set_capturing(bool on) { capturing_ = on; }
   std::uint16_t* keys() const { return k_.as<std::uint16_t>(); }
   std::uint16_t* values() const { return v_.as<std::uint16_t>(); }
   std::int64_t* positions() const { return pos_.as<std::int64_t>(); }
@@ -79,6 +82,7 @@ class DeviceSlots final : public RowStorage {
   std::size_t heads_total_ = 0, dim_ = 0, stride_ = 0;
   DenseType type_ = DenseType::f16;
   cudaStream_t stream_ = nullptr;
+  bool capturing_ = false;
   // Moves since the last flush: (head, from, to) triplets. One kernel applies them all at once,
   // which is the core's sequential order only while no move reads a slot another one writes:
   // move() flushes first when a new move would. read_in_ / written_in_ [heads_total * stride]: the
@@ -115,8 +119,14 @@ class DeviceEvictionCache final : public DeviceCache, public SharesImportance {
   }
   const EvictionCore& core() const { return core_; }
   std::size_t budget() const { return budget_; }
+  // A decode step replays once the cache holds its budget: append one row, attend with
+  // probabilities over budget + 1 rows, the decode kernel's observation and eviction.
+  bool graph_replayable() const override { return true; }
 
  private:
+  bool graph_observes() const override { return true; }
+  void graph_check_capturable() const override;
+  void graph_observe(const AttentionObservation& obs) override;
   void absorb(const AppendInput& in, const std::vector<std::int64_t>& positions, cudaStream_t stream) override;
   int launch_segments(const QueryArgs& q, const Partials& parts, bool count_only, cudaStream_t stream) const override;
   void download_rows(std::size_t bh, std::uint16_t* keys, std::uint16_t* values) const override;

@@ -145,7 +145,7 @@ StepGraph::StepGraph(const std::vector<KVCache*>& caches) : impl_(std::make_uniq
     }
     if (!c->graph_replayable()) {
       graph_error("cache " + std::to_string(i) + " (" + std::string(c->method()) +
-                  ") has no replayable decode step; full and kivi have one");
+                  ") has no replayable decode step");
     }
     if (i > 0 && c->device() != impl_->caches[0]->device()) graph_error("the caches are on different GPUs");
     impl_->caches.push_back(c);
