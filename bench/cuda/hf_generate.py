@@ -55,6 +55,48 @@ def kv_tensor_bytes(cache) -> int:
     return total
 
 
+def cache_figures(rec, cache, seq, reference):
+    """A finished run's memory (torch's peak plus kvslim's own device allocations), K/V bytes,
+    greedy tokens and their agreement with the reference run's."""
+    rec["torch_peak_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 3)
+    own = hasattr(cache, "resident_bytes")  # kvslim: its K/V are its own device allocations, not torch's
+    rec["kv_bytes"] = int(cache.resident_bytes()) if own else kv_tensor_bytes(cache)
+    if own:  # of which in GPU memory (the rest: host-side metadata, e.g. an eviction core's scores)
+        rec["kv_device_bytes"] = int(sum(s["figures"].get("device_bytes", 0) for s in cache.stats() if s is not None))
+    # Peak device memory of the run: torch's peak, plus kvslim's own allocations (at their largest
+    # at the end of generate: the caches only grow).
+    rec["peak_gb"] = round(rec["torch_peak_gb"] + (rec["kv_device_bytes"] / 1e9 if own else 0.0), 3)
+    rec["tokens"] = seq[0].tolist()
+    if reference is not None:
+        ref = reference["tokens"]
+        rec["agreement_with_dynamic"] = round(sum(a == b for a, b in zip(rec["tokens"], ref)) / len(ref), 3)
+
+
+def report(rec, label, log, line):
+    """Frees the run's memory and logs its line (line(agree) -> text) or its failure."""
+    gc.collect()
+    torch.cuda.empty_cache()
+    if "error" in rec:
+        log(f"  {label:28s} FAIL {rec['error']}")
+    else:
+        agree = f"  agree {rec['agreement_with_dynamic']:.2f}" if "agreement_with_dynamic" in rec else ""
+        log(f"  {label:28s} {line(agree)}")
+    return rec
+
+
+def tiny_model(dtype, prompt_tokens: int):
+    """(model, tokenizer, ids [1, prompt_tokens]): models/tiny on the GPU with SDPA, prompted with
+    its held-out text (repeated to length)."""
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+    d = ROOT / "models/tiny"
+    model = AutoModelForCausalLM.from_pretrained(str(d), dtype=dtype, attn_implementation="sdpa").cuda().eval()
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(d / "tokenizer.json"))
+    ids = tok((d / "heldout_sample.txt").read_text())["input_ids"]
+    while len(ids) < prompt_tokens:
+        ids = ids + ids
+    return model, tok, torch.tensor([ids[:prompt_tokens]], device="cuda")
+
+
 def run_generate(model, ids, new, make_cache, static=False):
     """(seconds, sequences [B, new], cache) of one greedy generate."""
     kwargs = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, return_dict_in_generate=True,
@@ -148,18 +190,7 @@ def measure(model, ids, new, label, make_cache=None, static=False, reference=Non
         torch.cuda.reset_peak_memory_stats()
         t_all, seq, cache = run_generate(model, ids, new, make_cache, static)
         rec["total_s"] = round(t_all, 4)
-        rec["torch_peak_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 3)
-        own = hasattr(cache, "resident_bytes")  # kvslim: its K/V are its own device allocations, not torch's
-        rec["kv_bytes"] = int(cache.resident_bytes()) if own else kv_tensor_bytes(cache)
-        if own:  # of which in GPU memory (the rest: host-side metadata, e.g. an eviction core's scores)
-            rec["kv_device_bytes"] = int(sum(s["figures"].get("device_bytes", 0) for s in cache.stats() if s is not None))
-        # Peak device memory of the run: torch's peak, plus kvslim's own allocations (at their
-        # largest at the end of generate: the caches only grow).
-        rec["peak_gb"] = round(rec["torch_peak_gb"] + (rec["kv_device_bytes"] / 1e9 if own else 0.0), 3)
-        rec["tokens"] = seq[0].tolist()
-        if reference is not None:
-            ref = reference["tokens"]
-            rec["agreement_with_dynamic"] = round(sum(a == b for a, b in zip(rec["tokens"], ref)) / len(ref), 3)
+        cache_figures(rec, cache, seq, reference)
         del cache
         gc.collect()
         prefill_s, forward_ms, step_ms, kernel_ms, rec["top_kernels_ms"] = profile_steps(model, ids, make_cache, static)
@@ -174,17 +205,11 @@ def measure(model, ids, new, label, make_cache=None, static=False, reference=Non
         rec["gpu_busy"] = round(kernel_ms / step_ms, 3)
     except Exception as e:  # report and go on
         rec["error"] = f"{type(e).__name__}: {e}"[:400]
-    gc.collect()
-    torch.cuda.empty_cache()
-    if "error" in rec:
-        log(f"  {label:28s} FAIL {rec['error']}")
-    else:
-        agree = f"  agree {rec['agreement_with_dynamic']:.2f}" if "agreement_with_dynamic" in rec else ""
-        log(f"  {label:28s} prefill {rec['prefill_s']:8.3f} s  forward {rec['forward_step_ms']:7.2f} ms/step  "
-            f"generate {rec['decode_tok_s']:8.2f} tok/s/seq ({rec['decode_ms_per_step']:7.2f} ms/step)  K/V {rec['kv_bytes'] / 1e9:8.3f} GB  "
-            f"peak {rec['peak_gb']:7.2f} GB{agree}  profiled {rec['profiled_step_ms']:.2f} ms/step, "
-            f"kernels {rec['kernel_ms_per_step']:.2f} ms ({100 * rec['gpu_busy']:.0f} % busy)")
-    return rec
+    return report(rec, label, log, lambda agree: (
+        f"prefill {rec['prefill_s']:8.3f} s  forward {rec['forward_step_ms']:7.2f} ms/step  "
+        f"generate {rec['decode_tok_s']:8.2f} tok/s/seq ({rec['decode_ms_per_step']:7.2f} ms/step)  K/V {rec['kv_bytes'] / 1e9:8.3f} GB  "
+        f"peak {rec['peak_gb']:7.2f} GB{agree}  profiled {rec['profiled_step_ms']:.2f} ms/step, "
+        f"kernels {rec['kernel_ms_per_step']:.2f} ms ({100 * rec['gpu_busy']:.0f} % busy)"))
 
 
 def measure_graph(model, ids, new, label, make_cache, reference=None, log=print, rounds=3, steps=16):
@@ -229,14 +254,7 @@ def measure_graph(model, ids, new, label, make_cache, reference=None, log=print,
             best = min(best, time.perf_counter() - t0)
         rec["graph_step_ms"] = round(1000 * best / steps, 3)
         rec["graph_nodes_kvslim"] = int(dec._step_graph.nodes)
-        rec["torch_peak_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 3)
-        rec["kv_bytes"] = int(cache.resident_bytes())
-        rec["kv_device_bytes"] = int(sum(s["figures"].get("device_bytes", 0) for s in cache.stats() if s is not None))
-        rec["peak_gb"] = round(rec["torch_peak_gb"] + rec["kv_device_bytes"] / 1e9, 3)
-        rec["tokens"] = seq[0].tolist()
-        if reference is not None:
-            ref = reference["tokens"]
-            rec["agreement_with_dynamic"] = round(sum(a == b for a, b in zip(rec["tokens"], ref)) / len(ref), 3)
+        cache_figures(rec, cache, seq, reference)
         decode_s = max(t_all - t_one, 1e-9)
         rec["prefill_s"] = round(t_one, 4)
         rec["decode_tok_s"] = round((new - 1) / decode_s, 2)
@@ -244,16 +262,10 @@ def measure_graph(model, ids, new, label, make_cache, reference=None, log=print,
         del dec, cache
     except Exception as e:  # report and go on
         rec["error"] = f"{type(e).__name__}: {e}"[:400]
-    gc.collect()
-    torch.cuda.empty_cache()
-    if "error" in rec:
-        log(f"  {label:28s} FAIL {rec['error']}")
-    else:
-        agree = f"  agree {rec['agreement_with_dynamic']:.2f}" if "agreement_with_dynamic" in rec else ""
-        log(f"  {label:28s} prefill {rec['prefill_s']:8.3f} s  generate {rec['decode_tok_s']:8.2f} tok/s/seq "
-            f"({rec['decode_ms_per_step']:7.2f} ms/step, eager step + capture included)  replay "
-            f"{rec['graph_step_ms']:7.3f} ms/step  K/V {rec['kv_bytes'] / 1e9:8.3f} GB  peak {rec['peak_gb']:7.2f} GB{agree}")
-    return rec
+    return report(rec, label, log, lambda agree: (
+        f"prefill {rec['prefill_s']:8.3f} s  generate {rec['decode_tok_s']:8.2f} tok/s/seq "
+        f"({rec['decode_ms_per_step']:7.2f} ms/step, eager step + capture included)  replay "
+        f"{rec['graph_step_ms']:7.3f} ms/step  K/V {rec['kv_bytes'] / 1e9:8.3f} GB  peak {rec['peak_gb']:7.2f} GB{agree}"))
 
 
 ONLY = []  # --only
@@ -331,15 +343,7 @@ def bench_model(model, ids, new, log, cpu_reference=False, with_static=True):
 
 
 def tiny(args, log):
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
-    d = ROOT / "models/tiny"
-    model = AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.bfloat16, attn_implementation="sdpa").cuda().eval()
-    tok = PreTrainedTokenizerFast(tokenizer_file=str(d / "tokenizer.json"))
-    text = (d / "heldout_sample.txt").read_text()
-    ids = tok(text)["input_ids"]
-    while len(ids) < args.tiny_prompt:
-        ids = ids + ids
-    ids = torch.tensor([ids[: args.tiny_prompt]], device="cuda")
+    model, _, ids = tiny_model(torch.bfloat16, args.tiny_prompt)
     c = model.config
     log(f"== models/tiny: {c.num_hidden_layers} layers, {c.num_attention_heads}/{c.num_key_value_heads} heads x "
         f"{c.hidden_size // c.num_attention_heads}, bf16, prompt {ids.shape[1]} tokens, {args.new_tokens} new tokens")

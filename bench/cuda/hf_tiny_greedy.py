@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hf_generate import ROOT, file_logger  # noqa: E402
+from hf_generate import file_logger, tiny_model  # noqa: E402
 
 
 def main():
@@ -24,17 +24,11 @@ def main():
     args = ap.parse_args()
     log = file_logger(Path(args.out), "hf_tiny_greedy.txt")
     import transformers
-    from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedTokenizerFast
+    from transformers import DynamicCache
 
     import kvslim
     import kvslim.hf
-    d = ROOT / "models/tiny"
-    model = AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32, attn_implementation="sdpa").cuda().eval()
-    tok = PreTrainedTokenizerFast(tokenizer_file=str(d / "tokenizer.json"))
-    ids = tok((d / "heldout_sample.txt").read_text())["input_ids"]
-    while len(ids) < args.prompt:
-        ids = ids + ids
-    ids = torch.tensor([ids[: args.prompt]], device="cuda")
+    model, tok, ids = tiny_model(torch.float32, args.prompt)
     new = args.new_tokens
     log(f"models/tiny fp32, prompt {ids.shape[1]}, {new} greedy tokens; torch {torch.__version__}, "
         f"transformers {transformers.__version__}")

@@ -197,8 +197,9 @@ class Cache:
 
     def reserve(self, tokens: int) -> None:
         """A hint: this layer will be given at most `tokens` tokens in all (prompt plus generated).
-        A cache that keeps every token (full) then allocates once instead of growing x1.5 (each
-        growth copies the whole store); bounded caches ignore it."""
+        A cache that keeps every token (full; kivi's codes on a GPU) then allocates once instead of
+        growing (each growth copies the whole store) -- on a GPU at once when the cache's shape is
+        known, which a captured decode step needs (kvslim.hf.GraphDecoder); bounded caches ignore it."""
         self._changed()
         self._core.reserve(_reserve_tokens(tokens))
 
