@@ -71,8 +71,8 @@ BENCHMARK(BM_Gemv)
 const std::vector<std::uint8_t>& block_bytes(WeightType type) {
   static std::map<WeightType, std::vector<std::uint8_t>> cache;
   auto& b = cache[type];
-  if (b.empty() && weight_interleave_rows(type) > 1) {  // the Q4_0 / Q4_K matrix repacked as the GGUF loader does
-    const WeightType base = type == WeightType::q4_0x16 ? WeightType::q4_0 : WeightType::q4_k;
+  if (b.empty() && weight_interleave_rows(type) > 1) {  // the file-type matrix repacked as the GGUF loader does
+    const WeightType base = type == WeightType::q4_0x16 ? WeightType::q4_0 : type == WeightType::q4_kx16 ? WeightType::q4_k : WeightType::q6_k;
     const std::vector<std::uint8_t>& q = block_bytes(base);
     std::vector<const std::uint8_t*> rows(kRows);
     for (std::size_t r = 0; r < kRows; ++r) rows[r] = q.data() + r * (q.size() / kRows);
@@ -116,7 +116,7 @@ void BM_GemvQuant(benchmark::State& state) {
 BENCHMARK(BM_GemvQuant)
     ->ArgsProduct({{static_cast<int>(WeightType::q4_0), static_cast<int>(WeightType::q8_0), static_cast<int>(WeightType::q4_k),
                     static_cast<int>(WeightType::q5_k), static_cast<int>(WeightType::q6_k), static_cast<int>(WeightType::q4_0x16),
-                    static_cast<int>(WeightType::q4_kx16)},
+                    static_cast<int>(WeightType::q4_kx16), static_cast<int>(WeightType::q6_kx16)},
                    {1, 2}})
     ->Unit(benchmark::kMillisecond)->UseRealTime();
 
@@ -135,7 +135,8 @@ void BM_MatmulQuant(benchmark::State& state) {
 }
 BENCHMARK(BM_MatmulQuant)
     ->ArgsProduct({{static_cast<int>(WeightType::q4_0), static_cast<int>(WeightType::q4_k), static_cast<int>(WeightType::q4_0x16),
-                    static_cast<int>(WeightType::q4_kx16)},
+                    static_cast<int>(WeightType::q4_kx16), static_cast<int>(WeightType::q6_k),
+                    static_cast<int>(WeightType::q6_kx16)},
                    {16, 128}})
     ->Unit(benchmark::kMillisecond)->UseRealTime();
 

@@ -165,8 +165,8 @@ bool dequantize_at_load() {
   return v != nullptr && std::string(v) == "1";
 }
 
-// KVSLIM_GGUF_REPACK=0: Q4_0 / Q4_K matrices stay in the file's layout instead of being repacked
-// into Q4_0x16 / Q4_Kx16 at load (for A/B benchmarks of the repacked kernels).
+// KVSLIM_GGUF_REPACK=0: Q4_0 / Q4_K / Q6_K matrices stay in the file's layout instead of being
+// repacked into Q4_0x16 / Q4_Kx16 / Q6_Kx16 at load (for A/B benchmarks of the repacked kernels).
 bool repack_at_load() {
   const char* v = std::getenv("KVSLIM_GGUF_REPACK");
   return v == nullptr || std::string(v) != "0";
@@ -339,14 +339,15 @@ GgufModel read_gguf_model(const gguf::Header& h, const std::string& fname, std::
   auto owner = std::make_shared<Owner>();
   owner->keep_alive = std::move(keep_alive);
   std::vector<TensorInfo> tensors;
-  // Q4_0 / Q4_K matrices are repacked into Q4_0x16 / Q4_Kx16 (quant_gemv.h: 16 rows side by side,
-  // what decode's kernel reads in one pass; Q4_0's bytes rearranged, Q4_K's with the 6-bit scales
-  // unpacked, 148 bytes a row-block against 144). The embedding keeps the file's layout: its rows
+  // Q4_0 / Q4_K / Q6_K matrices are repacked into Q4_0x16 / Q4_Kx16 / Q6_Kx16 (quant_gemv.h: 16
+  // rows side by side, what decode's kernel reads in one pass; Q4_0's and Q6_K's bytes rearranged,
+  // Q4_K's with the 6-bit scales unpacked, 148 bytes a row-block against 144). The embedding keeps the file's layout: its rows
   // are read one token at a time.
   auto weight_type_of = [](TensorType type) {
     switch (type) {
       case TensorType::q4_0: return WeightType::q4_0;
       case TensorType::q4_k: return WeightType::q4_k;
+      case TensorType::q6_k: return WeightType::q6_k;
       default: return WeightType::f32;  // no interleaved form
     }
   };

@@ -27,9 +27,10 @@
 #define KVSLIM_QGEMV_LAYOUT_ONCE
 namespace kvslim::engine::qgemv {
 // The interleaved layouts (quant_gemv.h): bytes of a unit (16 rows' block or super-block), and
-// where a Q4_Kx16 unit's parts start.
+// where a Q4_Kx16 / Q6_Kx16 unit's parts start.
 constexpr std::size_t kQ4x16Unit = 288;
 constexpr std::size_t kQ4Kx16Unit = 2368, kQ4KxMin = 32, kQ4KxScales = 64, kQ4KxMins = 192, kQ4KxCodes = 320;
+constexpr std::size_t kQ6Kx16Unit = 3360, kQ6KxScales = 32, kQ6KxCodes = 288;
 }  // namespace kvslim::engine::qgemv
 #endif
 
@@ -872,6 +873,207 @@ void GroupQ4_Kx16(const std::uint8_t* g, const Q8Blocks& x, std::size_t n_super,
 }
 #endif
 
+// ---------------------------------------------------------------------------------------------
+// Q6_Kx16: Q6_K matrices repacked at load (interleave, quant_gemv.h; Q6_K's bytes rearranged). A
+// unit (super-block i of a 16-row group, 3360 bytes): the rows' fp16 d, their int8 scales as
+// [group g of 16 values][row], then per half h (128 values) and c = 0..7 three 64-byte chunks
+// [row 0..15][4 bytes]: ql bytes 64h+4c.., ql bytes 64h+32+4c.., qh bytes 32h+4c.. (A, B, H). The
+// codes of values 128h + 32t + 4c..4c+3 (quarter t) are A's low nibbles | H's bits 0-1 (t = 0),
+// B's low nibbles | H's bits 2-3 (1), A's high nibbles | H's bits 4-5 (2), B's high nibbles | H's
+// bits 6-7 (3), each 0..63 standing for code - 32. With the q8_k activation (one scale dx per 256
+// values) a row's super-block is dx * d * sum_g sc_g * (dot(q_g, x_g) - 32 * sum(x_g)), all in
+// int32 (at most 16 x 16 x 95 x 127 x 128 < 2^28): one convert and one FMA per unit for 16 rows.
+#if HWY_TARGET == HWY_AVX3_DL || KVSLIM_QGEMV_X86
+// The 6-bit codes of quarter t from the chunks A, B, H (one vector type: __m512i or __m256i).
+#if HWY_TARGET == HWY_AVX3_DL
+using Vec6 = __m512i;
+HWY_INLINE Vec6 Q6Codes(int t, Vec6 a, Vec6 b, Vec6 h) {
+  const Vec6 m4 = _mm512_set1_epi8(0x0f), m2 = _mm512_set1_epi8(0x30);
+  switch (t) {
+    case 0: return _mm512_or_si512(_mm512_and_si512(a, m4), _mm512_and_si512(_mm512_slli_epi16(h, 4), m2));
+    case 1: return _mm512_or_si512(_mm512_and_si512(b, m4), _mm512_and_si512(_mm512_slli_epi16(h, 2), m2));
+    case 2: return _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a, 4), m4), _mm512_and_si512(h, m2));
+    default: return _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(b, 4), m4), _mm512_and_si512(_mm512_srli_epi16(h, 2), m2));
+  }
+}
+#else
+using Vec6 = __m256i;
+HWY_INLINE Vec6 Q6Codes(int t, Vec6 a, Vec6 b, Vec6 h) {
+  const Vec6 m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x30);
+  switch (t) {
+    case 0: return _mm256_or_si256(_mm256_and_si256(a, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m2));
+    case 1: return _mm256_or_si256(_mm256_and_si256(b, m4), _mm256_and_si256(_mm256_slli_epi16(h, 2), m2));
+    case 2: return _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), m4), _mm256_and_si256(h, m2));
+    default: return _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b, 4), m4), _mm256_and_si256(_mm256_srli_epi16(h, 2), m2));
+  }
+}
+#endif
+#endif
+
+#if HWY_TARGET == HWY_AVX3_DL
+// isum + sc_g * (p - 32 * sum(x_g)) for the 16 rows (sc: the group's 16 int8 scales at s).
+HWY_INLINE __m512i Q6Group(__m512i isum, __m512i p, const std::uint8_t* s, std::int32_t xsum) {
+  const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
+  return _mm512_add_epi32(isum, _mm512_mullo_epi32(_mm512_sub_epi32(p, _mm512_set1_epi32(32 * xsum)), sc));
+}
+
+void GroupQ6_Kx16(const std::uint8_t* g, const Q8Blocks& x, std::size_t n_super, float* out) {
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  const __m512i zero = _mm512_setzero_si512();
+  auto unit = [&](std::size_t i, __m512& acc) {
+    // No software prefetch, as for Q4_0x16: the repacked matrices sit on 2 MiB pages.
+    const std::uint8_t* u = g + kQ6Kx16Unit * i;
+    const std::int8_t* q = x.q.data() + 256 * i;
+    const std::int32_t* s16 = x.s16.data() + 16 * i;
+    __m512i isum = zero;
+    for (int h = 0; h < 2; ++h) {
+      const std::uint8_t* w = u + kQ6KxCodes + 1536 * h;
+      __m512i p[4][2];  // [quarter][values 0-15 / 16-31 of it]: one scale group each
+      for (int t = 0; t < 4; ++t) p[t][0] = p[t][1] = zero;
+      for (int c = 0; c < 8; ++c) {
+        const __m512i a = _mm512_loadu_si512(w + 192 * c), b = _mm512_loadu_si512(w + 192 * c + 64),
+                      hb = _mm512_loadu_si512(w + 192 * c + 128);
+        for (int t = 0; t < 4; ++t) p[t][c / 4] = DotBcast(p[t][c / 4], Q6Codes(t, a, b, hb), q + 128 * h + 32 * t + 4 * c);
+      }
+      for (int t = 0; t < 4; ++t) {
+        for (int e = 0; e < 2; ++e) {
+          const int gi = 8 * h + 2 * t + e;
+          isum = Q6Group(isum, p[t][e], u + kQ6KxScales + 16 * gi, s16[gi]);
+        }
+      }
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(u)));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, _mm512_set1_ps(x.d[8 * i])), acc);
+  };
+  std::size_t i = 0;
+  for (; i + 2 <= n_super; i += 2) {
+    unit(i, acc0);
+    unit(i + 1, acc1);
+  }
+  if (i < n_super) unit(i, acc0);
+  _mm512_storeu_ps(out, _mm512_add_ps(acc0, acc1));
+}
+
+// Prefill: per half and scale-group half, the 16 code vectors of 4 chunks unpacked once for NT tokens.
+template <int NT>
+void TileQ6_Kx16(const std::uint8_t* g, std::size_t n_super, const Q8Blocks* xs, std::size_t t0, float* y, std::size_t ldy,
+                 std::size_t row0, __mmask16 m) {
+  __m512 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  const __m512i zero = _mm512_setzero_si512();
+  for (std::size_t i = 0; i < n_super; ++i) {
+    const std::uint8_t* u = g + kQ6Kx16Unit * i;
+    __m512i isum[NT];
+    for (int t = 0; t < NT; ++t) isum[t] = zero;
+    for (int h = 0; h < 2; ++h) {
+      for (int e = 0; e < 2; ++e) {  // chunks c = 4e..4e+3: values 16e..16e+15 of each quarter
+        const std::uint8_t* w = u + kQ6KxCodes + 1536 * h + 768 * e;
+        __m512i v[4][4];  // [quarter][chunk]
+        for (int c = 0; c < 4; ++c) {
+          const __m512i a = _mm512_loadu_si512(w + 192 * c), b = _mm512_loadu_si512(w + 192 * c + 64),
+                        hb = _mm512_loadu_si512(w + 192 * c + 128);
+          for (int qt = 0; qt < 4; ++qt) v[qt][c] = Q6Codes(qt, a, b, hb);
+        }
+        for (int t = 0; t < NT; ++t) {
+          const Q8Blocks& x = xs[t0 + t];
+          for (int qt = 0; qt < 4; ++qt) {
+            const std::int8_t* q = x.q.data() + 256 * i + 128 * h + 32 * qt + 16 * e;
+            __m512i p = DotBcast(zero, v[qt][0], q);
+            for (int c = 1; c < 4; ++c) p = DotBcast(p, v[qt][c], q + 4 * c);
+            const int gi = 8 * h + 2 * qt + e;
+            isum[t] = Q6Group(isum[t], p, u + kQ6KxScales + 16 * gi, x.s16[16 * i + gi]);
+          }
+        }
+      }
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(u)));
+    for (int t = 0; t < NT; ++t) {
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(d, _mm512_set1_ps(xs[t0 + t].d[8 * i])), acc[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(y + (t0 + t) * ldy + row0, m, acc[t]);
+}
+
+#elif KVSLIM_QGEMV_X86
+// AVX2 / AVX3: rows 0-7 and 8-15 of a chunk are its two 32-byte halves; vpmaddwd against each
+// row's signed scale held in both int16 halves of its lane scales the vpmaddubsw pair sums (exact:
+// |pair| <= 2 x 63 x 127, |scale| <= 128), and the offset 32 is taken off per group with one
+// multiply of the scales by 32 * sum(x_g).
+HWY_INLINE __m256i SignedScalePairs8(const std::uint8_t* p) {
+  const __m256i s = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_or_si256(_mm256_and_si256(s, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(s, 16));
+}
+
+void GroupQ6_Kx16(const std::uint8_t* g, const Q8Blocks& x, std::size_t n_super, float* out) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  for (std::size_t i = 0; i < n_super; ++i) {
+    const std::uint8_t* u = g + kQ6Kx16Unit * i;
+    const std::int8_t* q = x.q.data() + 256 * i;
+    __m256i is[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+    for (int h = 0; h < 2; ++h) {
+      const std::uint8_t* w = u + kQ6KxCodes + 1536 * h;
+      for (int c = 0; c < 8; ++c) {
+        for (int k = 0; k < 2; ++k) {  // rows 8k..8k+7
+          const __m256i a = Load32(w + 192 * c + 32 * k), b = Load32(w + 192 * c + 64 + 32 * k),
+                        hb = Load32(w + 192 * c + 128 + 32 * k);
+          for (int t = 0; t < 4; ++t) {
+            const int gi = 8 * h + 2 * t + c / 4;
+            std::int32_t xv;
+            std::memcpy(&xv, q + 128 * h + 32 * t + 4 * c, 4);
+            const __m256i pairs = _mm256_maddubs_epi16(Q6Codes(t, a, b, hb), _mm256_set1_epi32(xv));
+            is[k] = _mm256_add_epi32(is[k], _mm256_madd_epi16(pairs, SignedScalePairs8(u + kQ6KxScales + 16 * gi + 8 * k)));
+          }
+        }
+      }
+    }
+    for (int gi = 0; gi < 16; ++gi) {
+      const __m256i off = _mm256_set1_epi32(32 * x.s16[16 * i + gi]);
+      for (int k = 0; k < 2; ++k) {
+        const __m256i sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(u + kQ6KxScales + 16 * gi + 8 * k)));
+        is[k] = _mm256_sub_epi32(is[k], _mm256_mullo_epi32(sc, off));
+      }
+    }
+    const __m256 dx = _mm256_set1_ps(x.d[8 * i]);
+    acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[0]), _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u))), dx), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[1]), _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u + 16))), dx), acc1);
+  }
+  _mm256_storeu_ps(out, acc0);
+  _mm256_storeu_ps(out + 8, acc1);
+}
+
+#else
+// Portable: the same integer sums, one code at a time.
+void GroupQ6_Kx16(const std::uint8_t* g, const Q8Blocks& x, std::size_t n_super, float* out) {
+  for (int r = 0; r < 16; ++r) {
+    float acc = 0;
+    for (std::size_t i = 0; i < n_super; ++i) {
+      const std::uint8_t* u = g + kQ6Kx16Unit * i;
+      const std::int8_t* q = x.q.data() + 256 * i;
+      std::int32_t isum = 0;
+      for (int h = 0; h < 2; ++h) {
+        for (int t = 0; t < 4; ++t) {
+          for (int e = 0; e < 2; ++e) {
+            const int gi = 8 * h + 2 * t + e;
+            std::int32_t s = 0;
+            for (int c = 4 * e; c < 4 * e + 4; ++c) {
+              const std::uint8_t* w = u + kQ6KxCodes + 1536 * h + 192 * c + 4 * r;
+              for (int k = 0; k < 4; ++k) {
+                const int lo = t % 2 == 0 ? w[k] : w[64 + k];
+                const int code = (t < 2 ? lo & 15 : lo >> 4) | (((w[128 + k] >> (2 * t)) & 3) << 4);
+                s += code * q[128 * h + 32 * t + 4 * c + k];
+              }
+            }
+            isum += static_cast<std::int8_t>(u[kQ6KxScales + 16 * gi + r]) * (s - 32 * x.s16[16 * i + gi]);
+          }
+        }
+      }
+      acc += static_cast<float>(isum) * (Half(u + 2 * r) * x.d[8 * i]);
+    }
+    out[r] = acc;
+  }
+}
+#endif
+
 // y[r] for r in [r0, r1) of an interleaved matrix whose 16-row groups are `stride` bytes apart,
 // group(g, out) writing the 16 values of the group at g: whole groups straight into y, a partial
 // group through a 16-value buffer (each row's value does not depend on the range).
@@ -900,6 +1102,11 @@ void GemvRows(WeightType type, const void* w, std::size_t row_bytes, std::size_t
   if (type == WeightType::q4_kx16) {
     const std::size_t ns = cols / 256;
     GemvGroups(base, kQ4Kx16Unit * ns, y, r0, r1, [&](const std::uint8_t* g, float* out) { GroupQ4_Kx16(g, x, ns, out); });
+    return;
+  }
+  if (type == WeightType::q6_kx16) {
+    const std::size_t ns = cols / 256;
+    GemvGroups(base, kQ6Kx16Unit * ns, y, r0, r1, [&](const std::uint8_t* g, float* out) { GroupQ6_Kx16(g, x, ns, out); });
     return;
   }
   for (std::size_t r = r0; r < r1; ++r) {
@@ -1067,14 +1274,13 @@ void GemmRows(WeightType type, const void* w, std::size_t row_bytes, std::size_t
 #if HWY_TARGET == HWY_AVX3_DL
   if (weight_interleave_rows(type) > 1) {  // the repacked groups are read as they are (no tile to build)
     const auto* base = static_cast<const std::uint8_t*>(w);
-    const bool k = type == WeightType::q4_kx16;
-    const std::size_t units = k ? cols / 256 : cols / 32, stride = (k ? kQ4Kx16Unit : kQ4x16Unit) * units;
+    const std::size_t units = cols / weight_block_elements(type), stride = 16 * weight_type_size(type) * units;
     // The tile of NT tokens from t over group grp, rows of mask m (the group's rows in [r0, r1)).
     auto tile = [&]<int NT>(const std::uint8_t* grp, std::size_t t, std::size_t lo, __mmask16 m) {
-      if (k) {
-        TileQ4_Kx16<NT>(grp, units, xs, t, y, ldy, lo, m);
-      } else {
-        TileQ4_0x16<NT>(grp, units, xs, t, y, ldy, lo, m);
+      switch (type) {
+        case WeightType::q4_kx16: TileQ4_Kx16<NT>(grp, units, xs, t, y, ldy, lo, m); break;
+        case WeightType::q6_kx16: TileQ6_Kx16<NT>(grp, units, xs, t, y, ldy, lo, m); break;
+        default: TileQ4_0x16<NT>(grp, units, xs, t, y, ldy, lo, m); break;
       }
     };
     for (std::size_t g = r0 / 16; 16 * g < r1; ++g) {
@@ -1356,7 +1562,8 @@ HWY_EXPORT(GemmIsPacked);
 HWY_EXPORT(QuantizeActivation);
 
 ActivationFormat activation_format(WeightType type) {
-  return type == WeightType::q4_k || type == WeightType::q5_k || type == WeightType::q6_k || type == WeightType::q4_kx16
+  return type == WeightType::q4_k || type == WeightType::q5_k || type == WeightType::q6_k || type == WeightType::q4_kx16 ||
+                 type == WeightType::q6_kx16
              ? ActivationFormat::q8_k
              : ActivationFormat::q8_0;
 }
@@ -1440,10 +1647,9 @@ void quantize_activation_reference(const float* x, std::size_t n, Q8Blocks& out,
 namespace {
 
 void require_q8_k(WeightType type, const Q8Blocks& x, const char* fn) {
-  if (type == WeightType::q4_kx16 && x.format != ActivationFormat::q8_k) {
-    throw std::invalid_argument(std::string(fn) +
-                                ": Q4_Kx16 needs the activation quantized as q8_k (one scale per 256 values; "
-                                "activation_format(WeightType::q4_kx16))");
+  if ((type == WeightType::q4_kx16 || type == WeightType::q6_kx16) && x.format != ActivationFormat::q8_k) {
+    throw std::invalid_argument(std::string(fn) + ": " + weight_type_name(type) +
+                                " needs the activation quantized as q8_k (one scale per 256 values; activation_format)");
   }
 }
 
@@ -1452,6 +1658,7 @@ WeightType base_type(WeightType type) {
   switch (type) {
     case WeightType::q4_0x16: return WeightType::q4_0;
     case WeightType::q4_kx16: return WeightType::q4_k;
+    case WeightType::q6_kx16: return WeightType::q6_k;
     default: return type;
   }
 }
@@ -1474,6 +1681,23 @@ void transfer_row(WeightType base, std::uint8_t* grp, std::uint8_t* blocks, std:
       std::uint8_t* blk = blocks + 18 * b;
       move(u + 2 * r, blk, 2);
       for (int c = 0; c < 4; ++c) move(u + 32 + 64 * c + 4 * r, blk + 2 + 4 * c, 4);
+    }
+    return;
+  }
+  if (base == WeightType::q6_k) {
+    for (std::size_t i = 0; i < units; ++i) {
+      std::uint8_t* u = grp + kQ6Kx16Unit * i;
+      std::uint8_t* blk = blocks + 210 * i;
+      move(u + 2 * r, blk + 208, 2);  // d
+      for (int g = 0; g < 16; ++g) move(u + kQ6KxScales + 16 * g + r, blk + 192 + g, 1);
+      for (int h = 0; h < 2; ++h) {
+        for (int c = 0; c < 8; ++c) {
+          std::uint8_t* w = u + kQ6KxCodes + 1536 * h + 192 * c + 4 * r;
+          move(w, blk + 64 * h + 4 * c, 4);             // A: ql, quarters 0 and 2
+          move(w + 64, blk + 64 * h + 32 + 4 * c, 4);   // B: ql, quarters 1 and 3
+          move(w + 128, blk + 128 + 32 * h + 4 * c, 4);  // H: qh, the high bits of all four
+        }
+      }
     }
     return;
   }
@@ -1537,6 +1761,7 @@ WeightType interleaved_type(WeightType type) {
   switch (type) {
     case WeightType::q4_0: return WeightType::q4_0x16;
     case WeightType::q4_k: return WeightType::q4_kx16;
+    case WeightType::q6_k: return WeightType::q6_kx16;
     default: return type;
   }
 }

@@ -35,13 +35,13 @@ struct Q8Blocks {
   // halves (q_4g[0:16], .., q_4g+3[0:16], q_4g[16:32], .., q_4g+3[16:32]);
   // q_nibk [n / 256 * 256]: per 256 values the 32-value blocks in the order 0 2 1 3 4 6 5 7.
   std::vector<std::int8_t> q_nib0, q_nibk;
-  // How the codes were rounded (quantize_activation's `format`, described below). The Q4_Kx16
-  // kernels need q8_k, whose one scale per 256 values lets them sum a super-block's sub-blocks in
+  // How the codes were rounded (quantize_activation's `format`, described below). The Q4_Kx16 /
+  // Q6_Kx16 kernels need q8_k, whose one scale per 256 values lets them sum a super-block's sub-blocks in
   // int32 with the weight's integer sub-block scales, as llama.cpp's K-quant kernels do.
   ActivationFormat format = ActivationFormat::fine;
 };
-// How the activation is rounded to int8 (the kernels take any of them but Q4_Kx16's, which needs
-// q8_k: each 32 values carry their scale). q8_0 / q8_k are llama.cpp's CPU formats (ggml's quantize_row_q8_0 on x86: codes from
+// How the activation is rounded to int8 (the kernels take any of them but Q4_Kx16's and Q6_Kx16's,
+// which need q8_k: each 32 values carry their scale). q8_0 / q8_k are llama.cpp's CPU formats (ggml's quantize_row_q8_0 on x86: codes from
 // 127 / max|x|, the scale stored as fp16; quantize_row_q8_K_ref: one scale per 256 values, from the
 // signed value of largest magnitude), so that kvslim's int8 products over a GGUF's blocks are
 // llama.cpp's, up to the order of the fp32 sums; fine: one fp32 scale per 32 values (the least
@@ -56,8 +56,8 @@ void quantize_activation(const float* x, std::size_t n, Q8Blocks& out, Activatio
 void quantize_activation_reference(const float* x, std::size_t n, Q8Blocks& out, ActivationFormat format);
 
 // y[r] = dot(row r of w, x) for r in [r0, r1). w: `type`'s blocks, rows of `row_bytes` bytes
-// holding `cols` values (a multiple of the type's block size); x.n == cols. Q4_Kx16 takes only a
-// q8_k activation (std::invalid_argument otherwise; so does gemm_rows).
+// holding `cols` values (a multiple of the type's block size); x.n == cols. Q4_Kx16 / Q6_Kx16 take
+// only a q8_k activation (std::invalid_argument otherwise; so does gemm_rows).
 void gemv_rows(WeightType type, const void* w, std::size_t row_bytes, std::size_t cols, const Q8Blocks& x, float* y,
                std::size_t r0, std::size_t r1);
 
@@ -70,8 +70,8 @@ void gemm_rows(WeightType type, const void* w, std::size_t row_bytes, std::size_
 bool gemm_is_packed();
 
 // n values of `type` (whole blocks) decoded to fp32 with SIMD: the same values as gguf::to_float.
-// Throws std::invalid_argument for an interleaved type (Q4_0x16, Q4_Kx16), whose rows are not
-// contiguous.
+// Throws std::invalid_argument for an interleaved type (Q4_0x16, Q4_Kx16, Q6_Kx16), whose rows are
+// not contiguous.
 void dequantize(WeightType type, const void* src, float* dst, std::size_t n);
 // Rows [r0, r0 + nr) of the matrix at w (`cols` values per row, any block type including the
 // interleaved ones) as fp32, row-major.
@@ -89,6 +89,10 @@ void dequantize_rows(WeightType type, const void* w, std::size_t cols, std::size
 //   (128), the 8 mins likewise (128), then per pair p of sub-blocks (2p in the low nibbles, 2p+1 in
 //   the high ones, as Q4_K stores them) 8 chunks of 64 bytes, chunk c = [row 0..15][the row's code
 //   bytes 32p+4c..32p+4c+3]. The unpacked scales feed the kernels' int32 multiplies directly.
+// - Q6_Kx16 (from Q6_K, the same bytes rearranged): a 3360-byte unit = the 16 fp16 d, the 16 int8
+//   scales of each 16-value group as [group][row] (256), then per half h (128 values) and c = 0..7
+//   three chunks of 64 bytes [row 0..15][4 bytes]: ql 64h+4c.., ql 64h+32+4c.., qh 32h+4c...
+// The K-quant forms take only a q8_k activation: their kernels sum a super-block in int32.
 // gemv_rows, gemm_rows and dequantize_rows take the matrix base (row_bytes unused).
 
 // The interleaved type a matrix of `type` is repacked into at load, or `type` when there is none.

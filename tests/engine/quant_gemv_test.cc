@@ -541,6 +541,7 @@ struct InterleavedCase {
 constexpr InterleavedCase kInterleaved[] = {
     {TensorType::q4_0, WeightType::q4_0x16, 928, qgemv::ActivationFormat::q8_0},  // 29 blocks
     {TensorType::q4_k, WeightType::q4_kx16, 768, qgemv::ActivationFormat::q8_k},  // 3 super-blocks
+    {TensorType::q6_k, WeightType::q6_kx16, 768, qgemv::ActivationFormat::q8_k},
 };
 
 TEST(QuantGemvInterleaved, HoldTheRowsAndDecodeToThem) {
@@ -552,9 +553,9 @@ TEST(QuantGemvInterleaved, HoldTheRowsAndDecodeToThem) {
     const std::vector<std::uint8_t> w = random_blocks(k.file, rows, k.cols, 3);
     const std::vector<std::uint8_t> wi = interleaved(w, rows, k.cols, base);
     const std::size_t row_bytes = w.size() / rows;
-    if (k.type == WeightType::q4_0x16) {
+    if (k.type != WeightType::q4_kx16) {
       std::multiset<std::uint8_t> a(w.begin(), w.end()), b(wi.begin(), wi.end());
-      EXPECT_EQ(a, b);  // Q4_0x16: a permutation of the bytes (every one written)
+      EXPECT_EQ(a, b);  // Q4_0x16, Q6_Kx16: a permutation of the bytes (every one written)
     } else {
       EXPECT_EQ(wi.size(), rows * k.cols / 256 * 148);  // Q4_K's 144 bytes with the 12 scale bytes unpacked to 16
     }
@@ -583,8 +584,8 @@ TEST(QuantGemvInterleaved, HoldTheRowsAndDecodeToThem) {
     EXPECT_THROW(qgemv::deinterleave_row(base, w.data(), k.cols, 0, back_row.data()), std::invalid_argument);
   }
   std::vector<const std::uint8_t*> src(16, nullptr);
-  EXPECT_EQ(qgemv::interleaved_type(WeightType::q6_k), WeightType::q6_k);
-  EXPECT_THROW(qgemv::interleave(WeightType::q6_k, src.data(), 16, 256, nullptr), std::invalid_argument);
+  EXPECT_EQ(qgemv::interleaved_type(WeightType::q5_k), WeightType::q5_k);  // no interleaved form
+  EXPECT_THROW(qgemv::interleave(WeightType::q5_k, src.data(), 16, 256, nullptr), std::invalid_argument);
 }
 
 TEST(QuantGemvInterleaved, EveryTargetMatchesTheReferenceInAnyRowRange) {
@@ -601,7 +602,7 @@ TEST(QuantGemvInterleaved, EveryTargetMatchesTheReferenceInAnyRowRange) {
       qgemv::Q8Blocks xq;
       qgemv::quantize_activation(x.data(), cols, xq, format);
       std::vector<float> all(rows, -1.0f);
-      if (k.type == WeightType::q4_kx16 && format != qgemv::ActivationFormat::q8_k) {
+      if (k.format == qgemv::ActivationFormat::q8_k && format != qgemv::ActivationFormat::q8_k) {
         // Its kernels sum a super-block's sub-blocks in int32 under one activation scale.
         EXPECT_THROW(qgemv::gemv_rows(k.type, wi.data(), 0, cols, xq, all.data(), 0, rows), std::invalid_argument);
         EXPECT_THROW(qgemv::gemm_rows(k.type, wi.data(), 0, cols, &xq, 1, all.data(), rows, 0, rows), std::invalid_argument);
@@ -639,29 +640,43 @@ TEST(QuantGemvInterleaved, EveryTargetMatchesTheReferenceInAnyRowRange) {
   }
 }
 
-// Q4_Kx16's integer sums at their extremes: every code 15, the largest 6-bit scales and mins, an
-// activation of +-127 codes (int32 sums near 2^25), against the double reference on every target.
-TEST(QuantGemvInterleaved, Q4_Kx16ExtremeCodesStayExact) {
+// The K-quant forms' integer sums at their extremes: Q4_Kx16 every code 15 with the largest 6-bit
+// scales and mins; Q6_Kx16 every code 63 (and 0) with scales -128 / 127; an activation of +-127
+// codes (int32 sums near 2^25 / 2^28), against the double reference on every target.
+TEST(QuantGemvInterleaved, KQuantExtremeCodesStayExact) {
   const std::size_t rows = 16, cols = 512;
-  std::vector<std::uint8_t> w(rows * cols / 256 * 144, 0xff);  // codes 15, scale bytes all ones: 6-bit 63s
-  for (std::size_t k = 0; k < rows * cols / 256; ++k) {
-    put_half(w.data() + 144 * k, 1e-3f);
-    put_half(w.data() + 144 * k + 2, 2e-3f);
-  }
-  const std::vector<std::uint8_t> wi = interleaved(w, rows, cols, WeightType::q4_k);
-  const std::vector<float> wf = decode(TensorType::q4_k, w, rows * cols);
   std::vector<float> x(cols);
   for (std::size_t c = 0; c < cols; ++c) x[c] = c % 5 == 0 ? -1.0f : 1.0f;
   qgemv::Q8Blocks xq;
   qgemv::quantize_activation(x.data(), cols, xq, qgemv::ActivationFormat::q8_k);
-  double ref = 0;
-  for (std::size_t c = 0; c < cols; ++c) ref += static_cast<double>(wf[c]) * xq.q[c] * xq.d[c / 32];
-  kvslim::testing::for_each_target([&] {
-    SCOPED_TRACE(qgemv::target_name());
-    std::vector<float> y(rows);
-    qgemv::gemv_rows(WeightType::q4_kx16, wi.data(), 0, cols, xq, y.data(), 0, rows);
-    for (std::size_t r = 0; r < rows; ++r) EXPECT_NEAR(y[r], ref, 1e-6 * std::fabs(ref)) << r;
-  });
+  for (const TensorType file : {TensorType::q4_k, TensorType::q6_k}) {
+    SCOPED_TRACE(gguf::tensor_type_name(static_cast<std::uint32_t>(file)));
+    const std::size_t bb = gguf::block_bytes(file);
+    std::vector<std::uint8_t> w(rows * cols / 256 * bb, 0xff);  // Q4_K: codes 15, scale bytes all ones (63s)
+    for (std::size_t k = 0; k < rows * cols / 256; ++k) {
+      std::uint8_t* blk = w.data() + bb * k;
+      if (file == TensorType::q4_k) {
+        put_half(blk, 1e-3f);
+        put_half(blk + 2, 2e-3f);
+      } else {
+        // Codes 63 in the first half, 0 (-32) in the second; scales alternating -128 and 127.
+        std::memset(blk + 64, 0, 64);
+        std::memset(blk + 160, 0, 32);
+        for (int g = 0; g < 16; ++g) blk[192 + g] = g % 2 == 0 ? 0x80 : 0x7f;
+        put_half(blk + 208, 1e-3f);
+      }
+    }
+    const std::vector<std::uint8_t> wi = interleaved(w, rows, cols, weight_type_of(file));
+    const std::vector<float> wf = decode(file, w, rows * cols);
+    double ref = 0;
+    for (std::size_t c = 0; c < cols; ++c) ref += static_cast<double>(wf[c]) * xq.q[c] * xq.d[c / 32];
+    kvslim::testing::for_each_target([&] {
+      SCOPED_TRACE(qgemv::target_name());
+      std::vector<float> y(rows);
+      qgemv::gemv_rows(qgemv::interleaved_type(weight_type_of(file)), wi.data(), 0, cols, xq, y.data(), 0, rows);
+      for (std::size_t r = 0; r < rows; ++r) EXPECT_NEAR(y[r], ref, 1e-6 * std::fabs(ref)) << r;
+    });
+  }
 }
 
 TEST(QuantGemvInterleaved, EveryTargetGemmMatchesTheReference) {
