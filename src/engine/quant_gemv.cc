@@ -926,20 +926,24 @@ void GroupQ6_Kx16(const std::uint8_t* g, const Q8Blocks& x, std::size_t n_super,
     const std::int8_t* q = x.q.data() + 256 * i;
     const std::int32_t* s16 = x.s16.data() + 16 * i;
     __m512i isum = zero;
-    for (int h = 0; h < 2; ++h) {
-      const std::uint8_t* w = u + kQ6KxCodes + 1536 * h;
-      __m512i p[4][2];  // [quarter][values 0-15 / 16-31 of it]: one scale group each
-      for (int t = 0; t < 4; ++t) p[t][0] = p[t][1] = zero;
-      for (int c = 0; c < 8; ++c) {
+    // Per half h and e (chunks 4e..4e+3: values 16e..16e+15 of each quarter, one scale group per
+    // quarter) four accumulators indexed only by unrolled loops, so they stay in registers.
+    for (int he = 0; he < 4; ++he) {
+      const int h = he / 2, e = he % 2;
+      const std::uint8_t* w = u + kQ6KxCodes + 1536 * h + 768 * e;
+      const std::int8_t* qh = q + 128 * h + 16 * e;
+      __m512i p[4] = {zero, zero, zero, zero};  // per quarter
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) {
         const __m512i a = _mm512_loadu_si512(w + 192 * c), b = _mm512_loadu_si512(w + 192 * c + 64),
                       hb = _mm512_loadu_si512(w + 192 * c + 128);
-        for (int t = 0; t < 4; ++t) p[t][c / 4] = DotBcast(p[t][c / 4], Q6Codes(t, a, b, hb), q + 128 * h + 32 * t + 4 * c);
+#pragma GCC unroll 4
+        for (int t = 0; t < 4; ++t) p[t] = DotBcast(p[t], Q6Codes(t, a, b, hb), qh + 32 * t + 4 * c);
       }
+#pragma GCC unroll 4
       for (int t = 0; t < 4; ++t) {
-        for (int e = 0; e < 2; ++e) {
-          const int gi = 8 * h + 2 * t + e;
-          isum = Q6Group(isum, p[t][e], u + kQ6KxScales + 16 * gi, s16[gi]);
-        }
+        const int gi = 8 * h + 2 * t + e;
+        isum = Q6Group(isum, p[t], u + kQ6KxScales + 16 * gi, s16[gi]);
       }
     }
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(u)));
