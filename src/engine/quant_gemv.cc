@@ -731,12 +731,10 @@ void GroupQ4_Kx16(const std::uint8_t* g, const Q8Blocks& x, std::size_t n_super,
       for (int c = 0; c < 8; ++c) {
         const __m512i v = _mm512_loadu_si512(w + 64 * c);
         lo = DotBcast(lo, _mm512_and_si512(v, m4), q + 64 * p + 4 * c);
-        // The high nibbles left in place (16 x code): one shift of the sum instead of one per chunk
-        // (exact: every product is a multiple of 16; |sum| <= 32 x 240 x 127).
-        hi = DotBcast(hi, _mm512_andnot_si512(m4, v), q + 64 * p + 32 + 4 * c);
+        hi = DotBcast(hi, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4), q + 64 * p + 32 + 4 * c);
       }
       isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(lo, RowBytes16(u + kQ4KxScales + 32 * p)));
-      isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(_mm512_srai_epi32(hi, 4), RowBytes16(u + kQ4KxScales + 32 * p + 16)));
+      isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(hi, RowBytes16(u + kQ4KxScales + 32 * p + 16)));
     }
     const __m512 dx = _mm512_set1_ps(x.d[8 * i]);
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(u)));
@@ -770,7 +768,7 @@ void TileQ4_Kx16(const std::uint8_t* g, std::size_t n_super, const Q8Blocks* xs,
       for (int c = 0; c < 8; ++c) {
         const __m512i v = _mm512_loadu_si512(w + 64 * c);
         lo[c] = _mm512_and_si512(v, m4);
-        hi[c] = _mm512_andnot_si512(m4, v);  // 16 x the high nibbles (as GroupQ4_Kx16)
+        hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
       }
       const __m512i sl = RowBytes16(u + kQ4KxScales + 32 * p), sh = RowBytes16(u + kQ4KxScales + 32 * p + 16);
       for (int t = 0; t < NT; ++t) {
@@ -780,7 +778,7 @@ void TileQ4_Kx16(const std::uint8_t* g, std::size_t n_super, const Q8Blocks* xs,
           pl = DotBcast(pl, lo[c], q + 4 * c);
           ph = DotBcast(ph, hi[c], q + 32 + 4 * c);
         }
-        isum[t] = _mm512_add_epi32(isum[t], _mm512_add_epi32(_mm512_mullo_epi32(pl, sl), _mm512_mullo_epi32(_mm512_srai_epi32(ph, 4), sh)));
+        isum[t] = _mm512_add_epi32(isum[t], _mm512_add_epi32(_mm512_mullo_epi32(pl, sl), _mm512_mullo_epi32(ph, sh)));
       }
     }
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(u)));
