@@ -71,12 +71,13 @@ BENCHMARK(BM_Gemv)
 const std::vector<std::uint8_t>& block_bytes(WeightType type) {
   static std::map<WeightType, std::vector<std::uint8_t>> cache;
   auto& b = cache[type];
-  if (b.empty() && type == WeightType::q4_0x16) {  // the Q4_0 matrix repacked as the GGUF loader does
-    const std::vector<std::uint8_t>& q = block_bytes(WeightType::q4_0);
+  if (b.empty() && weight_interleave_rows(type) > 1) {  // the file-type matrix repacked as the GGUF loader does
+    const WeightType base = type == WeightType::q4_0x16 ? WeightType::q4_0 : type == WeightType::q4_kx16 ? WeightType::q4_k : WeightType::q6_k;
+    const std::vector<std::uint8_t>& q = block_bytes(base);
     std::vector<const std::uint8_t*> rows(kRows);
     for (std::size_t r = 0; r < kRows; ++r) rows[r] = q.data() + r * (q.size() / kRows);
-    b.resize(q.size());
-    qgemv::interleave_q4_0(rows.data(), kRows, kCols, b.data());
+    b.resize(kRows * weight_bytes(type, kCols));
+    qgemv::interleave(base, rows.data(), kRows, kCols, b.data());
   }
   if (b.empty()) {
     const std::size_t bb = weight_type_size(type), blocks = kRows * kCols / weight_block_elements(type);
@@ -114,7 +115,8 @@ void BM_GemvQuant(benchmark::State& state) {
 }
 BENCHMARK(BM_GemvQuant)
     ->ArgsProduct({{static_cast<int>(WeightType::q4_0), static_cast<int>(WeightType::q8_0), static_cast<int>(WeightType::q4_k),
-                    static_cast<int>(WeightType::q5_k), static_cast<int>(WeightType::q6_k), static_cast<int>(WeightType::q4_0x16)},
+                    static_cast<int>(WeightType::q5_k), static_cast<int>(WeightType::q6_k), static_cast<int>(WeightType::q4_0x16),
+                    static_cast<int>(WeightType::q4_kx16), static_cast<int>(WeightType::q6_kx16)},
                    {1, 2}})
     ->Unit(benchmark::kMillisecond)->UseRealTime();
 
@@ -132,7 +134,9 @@ void BM_MatmulQuant(benchmark::State& state) {
   state.SetLabel(weight_type_name(type));
 }
 BENCHMARK(BM_MatmulQuant)
-    ->ArgsProduct({{static_cast<int>(WeightType::q4_0), static_cast<int>(WeightType::q4_k), static_cast<int>(WeightType::q4_0x16)},
+    ->ArgsProduct({{static_cast<int>(WeightType::q4_0), static_cast<int>(WeightType::q4_k), static_cast<int>(WeightType::q4_0x16),
+                    static_cast<int>(WeightType::q4_kx16), static_cast<int>(WeightType::q6_k),
+                    static_cast<int>(WeightType::q6_kx16)},
                    {16, 128}})
     ->Unit(benchmark::kMillisecond)->UseRealTime();
 

@@ -489,9 +489,6 @@ void quantize_q4_0(const float* x, std::byte* blocks, std::size_t n) {
 // ---------------------------------------------------------------------------------------------
 // K-quants
 
-namespace {
-
-// Sub-block j's 6-bit scale and min from the 12 packed bytes of a Q4_K / Q5_K super-block.
 void k_scale_min(const std::byte* s, int j, int& scale, int& min) {
   auto b = [&](int i) { return std::to_integer<int>(s[i]); };
   if (j < 4) {
@@ -514,6 +511,8 @@ void k_set_scale_min(std::byte* s, int j, int scale, int min) {
     set(j, (get(j) & 63) | ((min >> 4) << 6));
   }
 }
+
+namespace {
 
 // Q4_K / Q5_K (bits 4 or 5): values of one super-block.
 void dequantize_k_minmax(const std::byte* blk, float* out, int bits) {

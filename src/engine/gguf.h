@@ -143,6 +143,10 @@ void quantize_q4_0(const float* x, std::byte* blocks, std::size_t n);
 void dequantize_q4_k(const std::byte* blocks, float* out, std::size_t n);
 void dequantize_q5_k(const std::byte* blocks, float* out, std::size_t n);
 void dequantize_q6_k(const std::byte* blocks, float* out, std::size_t n);
+// Sub-block j's (0..7) 6-bit scale and min in the 12 packed scale bytes of a Q4_K / Q5_K
+// super-block (blk + 4), and their inverse (writes the bits of sub-block j, keeps the others).
+void k_scale_min(const std::byte* s, int j, int& scale, int& min);
+void k_set_scale_min(std::byte* s, int j, int scale, int min);
 // Simple K-quant encoders (round to nearest with per-sub-block min/max scales, not llama.cpp's
 // searched ones): valid files for tests and `kvslim convert --type q4_k/q5_k/q6_k`.
 void quantize_q4_k(const float* x, std::byte* blocks, std::size_t n);

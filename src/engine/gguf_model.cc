@@ -165,8 +165,8 @@ bool dequantize_at_load() {
   return v != nullptr && std::string(v) == "1";
 }
 
-// KVSLIM_GGUF_REPACK=0: Q4_0 matrices stay in the file's layout instead of being repacked into
-// Q4_0x16 at load (for A/B benchmarks of the repacked kernels).
+// KVSLIM_GGUF_REPACK=0: Q4_0 / Q4_K / Q6_K matrices stay in the file's layout instead of being
+// repacked into Q4_0x16 / Q4_Kx16 / Q6_Kx16 at load (for A/B benchmarks of the repacked kernels).
 bool repack_at_load() {
   const char* v = std::getenv("KVSLIM_GGUF_REPACK");
   return v == nullptr || std::string(v) != "0";
@@ -339,16 +339,30 @@ GgufModel read_gguf_model(const gguf::Header& h, const std::string& fname, std::
   auto owner = std::make_shared<Owner>();
   owner->keep_alive = std::move(keep_alive);
   std::vector<TensorInfo> tensors;
-  // Q4_0 matrices are repacked into Q4_0x16 (quant_gemv.h: 16 rows side by side, what decode's
-  // kernel reads in one pass; the same bytes rearranged). The embedding keeps the file's layout:
-  // its rows are read one token at a time.
+  // Q4_0 / Q4_K / Q6_K matrices are repacked into Q4_0x16 / Q4_Kx16 / Q6_Kx16 (quant_gemv.h: 16
+  // rows side by side, what decode's kernel reads in one pass; Q4_0's and Q6_K's bytes rearranged,
+  // Q4_K's with the 6-bit scales unpacked, 148 bytes a row-block against 144). The embedding keeps
+  // the file's layout: its rows are read one token at a time.
+  auto weight_type_of = [](TensorType type) {
+    switch (type) {
+      case TensorType::q4_0: return WeightType::q4_0;
+      case TensorType::q4_k: return WeightType::q4_k;
+      case TensorType::q6_k: return WeightType::q6_k;
+      default: return WeightType::f32;  // no interleaved form
+    }
+  };
   auto repacked = [&](const gguf::TensorEntry& t) {
-    return static_cast<TensorType>(t.type) == TensorType::q4_0 && t.ne.size() == 2 && t.ne[1] % 16 == 0 &&
-           t.name != "token_embd.weight" && !dequantize_at_load() && repack_at_load();
+    const WeightType w = weight_type_of(static_cast<TensorType>(t.type));
+    return qgemv::interleaved_type(w) != w && t.ne.size() == 2 && t.ne[1] % 16 == 0 && t.name != "token_embd.weight" &&
+           !dequantize_at_load() && repack_at_load();
+  };
+  auto repacked_bytes = [&](const gguf::TensorEntry& t) {
+    const WeightType to = qgemv::interleaved_type(weight_type_of(static_cast<TensorType>(t.type)));
+    return weight_bytes(to, static_cast<std::size_t>(t.ne[0])) * static_cast<std::size_t>(t.ne[1]);
   };
   std::size_t repack_bytes = 0;
   for (const gguf::TensorEntry& t : h.tensors) {
-    if (repacked(t)) repack_bytes += Owner::slice(t.nbytes);
+    if (repacked(t)) repack_bytes += Owner::slice(repacked_bytes(t));
   }
   owner->reserve(repack_bytes);
   const std::size_t d = static_cast<std::size_t>(c.head_dim);
@@ -409,11 +423,13 @@ GgufModel read_gguf_model(const gguf::Header& h, const std::string& fname, std::
       for (std::size_t r = 0; r < rows; ++r) {
         src[permute ? hf_row_of_gguf_row(r, d) : r] = reinterpret_cast<const std::uint8_t*>(data) + r * row_bytes;
       }
-      std::byte* out = owner->allocate_aligned(nbytes);
-      qgemv::interleave_q4_0(src.data(), rows, static_cast<std::size_t>(t.ne[0]), reinterpret_cast<std::uint8_t*>(out));
+      const std::size_t out_bytes = repacked_bytes(t);
+      std::byte* out = owner->allocate_aligned(out_bytes);
+      qgemv::interleave(info.type, src.data(), rows, static_cast<std::size_t>(t.ne[0]), reinterpret_cast<std::uint8_t*>(out));
       if (mapped != nullptr) mapped->release_pages(data, nbytes);
       data = out;
-      info.type = WeightType::q4_0x16;
+      nbytes = out_bytes;
+      info.type = qgemv::interleaved_type(info.type);
     } else if (permute) {
       // Rows are whole blocks in every type, so the permutation moves bytes, not values.
       const std::size_t row_bytes = nbytes / rows;

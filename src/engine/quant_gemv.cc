@@ -23,6 +23,17 @@
 #include <immintrin.h>
 #endif
 
+#ifndef KVSLIM_QGEMV_LAYOUT_ONCE  // this file is compiled once per target: the layouts once
+#define KVSLIM_QGEMV_LAYOUT_ONCE
+namespace kvslim::engine::qgemv {
+// The interleaved layouts (quant_gemv.h): bytes of a unit (16 rows' block or super-block), and
+// where a Q4_Kx16 / Q6_Kx16 unit's parts start.
+constexpr std::size_t kQ4x16Unit = 288;
+constexpr std::size_t kQ4Kx16Unit = 2368, kQ4KxMin = 32, kQ4KxScales = 64, kQ4KxMins = 192, kQ4KxCodes = 320;
+constexpr std::size_t kQ6Kx16Unit = 3360, kQ6KxScales = 32, kQ6KxCodes = 288;
+}  // namespace kvslim::engine::qgemv
+#endif
+
 HWY_BEFORE_NAMESPACE();
 namespace kvslim::engine::qgemv {
 namespace HWY_NAMESPACE {
@@ -548,7 +559,7 @@ float DotQ6_K(const std::uint8_t* row, const Q8Blocks& x, std::size_t n_super) {
 #endif
 
 // ---------------------------------------------------------------------------------------------
-// Q4_0x16: Q4_0 matrices repacked at load (interleave_q4_0, quant_gemv.h) so that one pass over
+// Q4_0x16: Q4_0 matrices repacked at load (interleave, quant_gemv.h) so that one pass over
 // the activation feeds 16 rows and each row's sum stays in its own int32 lane (no horizontal
 // reduction, one sequential weight stream per thread). A 16-row group is nb = cols / 32 units of
 // 288 bytes, unit b = block b of the 16 rows: their fp16 scales (32 bytes), then 4 chunks of 64
@@ -557,8 +568,6 @@ float DotQ6_K(const std::uint8_t* row, const Q8Blocks& x, std::size_t n_super) {
 // each block's int32 sum is corrected in integers (- 8 * the activation block's code sum) before
 // its one convert and FMA, so a row's value is sum_b float(dot(q - 8, x_b)) * (d_w * d_x), the
 // order of llama.cpp's repacked kernels.
-constexpr std::size_t kQ4x16Unit = 288;
-
 // 8 * (sum of activation block b's 32 codes).
 HWY_INLINE std::int32_t Q4Offset(const Q8Blocks& x, std::size_t b) { return 8 * (x.s16[2 * b] + x.s16[2 * b + 1]); }
 
@@ -681,40 +690,407 @@ void GroupQ4_0x16(const std::uint8_t* g, const Q8Blocks& x, std::size_t nb, floa
 }
 #endif
 
-// y[r] for r in [r0, r1) of a Q4_0x16 matrix: whole groups straight into y, a partial group
-// through a 16-value buffer (each row's value does not depend on the range).
-void GemvQ4_0x16(const std::uint8_t* base, std::size_t cols, const Q8Blocks& x, float* y, std::size_t r0, std::size_t r1) {
-  const std::size_t nb = cols / 32, stride = kQ4x16Unit * nb;
+// ---------------------------------------------------------------------------------------------
+// Q4_Kx16: Q4_K matrices repacked at load (interleave, quant_gemv.h). A unit (super-block i of a
+// 16-row group, 2368 bytes): the rows' fp16 d and dmin, their 6-bit sub-block scales and mins as
+// bytes [j][row], then per pair p of sub-blocks 8 chunks of 64 bytes, chunk c = [row 0..15][the
+// row's code bytes 32p+4c..32p+4c+3] (low nibbles: sub-block 2p's values 4c..4c+3, high nibbles
+// sub-block 2p+1's). With the q8_k activation (one scale dx per 256 values, Q8Blocks::format) a
+// row's super-block is dx * (d * sum_j sc_j * dot(q_j, x_j) - dmin * sum_j m_j * sum(x_j)), both
+// sums exact in int32 (at most 256 x 15 x 127 x 63 < 2^25), so a unit costs two converts and two
+// FMAs for 16 rows, where the row-at-a-time kernel converts and scales every pair of sub-blocks:
+// the integer folding of llama.cpp's q4_K kernels, on 16 rows at once.
+// The sum of activation block b's 32 codes (a Q4_K sub-block's, for its min).
+HWY_INLINE std::int32_t BlockCodeSum(const Q8Blocks& x, std::size_t b) { return x.s16[2 * b] + x.s16[2 * b + 1]; }
+
+#if HWY_TARGET == HWY_AVX3_DL
+// The 16 rows' scale (or min) bytes of sub-block j at p, as int32 lanes.
+HWY_INLINE __m512i RowBytes16(const std::uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+
+// sum_j m_j * sum(x_j) per row of unit u (super-block at activation block b0).
+HWY_INLINE __m512i Q4KMinSums(const std::uint8_t* u, const Q8Blocks& x, std::size_t b0) {
+  __m512i m = _mm512_mullo_epi32(RowBytes16(u + kQ4KxMins), _mm512_set1_epi32(BlockCodeSum(x, b0)));
+  for (int j = 1; j < 8; ++j) {
+    m = _mm512_add_epi32(m, _mm512_mullo_epi32(RowBytes16(u + kQ4KxMins + 16 * j), _mm512_set1_epi32(BlockCodeSum(x, b0 + j))));
+  }
+  return m;
+}
+
+// out[0..16) = the 16 rows of group g (n_super units).
+void GroupQ4_Kx16(const std::uint8_t* g, const Q8Blocks& x, std::size_t n_super, float* out) {
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  const __m512i m4 = _mm512_set1_epi8(0x0f), zero = _mm512_setzero_si512();
+  auto unit = [&](std::size_t i, __m512& acc) {
+    // No software prefetch, as for Q4_0x16: the repacked matrices sit on 2 MiB pages.
+    const std::uint8_t* u = g + kQ4Kx16Unit * i;
+    const std::int8_t* q = x.q.data() + 256 * i;
+    __m512i isum = zero;
+    for (int p = 0; p < 4; ++p) {
+      const std::uint8_t* w = u + kQ4KxCodes + 512 * p;
+      __m512i lo = zero, hi = zero;
+      for (int c = 0; c < 8; ++c) {
+        const __m512i v = _mm512_loadu_si512(w + 64 * c);
+        lo = DotBcast(lo, _mm512_and_si512(v, m4), q + 64 * p + 4 * c);
+        hi = DotBcast(hi, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4), q + 64 * p + 32 + 4 * c);
+      }
+      isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(lo, RowBytes16(u + kQ4KxScales + 32 * p)));
+      isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(hi, RowBytes16(u + kQ4KxScales + 32 * p + 16)));
+    }
+    const __m512 dx = _mm512_set1_ps(x.d[8 * i]);
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(u)));
+    const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + kQ4KxMin)));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, dx), acc);
+    acc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(Q4KMinSums(u, x, 8 * i)), _mm512_mul_ps(dmin, dx), acc);
+  };
+  std::size_t i = 0;
+  for (; i + 2 <= n_super; i += 2) {
+    unit(i, acc0);
+    unit(i + 1, acc1);
+  }
+  if (i < n_super) unit(i, acc0);
+  _mm512_storeu_ps(out, _mm512_add_ps(acc0, acc1));
+}
+
+// Prefill: as TileQ4_0x16, the 16 code vectors of a sub-block pair unpacked once for NT tokens.
+template <int NT>
+void TileQ4_Kx16(const std::uint8_t* g, std::size_t n_super, const Q8Blocks* xs, std::size_t t0, float* y, std::size_t ldy,
+                 std::size_t row0, __mmask16 m) {
+  __m512 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  const __m512i m4 = _mm512_set1_epi8(0x0f), zero = _mm512_setzero_si512();
+  for (std::size_t i = 0; i < n_super; ++i) {
+    const std::uint8_t* u = g + kQ4Kx16Unit * i;
+    __m512i isum[NT];
+    for (int t = 0; t < NT; ++t) isum[t] = zero;
+    for (int p = 0; p < 4; ++p) {
+      const std::uint8_t* w = u + kQ4KxCodes + 512 * p;
+      __m512i lo[8], hi[8];
+      for (int c = 0; c < 8; ++c) {
+        const __m512i v = _mm512_loadu_si512(w + 64 * c);
+        lo[c] = _mm512_and_si512(v, m4);
+        hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+      }
+      const __m512i sl = RowBytes16(u + kQ4KxScales + 32 * p), sh = RowBytes16(u + kQ4KxScales + 32 * p + 16);
+      for (int t = 0; t < NT; ++t) {
+        const std::int8_t* q = xs[t0 + t].q.data() + 256 * i + 64 * p;
+        __m512i pl = DotBcast(zero, lo[0], q), ph = DotBcast(zero, hi[0], q + 32);
+        for (int c = 1; c < 8; ++c) {
+          pl = DotBcast(pl, lo[c], q + 4 * c);
+          ph = DotBcast(ph, hi[c], q + 32 + 4 * c);
+        }
+        isum[t] = _mm512_add_epi32(isum[t], _mm512_add_epi32(_mm512_mullo_epi32(pl, sl), _mm512_mullo_epi32(ph, sh)));
+      }
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(u)));
+    const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + kQ4KxMin)));
+    for (int t = 0; t < NT; ++t) {
+      const Q8Blocks& x = xs[t0 + t];
+      const __m512 dx = _mm512_set1_ps(x.d[8 * i]);
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(d, dx), acc[t]);
+      acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(Q4KMinSums(u, x, 8 * i)), _mm512_mul_ps(dmin, dx), acc[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(y + (t0 + t) * ldy + row0, m, acc[t]);
+}
+
+#elif KVSLIM_QGEMV_X86
+// AVX2 / AVX3: rows 0-7 and 8-15 of a chunk are its two 32-byte halves. vpmaddubsw gives int16
+// sums of code pairs (|.| <= 2 x 15 x 127); vpmaddwd against each row's sub-block scale held in
+// both int16 halves of its lane multiplies and adds them in one step (exact: |.| <= 2 x 3810 x 63),
+// so the scale costs no extra instruction per chunk (llama.cpp's AVX2 q4_K trick).
+HWY_INLINE __m256i ScalePairs8(const std::uint8_t* p) {
+  const __m256i s = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_or_si256(s, _mm256_slli_epi32(s, 16));
+}
+
+void GroupQ4_Kx16(const std::uint8_t* g, const Q8Blocks& x, std::size_t n_super, float* out) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  const __m256i m4 = _mm256_set1_epi8(0x0f);
+  for (std::size_t i = 0; i < n_super; ++i) {
+    const std::uint8_t* u = g + kQ4Kx16Unit * i;
+    const std::int8_t* q = x.q.data() + 256 * i;
+    __m256i is0 = _mm256_setzero_si256(), is1 = _mm256_setzero_si256();
+    for (int p = 0; p < 4; ++p) {
+      const std::uint8_t* sc = u + kQ4KxScales + 32 * p;  // sub-block 2p: sc[0..16), 2p+1: sc[16..32)
+      const __m256i sl0 = ScalePairs8(sc), sl1 = ScalePairs8(sc + 8), sh0 = ScalePairs8(sc + 16), sh1 = ScalePairs8(sc + 24);
+      const std::uint8_t* w = u + kQ4KxCodes + 512 * p;
+      for (int c = 0; c < 8; ++c) {
+        std::int32_t a, h;
+        std::memcpy(&a, q + 64 * p + 4 * c, 4);
+        std::memcpy(&h, q + 64 * p + 32 + 4 * c, 4);
+        const __m256i xl = _mm256_set1_epi32(a), xh = _mm256_set1_epi32(h);
+        const __m256i v0 = Load32(w + 64 * c), v1 = Load32(w + 64 * c + 32);
+        is0 = _mm256_add_epi32(is0, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(v0, m4), xl), sl0));
+        is0 = _mm256_add_epi32(is0, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v0, 4), m4), xh), sh0));
+        is1 = _mm256_add_epi32(is1, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(v1, m4), xl), sl1));
+        is1 = _mm256_add_epi32(is1, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v1, 4), m4), xh), sh1));
+      }
+    }
+    __m256i ms0 = _mm256_setzero_si256(), ms1 = _mm256_setzero_si256();
+    for (int j = 0; j < 8; ++j) {
+      const __m256i bs = _mm256_set1_epi32(BlockCodeSum(x, 8 * i + j));
+      const std::uint8_t* mn = u + kQ4KxMins + 16 * j;
+      ms0 = _mm256_add_epi32(ms0, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn))), bs));
+      ms1 = _mm256_add_epi32(ms1, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn + 8))), bs));
+    }
+    const __m256 dx = _mm256_set1_ps(x.d[8 * i]);
+    auto half = [&](int k) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u + 16 * k))); };
+    acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is0), _mm256_mul_ps(half(0), dx), acc0);
+    acc0 = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(ms0), _mm256_mul_ps(half(2), dx), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is1), _mm256_mul_ps(half(1), dx), acc1);
+    acc1 = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(ms1), _mm256_mul_ps(half(3), dx), acc1);
+  }
+  _mm256_storeu_ps(out, acc0);
+  _mm256_storeu_ps(out + 8, acc1);
+}
+
+#else
+// Portable: the same integer sums, one code at a time.
+void GroupQ4_Kx16(const std::uint8_t* g, const Q8Blocks& x, std::size_t n_super, float* out) {
+  for (int r = 0; r < 16; ++r) {
+    float acc = 0;
+    for (std::size_t i = 0; i < n_super; ++i) {
+      const std::uint8_t* u = g + kQ4Kx16Unit * i;
+      const std::int8_t* q = x.q.data() + 256 * i;
+      std::int32_t isum = 0, msum = 0;
+      for (int j = 0; j < 8; ++j) {
+        const std::uint8_t* w = u + kQ4KxCodes + 512 * (j / 2);
+        std::int32_t s = 0;
+        for (int c = 0; c < 8; ++c) {
+          for (int k = 0; k < 4; ++k) {
+            const std::uint8_t byte = w[64 * c + 4 * r + k];
+            s += static_cast<std::int32_t>(j % 2 == 0 ? byte & 15 : byte >> 4) * q[32 * j + 4 * c + k];
+          }
+        }
+        isum += s * u[kQ4KxScales + 16 * j + r];
+        msum += u[kQ4KxMins + 16 * j + r] * BlockCodeSum(x, 8 * i + static_cast<std::size_t>(j));
+      }
+      const float dx = x.d[8 * i];
+      acc += static_cast<float>(isum) * (Half(u + 2 * r) * dx) - static_cast<float>(msum) * (Half(u + kQ4KxMin + 2 * r) * dx);
+    }
+    out[r] = acc;
+  }
+}
+#endif
+
+// ---------------------------------------------------------------------------------------------
+// Q6_Kx16: Q6_K matrices repacked at load (interleave, quant_gemv.h; Q6_K's bytes rearranged). A
+// unit (super-block i of a 16-row group, 3360 bytes): the rows' fp16 d, their int8 scales as
+// [group g of 16 values][row], then per half h (128 values) and c = 0..7 three 64-byte chunks
+// [row 0..15][4 bytes]: ql bytes 64h+4c.., ql bytes 64h+32+4c.., qh bytes 32h+4c.. (A, B, H). The
+// codes of values 128h + 32t + 4c..4c+3 (quarter t) are A's low nibbles | H's bits 0-1 (t = 0),
+// B's low nibbles | H's bits 2-3 (1), A's high nibbles | H's bits 4-5 (2), B's high nibbles | H's
+// bits 6-7 (3), each 0..63 standing for code - 32. With the q8_k activation (one scale dx per 256
+// values) a row's super-block is dx * d * sum_g sc_g * (dot(q_g, x_g) - 32 * sum(x_g)), all in
+// int32 (at most 16 x 16 x 95 x 127 x 128 < 2^28): one convert and one FMA per unit for 16 rows.
+#if HWY_TARGET == HWY_AVX3_DL || KVSLIM_QGEMV_X86
+// The 6-bit codes of quarter t from the chunks A, B, H (one vector type: __m512i or __m256i).
+#if HWY_TARGET == HWY_AVX3_DL
+using Vec6 = __m512i;
+HWY_INLINE Vec6 Q6Codes(int t, Vec6 a, Vec6 b, Vec6 h) {
+  const Vec6 m4 = _mm512_set1_epi8(0x0f), m2 = _mm512_set1_epi8(0x30);
+  switch (t) {
+    case 0: return _mm512_or_si512(_mm512_and_si512(a, m4), _mm512_and_si512(_mm512_slli_epi16(h, 4), m2));
+    case 1: return _mm512_or_si512(_mm512_and_si512(b, m4), _mm512_and_si512(_mm512_slli_epi16(h, 2), m2));
+    case 2: return _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a, 4), m4), _mm512_and_si512(h, m2));
+    default: return _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(b, 4), m4), _mm512_and_si512(_mm512_srli_epi16(h, 2), m2));
+  }
+}
+#else
+using Vec6 = __m256i;
+HWY_INLINE Vec6 Q6Codes(int t, Vec6 a, Vec6 b, Vec6 h) {
+  const Vec6 m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x30);
+  switch (t) {
+    case 0: return _mm256_or_si256(_mm256_and_si256(a, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m2));
+    case 1: return _mm256_or_si256(_mm256_and_si256(b, m4), _mm256_and_si256(_mm256_slli_epi16(h, 2), m2));
+    case 2: return _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), m4), _mm256_and_si256(h, m2));
+    default: return _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b, 4), m4), _mm256_and_si256(_mm256_srli_epi16(h, 2), m2));
+  }
+}
+#endif
+#endif
+
+#if HWY_TARGET == HWY_AVX3_DL
+// isum + sc_g * (p - 32 * sum(x_g)) for the 16 rows (sc: the group's 16 int8 scales at s).
+HWY_INLINE __m512i Q6Group(__m512i isum, __m512i p, const std::uint8_t* s, std::int32_t xsum) {
+  const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
+  return _mm512_add_epi32(isum, _mm512_mullo_epi32(_mm512_sub_epi32(p, _mm512_set1_epi32(32 * xsum)), sc));
+}
+
+void GroupQ6_Kx16(const std::uint8_t* g, const Q8Blocks& x, std::size_t n_super, float* out) {
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  const __m512i zero = _mm512_setzero_si512();
+  auto unit = [&](std::size_t i, __m512& acc) {
+    // No software prefetch, as for Q4_0x16: the repacked matrices sit on 2 MiB pages.
+    const std::uint8_t* u = g + kQ6Kx16Unit * i;
+    const std::int8_t* q = x.q.data() + 256 * i;
+    const std::int32_t* s16 = x.s16.data() + 16 * i;
+    __m512i isum = zero;
+    // Per half h and e (chunks 4e..4e+3: values 16e..16e+15 of each quarter, one scale group per
+    // quarter) four accumulators indexed only by unrolled loops, so they stay in registers.
+    for (int he = 0; he < 4; ++he) {
+      const int h = he / 2, e = he % 2;
+      const std::uint8_t* w = u + kQ6KxCodes + 1536 * h + 768 * e;
+      const std::int8_t* qh = q + 128 * h + 16 * e;
+      __m512i p[4] = {zero, zero, zero, zero};  // per quarter
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) {
+        const __m512i a = _mm512_loadu_si512(w + 192 * c), b = _mm512_loadu_si512(w + 192 * c + 64),
+                      hb = _mm512_loadu_si512(w + 192 * c + 128);
+#pragma GCC unroll 4
+        for (int t = 0; t < 4; ++t) p[t] = DotBcast(p[t], Q6Codes(t, a, b, hb), qh + 32 * t + 4 * c);
+      }
+#pragma GCC unroll 4
+      for (int t = 0; t < 4; ++t) {
+        const int gi = 8 * h + 2 * t + e;
+        isum = Q6Group(isum, p[t], u + kQ6KxScales + 16 * gi, s16[gi]);
+      }
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(u)));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, _mm512_set1_ps(x.d[8 * i])), acc);
+  };
+  std::size_t i = 0;
+  for (; i + 2 <= n_super; i += 2) {
+    unit(i, acc0);
+    unit(i + 1, acc1);
+  }
+  if (i < n_super) unit(i, acc0);
+  _mm512_storeu_ps(out, _mm512_add_ps(acc0, acc1));
+}
+
+// Prefill: per half and scale-group half, the 16 code vectors of 4 chunks unpacked once for NT tokens.
+template <int NT>
+void TileQ6_Kx16(const std::uint8_t* g, std::size_t n_super, const Q8Blocks* xs, std::size_t t0, float* y, std::size_t ldy,
+                 std::size_t row0, __mmask16 m) {
+  __m512 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  const __m512i zero = _mm512_setzero_si512();
+  for (std::size_t i = 0; i < n_super; ++i) {
+    const std::uint8_t* u = g + kQ6Kx16Unit * i;
+    __m512i isum[NT];
+    for (int t = 0; t < NT; ++t) isum[t] = zero;
+    for (int h = 0; h < 2; ++h) {
+      for (int e = 0; e < 2; ++e) {  // chunks c = 4e..4e+3: values 16e..16e+15 of each quarter
+        const std::uint8_t* w = u + kQ6KxCodes + 1536 * h + 768 * e;
+        __m512i v[4][4];  // [quarter][chunk]
+        for (int c = 0; c < 4; ++c) {
+          const __m512i a = _mm512_loadu_si512(w + 192 * c), b = _mm512_loadu_si512(w + 192 * c + 64),
+                        hb = _mm512_loadu_si512(w + 192 * c + 128);
+          for (int qt = 0; qt < 4; ++qt) v[qt][c] = Q6Codes(qt, a, b, hb);
+        }
+        for (int t = 0; t < NT; ++t) {
+          const Q8Blocks& x = xs[t0 + t];
+          for (int qt = 0; qt < 4; ++qt) {
+            const std::int8_t* q = x.q.data() + 256 * i + 128 * h + 32 * qt + 16 * e;
+            __m512i p = DotBcast(zero, v[qt][0], q);
+            for (int c = 1; c < 4; ++c) p = DotBcast(p, v[qt][c], q + 4 * c);
+            const int gi = 8 * h + 2 * qt + e;
+            isum[t] = Q6Group(isum[t], p, u + kQ6KxScales + 16 * gi, x.s16[16 * i + gi]);
+          }
+        }
+      }
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(u)));
+    for (int t = 0; t < NT; ++t) {
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(d, _mm512_set1_ps(xs[t0 + t].d[8 * i])), acc[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(y + (t0 + t) * ldy + row0, m, acc[t]);
+}
+
+#elif KVSLIM_QGEMV_X86
+// AVX2 / AVX3: rows 0-7 and 8-15 of a chunk are its two 32-byte halves; vpmaddwd against each
+// row's signed scale held in both int16 halves of its lane scales the vpmaddubsw pair sums (exact:
+// |pair| <= 2 x 63 x 127, |scale| <= 128), and the offset 32 is taken off per group with one
+// multiply of the scales by 32 * sum(x_g).
+HWY_INLINE __m256i SignedScalePairs8(const std::uint8_t* p) {
+  const __m256i s = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_or_si256(_mm256_and_si256(s, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(s, 16));
+}
+
+void GroupQ6_Kx16(const std::uint8_t* g, const Q8Blocks& x, std::size_t n_super, float* out) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  for (std::size_t i = 0; i < n_super; ++i) {
+    const std::uint8_t* u = g + kQ6Kx16Unit * i;
+    const std::int8_t* q = x.q.data() + 256 * i;
+    __m256i is[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+    for (int h = 0; h < 2; ++h) {
+      const std::uint8_t* w = u + kQ6KxCodes + 1536 * h;
+      for (int c = 0; c < 8; ++c) {
+        for (int k = 0; k < 2; ++k) {  // rows 8k..8k+7
+          const __m256i a = Load32(w + 192 * c + 32 * k), b = Load32(w + 192 * c + 64 + 32 * k),
+                        hb = Load32(w + 192 * c + 128 + 32 * k);
+          for (int t = 0; t < 4; ++t) {
+            const int gi = 8 * h + 2 * t + c / 4;
+            std::int32_t xv;
+            std::memcpy(&xv, q + 128 * h + 32 * t + 4 * c, 4);
+            const __m256i pairs = _mm256_maddubs_epi16(Q6Codes(t, a, b, hb), _mm256_set1_epi32(xv));
+            is[k] = _mm256_add_epi32(is[k], _mm256_madd_epi16(pairs, SignedScalePairs8(u + kQ6KxScales + 16 * gi + 8 * k)));
+          }
+        }
+      }
+    }
+    for (int gi = 0; gi < 16; ++gi) {
+      const __m256i off = _mm256_set1_epi32(32 * x.s16[16 * i + gi]);
+      for (int k = 0; k < 2; ++k) {
+        const __m256i sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(u + kQ6KxScales + 16 * gi + 8 * k)));
+        is[k] = _mm256_sub_epi32(is[k], _mm256_mullo_epi32(sc, off));
+      }
+    }
+    const __m256 dx = _mm256_set1_ps(x.d[8 * i]);
+    acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[0]), _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u))), dx), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[1]), _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u + 16))), dx), acc1);
+  }
+  _mm256_storeu_ps(out, acc0);
+  _mm256_storeu_ps(out + 8, acc1);
+}
+
+#else
+// Portable: the same integer sums, one code at a time.
+void GroupQ6_Kx16(const std::uint8_t* g, const Q8Blocks& x, std::size_t n_super, float* out) {
+  for (int r = 0; r < 16; ++r) {
+    float acc = 0;
+    for (std::size_t i = 0; i < n_super; ++i) {
+      const std::uint8_t* u = g + kQ6Kx16Unit * i;
+      const std::int8_t* q = x.q.data() + 256 * i;
+      std::int32_t isum = 0;
+      for (int h = 0; h < 2; ++h) {
+        for (int t = 0; t < 4; ++t) {
+          for (int e = 0; e < 2; ++e) {
+            const int gi = 8 * h + 2 * t + e;
+            std::int32_t s = 0;
+            for (int c = 4 * e; c < 4 * e + 4; ++c) {
+              const std::uint8_t* w = u + kQ6KxCodes + 1536 * h + 192 * c + 4 * r;
+              for (int k = 0; k < 4; ++k) {
+                const int lo = t % 2 == 0 ? w[k] : w[64 + k];
+                const int code = (t < 2 ? lo & 15 : lo >> 4) | (((w[128 + k] >> (2 * t)) & 3) << 4);
+                s += code * q[128 * h + 32 * t + 4 * c + k];
+              }
+            }
+            isum += static_cast<std::int8_t>(u[kQ6KxScales + 16 * gi + r]) * (s - 32 * x.s16[16 * i + gi]);
+          }
+        }
+      }
+      acc += static_cast<float>(isum) * (Half(u + 2 * r) * x.d[8 * i]);
+    }
+    out[r] = acc;
+  }
+}
+#endif
+
+// y[r] for r in [r0, r1) of an interleaved matrix whose 16-row groups are `stride` bytes apart,
+// group(g, out) writing the 16 values of the group at g: whole groups straight into y, a partial
+// group through a 16-value buffer (each row's value does not depend on the range).
+template <class Group>
+void GemvGroups(const std::uint8_t* base, std::size_t stride, float* y, std::size_t r0, std::size_t r1, const Group& group) {
   for (std::size_t g = r0 / 16; 16 * g < r1; ++g) {
     const std::size_t lo = 16 * g;
     if (lo >= r0 && lo + 16 <= r1) {
-      GroupQ4_0x16(base + g * stride, x, nb, y + lo);
+      group(base + g * stride, y + lo);
     } else {
       alignas(64) float tmp[16];
-      GroupQ4_0x16(base + g * stride, x, nb, tmp);
+      group(base + g * stride, tmp);
       for (std::size_t r = std::max(lo, r0); r < std::min(lo + 16, r1); ++r) y[r] = tmp[r - lo];
-    }
-  }
-}
-
-// Rows [r0, r0 + nr) of a Q4_0x16 matrix as fp32, row-major (the values gguf::to_float gives the
-// original Q4_0 rows).
-void DequantizeRowsQ4_0x16(const std::uint8_t* base, std::size_t cols, std::size_t r0, std::size_t nr, float* dst) {
-  const std::size_t nb = cols / 32, stride = kQ4x16Unit * nb;
-  for (std::size_t i = 0; i < nr; ++i) {
-    const std::size_t r = r0 + i, l = r % 16;
-    const std::uint8_t* g = base + (r / 16) * stride;
-    float* out = dst + i * cols;
-    for (std::size_t b = 0; b < nb; ++b) {
-      const std::uint8_t* u = g + kQ4x16Unit * b;
-      const float d = Half(u + 2 * l);
-      for (int c = 0; c < 4; ++c) {
-        for (int k = 0; k < 4; ++k) {
-          const std::uint8_t byte = u[32 + 64 * c + 4 * l + k];
-          out[32 * b + 4 * c + k] = static_cast<float>(static_cast<int>(byte & 15) - 8) * d;
-          out[32 * b + 16 + 4 * c + k] = static_cast<float>(static_cast<int>(byte >> 4) - 8) * d;
-        }
-      }
     }
   }
 }
@@ -723,7 +1099,18 @@ void GemvRows(WeightType type, const void* w, std::size_t row_bytes, std::size_t
               std::size_t r0, std::size_t r1) {
   const auto* base = static_cast<const std::uint8_t*>(w);
   if (type == WeightType::q4_0x16) {
-    GemvQ4_0x16(base, cols, x, y, r0, r1);
+    const std::size_t nb = cols / 32;
+    GemvGroups(base, kQ4x16Unit * nb, y, r0, r1, [&](const std::uint8_t* g, float* out) { GroupQ4_0x16(g, x, nb, out); });
+    return;
+  }
+  if (type == WeightType::q4_kx16) {
+    const std::size_t ns = cols / 256;
+    GemvGroups(base, kQ4Kx16Unit * ns, y, r0, r1, [&](const std::uint8_t* g, float* out) { GroupQ4_Kx16(g, x, ns, out); });
+    return;
+  }
+  if (type == WeightType::q6_kx16) {
+    const std::size_t ns = cols / 256;
+    GemvGroups(base, kQ6Kx16Unit * ns, y, r0, r1, [&](const std::uint8_t* g, float* out) { GroupQ6_Kx16(g, x, ns, out); });
     return;
   }
   for (std::size_t r = r0; r < r1; ++r) {
@@ -889,19 +1276,27 @@ void TileTokens(const std::uint8_t* tc, const float* ts, const float* to, std::s
 void GemmRows(WeightType type, const void* w, std::size_t row_bytes, std::size_t cols, const Q8Blocks* xs, std::size_t n,
               float* y, std::size_t ldy, std::size_t r0, std::size_t r1) {
 #if HWY_TARGET == HWY_AVX3_DL
-  if (type == WeightType::q4_0x16) {  // the repacked groups are read as they are (no tile to build)
+  if (weight_interleave_rows(type) > 1) {  // the repacked groups are read as they are (no tile to build)
     const auto* base = static_cast<const std::uint8_t*>(w);
-    const std::size_t nb = cols / 32, stride = kQ4x16Unit * nb;
+    const std::size_t units = cols / weight_block_elements(type), stride = 16 * weight_type_size(type) * units;
+    // The tile of NT tokens from t over group grp, rows of mask m (the group's rows in [r0, r1)).
+    auto tile = [&]<int NT>(const std::uint8_t* grp, std::size_t t, std::size_t lo, __mmask16 m) {
+      switch (type) {
+        case WeightType::q4_kx16: TileQ4_Kx16<NT>(grp, units, xs, t, y, ldy, lo, m); break;
+        case WeightType::q6_kx16: TileQ6_Kx16<NT>(grp, units, xs, t, y, ldy, lo, m); break;
+        default: TileQ4_0x16<NT>(grp, units, xs, t, y, ldy, lo, m); break;
+      }
+    };
     for (std::size_t g = r0 / 16; 16 * g < r1; ++g) {
       const std::size_t lo = 16 * g, a = std::max(lo, r0) - lo, e = std::min(lo + 16, r1) - lo;
       const auto m = static_cast<__mmask16>(((1u << e) - 1u) & ~((1u << a) - 1u));
       const std::uint8_t* grp = base + g * stride;
       std::size_t t = 0;
-      for (; t + 4 <= n; t += 4) TileQ4_0x16<4>(grp, nb, xs, t, y, ldy, lo, m);
+      for (; t + 4 <= n; t += 4) tile.template operator()<4>(grp, t, lo, m);
       switch (n - t) {
-        case 3: TileQ4_0x16<3>(grp, nb, xs, t, y, ldy, lo, m); break;
-        case 2: TileQ4_0x16<2>(grp, nb, xs, t, y, ldy, lo, m); break;
-        case 1: TileQ4_0x16<1>(grp, nb, xs, t, y, ldy, lo, m); break;
+        case 3: tile.template operator()<3>(grp, t, lo, m); break;
+        case 2: tile.template operator()<2>(grp, t, lo, m); break;
+        case 1: tile.template operator()<1>(grp, t, lo, m); break;
         default: break;
       }
     }
@@ -1169,15 +1564,17 @@ HWY_EXPORT(TargetName);
 HWY_EXPORT(GemmRows);
 HWY_EXPORT(GemmIsPacked);
 HWY_EXPORT(QuantizeActivation);
-HWY_EXPORT(DequantizeRowsQ4_0x16);
 
 ActivationFormat activation_format(WeightType type) {
-  return type == WeightType::q4_k || type == WeightType::q5_k || type == WeightType::q6_k ? ActivationFormat::q8_k
-                                                                                          : ActivationFormat::q8_0;
+  return type == WeightType::q4_k || type == WeightType::q5_k || type == WeightType::q6_k || type == WeightType::q4_kx16 ||
+                 type == WeightType::q6_kx16
+             ? ActivationFormat::q8_k
+             : ActivationFormat::q8_0;
 }
 
 void quantize_activation(const float* x, std::size_t n, Q8Blocks& out, ActivationFormat format) {
   out.n = n;
+  out.format = format;
   if (out.q.size() < n) out.q.resize(n);
   if (out.d.size() < n / 32) {
     out.d.resize(n / 32);
@@ -1207,6 +1604,7 @@ void quantize_activation(const float* x, std::size_t n, Q8Blocks& out, Activatio
 
 void quantize_activation_reference(const float* x, std::size_t n, Q8Blocks& out, ActivationFormat format) {
   out.n = n;
+  out.format = format;
   out.q.assign(n, 0);
   out.d.assign(n / 32, 0.0f);
   out.ds.assign(n / 32, 0.0f);
@@ -1250,8 +1648,93 @@ void quantize_activation_reference(const float* x, std::size_t n, Q8Blocks& out,
   }
 }
 
+namespace {
+
+void require_q8_k(WeightType type, const Q8Blocks& x, const char* fn) {
+  if ((type == WeightType::q4_kx16 || type == WeightType::q6_kx16) && x.format != ActivationFormat::q8_k) {
+    throw std::invalid_argument(std::string(fn) + ": " + weight_type_name(type) +
+                                " needs the activation quantized as q8_k (one scale per 256 values; activation_format)");
+  }
+}
+
+// The file type an interleaved type was repacked from (the type itself for the others).
+WeightType base_type(WeightType type) {
+  switch (type) {
+    case WeightType::q4_0x16: return WeightType::q4_0;
+    case WeightType::q4_kx16: return WeightType::q4_k;
+    case WeightType::q6_kx16: return WeightType::q6_k;
+    default: return type;
+  }
+}
+
+// Moves row r (0..15) of a 16-row group between the file's blocks (`blocks`, `units` blocks or
+// super-blocks of the base type) and its slots in the group `grp`: into the group when `to_group`,
+// back into blocks otherwise. interleave and deinterleave_row both go through here, so each layout
+// (quant_gemv.h) is written once.
+void transfer_row(WeightType base, std::uint8_t* grp, std::uint8_t* blocks, std::size_t units, std::size_t r, bool to_group) {
+  auto move = [&](std::uint8_t* in_group, std::uint8_t* in_blocks, std::size_t n) {
+    if (to_group) {
+      std::memcpy(in_group, in_blocks, n);
+    } else {
+      std::memcpy(in_blocks, in_group, n);
+    }
+  };
+  if (base == WeightType::q4_0) {
+    for (std::size_t b = 0; b < units; ++b) {
+      std::uint8_t* u = grp + kQ4x16Unit * b;
+      std::uint8_t* blk = blocks + 18 * b;
+      move(u + 2 * r, blk, 2);
+      for (int c = 0; c < 4; ++c) move(u + 32 + 64 * c + 4 * r, blk + 2 + 4 * c, 4);
+    }
+    return;
+  }
+  if (base == WeightType::q6_k) {
+    for (std::size_t i = 0; i < units; ++i) {
+      std::uint8_t* u = grp + kQ6Kx16Unit * i;
+      std::uint8_t* blk = blocks + 210 * i;
+      move(u + 2 * r, blk + 208, 2);  // d
+      for (int g = 0; g < 16; ++g) move(u + kQ6KxScales + 16 * g + r, blk + 192 + g, 1);
+      for (int h = 0; h < 2; ++h) {
+        for (int c = 0; c < 8; ++c) {
+          std::uint8_t* w = u + kQ6KxCodes + 1536 * h + 192 * c + 4 * r;
+          move(w, blk + 64 * h + 4 * c, 4);             // A: ql, quarters 0 and 2
+          move(w + 64, blk + 64 * h + 32 + 4 * c, 4);   // B: ql, quarters 1 and 3
+          move(w + 128, blk + 128 + 32 * h + 4 * c, 4);  // H: qh, the high bits of all four
+        }
+      }
+    }
+    return;
+  }
+  for (std::size_t i = 0; i < units; ++i) {  // Q4_K
+    std::uint8_t* u = grp + kQ4Kx16Unit * i;
+    std::uint8_t* blk = blocks + 144 * i;
+    move(u + 2 * r, blk, 2);                  // d
+    move(u + kQ4KxMin + 2 * r, blk + 2, 2);   // dmin
+    for (int p = 0; p < 4; ++p) {
+      for (int c = 0; c < 8; ++c) move(u + kQ4KxCodes + 512 * p + 64 * c + 4 * r, blk + 16 + 32 * p + 4 * c, 4);
+    }
+    auto* packed = reinterpret_cast<std::byte*>(blk + 4);
+    if (!to_group) std::memset(packed, 0, 12);
+    for (int j = 0; j < 8; ++j) {
+      std::uint8_t* sc = u + kQ4KxScales + 16 * j + r;
+      std::uint8_t* mn = u + kQ4KxMins + 16 * j + r;
+      if (to_group) {
+        int scale = 0, min = 0;
+        gguf::k_scale_min(packed, j, scale, min);
+        *sc = static_cast<std::uint8_t>(scale);
+        *mn = static_cast<std::uint8_t>(min);
+      } else {
+        gguf::k_set_scale_min(packed, j, *sc, *mn);
+      }
+    }
+  }
+}
+
+}  // namespace
+
 void gemv_rows(WeightType type, const void* w, std::size_t row_bytes, std::size_t cols, const Q8Blocks& x, float* y,
                std::size_t r0, std::size_t r1) {
+  require_q8_k(type, x, "gemv_rows");
   HWY_DYNAMIC_DISPATCH(GemvRows)(type, w, row_bytes, cols, x, y, r0, r1);
 }
 
@@ -1264,35 +1747,62 @@ void dequantize(WeightType type, const void* src, float* dst, std::size_t n) {
 }
 
 void dequantize_rows(WeightType type, const void* w, std::size_t cols, std::size_t r0, std::size_t nr, float* dst) {
-  if (type == WeightType::q4_0x16) {
-    HWY_DYNAMIC_DISPATCH(DequantizeRowsQ4_0x16)(static_cast<const std::uint8_t*>(w), cols, r0, nr, dst);
+  if (weight_interleave_rows(type) > 1) {
+    // Each row back in its file blocks, then the base type's decoder: the values its rows had.
+    const WeightType base = base_type(type);
+    thread_local std::vector<std::uint8_t> row;
+    row.resize(weight_bytes(base, cols));
+    for (std::size_t i = 0; i < nr; ++i) {
+      deinterleave_row(type, w, cols, r0 + i, row.data());
+      dequantize(base, row.data(), dst + i * cols, cols);
+    }
     return;
   }
   dequantize(type, static_cast<const std::uint8_t*>(w) + r0 * weight_bytes(type, cols), dst, nr * cols);
 }
 
-void interleave_q4_0(const std::uint8_t* const* rows, std::size_t n_rows, std::size_t cols, std::uint8_t* out) {
-  if (n_rows % 16 != 0 || cols % 32 != 0) {
-    throw std::invalid_argument("interleave_q4_0: " + std::to_string(n_rows) + " x " + std::to_string(cols) +
-                                " is not whole 16-row groups of 32-value blocks");
+WeightType interleaved_type(WeightType type) {
+  switch (type) {
+    case WeightType::q4_0: return WeightType::q4_0x16;
+    case WeightType::q4_k: return WeightType::q4_kx16;
+    case WeightType::q6_k: return WeightType::q6_kx16;
+    default: return type;
   }
-  const std::size_t nb = cols / 32;
+}
+
+void interleave(WeightType type, const std::uint8_t* const* rows, std::size_t n_rows, std::size_t cols, std::uint8_t* out) {
+  const WeightType to = interleaved_type(type);
+  if (to == type) throw std::invalid_argument(std::string("interleave: ") + weight_type_name(type) + " has no interleaved form");
+  const std::size_t block = weight_block_elements(type);
+  if (n_rows % 16 != 0 || cols % block != 0) {
+    throw std::invalid_argument(std::string("interleave: ") + weight_type_name(type) + " " + std::to_string(n_rows) + " x " +
+                                std::to_string(cols) + " is not whole 16-row groups of " + std::to_string(block) +
+                                "-value blocks");
+  }
+  const std::size_t stride = 16 * weight_bytes(to, cols);
   for (std::size_t g = 0; g < n_rows / 16; ++g) {
-    for (std::size_t b = 0; b < nb; ++b) {
-      std::uint8_t* u = out + (g * nb + b) * 288;
-      for (std::size_t r = 0; r < 16; ++r) {
-        const std::uint8_t* blk = rows[16 * g + r] + 18 * b;
-        std::memcpy(u + 2 * r, blk, 2);
-        for (int c = 0; c < 4; ++c) std::memcpy(u + 32 + 64 * c + 4 * r, blk + 2 + 4 * c, 4);
-      }
+    for (std::size_t r = 0; r < 16; ++r) {
+      // transfer_row only reads the row when moving it into the group.
+      transfer_row(type, out + g * stride, const_cast<std::uint8_t*>(rows[16 * g + r]), cols / block, r, true);
     }
   }
+}
+
+void deinterleave_row(WeightType type, const void* w, std::size_t cols, std::size_t r, std::uint8_t* out) {
+  if (weight_interleave_rows(type) == 1) {
+    throw std::invalid_argument(std::string("deinterleave_row: ") + weight_type_name(type) + " is not interleaved");
+  }
+  const std::size_t stride = 16 * weight_bytes(type, cols);
+  // transfer_row only reads the group when moving a row out of it.
+  auto* grp = const_cast<std::uint8_t*>(static_cast<const std::uint8_t*>(w)) + (r / 16) * stride;
+  transfer_row(base_type(type), grp, out, cols / weight_block_elements(type), r % 16, false);
 }
 
 const char* target_name() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
 
 void gemm_rows(WeightType type, const void* w, std::size_t row_bytes, std::size_t cols, const Q8Blocks* xs, std::size_t n,
                float* y, std::size_t ldy, std::size_t r0, std::size_t r1) {
+  for (std::size_t t = 0; t < n; ++t) require_q8_k(type, xs[t], "gemm_rows");
   HWY_DYNAMIC_DISPATCH(GemmRows)(type, w, row_bytes, cols, xs, n, y, ldy, r0, r1);
 }
 

@@ -21,6 +21,8 @@
 
 namespace kvslim::engine::qgemv {
 
+enum class ActivationFormat { fine, q8_0, q8_k };  // described at quantize_activation
+
 // x as int8 blocks of 32 (n a multiple of 32).
 struct Q8Blocks {
   std::size_t n = 0;
@@ -33,14 +35,17 @@ struct Q8Blocks {
   // halves (q_4g[0:16], .., q_4g+3[0:16], q_4g[16:32], .., q_4g+3[16:32]);
   // q_nibk [n / 256 * 256]: per 256 values the 32-value blocks in the order 0 2 1 3 4 6 5 7.
   std::vector<std::int8_t> q_nib0, q_nibk;
+  // How the codes were rounded (quantize_activation's `format`, described below). The Q4_Kx16 /
+  // Q6_Kx16 kernels need q8_k, whose one scale per 256 values lets them sum a super-block's sub-blocks in
+  // int32 with the weight's integer sub-block scales, as llama.cpp's K-quant kernels do.
+  ActivationFormat format = ActivationFormat::fine;
 };
-// How the activation is rounded to int8 (the kernels take any of them: each 32 values carry their
-// scale). q8_0 / q8_k are llama.cpp's CPU formats (ggml's quantize_row_q8_0 on x86: codes from
+// How the activation is rounded to int8 (the kernels take any of them but Q4_Kx16's and Q6_Kx16's,
+// which need q8_k: each 32 values carry their scale). q8_0 / q8_k are llama.cpp's CPU formats (ggml's quantize_row_q8_0 on x86: codes from
 // 127 / max|x|, the scale stored as fp16; quantize_row_q8_K_ref: one scale per 256 values, from the
 // signed value of largest magnitude), so that kvslim's int8 products over a GGUF's blocks are
 // llama.cpp's, up to the order of the fp32 sums; fine: one fp32 scale per 32 values (the least
 // rounding, for tests and comparisons).
-enum class ActivationFormat { fine, q8_0, q8_k };
 // The format llama.cpp pairs with a weight type: q8_0 for Q8_0 / Q4_0, q8_K for the K-quants.
 ActivationFormat activation_format(WeightType type);
 // Quantizes x[n] into `out` (its buffers grow as needed, never shrink: no allocation once warm);
@@ -51,7 +56,8 @@ void quantize_activation(const float* x, std::size_t n, Q8Blocks& out, Activatio
 void quantize_activation_reference(const float* x, std::size_t n, Q8Blocks& out, ActivationFormat format);
 
 // y[r] = dot(row r of w, x) for r in [r0, r1). w: `type`'s blocks, rows of `row_bytes` bytes
-// holding `cols` values (a multiple of the type's block size); x.n == cols.
+// holding `cols` values (a multiple of the type's block size); x.n == cols. Q4_Kx16 / Q6_Kx16 take
+// only a q8_k activation (std::invalid_argument otherwise; so does gemm_rows).
 void gemv_rows(WeightType type, const void* w, std::size_t row_bytes, std::size_t cols, const Q8Blocks& x, float* y,
                std::size_t r0, std::size_t r1);
 
@@ -64,20 +70,40 @@ void gemm_rows(WeightType type, const void* w, std::size_t row_bytes, std::size_
 bool gemm_is_packed();
 
 // n values of `type` (whole blocks) decoded to fp32 with SIMD: the same values as gguf::to_float.
-// Throws std::invalid_argument for an interleaved type (Q4_0x16), whose rows are not contiguous.
+// Throws std::invalid_argument for an interleaved type (Q4_0x16, Q4_Kx16, Q6_Kx16), whose rows are
+// not contiguous.
 void dequantize(WeightType type, const void* src, float* dst, std::size_t n);
 // Rows [r0, r0 + nr) of the matrix at w (`cols` values per row, any block type including the
 // interleaved ones) as fp32, row-major.
 void dequantize_rows(WeightType type, const void* w, std::size_t cols, std::size_t r0, std::size_t nr, float* dst);
 
-// Q4_0x16 (WeightType::q4_0x16): a Q4_0 matrix repacked so that decode's kernel reads 16 rows in
-// one pass over the activation, their sums in the lanes of one vector (as llama.cpp's repacked
-// q4_0 layouts; the same bytes as the Q4_0 rows, rearranged). rows[r] points to row r's Q4_0
-// blocks (n_rows a multiple of 16, cols of 32); out gets n_rows * cols / 32 * 18 bytes: per group of
-// 16 rows, per block b a 288-byte unit = the 16 fp16 scales, then 4 chunks of 64 bytes, chunk c =
-// [row 0..15][the row's code bytes 4c..4c+3] (low nibbles: values 4c..4c+3, high: 16+4c..16+4c+3).
+// Interleaved types: a matrix repacked so that decode's kernel reads 16 rows in one pass over the
+// activation, their sums in the lanes of one vector, with no horizontal sum per row and one
+// sequential weight stream per thread (as llama.cpp's repacked layouts; kvslim's own layouts and
+// kernels). Per group of 16 rows, per block (Q4_0: 32 values) or super-block (Q4_K: 256) one unit:
+// - Q4_0x16 (from Q4_0, the same bytes rearranged): a 288-byte unit = the 16 fp16 scales, then 4
+//   chunks of 64 bytes, chunk c = [row 0..15][the row's code bytes 4c..4c+3] (low nibbles: values
+//   4c..4c+3, high: 16+4c..16+4c+3).
+// - Q4_Kx16 (from Q4_K): a 2368-byte unit (148 bytes a row against Q4_K's 144) = the 16 fp16 d
+//   (32 bytes), the 16 fp16 dmin (32), the 8 six-bit sub-block scales unpacked to bytes as [j][row]
+//   (128), the 8 mins likewise (128), then per pair p of sub-blocks (2p in the low nibbles, 2p+1 in
+//   the high ones, as Q4_K stores them) 8 chunks of 64 bytes, chunk c = [row 0..15][the row's code
+//   bytes 32p+4c..32p+4c+3]. The unpacked scales feed the kernels' int32 multiplies directly.
+// - Q6_Kx16 (from Q6_K, the same bytes rearranged): a 3360-byte unit = the 16 fp16 d, the 16 int8
+//   scales of each 16-value group as [group][row] (256), then per half h (128 values) and c = 0..7
+//   three chunks of 64 bytes [row 0..15][4 bytes]: ql 64h+4c.., ql 64h+32+4c.., qh 32h+4c...
+// The K-quant forms take only a q8_k activation: their kernels sum a super-block in int32.
 // gemv_rows, gemm_rows and dequantize_rows take the matrix base (row_bytes unused).
-void interleave_q4_0(const std::uint8_t* const* rows, std::size_t n_rows, std::size_t cols, std::uint8_t* out);
+
+// The interleaved type a matrix of `type` is repacked into at load, or `type` when there is none.
+WeightType interleaved_type(WeightType type);
+// Repacks rows[r] (row r's blocks of `type`; n_rows a multiple of 16, cols of the block size) into
+// interleaved_type(type) at out (weight_bytes(interleaved_type(type), cols) * n_rows bytes).
+// Throws std::invalid_argument for a type without an interleaved form or a shape that is not whole
+// 16-row groups.
+void interleave(WeightType type, const std::uint8_t* const* rows, std::size_t n_rows, std::size_t cols, std::uint8_t* out);
+// Row r of an interleaved matrix back in its original type's blocks (the bytes interleave read).
+void deinterleave_row(WeightType type, const void* w, std::size_t cols, std::size_t r, std::uint8_t* out);
 
 // The Highway target gemv_rows runs on ("AVX3_DL", "AVX2", ...).
 const char* target_name();

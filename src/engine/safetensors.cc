@@ -117,8 +117,9 @@ std::size_t weight_type_size(WeightType type) {
     case WeightType::q8_0: return 34;
     case WeightType::q4_0: case WeightType::q4_0x16: return 18;
     case WeightType::q4_k: return 144;
+    case WeightType::q4_kx16: return 148;
     case WeightType::q5_k: return 176;
-    case WeightType::q6_k: return 210;
+    case WeightType::q6_k: case WeightType::q6_kx16: return 210;
   }
   return 0;
 }
@@ -127,7 +128,7 @@ std::size_t weight_block_elements(WeightType type) {
   switch (type) {
     case WeightType::f32: case WeightType::f16: case WeightType::bf16: return 1;
     case WeightType::q8_0: case WeightType::q4_0: case WeightType::q4_0x16: return 32;
-    case WeightType::q4_k: case WeightType::q5_k: case WeightType::q6_k: return 256;
+    case WeightType::q4_k: case WeightType::q5_k: case WeightType::q6_k: case WeightType::q4_kx16: case WeightType::q6_kx16: return 256;
   }
   return 1;
 }
@@ -143,6 +144,8 @@ const char* weight_type_name(WeightType type) {
     case WeightType::q5_k: return "Q5_K";
     case WeightType::q6_k: return "Q6_K";
     case WeightType::q4_0x16: return "Q4_0x16";
+    case WeightType::q4_kx16: return "Q4_Kx16";
+    case WeightType::q6_kx16: return "Q6_Kx16";
   }
   return "?";
 }

@@ -24,10 +24,12 @@ namespace kvslim::engine {
 // How weights are stored. f32/f16/bf16: one value per element (safetensors and GGUF). The others
 // are ggml's block formats, read from GGUF files and kept as stored (engine/gguf.h describes them):
 // a row of a matrix is a whole number of blocks.
-// q4_0x16 is not a file format: Q4_0 matrices repacked at load (engine/quant_gemv.h,
-// interleave_q4_0) with 16 rows' blocks side by side, so a row is no longer contiguous: whole
-// tensors of it are decoded by shape (convert_tensor in engine/ops.h), not by convert_weights.
-enum class WeightType { f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k, q4_0x16 };
+// q4_0x16, q4_kx16 and q6_kx16 are not file formats: Q4_0 / Q4_K / Q6_K matrices repacked at load
+// (engine/quant_gemv.h, qgemv::interleave) with 16 rows' blocks side by side, so a row is no
+// longer contiguous: whole tensors of them are decoded by shape (convert_tensor in engine/ops.h),
+// not by convert_weights. q4_0x16 and q6_kx16 hold their file type's bytes; q4_kx16 148 bytes per
+// row and 256 values (Q4_K's 144, its 6-bit scales and mins unpacked to bytes).
+enum class WeightType { f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k, q4_0x16, q4_kx16, q6_kx16 };
 
 // Bytes per block of a weight type (per element for f32/f16/bf16: their blocks are one element).
 std::size_t weight_type_size(WeightType type);
@@ -36,7 +38,9 @@ std::size_t weight_block_elements(WeightType type);
 // Whether `type` is a block format (quantized).
 inline bool is_block_type(WeightType type) { return weight_block_elements(type) > 1; }
 // Rows of a matrix stored side by side in an interleaved (repacked) type; 1 for the others.
-inline std::size_t weight_interleave_rows(WeightType type) { return type == WeightType::q4_0x16 ? 16 : 1; }
+inline std::size_t weight_interleave_rows(WeightType type) {
+  return type == WeightType::q4_0x16 || type == WeightType::q4_kx16 || type == WeightType::q6_kx16 ? 16 : 1;
+}
 // Elements held by `nbytes` of `type` (whole blocks).
 inline std::size_t weight_elements(WeightType type, std::size_t nbytes) {
   return nbytes / weight_type_size(type) * weight_block_elements(type);

@@ -517,159 +517,260 @@ TEST(QuantGemv, MatrixGemvWithPoolAndMatmulMatchTheReference) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Q4_0x16: Q4_0 matrices repacked at load (16 rows interleaved, quant_gemv.h interleave_q4_0).
+// Interleaved types: Q4_0 / Q4_K matrices repacked at load into Q4_0x16 / Q4_Kx16 (16 rows side by
+// side, quant_gemv.h interleave).
 
-std::vector<std::uint8_t> interleaved(const std::vector<std::uint8_t>& w, std::size_t rows, std::size_t cols) {
+std::vector<std::uint8_t> interleaved(const std::vector<std::uint8_t>& w, std::size_t rows, std::size_t cols,
+                                      WeightType type = WeightType::q4_0) {
   const std::size_t row_bytes = w.size() / rows;
   std::vector<const std::uint8_t*> src(rows);
   for (std::size_t r = 0; r < rows; ++r) src[r] = w.data() + r * row_bytes;
-  std::vector<std::uint8_t> out(w.size(), 0xee);
-  qgemv::interleave_q4_0(src.data(), rows, cols, out.data());
+  std::vector<std::uint8_t> out(rows * weight_bytes(qgemv::interleaved_type(type), cols), 0xee);
+  qgemv::interleave(type, src.data(), rows, cols, out.data());
   return out;
 }
 
-TEST(QuantGemvQ4_0x16, HoldsTheSameBytesAndDecodesToTheQ4_0Rows) {
-  const std::size_t rows = 32, cols = 928;
-  const std::vector<std::uint8_t> w = random_blocks(TensorType::q4_0, rows, cols, 3);
-  const std::vector<std::uint8_t> wi = interleaved(w, rows, cols);
-  std::multiset<std::uint8_t> a(w.begin(), w.end()), b(wi.begin(), wi.end());
-  EXPECT_EQ(a, b);  // a permutation of the bytes (every one written)
-  const std::vector<float> wf = decode(TensorType::q4_0, w, rows * cols);
-  kvslim::testing::for_each_target([&] {
-    SCOPED_TRACE(qgemv::target_name());
-    std::vector<float> back(rows * cols, 9.0f);
-    qgemv::dequantize_rows(WeightType::q4_0x16, wi.data(), cols, 0, rows, back.data());
-    EXPECT_EQ(back, wf);
-    std::vector<float> part(7 * cols);
-    qgemv::dequantize_rows(WeightType::q4_0x16, wi.data(), cols, 13, 7, part.data());
-    EXPECT_TRUE(std::equal(part.begin(), part.end(), wf.begin() + 13 * cols));
-  });
-  std::vector<float> out(cols);
-  EXPECT_THROW(qgemv::dequantize(WeightType::q4_0x16, wi.data(), out.data(), cols), std::invalid_argument);
-  std::vector<const std::uint8_t*> src(rows, w.data());
-  std::vector<std::uint8_t> sink(w.size());
-  EXPECT_THROW(qgemv::interleave_q4_0(src.data(), 24, cols, sink.data()), std::invalid_argument);
-}
+// Each file type with an interleaved form, the activation format its kernels take, and a column
+// count with an odd number of blocks (the AVX-512 decode kernels take blocks in pairs).
+struct InterleavedCase {
+  TensorType file;
+  WeightType type;
+  std::size_t cols;
+  qgemv::ActivationFormat format;
+};
+constexpr InterleavedCase kInterleaved[] = {
+    {TensorType::q4_0, WeightType::q4_0x16, 928, qgemv::ActivationFormat::q8_0},  // 29 blocks
+    {TensorType::q4_k, WeightType::q4_kx16, 768, qgemv::ActivationFormat::q8_k},  // 3 super-blocks
+    {TensorType::q6_k, WeightType::q6_kx16, 768, qgemv::ActivationFormat::q8_k},
+};
 
-TEST(QuantGemvQ4_0x16, EveryTargetMatchesTheReferenceInAnyRowRange) {
-  const std::size_t rows = 48, cols = 928;  // 29 blocks: an odd count (the AVX-512 kernel takes pairs)
-  const std::vector<std::uint8_t> w = random_blocks(TensorType::q4_0, rows, cols, 21);
-  const std::vector<std::uint8_t> wi = interleaved(w, rows, cols);
-  const std::vector<float> wf = decode(TensorType::q4_0, w, rows * cols);
-  const std::vector<float> x = random_values(cols, 8);
-  for (const qgemv::ActivationFormat format :
-       {qgemv::ActivationFormat::fine, qgemv::ActivationFormat::q8_0, qgemv::ActivationFormat::q8_k}) {
-    qgemv::Q8Blocks xq;
-    qgemv::quantize_activation(x.data(), cols, xq, format);
-    std::vector<double> ref(rows);
-    double scale = 0;
-    for (std::size_t r = 0; r < rows; ++r) {
-      for (std::size_t c = 0; c < cols; ++c) {
-        ref[r] += static_cast<double>(wf[r * cols + c]) * xq.q[c] * xq.d[c / 32];
-        scale = std::max(scale, std::fabs(static_cast<double>(wf[r * cols + c])));
-      }
+TEST(QuantGemvInterleaved, HoldTheRowsAndDecodeToThem) {
+  const std::size_t rows = 32;
+  for (const InterleavedCase& k : kInterleaved) {
+    SCOPED_TRACE(weight_type_name(k.type));
+    const WeightType base = weight_type_of(k.file);
+    EXPECT_EQ(qgemv::interleaved_type(base), k.type);
+    const std::vector<std::uint8_t> w = random_blocks(k.file, rows, k.cols, 3);
+    const std::vector<std::uint8_t> wi = interleaved(w, rows, k.cols, base);
+    const std::size_t row_bytes = w.size() / rows;
+    if (k.type != WeightType::q4_kx16) {
+      std::multiset<std::uint8_t> a(w.begin(), w.end()), b(wi.begin(), wi.end());
+      EXPECT_EQ(a, b);  // Q4_0x16, Q6_Kx16: a permutation of the bytes (every one written)
+    } else {
+      EXPECT_EQ(wi.size(), rows * k.cols / 256 * 148);  // Q4_K's 144 bytes with the 12 scale bytes unpacked to 16
     }
+    // Every row comes back as its file blocks, bit for bit (random scale bytes: every 6-bit packing).
+    std::vector<std::uint8_t> back_row(row_bytes);
+    for (std::size_t r = 0; r < rows; ++r) {
+      qgemv::deinterleave_row(k.type, wi.data(), k.cols, r, back_row.data());
+      ASSERT_TRUE(std::equal(back_row.begin(), back_row.end(), w.begin() + static_cast<std::ptrdiff_t>(r * row_bytes))) << "row " << r;
+    }
+    const std::vector<float> wf = decode(k.file, w, rows * k.cols);
     kvslim::testing::for_each_target([&] {
       SCOPED_TRACE(qgemv::target_name());
-      std::vector<float> all(rows, -1.0f), plain(rows);
-      qgemv::gemv_rows(WeightType::q4_0x16, wi.data(), 0, cols, xq, all.data(), 0, rows);
-      qgemv::gemv_rows(WeightType::q4_0, w.data(), w.size() / rows, cols, xq, plain.data(), 0, rows);
-      for (std::size_t r = 0; r < rows; ++r) {
-        EXPECT_NEAR(all[r], ref[r], 2e-5 * scale * static_cast<double>(cols)) << "row " << r;
-        EXPECT_NEAR(all[r], plain[r], 2e-5 * scale * static_cast<double>(cols)) << "row " << r;
+      std::vector<float> back(rows * k.cols, 9.0f);
+      qgemv::dequantize_rows(k.type, wi.data(), k.cols, 0, rows, back.data());
+      EXPECT_EQ(back, wf);
+      std::vector<float> part(7 * k.cols);
+      qgemv::dequantize_rows(k.type, wi.data(), k.cols, 13, 7, part.data());
+      EXPECT_TRUE(std::equal(part.begin(), part.end(), wf.begin() + static_cast<std::ptrdiff_t>(13 * k.cols)));
+    });
+    std::vector<float> out(k.cols);
+    EXPECT_THROW(qgemv::dequantize(k.type, wi.data(), out.data(), k.cols), std::invalid_argument);
+    std::vector<const std::uint8_t*> src(rows, w.data());
+    std::vector<std::uint8_t> sink(wi.size());
+    EXPECT_THROW(qgemv::interleave(base, src.data(), 24, k.cols, sink.data()), std::invalid_argument);  // not 16-row groups
+    EXPECT_THROW(qgemv::interleave(base, src.data(), rows, k.cols + 16, sink.data()), std::invalid_argument);  // part block
+    EXPECT_THROW(qgemv::deinterleave_row(base, w.data(), k.cols, 0, back_row.data()), std::invalid_argument);
+  }
+  std::vector<const std::uint8_t*> src(16, nullptr);
+  EXPECT_EQ(qgemv::interleaved_type(WeightType::q5_k), WeightType::q5_k);  // no interleaved form
+  EXPECT_THROW(qgemv::interleave(WeightType::q5_k, src.data(), 16, 256, nullptr), std::invalid_argument);
+}
+
+TEST(QuantGemvInterleaved, EveryTargetMatchesTheReferenceInAnyRowRange) {
+  const std::size_t rows = 48;
+  for (const InterleavedCase& k : kInterleaved) {
+    SCOPED_TRACE(weight_type_name(k.type));
+    const std::size_t cols = k.cols;
+    const std::vector<std::uint8_t> w = random_blocks(k.file, rows, cols, 21);
+    const std::vector<std::uint8_t> wi = interleaved(w, rows, cols, weight_type_of(k.file));
+    const std::vector<float> wf = decode(k.file, w, rows * cols);
+    const std::vector<float> x = random_values(cols, 8);
+    for (const qgemv::ActivationFormat format :
+         {qgemv::ActivationFormat::fine, qgemv::ActivationFormat::q8_0, qgemv::ActivationFormat::q8_k}) {
+      qgemv::Q8Blocks xq;
+      qgemv::quantize_activation(x.data(), cols, xq, format);
+      std::vector<float> all(rows, -1.0f);
+      if (k.format == qgemv::ActivationFormat::q8_k && format != qgemv::ActivationFormat::q8_k) {
+        // Its kernels sum a super-block's sub-blocks in int32 under one activation scale.
+        EXPECT_THROW(qgemv::gemv_rows(k.type, wi.data(), 0, cols, xq, all.data(), 0, rows), std::invalid_argument);
+        EXPECT_THROW(qgemv::gemm_rows(k.type, wi.data(), 0, cols, &xq, 1, all.data(), rows, 0, rows), std::invalid_argument);
+        continue;
       }
-      for (const std::size_t r0 : {0, 3, 15, 16, 17, 31, 40}) {
-        for (const std::size_t r1 : {r0 + 1, r0 + 5, std::size_t{32}, rows}) {
-          if (r1 <= r0 || r1 > rows) continue;
-          std::vector<float> part(rows, -3.0f);
-          qgemv::gemv_rows(WeightType::q4_0x16, wi.data(), 0, cols, xq, part.data(), r0, r1);
-          for (std::size_t r = 0; r < rows; ++r) {
-            EXPECT_EQ(part[r], r >= r0 && r < r1 ? all[r] : -3.0f) << "range " << r0 << ".." << r1 << ", row " << r;
+      std::vector<double> ref(rows);
+      double scale = 0;
+      for (std::size_t r = 0; r < rows; ++r) {
+        for (std::size_t c = 0; c < cols; ++c) {
+          ref[r] += static_cast<double>(wf[r * cols + c]) * xq.q[c] * xq.d[c / 32];
+          scale = std::max(scale, std::fabs(static_cast<double>(wf[r * cols + c])));
+        }
+      }
+      kvslim::testing::for_each_target([&] {
+        SCOPED_TRACE(qgemv::target_name());
+        std::vector<float> plain(rows);
+        qgemv::gemv_rows(k.type, wi.data(), 0, cols, xq, all.data(), 0, rows);
+        qgemv::gemv_rows(weight_type_of(k.file), w.data(), w.size() / rows, cols, xq, plain.data(), 0, rows);
+        for (std::size_t r = 0; r < rows; ++r) {
+          EXPECT_NEAR(all[r], ref[r], 2e-5 * scale * static_cast<double>(cols)) << "row " << r;
+          EXPECT_NEAR(all[r], plain[r], 2e-5 * scale * static_cast<double>(cols)) << "row " << r;
+        }
+        for (const std::size_t r0 : {0, 3, 15, 16, 17, 31, 40}) {
+          for (const std::size_t r1 : {r0 + 1, r0 + 5, std::size_t{32}, rows}) {
+            if (r1 <= r0 || r1 > rows) continue;
+            std::vector<float> part(rows, -3.0f);
+            qgemv::gemv_rows(k.type, wi.data(), 0, cols, xq, part.data(), r0, r1);
+            for (std::size_t r = 0; r < rows; ++r) {
+              EXPECT_EQ(part[r], r >= r0 && r < r1 ? all[r] : -3.0f) << "range " << r0 << ".." << r1 << ", row " << r;
+            }
           }
+        }
+      });
+    }
+  }
+}
+
+// The K-quant forms' integer sums at their extremes: Q4_Kx16 every code 15 with the largest 6-bit
+// scales and mins; Q6_Kx16 every code 63 (and 0) with scales -128 / 127; an activation of +-127
+// codes (int32 sums near 2^25 / 2^28), against the double reference on every target.
+TEST(QuantGemvInterleaved, KQuantExtremeCodesStayExact) {
+  const std::size_t rows = 16, cols = 512;
+  std::vector<float> x(cols);
+  for (std::size_t c = 0; c < cols; ++c) x[c] = c % 5 == 0 ? -1.0f : 1.0f;
+  qgemv::Q8Blocks xq;
+  qgemv::quantize_activation(x.data(), cols, xq, qgemv::ActivationFormat::q8_k);
+  for (const TensorType file : {TensorType::q4_k, TensorType::q6_k}) {
+    SCOPED_TRACE(gguf::tensor_type_name(static_cast<std::uint32_t>(file)));
+    const std::size_t bb = gguf::block_bytes(file);
+    std::vector<std::uint8_t> w(rows * cols / 256 * bb, 0xff);  // Q4_K: codes 15, scale bytes all ones (63s)
+    for (std::size_t k = 0; k < rows * cols / 256; ++k) {
+      std::uint8_t* blk = w.data() + bb * k;
+      if (file == TensorType::q4_k) {
+        put_half(blk, 1e-3f);
+        put_half(blk + 2, 2e-3f);
+      } else {
+        // Codes 63 in the first half, 0 (-32) in the second; scales alternating -128 and 127.
+        std::memset(blk + 64, 0, 64);
+        std::memset(blk + 160, 0, 32);
+        for (int g = 0; g < 16; ++g) blk[192 + g] = g % 2 == 0 ? 0x80 : 0x7f;
+        put_half(blk + 208, 1e-3f);
+      }
+    }
+    const std::vector<std::uint8_t> wi = interleaved(w, rows, cols, weight_type_of(file));
+    const std::vector<float> wf = decode(file, w, rows * cols);
+    double ref = 0;
+    for (std::size_t c = 0; c < cols; ++c) ref += static_cast<double>(wf[c]) * xq.q[c] * xq.d[c / 32];
+    kvslim::testing::for_each_target([&] {
+      SCOPED_TRACE(qgemv::target_name());
+      std::vector<float> y(rows);
+      qgemv::gemv_rows(qgemv::interleaved_type(weight_type_of(file)), wi.data(), 0, cols, xq, y.data(), 0, rows);
+      for (std::size_t r = 0; r < rows; ++r) EXPECT_NEAR(y[r], ref, 1e-6 * std::fabs(ref)) << r;
+    });
+  }
+}
+
+TEST(QuantGemvInterleaved, EveryTargetGemmMatchesTheReference) {
+  const std::size_t rows = 48, n = 7;  // 4 + 3 tokens
+  for (const InterleavedCase& k : kInterleaved) {
+    SCOPED_TRACE(weight_type_name(k.type));
+    const std::size_t cols = k.type == WeightType::q4_0x16 ? 800 : 768;  // 25 blocks; 3 super-blocks
+    const std::vector<std::uint8_t> w = random_blocks(k.file, rows, cols, 31);
+    const std::vector<std::uint8_t> wi = interleaved(w, rows, cols, weight_type_of(k.file));
+    const std::vector<float> wf = decode(k.file, w, rows * cols);
+    std::vector<qgemv::Q8Blocks> xs(n);
+    for (std::size_t s = 0; s < n; ++s) {
+      const std::vector<float> x = random_values(cols, 40 + s);
+      qgemv::quantize_activation(x.data(), cols, xs[s], k.format);
+    }
+    double scale = 0;
+    const std::vector<double> ref = reference_products(wf, xs, rows, cols, scale);
+    kvslim::testing::for_each_target([&] {
+      SCOPED_TRACE(qgemv::target_name());
+      std::vector<float> y(n * rows, -5.0f);
+      qgemv::gemm_rows(k.type, wi.data(), 0, cols, xs.data(), n, y.data(), rows, 0, rows);
+      for (std::size_t i = 0; i < n * rows; ++i) EXPECT_NEAR(y[i], ref[i], 2e-5 * scale * static_cast<double>(cols)) << i;
+      std::vector<float> part(n * rows, -5.0f);
+      qgemv::gemm_rows(k.type, wi.data(), 0, cols, xs.data(), n, part.data(), rows, 5, 37);
+      for (std::size_t s = 0; s < n; ++s) {
+        for (std::size_t r = 0; r < rows; ++r) {
+          EXPECT_EQ(part[s * rows + r], r >= 5 && r < 37 ? y[s * rows + r] : -5.0f) << "token " << s << " row " << r;
         }
       }
     });
   }
 }
 
-TEST(QuantGemvQ4_0x16, EveryTargetGemmMatchesTheReference) {
-  const std::size_t rows = 48, n = 7, cols = 800;  // 4 + 3 tokens; 25 blocks
-  const std::vector<std::uint8_t> w = random_blocks(TensorType::q4_0, rows, cols, 31);
-  const std::vector<std::uint8_t> wi = interleaved(w, rows, cols);
-  const std::vector<float> wf = decode(TensorType::q4_0, w, rows * cols);
-  std::vector<qgemv::Q8Blocks> xs(n);
-  for (std::size_t s = 0; s < n; ++s) {
-    const std::vector<float> x = random_values(cols, 40 + s);
-    qgemv::quantize_activation(x.data(), cols, xs[s], qgemv::ActivationFormat::q8_0);
-  }
-  double scale = 0;
-  const std::vector<double> ref = reference_products(wf, xs, rows, cols, scale);
-  kvslim::testing::for_each_target([&] {
-    SCOPED_TRACE(qgemv::target_name());
-    std::vector<float> y(n * rows, -5.0f);
-    qgemv::gemm_rows(WeightType::q4_0x16, wi.data(), 0, cols, xs.data(), n, y.data(), rows, 0, rows);
-    for (std::size_t i = 0; i < n * rows; ++i) EXPECT_NEAR(y[i], ref[i], 2e-5 * scale * static_cast<double>(cols)) << i;
-    std::vector<float> part(n * rows, -5.0f);
-    qgemv::gemm_rows(WeightType::q4_0x16, wi.data(), 0, cols, xs.data(), n, part.data(), rows, 5, 37);
-    for (std::size_t s = 0; s < n; ++s) {
-      for (std::size_t r = 0; r < rows; ++r) {
-        EXPECT_EQ(part[s * rows + r], r >= 5 && r < 37 ? y[s * rows + r] : -5.0f) << "token " << s << " row " << r;
-      }
-    }
-  });
-}
-
 // The ops.h entry points (pool split, gemv_multi, matmul's int8 tiles or dequantized tiles + sgemm,
-// convert_rows) on Q4_0x16 matrices, on every target.
-TEST(QuantGemvQ4_0x16, MatrixOpsOnEveryTarget) {
+// convert_rows) on interleaved matrices, on every target; for Q4_Kx16 the fused product also takes
+// a Q6_K matrix beside it (Q4_K_M's q/k/v: the same q8_k activation).
+TEST(QuantGemvInterleaved, MatrixOpsOnEveryTarget) {
   const std::size_t cols = 512;
   const std::size_t row_counts[3] = {1024, 256, 272};
-  std::vector<std::vector<std::uint8_t>> plain, packed;
-  std::vector<Matrix> mats;
-  for (std::size_t k = 0; k < 3; ++k) {
-    plain.push_back(random_blocks(TensorType::q4_0, row_counts[k], cols, 60 + k));
-    packed.push_back(interleaved(plain[k], row_counts[k], cols));
-  }
-  for (std::size_t k = 0; k < 3; ++k) mats.push_back(Matrix{WeightType::q4_0x16, packed[k].data(), row_counts[k], cols});
-  const std::vector<float> x = random_values(cols * 4, 21);
-  ThreadPool pool(2);
-  kvslim::testing::for_each_target([&] {
-    SCOPED_TRACE(qgemv::target_name());
-    std::vector<std::vector<float>> single(3), fused(3);
-    std::vector<float*> ys;
-    std::vector<const Matrix*> ws;
-    for (std::size_t k = 0; k < 3; ++k) {
-      const Matrix& m = mats[k];
-      const std::vector<float> wf = decode(TensorType::q4_0, plain[k], m.rows * cols);
-      std::vector<float> rows_back(m.rows * cols);
-      convert_rows(m, 0, m.rows, rows_back.data());
-      EXPECT_EQ(rows_back, wf);
-      std::vector<float> y1(m.rows), ymm(4 * m.rows), tile(64 * cols);
-      single[k].assign(m.rows, 0.0f);
-      gemv(m, x.data(), y1.data(), nullptr);
-      gemv(m, x.data(), single[k].data(), &pool);
-      EXPECT_EQ(y1, single[k]);
-      matmul(m, x.data(), 4, ymm.data(), tile.data(), 64, &pool);
-      for (std::size_t s = 0; s < 4; ++s) {
-        for (std::size_t r = 0; r < m.rows; ++r) {
-          double ref = 0, mag = 0;
-          for (std::size_t c = 0; c < cols; ++c) {
-            ref += static_cast<double>(wf[r * cols + c]) * x[s * cols + c];
-            mag += std::fabs(static_cast<double>(wf[r * cols + c]));
-          }
-          if (s == 0) {
-            EXPECT_NEAR(y1[r], ref, mag / 254 + 1e-4) << r;
-          }
-          EXPECT_NEAR(ymm[s * m.rows + r], ref, mag / 254 + 1e-4) << "token " << s << " row " << r;
-        }
-      }
-      fused[k].assign(m.rows, -1.0f);
-      ys.push_back(fused[k].data());
-      ws.push_back(&m);
+  for (const InterleavedCase& k : kInterleaved) {
+    SCOPED_TRACE(weight_type_name(k.type));
+    std::vector<std::vector<std::uint8_t>> plain, packed;
+    std::vector<Matrix> mats;
+    std::vector<TensorType> files;
+    for (std::size_t m = 0; m < 3; ++m) {
+      // Q4_Kx16's third matrix stays Q6_K (not repacked), as Q4_K_M's attn_v.
+      const TensorType file = k.type == WeightType::q4_kx16 && m == 2 ? TensorType::q6_k : k.file;
+      files.push_back(file);
+      plain.push_back(random_blocks(file, row_counts[m], cols, 60 + m));
+      packed.push_back(file == k.file ? interleaved(plain[m], row_counts[m], cols, weight_type_of(file)) : plain[m]);
     }
-    gemv_multi(ws.data(), ys.data(), 3, x.data(), &pool);
-    for (std::size_t k = 0; k < 3; ++k) EXPECT_EQ(fused[k], single[k]) << "matrix " << k;
-  });
+    for (std::size_t m = 0; m < 3; ++m) {
+      mats.push_back(Matrix{files[m] == k.file ? k.type : weight_type_of(files[m]), packed[m].data(), row_counts[m], cols});
+    }
+    const std::vector<float> x = random_values(cols * 4, 21);
+    ThreadPool pool(2);
+    kvslim::testing::for_each_target([&] {
+      SCOPED_TRACE(qgemv::target_name());
+      std::vector<std::vector<float>> single(3), fused(3);
+      std::vector<float*> ys;
+      std::vector<const Matrix*> ws;
+      for (std::size_t m = 0; m < 3; ++m) {
+        const Matrix& mat = mats[m];
+        const std::vector<float> wf = decode(files[m], plain[m], mat.rows * cols);
+        std::vector<float> rows_back(mat.rows * cols);
+        convert_rows(mat, 0, mat.rows, rows_back.data());
+        EXPECT_EQ(rows_back, wf);
+        std::vector<float> y1(mat.rows), ymm(4 * mat.rows), tile(64 * cols);
+        single[m].assign(mat.rows, 0.0f);
+        gemv(mat, x.data(), y1.data(), nullptr);
+        gemv(mat, x.data(), single[m].data(), &pool);
+        EXPECT_EQ(y1, single[m]);
+        matmul(mat, x.data(), 4, ymm.data(), tile.data(), 64, &pool);
+        for (std::size_t s = 0; s < 4; ++s) {
+          for (std::size_t r = 0; r < mat.rows; ++r) {
+            double ref = 0, mag = 0;
+            for (std::size_t c = 0; c < cols; ++c) {
+              ref += static_cast<double>(wf[r * cols + c]) * x[s * cols + c];
+              mag += std::fabs(static_cast<double>(wf[r * cols + c]));
+            }
+            if (s == 0) {
+              EXPECT_NEAR(y1[r], ref, mag / 254 + 1e-4) << r;
+            }
+            EXPECT_NEAR(ymm[s * mat.rows + r], ref, mag / 254 + 1e-4) << "token " << s << " row " << r;
+          }
+        }
+        fused[m].assign(mat.rows, -1.0f);
+        ys.push_back(fused[m].data());
+        ws.push_back(&mat);
+      }
+      gemv_multi(ws.data(), ys.data(), 3, x.data(), &pool);
+      for (std::size_t m = 0; m < 3; ++m) EXPECT_EQ(fused[m], single[m]) << "matrix " << m;
+    });
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -732,15 +833,17 @@ TEST_P(QuantModel, KeepsBlocksInMemoryAndDecodesLikeTheDequantizedWeights) {
   write_gguf(hf, "", tmp.path() / "m.gguf", {.matrix_type = type});
   const Model q = Model::load(tmp.path() / "m.gguf");
 
-  // Every matrix is held in the file's type (Q4_0 matrices repacked at load into Q4_0x16, the same
-  // bytes rearranged; the embedding as stored): the resident bytes are the blocks' bytes.
+  // Every matrix is held in the file's type (Q4_0 / Q4_K matrices repacked at load into Q4_0x16 /
+  // Q4_Kx16: Q4_0's bytes rearranged, Q4_K's with the scales unpacked, 148 bytes per 144; the
+  // embedding as stored): the resident bytes are the blocks' bytes (Q4_K: 148 / 144 of them).
   const WeightType wt = weight_type_of(type);
-  const WeightType matrices = wt == WeightType::q4_0 ? WeightType::q4_0x16 : wt;
+  const WeightType matrices = qgemv::interleaved_type(wt);
   EXPECT_EQ(q.weights().layers[0].wq.type, matrices);
   EXPECT_EQ(q.weights().layers[1].w_down.type, matrices);
   EXPECT_EQ(q.weights().embed.type, wt);
+  const std::size_t block_bytes = wt == WeightType::q4_k ? 148 : gguf::block_bytes(type);
   for (const Matrix* m : {&q.weights().layers[0].wq, &q.weights().layers[0].w_up}) {
-    EXPECT_EQ(m->nbytes(), m->rows * m->cols / gguf::block_elements(type) * gguf::block_bytes(type));
+    EXPECT_EQ(m->nbytes(), m->rows * m->cols / gguf::block_elements(type) * block_bytes);
   }
   EXPECT_LT(q.decode_weight_bytes(), hf.decode_weight_bytes() / 3);
 

@@ -46,6 +46,10 @@ print("| weights | threads | llama.cpp prefill / decode | kvslim old prefill / d
       "| decode ratio old | decode ratio new | prefill ratio new |")
 print("|---|---|---|---|---|---|---|---|")
 per_round = []
+medians = []
+def median(xs):  # of the runs that finished (0.0: left out)
+    xs = sorted(x for x in xs if x > 0)
+    return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2 if xs else 0.0
 for t in types:
     for th in (2, 1):
         L = [llama(t, th, r) for r in rounds]
@@ -58,8 +62,16 @@ for t in types:
             continue
         print(f"| {names[t]} | {th} | {lp:.1f} / {lt:.1f} | {op:.1f} / {ot:.1f} | {np_:.1f} / {nt:.1f} "
               f"| {bold(ot / lt)} | {bold(nt / lt)} | {bold(np_ / lp)} |")
+        lm, om, nm = median([x[1] for x in L]), median([x[1] for x in O]), median([x[1] for x in N])
+        wins = sum(1 for l, n in zip(L, N) if l[1] > 0 and n[1] > l[1])
+        both = sum(1 for l, n in zip(L, N) if l[1] > 0 and n[1] > 0)
+        medians.append(f"{names[t]}, {th} thread(s): llama.cpp {lm:.1f}, old {om:.1f}, new {nm:.1f} "
+                       f"(new / llama.cpp {nm / lm:.2f}); new faster than llama.cpp in {wins} of {both} rounds")
         per_round.append(f"{names[t]}, {th} thread(s): llama.cpp " + ", ".join(f"{x[1]:.1f}" for x in L) +
                          "; old " + ", ".join(f"{x[1]:.1f}" for x in O) + "; new " + ", ".join(f"{x[1]:.1f}" for x in N))
 print("\nDecode per round (each run's best repetition; 0.0: left out, see EXCLUDED in ab_r3_summary.py):\n")
 for line in per_round:
+    print(f"- {line}")
+print("\nDecode, median of rounds (and rounds in which the new binary beat llama.cpp's run of the same round):\n")
+for line in medians:
     print(f"- {line}")
