@@ -572,9 +572,23 @@ float DotQ6_K(const std::uint8_t* row, const Q8Blocks& x, std::size_t n_super) {
 HWY_INLINE std::int32_t Q4Offset(const Q8Blocks& x, std::size_t b) { return 8 * (x.s16[2 * b] + x.s16[2 * b + 1]); }
 
 #if HWY_TARGET == HWY_AVX3_DL
+// out[0..16) = the sum over units i < n of unit(i, acc), which accumulates unit i's 16 row
+// products into acc: the group kernels' loop, on two alternating accumulators (two independent
+// FMA chains).
+template <typename Unit>
+HWY_INLINE void SumUnitsTwoChains(std::size_t n, float* out, Unit&& unit) {
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  std::size_t i = 0;
+  for (; i + 2 <= n; i += 2) {
+    unit(i, acc0);
+    unit(i + 1, acc1);
+  }
+  if (i < n) unit(i, acc0);
+  _mm512_storeu_ps(out, _mm512_add_ps(acc0, acc1));
+}
+
 // out[0..16) = the 16 rows of group g (nb units).
 void GroupQ4_0x16(const std::uint8_t* g, const Q8Blocks& x, std::size_t nb, float* out) {
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
   const __m512i m4 = _mm512_set1_epi8(0x0f), zero = _mm512_setzero_si512();
   const std::int8_t* xq = x.q.data();
   auto unit = [&](std::size_t b, __m512& acc) {
@@ -594,13 +608,7 @@ void GroupQ4_0x16(const std::uint8_t* g, const Q8Blocks& x, std::size_t nb, floa
     const __m512i p = _mm512_sub_epi32(_mm512_add_epi32(lo, hi), _mm512_set1_epi32(Q4Offset(x, b)));
     acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw, _mm512_set1_ps(x.d[b])), acc);
   };
-  std::size_t b = 0;
-  for (; b + 2 <= nb; b += 2) {
-    unit(b, acc0);
-    unit(b + 1, acc1);
-  }
-  if (b < nb) unit(b, acc0);
-  _mm512_storeu_ps(out, _mm512_add_ps(acc0, acc1));
+  SumUnitsTwoChains(nb, out, unit);
 }
 
 // Prefill: y[t * ldy + row0 + i] for NT tokens from t0 and the group's rows i < 16 in `m`; the
@@ -718,7 +726,6 @@ HWY_INLINE __m512i Q4KMinSums(const std::uint8_t* u, const Q8Blocks& x, std::siz
 
 // out[0..16) = the 16 rows of group g (n_super units).
 void GroupQ4_Kx16(const std::uint8_t* g, const Q8Blocks& x, std::size_t n_super, float* out) {
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
   const __m512i m4 = _mm512_set1_epi8(0x0f), zero = _mm512_setzero_si512();
   auto unit = [&](std::size_t i, __m512& acc) {
     // No software prefetch, as for Q4_0x16: the repacked matrices sit on 2 MiB pages.
@@ -742,13 +749,7 @@ void GroupQ4_Kx16(const std::uint8_t* g, const Q8Blocks& x, std::size_t n_super,
     acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, dx), acc);
     acc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(Q4KMinSums(u, x, 8 * i)), _mm512_mul_ps(dmin, dx), acc);
   };
-  std::size_t i = 0;
-  for (; i + 2 <= n_super; i += 2) {
-    unit(i, acc0);
-    unit(i + 1, acc1);
-  }
-  if (i < n_super) unit(i, acc0);
-  _mm512_storeu_ps(out, _mm512_add_ps(acc0, acc1));
+  SumUnitsTwoChains(n_super, out, unit);
 }
 
 // Prefill: as TileQ4_0x16, the 16 code vectors of a sub-block pair unpacked once for NT tokens.
@@ -918,7 +919,6 @@ HWY_INLINE __m512i Q6Group(__m512i isum, __m512i p, const std::uint8_t* s, std::
 }
 
 void GroupQ6_Kx16(const std::uint8_t* g, const Q8Blocks& x, std::size_t n_super, float* out) {
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
   const __m512i zero = _mm512_setzero_si512();
   auto unit = [&](std::size_t i, __m512& acc) {
     // No software prefetch, as for Q4_0x16: the repacked matrices sit on 2 MiB pages.
@@ -949,13 +949,7 @@ void GroupQ6_Kx16(const std::uint8_t* g, const Q8Blocks& x, std::size_t n_super,
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(u)));
     acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, _mm512_set1_ps(x.d[8 * i])), acc);
   };
-  std::size_t i = 0;
-  for (; i + 2 <= n_super; i += 2) {
-    unit(i, acc0);
-    unit(i + 1, acc1);
-  }
-  if (i < n_super) unit(i, acc0);
-  _mm512_storeu_ps(out, _mm512_add_ps(acc0, acc1));
+  SumUnitsTwoChains(n_super, out, unit);
 }
 
 // Prefill: per half and scale-group half, the 16 code vectors of 4 chunks unpacked once for NT tokens.
