@@ -1,8 +1,10 @@
 // SqueezeAttention-adapted: an H2O cache whose budget comes from the shared coordinator. It adds
-// the concentration report and the one-shot re-budget to EvictionCache, nothing else.
+// the layer's part in the schedule (SqueezeSchedule: the concentration report and the one-shot
+// re-budget) to EvictionCache, and measures the key signal on the rows it takes in.
 #pragma once
 #include <memory>
 
+#include "cache/squeeze_schedule.h"
 #include "eviction_cache.h"
 #include "kvslim/config.h"
 #include "kvslim/squeeze.h"
@@ -19,34 +21,22 @@ class SqueezeCache : public EvictionCache {
   void observe_attention(const AttentionObservation& obs) override;
   void reset() override;
 
-  bool rebudgeted() const { return adopted_; }
-  double concentration() const { return concentration_; }
+  bool rebudgeted() const { return schedule_.adopted(); }
+  double concentration() const { return schedule_.concentration(); }
 
  protected:
-  std::size_t eviction_limit() const override;
+  std::size_t eviction_limit() const override { return schedule_.eviction_limit(budget_); }
   void before_absorb(const BlockIntake& block) override;
   void after_step() override;
-  void add_figures(CacheStats& st) const override;
+  void add_figures(CacheStats& st) const override { schedule_.add_figures(st, eviction_limit()); }
 
  private:
   double measure_key_dispersion(const BlockIntake& block) const;
-  double measure_attention_signal(const AttentionObservation& obs) const;
-  void report(double concentration);
-  // Adopts the budget the coordinator finalised, once it has (at this layer's own calls only).
-  void poll_schedule();
-  void adopt(int budget);
+  void adopt(std::optional<std::size_t> budget) {
+    if (budget) rebudget(*budget);
+  }
 
-  std::shared_ptr<SqueezeCoordinator> coordinator_;
-  bool eager_;          // documented order: evict to the average until finalised, adopt next call
-  bool hidden_signal_;  // layer signal from hidden states instead of key dispersion
-  bool entropy_signal_;   // layer signal from the entropy of the observed attention
-  bool coverage_signal_;  // layer signal: attention mass the top avg_budget rows hold
-  bool global_signal_;    // no layer signal: budgets from a global top-k of every layer's scores
-  bool first_head_only_;
-  bool reported_ = false, adopted_ = false;
-  double concentration_ = 0.0;
-  double pending_concentration_ = 0.0;  // measured before absorbing, reported after (deferred)
-  bool has_pending_ = false;
+  SqueezeSchedule schedule_;
 };
 
 }  // namespace kvslim
