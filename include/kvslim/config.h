@@ -116,7 +116,7 @@ struct KVCacheConfig {
 
   // --- where the cache lives ---
   // "cpu" (default), or "cuda" / "cuda:N": storage and attention kernels in that GPU's memory
-  // (kvslim/cuda.h: methods full, h2o, pyramidkv and kivi; blocks and queries must then be device tensors).
+  // (kvslim/cuda.h: methods full, streaming, h2o, squeeze, pyramidkv and kivi; blocks and queries must then be device tensors).
   std::string device = "cpu";
   // -1 for "cpu", N for "cuda:N" ("cuda" = 0); -2 when the text is neither.
   int device_index() const;

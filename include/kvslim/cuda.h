@@ -25,6 +25,7 @@
 
 #include "kvslim/cache.h"
 #include "kvslim/config.h"
+#include "kvslim/squeeze.h"
 
 namespace kvslim::cuda {
 
@@ -37,8 +38,10 @@ std::string device_description(int device = 0);
 // A cache for config.method on the GPU named by config.device. Throws ConfigError when kvslim was
 // built without CUDA, the GPU does not exist, or the method has no device storage. layer_budget:
 // the layer's own token budget where a per-layer schedule sets it (pyramidkv's taper; -1: the
-// config's budget).
-std::unique_ptr<KVCache> make_cache(const KVCacheConfig& config, int layer_budget = -1);
+// config's budget); coordinator / layer_id: squeeze's shared schedule and this layer's id in it
+// (KVCacheBuilder passes them; without a coordinator squeeze keeps its configured budget).
+std::unique_ptr<KVCache> make_cache(const KVCacheConfig& config, int layer_budget = -1,
+                                    std::shared_ptr<SqueezeCoordinator> coordinator = nullptr, int layer_id = 0);
 
 // Decode steps replayed as one CUDA graph: a framework's per-step host work (a Python forward pass
 // of a few hundred kernel launches) replaced by one graph launch. The caller captures one decode

@@ -130,6 +130,60 @@ def test_h2o_on_device_evicts_like_the_cpu_cache():
     assert sum(s["figures"]["device_bytes"] for s in stats) <= 3 * 2 * 144 * (64 * 2 * 2 + 8 + 4 + 4)
 
 
+def test_squeeze_on_device_schedules_like_the_cpu_cache():
+    # The seed method on the GPU: the same shared schedule as the host cache, its key signal
+    # measured by a device kernel; per-layer budgets equal, rows as h2o's (rounding near-ties).
+    import kvslim.hf
+    model = small_llama(torch.float32)
+    g = torch.Generator(device="cuda").manual_seed(7)
+    ids = torch.randint(3, 512, (1, 300), device="cuda", generator=g)
+    config = dict(method="squeeze", squeeze_budget=96)
+    kvslim.hf.prepare(model)
+    try:
+        cpu = kvslim.hf.KVSlimCache(model, kvslim.Config(**config), attention="kvslim")
+        ref = step_logits(model, ids, cpu, 8)
+        gpu = kvslim.hf.KVSlimCache(model, kvslim.Config(device="cuda", **config))
+        got = step_logits(model, ids, gpu, 8)
+    finally:
+        kvslim.hf.restore(model)
+    budgets = lambda cache: [s["figures"]["layer_budget"] for s in cache.stats()]
+    assert budgets(gpu) == budgets(cpu)
+    for c, d in zip(cpu.stats(), gpu.stats()):
+        assert abs(c["figures"]["concentration"] - d["figures"]["concentration"]) < 1e-6
+        assert d["figures"]["rebudgeted"] == 1.0
+    for c, d in zip(kept_positions(cpu), kept_positions(gpu)):
+        assert len(c & d) >= 0.97 * len(c)
+    scale = ref.abs().max()
+    err = ((got - ref).abs().max() / scale).item()
+    assert err < 2e-2, f"squeeze on the device: logits differ from the CPU cache's by {err:.2e} of their scale"
+
+
+def test_streaming_on_device_keeps_the_cpu_caches_rows():
+    # No scores: the kept rows are the sinks and the newest tokens on both paths, exactly.
+    import kvslim.hf
+    model = small_llama(torch.float32)
+    g = torch.Generator(device="cuda").manual_seed(6)
+    ids = torch.randint(3, 512, (2, 300), device="cuda", generator=g)
+    config = dict(method="streaming", streaming_budget=96)
+    kvslim.hf.prepare(model)
+    try:
+        cpu = kvslim.hf.KVSlimCache(model, kvslim.Config(**config), attention="kvslim")
+        ref = step_logits(model, ids, cpu, 8)
+        gpu = kvslim.hf.KVSlimCache(model, kvslim.Config(device="cuda", **config))
+        got = step_logits(model, ids, gpu, 8)
+        for c, d in zip(kept_positions(cpu), kept_positions(gpu)):
+            assert c == d and len(d) == 2 * 2 * 96
+        scale = ref.abs().max()
+        err = ((got - ref).abs().max() / scale).item()
+        assert err < 1e-3, f"streaming on the device: logits differ from the CPU cache's by {err:.2e} of their scale"
+        dec = kvslim.hf.GraphDecoder(model, gpu, max_tokens=400)
+        dec.step(ids[:, :1])  # the eager step
+        with pytest.raises(kvslim.InputError, match="replayable"):  # its moves come from the host each step
+            dec.step(ids[:, 1:2])
+    finally:
+        kvslim.hf.restore(model)
+
+
 def eager_greedy(model, ids, cache, new):
     """Greedy tokens [B, new] decoded with one eager forward call per step."""
     with torch.no_grad():
@@ -145,11 +199,11 @@ def eager_greedy(model, ids, cache, new):
 
 
 @pytest.mark.parametrize("fields", [dict(method="full"), dict(method="kivi", kivi_bits=2), dict(method="kivi", kivi_bits=4),
-                                    dict(method="h2o", h2o_budget=64)])
+                                    dict(method="h2o", h2o_budget=64), dict(method="pyramidkv", pyramidkv_budget=64)])
 def test_graph_decoder_replays_the_eager_steps(fields):
     """GraphDecoder's replayed steps produce the eager steps' logits, across kivi's window flushes
     (staging 128: the 170 steps cross one) and h2o's eviction of a row every step (its prompt cut to
-    64 rows). kvslim's kernels run with the same arguments (bit for bit in tests/cuda); the model's
+    64 rows; pyramidkv: a budget per layer, tapered around 64). kvslim's kernels run with the same arguments (bit for bit in tests/cuda); the model's
     GEMMs may pick other cuBLAS kernels inside a capture, so an fp32 model, whose reordered sums
     differ by ~1e-6, keeps the comparison tight."""
     import kvslim.hf

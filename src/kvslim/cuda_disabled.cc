@@ -8,7 +8,7 @@ namespace kvslim::cuda {
 bool built() { return false; }
 int device_count() { return 0; }
 std::string device_description(int) { return "kvslim was built without CUDA"; }
-std::unique_ptr<KVCache> make_cache(const KVCacheConfig& config, int) {
+std::unique_ptr<KVCache> make_cache(const KVCacheConfig& config, int, std::shared_ptr<SqueezeCoordinator>, int) {
   throw ConfigError("KVCacheConfig.device = \"" + config.device +
                     "\": this kvslim was built without CUDA (configure with -DKVSLIM_CUDA=ON where nvcc is installed)");
 }

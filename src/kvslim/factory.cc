@@ -19,7 +19,7 @@ namespace {
 std::unique_ptr<KVCache> make_method_cache(const KVCacheConfig& c, const LayerContext& ctx) {
   std::unique_ptr<KVCache> cache;
   if (c.device_index() >= 0) {
-    cache = cuda::make_cache(c, ctx.budget.value_or(-1));
+    cache = cuda::make_cache(c, ctx.budget.value_or(-1), ctx.coordinator, ctx.layer_id);
   } else if (const MethodBuilder build = method_builder(c.method)) {
     cache = build(c, ctx);
   }

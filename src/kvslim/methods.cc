@@ -22,11 +22,8 @@ std::unique_ptr<KVCache> build_full(const C& c, const LayerContext&) {
   return std::make_unique<EvictionCache>("full", p, EvictionPolicy::kUnbounded, make_row_storage(c));
 }
 std::unique_ptr<KVCache> build_streaming(const C& c, const LayerContext&) {
-  EvictionPolicy p;
-  p.scoring = Scoring::none;
-  p.n_sink = static_cast<std::size_t>(c.streaming_n_sink);
-  p.recent_window = static_cast<std::size_t>(c.streaming_budget - c.streaming_n_sink);
-  return std::make_unique<EvictionCache>("streaming", p, static_cast<std::size_t>(c.streaming_budget), make_row_storage(c));
+  return std::make_unique<EvictionCache>("streaming", make_streaming_policy(c), static_cast<std::size_t>(c.streaming_budget),
+                                         make_row_storage(c));
 }
 std::unique_ptr<KVCache> build_h2o(const C& c, const LayerContext&) {
   return std::make_unique<EvictionCache>("h2o", make_eviction_policy(c, c.h2o_n_sink), static_cast<std::size_t>(c.h2o_budget),
@@ -69,6 +66,7 @@ const std::vector<Row>& table() {
                 .budget = &C::streaming_budget,
                 .n_sink = &C::streaming_n_sink,
                 .field_prefix = "streaming_",
+                .cuda = true,
                 .variants = {{.name = "streaming", .description = "StreamingLLM: 4 sinks + the newest tokens", .quick = true}}},
        .build = build_streaming},
       {.info = {.name = "h2o",
@@ -229,6 +227,7 @@ const std::vector<Row>& table() {
                 .n_sink = &C::squeeze_n_sink,
                 .h2o_core = true,
                 .field_prefix = "squeeze_",
+                .cuda = true,
                 .variants =
                     {
                         {.name = "squeeze_s0.5",

@@ -549,9 +549,13 @@ TEST(CudaCache, BadInputIsReportedAndPoisonsUntilReset) {
                             KVBlock{big.get(), DType::f32, 1, 1, 1, 96, MemorySpace::cuda, nullptr}),
                InputError);
   KVCacheConfig h;
-  h.method = "squeeze";  // no device storage yet
+  h.method = "zipcache";  // no device storage yet
   h.device = "cuda";
   EXPECT_THROW(KVCacheFactory::create(h), ConfigError);
+  h.method = "squeeze";
+  h.squeeze_signal = "hidden_cosine";  // the hidden states are read on the host
+  EXPECT_THROW(KVCacheFactory::create(h), ConfigError);
+  h.squeeze_signal = "key_dispersion";
   h.method = "h2o";
   h.evict_profile = "original";  // the key proxy reads stored keys on the host
   EXPECT_THROW(KVCacheFactory::create(h), ConfigError);

@@ -54,6 +54,8 @@ struct Twin {
   std::int64_t next = 0;
   std::mt19937 rng{7};
   double worst_probs = 0;  // max |device probs - CPU probs| seen
+  double worst_out = 0;    // max |device out - CPU out| seen (caches that observe no attention)
+  std::vector<float> key_offset;  // per layer, added to every key element (keys that share a direction)
 
   Twin(const KVCacheConfig& config, std::size_t layers, std::size_t b, std::size_t h, std::size_t g, std::size_t d)
       : B(b), H(h), G(g), D(d) {
@@ -75,13 +77,27 @@ struct Twin {
       KVCache& g = gpu.at(l);
       std::vector<float> k = normal(B * H * S * D, rng), v = normal(B * H * S * D, rng);
       for (std::size_t i = 0; i < k.size(); i += 53) k[i] *= 6.f;  // a few strong keys: uneven attention
+      if (l < key_offset.size()) {
+        for (auto& x : k) x += key_offset[l];
+      }
       c.append(make_block(k.data(), B, H, S, D), make_block(v.data(), B, H, S, D), pos);
       DeviceBuffer dk = upload_f32(k), dv = upload_f32(v);
       g.append(KVBlock{dk.get(), DType::f32, B, H, S, D, MemorySpace::cuda, nullptr},
                KVBlock{dv.get(), DType::f32, B, H, S, D, MemorySpace::cuda, nullptr}, pos);
       const ObservationNeeds needs = c.needs();
-      ASSERT_TRUE(needs.attention);
-      ASSERT_TRUE(g.needs().attention);
+      ASSERT_EQ(g.needs().attention, needs.attention);
+      if (!needs.attention) {  // streaming: no observation; the two attend over the same rows
+        ASSERT_EQ(g.rows(), c.rows());
+        std::vector<float> q = normal(B * S * H * G * D, rng), out(B * S * H * G * D);
+        c.attend(QueryBlock{q.data(), B, S, H * G, D}, pos, out.data());
+        DeviceBuffer dq = upload_f32(q), dout;
+        dout.reserve(out.size() * 4);
+        g.attend(QueryBlock{dq.as<float>(), B, S, H * G, D, 0.f, MemorySpace::cuda, nullptr}, pos, dout.as<float>());
+        const std::vector<float> go = download_f32(dout.get(), out.size());
+        for (std::size_t i = 0; i < out.size(); ++i) worst_out = std::max(worst_out, double(std::fabs(go[i] - out[i])));
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        continue;
+      }
       const std::size_t Q = needs.attention_queries > 0 ? std::min(S, needs.attention_queries) : S;
       const std::vector<std::int64_t> qpos(pos.end() - static_cast<std::ptrdiff_t>(Q), pos.end());
       std::vector<float> q = normal(B * Q * H * G * D, rng);
@@ -140,6 +156,73 @@ TEST(CudaEviction, KeepsTheCpuCachesRowsStepAfterStep) {
     t.expect_same_rows("after a second prompt, D=" + std::to_string(D));
     EXPECT_LE(t.worst_probs, 2e-5) << "D=" << D;
     EXPECT_EQ(t.gpu.at(0).rows(), 96u);
+  }
+}
+
+// streaming: the core admits each appended row on the host (sinks, then the newest), and the rows
+// move on the device to the slots it gives them: the CPU cache's rows, in its slot order.
+TEST(CudaEviction, StreamingKeepsTheCpuCachesRows) {
+  REQUIRE_GPU();
+  for (const std::size_t D : {64, 128}) {
+    KVCacheConfig c;
+    c.method = "streaming";
+    c.streaming_budget = 80;
+    Twin t(c, 2, 2, 2, 3, D);
+    t.step(300);  // a prompt longer than the budget: 4 sinks + the newest 76
+    t.expect_same_rows("streaming after the prompt, D=" + std::to_string(D));
+    for (int s = 0; s < 40; ++s) t.step(1);
+    t.expect_same_rows("streaming after 40 decode steps, D=" + std::to_string(D));
+    t.step(37);
+    t.expect_same_rows("streaming after a second prompt, D=" + std::to_string(D));
+    t.step(50);  // a third call over the budget
+    t.expect_same_rows("streaming after a third call, D=" + std::to_string(D));
+    EXPECT_EQ(t.gpu.at(1).rows(), 80u);
+    EXPECT_LE(t.worst_out, 5e-4) << "D=" << D;  // a wrong row moves the outputs by ~1e-2
+    // The prompt's rows above the budget were given back: the store holds budget + 1 rows,
+    // rounded to whole units of 16.
+    const auto st = t.gpu.at(0).stats();
+    double dev = 0;
+    for (const auto& [name, value] : st.figures) {
+      if (name == "device_bytes") dev = value;
+    }
+    EXPECT_LE(dev, double(2 * 2 * 96 * (2 * D * 2 + 8 + 4)));
+  }
+}
+
+double figure(const CacheStats& st, const std::string& name) {
+  for (const auto& [n, v] : st.figures) {
+    if (n == name) return v;
+  }
+  ADD_FAILURE() << "no figure " << name;
+  return 0;
+}
+
+// squeeze on the device: the host cache's schedule (SqueezeSchedule) with its key signal measured
+// by a kernel over the prompt's keys. Both sets resolve the same per-layer budgets from the same
+// concentrations (the device's within rounding of the host's double sums), then keep the same rows.
+TEST(CudaEviction, SqueezeResolvesTheCpuBudgetsAndKeepsTheCpuRows) {
+  REQUIRE_GPU();
+  for (const std::string prefill : {"deferred", "eager"}) {
+    KVCacheConfig c;
+    c.method = "squeeze";
+    c.squeeze_budget = 96;
+    c.squeeze_prefill = prefill;
+    Twin t(c, 4, 2, 2, 3, 128);
+    // Layers whose keys differ in spread: the schedule moves budget toward the broad ones.
+    t.key_offset = {0.f, 0.3f, 1.f, 3.f};
+    t.step(300);
+    for (int s = 0; s < 6; ++s) t.step(1);  // the deferred layers adopt at their next call
+    t.expect_same_rows("squeeze (" + prefill + ") after the prompt and 6 steps");
+    for (std::size_t l = 0; l < 4; ++l) {
+      const CacheStats cs = t.cpu.at(l).stats(), gs = t.gpu.at(l).stats();
+      EXPECT_NEAR(figure(gs, "concentration"), figure(cs, "concentration"), 1e-6) << prefill << " layer " << l;
+      EXPECT_EQ(figure(gs, "rebudgeted"), 1.0) << prefill << " layer " << l;
+      EXPECT_EQ(t.gpu.at(l).rows(), t.cpu.at(l).rows()) << prefill << " layer " << l;
+    }
+    EXPECT_GT(t.gpu.at(0).rows(), t.gpu.at(3).rows()) << prefill;  // broad keys keep more than aligned ones
+    for (int s = 0; s < 20; ++s) t.step(1);
+    t.expect_same_rows("squeeze (" + prefill + ") after 26 steps");
+    EXPECT_LE(t.worst_probs, 2e-5);
   }
 }
 

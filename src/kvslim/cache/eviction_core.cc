@@ -28,6 +28,14 @@ Scoring parse_scoring(const std::string& name) {
   throw ConfigError("evict_scoring = \"" + name + "\": must be one of key_proxy, attention, attention_normalized");
 }
 
+EvictionPolicy make_streaming_policy(const KVCacheConfig& c) {
+  EvictionPolicy p;
+  p.scoring = Scoring::none;
+  p.n_sink = static_cast<std::size_t>(c.streaming_n_sink);
+  p.recent_window = static_cast<std::size_t>(c.streaming_budget - c.streaming_n_sink);
+  return p;
+}
+
 EvictionPolicy make_eviction_policy(const KVCacheConfig& c, int n_sink) {
   // evict_profile gives every "auto" field its value: "original" is the documented H2O core (key
   // proxy, no window, no decay); "query_aware" is what measurement on a real model supports
@@ -156,8 +164,10 @@ void EvictionCore::absorb(std::size_t batch, std::size_t heads, std::size_t dim,
     storage_->begin(batch * heads, dim);
   }
   const bool placed = keys16 == nullptr && values16 == nullptr;  // absorb_placed
-  if (placed && (!scores_by_attention(scoring()) || awaiting_observation_ || policy_.row_weight != nullptr)) {
-    throw std::logic_error("eviction core: placed rows need an attention scoring without a row score, every update observed");
+  if (placed && (scoring() == Scoring::key_proxy || awaiting_observation_ || policy_.row_weight != nullptr ||
+                 !storage_->slot_writes())) {
+    throw std::logic_error("eviction core: placed rows need slot writes and an attention scoring (every update "
+                           "observed) or none, without a row score");
   }
   if (scores_by_attention(scoring()) && awaiting_observation_) {
     // The last update's attention never came: this integrator does not report attention. Score by
@@ -167,7 +177,8 @@ void EvictionCore::absorb(std::size_t batch, std::size_t heads, std::size_t dim,
   }
   last_limit_ = limit;
   const bool append_only = scores_by_attention(scoring());
-  const std::size_t needed = append_only ? rows_ + S : std::min(rows_ + S, limit);
+  // Placed rows arrive after the kept ones before the core admits them: room for all of them.
+  const std::size_t needed = append_only || placed ? rows_ + S : std::min(rows_ + S, limit);
   // Growth bound: geometric without a limit (full: amortised O(1) copies per row), the budget plus
   // the one row a decode step appends before observe() for attention scorings, else the budget.
   std::size_t bound = EvictionPolicy::kUnbounded;
@@ -200,6 +211,10 @@ void EvictionCore::absorb(std::size_t batch, std::size_t heads, std::size_t dim,
   }
   rows_ = head_rows_;
   awaiting_observation_ = append_only;
+  // Placed rows admitted: give back the room they arrived in (a decode step's one row stays).
+  if (placed && !append_only && limit != EvictionPolicy::kUnbounded && capacity_ > limit + 1 + limit / 8) {
+    relayout(std::max(rows_, limit + 1));
+  }
   if (!append_only) settle();  // this step's eviction is done (attention scorings evict in observe)
 }
 
@@ -229,8 +244,12 @@ void EvictionCore::absorb_heads(std::size_t head_begin, std::size_t head_end, co
   std::size_t final_rows = rows_;
   for (std::size_t head = head_begin; head < head_end; ++head) {
     if (keys16 == nullptr) {  // absorb_placed: the rows are in the storage already
-      for (std::size_t s = 0; s < S; ++s) write_metadata(head, rows_ + s, positions[s], 0.0f);
-      final_rows = rows_ + S;
+      if (scores_by_attention(scoring_now)) {
+        for (std::size_t s = 0; s < S; ++s) write_metadata(head, rows_ + s, positions[s], 0.0f);
+        final_rows = rows_ + S;
+      } else {
+        final_rows = absorb_head_placed(head, positions, S, limit, recent_threshold);
+      }
       continue;
     }
     const std::uint16_t* k = keys16 + head * S * D;
@@ -254,8 +273,15 @@ bool EvictionCore::newcomer_protected(std::size_t limit) const {
 
 std::size_t EvictionCore::admit(std::size_t head, std::size_t& n, const std::uint16_t* k, const std::uint16_t* v,
                                 std::int64_t position, std::size_t limit, std::int64_t recent_threshold) {
+  const auto place = [&](std::size_t slot) {
+    if (k == nullptr) {
+      write_metadata(head, slot, position, 0.0f);
+    } else {
+      write_row(head, slot, k, v, position, 0.0f);
+    }
+  };
   if (n < limit) {
-    write_row(head, n, k, v, position, 0.0f);
+    place(n);
     return n++;
   }
   // Over the limit: evict the lowest score among the stored rows and the newcomer (score 0,
@@ -264,7 +290,7 @@ std::size_t EvictionCore::admit(std::size_t head, std::size_t& n, const std::uin
   if (!newcomer_protected(limit) && (victim == kNone || effective_score(head, victim) > 0.0f)) return kNone;
   if (victim == kNone) throw std::logic_error("eviction core: no evictable row (sinks + recent window >= budget)");
   if (storage_->slot_writes()) {
-    write_row(head, victim, k, v, position, 0.0f);
+    place(victim);
     return victim;
   }
   // A compressed storage takes rows at the end only: the victim leaves, the newcomer is appended.
@@ -272,6 +298,23 @@ std::size_t EvictionCore::admit(std::size_t head, std::size_t& n, const std::uin
   erase_rows(head, n, one);
   write_row(head, n - 1, k, v, position, 0.0f);
   return n - 1;
+}
+
+std::size_t EvictionCore::absorb_head_placed(std::size_t head, const std::int64_t* positions, std::size_t S,
+                                             std::size_t limit, const std::int64_t* recent_threshold) {
+  std::size_t n = rows_;
+  for (std::size_t s = 0; s < S; ++s) {
+    const std::size_t arrived = rows_ + s;
+    std::size_t slot = 0;
+    if (n == 0) {  // bootstrap, as absorb_head_sequential: the first token scores 1.0
+      write_metadata(head, 0, positions[s], 1.0f);
+      n = 1;
+    } else {
+      slot = admit(head, n, nullptr, nullptr, positions[s], limit, recent_threshold[s]);
+    }
+    if (slot != kNone && slot != arrived) storage_->move(head, arrived, slot);
+  }
+  return n;
 }
 
 std::size_t EvictionCore::absorb_head_sequential(std::size_t head, const std::uint16_t* keys16, const std::uint16_t* values16,

@@ -65,6 +65,9 @@ struct AbsorbScratch;
 // The eviction policy of an H2O-core method (h2o, squeeze, pyramidkv) from its config: the
 // evict_* fields, with "auto" values filled in from evict_profile.
 EvictionPolicy make_eviction_policy(const KVCacheConfig& config, int n_sink);
+// StreamingLLM's policy (streaming): no scores; streaming_n_sink sinks and a recent window of the
+// rest of streaming_budget, so the newest tokens stay.
+EvictionPolicy make_streaming_policy(const KVCacheConfig& config);
 
 class EvictionCore {
  public:
@@ -78,9 +81,12 @@ class EvictionCore {
   void absorb(std::size_t batch, std::size_t heads, std::size_t dim, const std::uint16_t* keys16,
               const std::uint16_t* values16, const std::int64_t* positions, std::size_t S, std::size_t limit);
   // The same for rows the storage's owner has already placed at slots rows()..rows()+S-1 of every
-  // head (a device storage's append kernel): the core takes their metadata only. Attention
-  // scorings without a registered row score only (they append; the others admit by slot or read
-  // the rows), and never after an unobserved update (the key-proxy fallback reads rows).
+  // head (a device storage's append kernel), reached through RowStorage::prepare, which the core
+  // calls once it has made room for them: the core takes their metadata only. Attention scorings
+  // append them; scoring none (streaming) admits them in arrival order as absorb() does, each
+  // admitted row moved (RowStorage::move) from where it arrived to the slot it takes, and gives
+  // back the room above the limit afterwards. Slot storages only, no registered row score, no key
+  // proxy (it reads the rows), and never after an unobserved update (the fallback reads rows).
   void absorb_placed(std::size_t batch, std::size_t heads, std::size_t dim, const std::int64_t* positions,
                      std::size_t S, std::size_t limit);
   // True after an attention-scored append whose attention has not been observed yet.
@@ -157,13 +163,18 @@ class EvictionCore {
   std::size_t absorb_head_sequential(std::size_t head, const std::uint16_t* keys16, const std::uint16_t* values16,
                                      const std::int64_t* positions, std::size_t S, std::size_t limit,
                                      const std::int64_t* recent_threshold, AbsorbScratch& scratch);
+  // Scoring none over rows placed at rows_ .. rows_ + S - 1 (absorb_placed): the same admission,
+  // each admitted row moved to its slot.
+  std::size_t absorb_head_placed(std::size_t head, const std::int64_t* positions, std::size_t S, std::size_t limit,
+                                 const std::int64_t* recent_threshold);
   // The same for the key proxy with the dot products batched per block of kBlockTokens.
   std::size_t absorb_head_blocked(std::size_t head, const std::uint16_t* keys16, const std::uint16_t* values16,
                                   const std::int64_t* positions, std::size_t S, std::size_t limit,
                                   const std::int64_t* recent_threshold, AbsorbScratch& scratch);
   // Takes a scored newcomer into a head holding n rows: appended below the limit, else in the slot
   // of the lowest-scored evictable row unless the newcomer itself is lowest. Returns the slot
-  // written (n grows when appended) or kNone when the newcomer is dropped.
+  // written (n grows when appended) or kNone when the newcomer is dropped. k = v = nullptr: the
+  // row is in the storage already (absorb_head_placed), only its metadata is written.
   std::size_t admit(std::size_t head, std::size_t& n, const std::uint16_t* k, const std::uint16_t* v,
                     std::int64_t position, std::size_t limit, std::int64_t recent_threshold);
   // True when the recent window protects every newcomer (it can never be the victim).

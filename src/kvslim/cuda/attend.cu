@@ -268,7 +268,7 @@ __global__ void __launch_bounds__(kThreads) attend_dense_kernel(QueryArgs a, Den
     const int n_valid = min(UNIT, rows.n_rows - u * UNIT);
     const std::int64_t* upos = reinterpret_cast<const std::int64_t*>(kb + POS_OFFSET);
     softmax_unit<D, 2>(a, r, st, s, rows.row_offset + static_cast<long long>(u) * UNIT, n_valid, upos,
-                       upos[n_valid - 1]);
+                       rows.unordered ? INT64_MAX : upos[n_valid - 1]);
 
     std::uint32_t pf[4];
     split2<T>(s[0][0] * kPScale, s[0][1] * kPScale, pf[0], pf[1]);

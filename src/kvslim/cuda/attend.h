@@ -65,6 +65,11 @@ struct DenseRows {
   int n_rows = 0;
   DenseType type = DenseType::f16;
   int row_offset = 0;
+  // false: within a unit of 16 rows the last is the newest (rows appended in position order, or
+  // moved only among rows every query sees), so a unit whose last row the query sees needs no
+  // per-row check. true (streaming: a new row may take an old row's slot mid-store): every row is
+  // checked whenever some row may be newer than a query.
+  bool unordered = false;
 };
 
 // Splits each kernel would use for this much work (at least 1 when there are rows).

@@ -778,7 +778,8 @@ std::string device_description(int device) {
          std::to_string(driver % 1000 / 10);
 }
 
-std::unique_ptr<KVCache> make_cache(const KVCacheConfig& c, int layer_budget) {
+std::unique_ptr<KVCache> make_cache(const KVCacheConfig& c, int layer_budget, std::shared_ptr<SqueezeCoordinator> coordinator,
+                                    int layer_id) {
   const int device = c.device_index();
   if (device < 0) throw ConfigError("KVCacheConfig.device = \"" + c.device + "\": not a CUDA device");
   const int n = device_count();
@@ -787,10 +788,14 @@ std::unique_ptr<KVCache> make_cache(const KVCacheConfig& c, int layer_budget) {
                       " CUDA device(s)");
   }
   // validate() has checked that the registry marks the method `cuda` (config.cc): full (dense),
-  // h2o and pyramidkv (the eviction core over device slots) and kivi (the one quantizer with a
-  // device storage).
+  // streaming, h2o, squeeze and pyramidkv (the eviction core over device slots) and kivi (the one
+  // quantizer with a device storage).
   const MethodInfo& info = method_info(c.method);
   if (info.kind == MethodKind::dense) return std::make_unique<DeviceDenseCache>(device);
+  if (c.method == "streaming") {
+    return std::make_unique<DeviceEvictionCache>(c.method, make_streaming_policy(c), static_cast<std::size_t>(c.streaming_budget),
+                                                 device);
+  }
   if (info.kind == MethodKind::eviction && info.cuda) {
     const EvictionPolicy policy = make_eviction_policy(c, c.*info.n_sink);
     if (!scores_by_attention(policy.scoring)) {
@@ -802,6 +807,17 @@ std::unique_ptr<KVCache> make_cache(const KVCacheConfig& c, int layer_budget) {
     if (policy.row_weight != nullptr) {
       throw ConfigError("KVCacheConfig.evict_scoring = \"" + c.evict_scoring +
                         "\": a registered row score reads each row's key and value on the host; not on a CUDA device");
+    }
+    if (c.method == "squeeze") {
+      if (c.squeeze_signal == "hidden_cosine") {
+        throw ConfigError("KVCacheConfig.squeeze_signal = \"hidden_cosine\": the hidden states are read on the host; on a "
+                          "CUDA device squeeze takes key_dispersion (default), attention_entropy, attention_coverage or "
+                          "global_topk");
+      }
+      // The host SqueezeCache's budget and schedule (cache/squeeze_schedule.h).
+      const int budget = c.squeeze_resolved_budget.value_or(c.squeeze_budget);
+      return std::make_unique<DeviceEvictionCache>(c.method, policy, static_cast<std::size_t>(budget), device,
+                                                   std::make_unique<SqueezeSchedule>(c, std::move(coordinator), layer_id));
     }
     const int budget = layer_budget >= 0 ? layer_budget : c.*info.budget;
     return std::make_unique<DeviceEvictionCache>(c.method, policy, static_cast<std::size_t>(budget), device);

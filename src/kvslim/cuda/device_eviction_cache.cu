@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <stdexcept>
+#include <vector>
 
 #include "cuda/append.h"
 #include "cuda/attend.h"
@@ -131,6 +133,55 @@ __global__ void __launch_bounds__(kObserveThreads) observe_decode_kernel(DecodeO
   }
 }
 
+// squeeze's key signal (squeeze/concentration.h's concentration_score) of one head's S incoming
+// keys [S, D] (D = 64 or 128), each element rounded to fp16 as the host cache's intake rounds it:
+// with u_i = k_i / (|k_i| + 1e-8), out[head] = (|sum_i u_i|^2 - sum_i |u_i|^2) / (S (S - 1)), the
+// sums in double. A warp takes a row at a time (lane: channels lane, lane + 32, ...).
+constexpr int kDispersionThreads = 256;
+__global__ void __launch_bounds__(kDispersionThreads)
+    key_dispersion_kernel(const void* keys, DType dtype, int S, int D, double* out) {
+  extern __shared__ double sums[];  // [D] direction sums, [1] trace
+  for (int j = threadIdx.x; j <= D; j += blockDim.x) sums[j] = 0.0;
+  __syncthreads();
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  const int per_lane = D / 32;
+  const long long head = static_cast<long long>(blockIdx.x) * S * D;
+  double acc[4] = {0.0, 0.0, 0.0, 0.0}, trace = 0.0;
+  for (int i = warp; i < S; i += warps) {
+    float k[4] = {0.f, 0.f, 0.f, 0.f};
+    float sq = 0.f;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      if (c >= per_lane) break;
+      const long long at = head + static_cast<long long>(i) * D + lane + 32 * c;
+      float x;
+      if (dtype == DType::f32) {
+        x = static_cast<const float*>(keys)[at];
+      } else if (dtype == DType::f16) {
+        x = __half2float(static_cast<const __half*>(keys)[at]);
+      } else {
+        x = __bfloat162float(static_cast<const __nv_bfloat16*>(keys)[at]);
+      }
+      k[c] = __half2float(__float2half_rn(x));
+      sq += k[c] * k[c];
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
+    const double sqd = sq, inv = 1.0 / (sqrt(sqd) + 1e-8);
+    trace += sqd * inv * inv;  // every lane holds the row's sum: lane 0's copy is added below
+#pragma unroll
+    for (int c = 0; c < 4; ++c) acc[c] += static_cast<double>(k[c]) * inv;
+  }
+  for (int c = 0; c < per_lane; ++c) atomicAdd(&sums[lane + 32 * c], acc[c]);
+  if (lane == 0) atomicAdd(&sums[D], trace);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0.0;
+    for (int j = 0; j < D; ++j) total += sums[j] * sums[j];
+    out[blockIdx.x] = S < 2 ? 0.0 : (total - sums[D]) / (static_cast<double>(S) * static_cast<double>(S - 1));
+  }
+}
+
 [[noreturn]] void not_on_device(const char* what) {
   throw std::logic_error(std::string("DeviceSlots: ") + what);
 }
@@ -143,6 +194,13 @@ __global__ void __launch_bounds__(kObserveThreads) observe_decode_kernel(DecodeO
 void DeviceSlots::begin(std::size_t heads_total, std::size_t dim) {
   heads_total_ = heads_total;
   dim_ = dim;
+}
+
+void DeviceSlots::prepare(std::size_t) {
+  if (!arrival_) return;
+  const auto launch = std::move(arrival_);
+  arrival_ = nullptr;
+  launch();
 }
 
 void DeviceSlots::relayout(std::size_t capacity, std::size_t keep) {
@@ -240,12 +298,49 @@ void DeviceSlots::reset() {
 // ---------------------------------------------------------------------------------------------
 // DeviceEvictionCache
 
-DeviceEvictionCache::DeviceEvictionCache(std::string method, EvictionPolicy policy, std::size_t budget, int device)
+DeviceEvictionCache::DeviceEvictionCache(std::string method, EvictionPolicy policy, std::size_t budget, int device,
+                                         std::unique_ptr<SqueezeSchedule> squeeze)
     : DeviceCache(std::move(method), device),
       slots_(new DeviceSlots(policy.scoring == Scoring::attention_normalized)),
       core_(policy, std::unique_ptr<RowStorage>(slots_)),
-      budget_(budget) {
+      budget_(budget),
+      squeeze_(std::move(squeeze)) {
   mirror_positions_ = false;
+}
+
+ObservationNeeds DeviceEvictionCache::needs() const {
+  ObservationNeeds n = eviction_needs(core_);
+  if (squeeze_) squeeze_->add_needs(n, core_.policy().obs_window);
+  return n;
+}
+
+void DeviceEvictionCache::adopt(std::optional<std::size_t> budget, cudaStream_t stream) {
+  if (!budget) return;
+  budget_ = *budget;
+  // The host core trims (it may have been behind the decode kernel's mirror), the device store
+  // follows: moves, then a smaller store when the trim freed enough.
+  slots_->set_stream(stream);
+  pull_metadata();
+  core_.trim(budget_);
+  slots_->flush();
+  push_metadata(stream);
+  fresh_from_ = core_.rows();
+}
+
+double DeviceEvictionCache::key_dispersion(const AppendInput& in, cudaStream_t stream) const {
+  const std::size_t BH = static_cast<std::size_t>(in.BH);
+  DeviceBuffer scores;
+  scores.reserve(BH * sizeof(double));
+  launch_kernel(true, false, key_dispersion_kernel, dim3(static_cast<unsigned>(BH)), dim3(kDispersionThreads),
+                (in.D + 1) * sizeof(double), stream, in.keys, in.dtype, in.S, in.D, scores.as<double>());
+  std::vector<double> per_head(BH);
+  KVSLIM_CUDA_CHECK(cudaMemcpyAsync(per_head.data(), scores.get(), BH * sizeof(double), cudaMemcpyDeviceToHost, stream));
+  KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  // As the host cache averages: over every (batch, head), or head 0 alone.
+  const std::size_t heads = squeeze_->first_head_only() ? 1 : BH;
+  double sum = 0.0;
+  for (std::size_t h = 0; h < heads; ++h) sum += per_head[h];
+  return sum / static_cast<double>(heads);
 }
 
 DeviceEvictionCache::~DeviceEvictionCache() {
@@ -261,6 +356,7 @@ void DeviceEvictionCache::absorb(const AppendInput& in, const std::vector<std::i
                      "scored by the attention its caller reports (attend with probs, then observe_attention with them "
                      "after every append)");
   }
+  if (squeeze_) adopt(squeeze_->before_absorb([&] { return key_dispersion(in, stream); }), stream);
   const std::size_t n0 = core_.rows();
   if (n0 == 0) slots_->set_type(in.dtype == DType::bf16 ? DenseType::bf16 : DenseType::f16);
   fresh_from_ = n0;
@@ -268,11 +364,19 @@ void DeviceEvictionCache::absorb(const AppendInput& in, const std::vector<std::i
   slots_->set_capturing(capturing());
   struct Release {
     DeviceSlots* s;
-    ~Release() { s->set_capturing(false); }
+    ~Release() {
+      s->set_capturing(false);
+      s->set_arrival(nullptr);
+    }
   } release{slots_};
-  core_.absorb_placed(batch_, heads_, dim_, positions.data(), static_cast<std::size_t>(in.S), budget_);
-  launch_dense_append(in, slots_->keys(), slots_->values(), slots_->type(), static_cast<long long>(slots_->stride()),
-                      static_cast<int>(n0), slots_->positions(), stream, /*pos_per_head=*/true);
+  // The rows land after the kept ones once the core has made room (DeviceSlots::prepare), before
+  // it admits them (streaming moves them to their slots; attention scorings keep them there).
+  slots_->set_arrival([&] {
+    launch_dense_append(in, slots_->keys(), slots_->values(), slots_->type(), static_cast<long long>(slots_->stride()),
+                        static_cast<int>(n0), slots_->positions(), stream, /*pos_per_head=*/true);
+  });
+  core_.absorb_placed(batch_, heads_, dim_, positions.data(), static_cast<std::size_t>(in.S), limit());
+  slots_->flush();  // streaming's moves of this step, before the next append lands where they read
 }
 
 void DeviceEvictionCache::observe_attention(const AttentionObservation& obs) {
@@ -309,7 +413,10 @@ void DeviceEvictionCache::observe_attention(const AttentionObservation& obs) {
                        "] (the rows after the last append), or its query positions do not match its queries");
     }
     check_device_pointer(method(), obs.probs, device(), "probs");
-    if (observe_on_device(obs)) return;
+    if (observe_on_device(obs)) {
+      if (squeeze_) adopt(squeeze_->after_step(core_), stream);
+      return;
+    }
     const std::size_t rows = obs.batch * obs.heads * obs.queries, floats = rows * obs.tokens;
     if (floats > probs_host_floats_) {
       if (probs_host_) KVSLIM_CUDA_CHECK(cudaFreeHost(probs_host_));
@@ -328,10 +435,12 @@ void DeviceEvictionCache::observe_attention(const AttentionObservation& obs) {
   }
   slots_->set_stream(stream);
   pull_metadata();
-  core_.observe(host, budget_, who);
+  if (squeeze_) squeeze_->observe_attention(host, core_, who);  // its signal reads the rows before they go
+  core_.observe(host, limit(), who);
   slots_->flush();
   push_metadata(stream);
   fresh_from_ = core_.rows();
+  if (squeeze_) adopt(squeeze_->after_step(core_), stream);
   // A prompt's window of probabilities is large (16 queries x every row of every head) and needed
   // once: pinned host memory is not kept for it.
   if (probs_host_floats_ * sizeof(float) > kKeptProbsBytes) {
@@ -346,7 +455,8 @@ bool DeviceEvictionCache::observe_on_device(const AttentionObservation& obs) {
   // One query (a decode step) with at most one row to drop. Device probabilities are not checked
   // for NaN/Inf here (that would wait for the stream): the cache's own attend writes finite ones,
   // and a non-finite score is never the lowest (it only shields its row).
-  if (obs.queries != 1 || n > budget_ + 1 || core_.fell_back()) return false;
+  const std::size_t limit = this->limit();
+  if (obs.queries != 1 || n > limit + 1 || core_.fell_back()) return false;
   const EvictionPolicy& policy = core_.policy();
   DecodeObservation o;
   o.probs = obs.probs;
@@ -361,20 +471,24 @@ bool DeviceEvictionCache::observe_on_device(const AttentionObservation& obs) {
   o.n_rows = static_cast<int>(n);
   o.fresh_from = static_cast<int>(fresh_from_);
   o.n_sink = static_cast<int>(policy.n_sink);
-  o.limit = static_cast<int>(budget_);
+  o.limit = static_cast<int>(limit);
   o.qpos = obs.query_positions.empty() ? std::numeric_limits<std::int64_t>::max() : obs.query_positions[0];
-  o.threshold = core_.recent_threshold(n > budget_ ? budget_ : n);
+  o.threshold = core_.recent_threshold(n > limit ? limit : n);
   o.decay = policy.decay;
   const auto stream = static_cast<cudaStream_t>(obs.stream);
   launch_kernel(true, false, observe_decode_kernel, dim3(static_cast<unsigned>(batch_ * heads_)),
                 dim3(kObserveThreads), 0, stream, o);
-  core_.observed_by_owner(std::min(n, budget_), budget_);
+  core_.observed_by_owner(std::min(n, limit), limit);
   fresh_from_ = core_.rows();
   host_stale_ = true;
   return true;
 }
 
 void DeviceEvictionCache::graph_check_capturable() const {
+  if (squeeze_ && !squeeze_->adopted()) {
+    throw InputError(std::string(method()) + " cache (cuda): StepGraph: capture a decode step once squeeze's schedule "
+                     "is final and adopted (after the prompt of every layer and one decode step)");
+  }
   if (core_.rows() != budget_ || core_.fell_back() || core_.awaiting_observation()) {
     throw InputError(std::string(method()) + " cache (cuda): StepGraph: capture a decode step once the cache holds its "
                      "budget (" + std::to_string(budget_) + " rows per head, now " + std::to_string(core_.rows()) +
@@ -433,6 +547,9 @@ int DeviceEvictionCache::launch_segments(const QueryArgs& q, const Partials& par
     rows.pos_head_stride = static_cast<long long>(slots_->stride());
     rows.n_rows = n;
     rows.type = slots_->type();
+    // Attention scorings evict after the attend, refilling a slot with the head's newest row: a
+    // later call's queries see every moved row. streaming evicts as rows arrive, before its attend.
+    rows.unordered = !scores_by_attention(core_.policy().scoring);
     launch_dense(q, rows, parts, 0, splits, stream);
   }
   return splits;
@@ -457,10 +574,12 @@ void DeviceEvictionCache::clear() {
   core_.reset();
   fresh_from_ = 0;
   host_stale_ = false;
+  if (squeeze_) budget_ = squeeze_->reset(budget_);
 }
 
 void DeviceEvictionCache::add_figures(CacheStats& st) const {
   st.figures.emplace_back("layer_budget", static_cast<double>(budget_));
+  if (squeeze_) squeeze_->add_figures(st, limit());
 }
 
 }  // namespace kvslim::cuda

@@ -16,12 +16,14 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "cache/eviction_cache.h"
 #include "cache/eviction_core.h"
+#include "cache/squeeze_schedule.h"
 #include "cuda/device_cache.h"
 #include "storage/row_storage.h"
 
@@ -37,6 +39,9 @@ class DeviceSlots final : public RowStorage {
   std::string_view kind() const override { return "fp16"; }
   bool slot_writes() const override { return true; }
   void begin(std::size_t heads_total, std::size_t dim) override;
+  // The core has made room for `incoming` rows after the kept ones: the owner's append kernel
+  // (set_arrival) writes them there now, before the core moves any of them.
+  void prepare(std::size_t incoming) override;
   // Applies the recorded moves, then reallocates to `capacity` rows per head keeping the first
   // `keep` (waits for the copy before the old store goes).
   void relayout(std::size_t capacity, std::size_t keep) override;
@@ -57,6 +62,8 @@ class DeviceSlots final : public RowStorage {
   // The stream the next operations are ordered on (the caller's, set before each core call).
   void set_stream(cudaStream_t stream) { stream_ = stream; }
   void set_type(DenseType type) { type_ = type; }
+  // What prepare() launches for the next absorb (the append kernel; cleared once run or dropped).
+  void set_arrival(std::function<void()> launch) { arrival_ = std::move(launch); }
   DenseType type() const { return type_; }
   // Enqueues the moves recorded since the last flush.
   void flush();
@@ -83,6 +90,7 @@ class DeviceSlots final : public RowStorage {
   DenseType type_ = DenseType::f16;
   cudaStream_t stream_ = nullptr;
   bool capturing_ = false;
+  std::function<void()> arrival_;
   // Moves since the last flush: (head, from, to) triplets. One kernel applies them all at once,
   // which is the core's sequential order only while no move reads a slot another one writes:
   // move() flushes first when a new move would. read_in_ / written_in_ [heads_total * stride]: the
@@ -95,7 +103,13 @@ class DeviceSlots final : public RowStorage {
 };
 
 // h2o / pyramidkv on the device: the eviction core over DeviceSlots, scored by the attention its
-// caller observes (attend with probs, then observe_attention with them, as on the CPU).
+// caller observes (attend with probs, then observe_attention with them, as on the CPU). streaming
+// (scoring none) too: the core admits each appended row on the host (it needs only positions) and
+// the rows move on the device; its steps are not replayed as a graph (each step's moves are copied
+// from the host). squeeze: the same cache with the layer's part in the shared schedule
+// (SqueezeSchedule, the host cache's own): its key signal is measured on the device (one kernel
+// over the first call's keys), its attention signals on the prompt window's probabilities the
+// host decision copies over anyway, and an adopted budget trims the device store.
 //
 // Two places decide, with the same arithmetic. A multi-query observation (a prompt's window, a
 // later question) runs the core on the host: the probs are copied over, the core scores, pools,
@@ -106,12 +120,14 @@ class DeviceSlots final : public RowStorage {
 // its metadata is read back from the mirror before it next decides on the host.
 class DeviceEvictionCache final : public DeviceCache, public SharesImportance {
  public:
-  DeviceEvictionCache(std::string method, EvictionPolicy policy, std::size_t budget, int device);
+  // squeeze: the layer's schedule (null for the fixed-budget methods).
+  DeviceEvictionCache(std::string method, EvictionPolicy policy, std::size_t budget, int device,
+                      std::unique_ptr<SqueezeSchedule> squeeze = nullptr);
   ~DeviceEvictionCache() override;
 
   std::size_t rows() const override { return core_.rows(); }
   void reserve(std::size_t tokens) override { core_.reserve(tokens); }
-  ObservationNeeds needs() const override { return eviction_needs(core_); }
+  ObservationNeeds needs() const override;
   // probs in device memory (this cache's attend) or host memory; [B, Hkv, Q, rows()].
   void observe_attention(const AttentionObservation& obs) override;
   void share_importance(std::shared_ptr<CrossLayerImportance> board, std::size_t layer) override {
@@ -119,9 +135,12 @@ class DeviceEvictionCache final : public DeviceCache, public SharesImportance {
   }
   const EvictionCore& core() const { return core_; }
   std::size_t budget() const { return budget_; }
+  // What eviction cuts to now: the budget, or above it while squeeze's deferred schedule is open.
+  std::size_t limit() const { return squeeze_ ? squeeze_->eviction_limit(budget_) : budget_; }
+  const SqueezeSchedule* squeeze() const { return squeeze_.get(); }
   // A decode step replays once the cache holds its budget: append one row, attend with
   // probabilities over budget + 1 rows, the decode kernel's observation and eviction.
-  bool graph_replayable() const override { return true; }
+  bool graph_replayable() const override { return scores_by_attention(core_.policy().scoring); }
 
  private:
   bool graph_observes() const override { return true; }
@@ -143,10 +162,16 @@ class DeviceEvictionCache final : public DeviceCache, public SharesImportance {
   void pull_metadata();
   // The core's metadata of every row into the mirror (after a host decision).
   void push_metadata(cudaStream_t stream);
+  // squeeze: a budget the schedule resolved, adopted (the store trimmed to it on the device).
+  void adopt(std::optional<std::size_t> budget, cudaStream_t stream);
+  // squeeze's key signal of a call's keys (the append's input [BH, S, D]): the mean over heads (or
+  // head 0, squeeze_concentration_heads = first) of the mean off-diagonal key cosine.
+  double key_dispersion(const AppendInput& in, cudaStream_t stream) const;
 
   DeviceSlots* slots_;  // owned by core_
   EvictionCore core_;
   std::size_t budget_;
+  std::unique_ptr<SqueezeSchedule> squeeze_;
   std::size_t fresh_from_ = 0;  // rows at or past this were appended after the last observation
   bool host_stale_ = false;     // the decode kernel changed the mirror since the core last decided
   float* probs_host_ = nullptr;  // pinned [B * Hkv * Q * rows] copy of a device observation
