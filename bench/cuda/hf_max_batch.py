@@ -1,13 +1,22 @@
 #!/usr/bin/env python3
 """The largest batch of 32k-token sequences each cache serves in a fixed memory budget (issue 25's
-capacity figure), on the Llama-3-8B-shaped model of hf_generate.py.
+capacity figure), on the Llama-3-8B-shaped model of hf_generate.py, and the decode throughput
+(tokens/s over the whole batch) at that batch.
 
-For each cache and batch B: a prefill of B x --context random tokens in chunks of --chunk tokens
-(the whole batch per chunk: a prompt's activations then scale with the chunk, not the context, so
-the cache is what grows with B), then --steps one-token decode steps. The run's peak is torch's
-peak allocation plus kvslim's own device allocations (kvslim's stores only grow, so their size at
-the end is their peak); B fits when that peak is within --budget-gb and nothing ran out of memory.
-The search doubles B from 1 until it fails, then bisects.
+For each cache and batch B, the cache is filled to --context tokens per sequence with random keys
+and values (DynamicCache: one update per layer; kvslim: appends of --chunk tokens per layer, an
+eviction cache observing random queries of each chunk's last window, so it evicts to its budget as
+a chunked prefill would), then the model runs --steps one-token decode steps at batch B. A model
+prefill is not what is measured: its activations depend on how a server schedules prompts (one
+32k prompt in one call needs tens of GB at any batch), not on the cache, and kvslim's chunk
+attention over compressed rows is the decode kernel run per query tile (a 32k x B prefill in
+chunks would take hours at B = 400). The peak counted is what the decode steps hold: torch's peak
+allocation, reset after the fill (so it starts from the cache's resident bytes, the weights
+included), plus kvslim's own device allocations (its stores and attention workspace: they only
+grow, so their size at the end is their peak). B fits when that peak is within --budget-gb and
+nothing ran out of memory. The device-wide use (cudaMemGetInfo: torch's reserved pool, the CUDA
+context and kvslim together) is printed beside it. The search doubles B from 1 until it fails,
+then bisects.
 
     python3 bench/cuda/hf_max_batch.py --out DIR [--budget-gb 100] [--context 32768] [--only kivi2]
 """
@@ -41,16 +50,41 @@ def caches(model, context):
 
 
 def kvslim_device_bytes(cache) -> int:
+    """kvslim's device allocations for `cache`: its stores plus its attention workspace."""
     if not hasattr(cache, "stats"):
         return 0
-    return int(sum(s["figures"].get("device_bytes", 0) for s in cache.stats() if s is not None))
+    return int(sum(s["figures"].get("device_bytes", 0) + s["view_bytes"] for s in cache.stats() if s is not None))
+
+
+def fill(model, cache, batch, context, chunk, g):
+    """Every layer of `cache` holds `context` random tokens per sequence (bf16 keys and values)."""
+    cfg = model.config
+    hkv, hq, d = cfg.num_key_value_heads, cfg.num_attention_heads, cfg.head_dim
+    layers = cfg.num_hidden_layers
+
+    def rand(*shape):
+        return torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=g)
+
+    if not hasattr(cache, "stats"):  # DynamicCache: the whole context in one update per layer
+        for layer in range(layers):
+            cache.update(rand(batch, hkv, context, d), rand(batch, hkv, context, d), layer)
+        return
+    for layer in cache.layers:
+        state = layer.state
+        layer.lazy_initialization(torch.empty(0, device="cuda", dtype=torch.bfloat16))
+        for start in range(0, context, chunk):
+            n = min(chunk, context - start)
+            state.update(rand(batch, hkv, n, d), rand(batch, hkv, n, d), None)
+            if state.wants_attention:  # an eviction cache scores the chunk's last queries, then evicts
+                w = state._window(n)
+                state._attend_and_observe(rand(batch, w, hq, d), state.query_positions[-w:], None)
 
 
 def try_batch(model, make, batch, context, chunk, steps):
-    """(fits-run record): peak GB (torch + kvslim), seconds, or the error that stopped it."""
+    """(fits-run record): decode peak GB (torch + kvslim), device-wide use, seconds, decode
+    tokens/s over the batch, or the error that stopped it."""
     gc.collect()
     torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
     rec = {"batch": batch}
     cache = None
     t0 = time.perf_counter()
@@ -58,22 +92,28 @@ def try_batch(model, make, batch, context, chunk, steps):
         g = torch.Generator(device="cuda").manual_seed(batch)
         cache = make()
         with torch.no_grad():
-            for start in range(0, context, chunk):
-                ids = torch.randint(10, model.config.vocab_size, (batch, min(chunk, context - start)), device="cuda",
-                                    generator=g)
-                r = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1,
-                          cache_position=torch.arange(start, start + ids.shape[1], device="cuda"))
-                del ids
-            nxt = r.logits[:, -1:].argmax(-1)
+            fill(model, cache, batch, context, chunk, g)
+            sync()
+            rec["fill_seconds"] = round(time.perf_counter() - t0, 2)
+            torch.cuda.reset_peak_memory_stats()
+            nxt = torch.randint(10, model.config.vocab_size, (batch, 1), device="cuda", generator=g)
+            times = []
             for i in range(steps):
+                t = time.perf_counter()
                 r = model(input_ids=nxt, past_key_values=cache, use_cache=True,
                           cache_position=torch.tensor([context + i], device="cuda"))
                 nxt = r.logits[:, -1:].argmax(-1)
-        sync()
+                sync()
+                times.append(time.perf_counter() - t)
         own = kvslim_device_bytes(cache)
         rec["torch_peak_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 3)
         rec["kvslim_gb"] = round(own / 1e9, 3)
         rec["peak_gb"] = round(rec["torch_peak_gb"] + rec["kvslim_gb"], 3)
+        free, total = torch.cuda.mem_get_info()
+        rec["device_used_gb"] = round((total - free) / 1e9, 3)
+        step = min(times[1:]) if len(times) > 1 else times[0]  # the first step may allocate workspace
+        rec["step_ms"] = round(step * 1e3, 3)
+        rec["tokens_per_s"] = round(batch / step, 1)
     except (torch.OutOfMemoryError, RuntimeError) as e:  # the device's memory, or kvslim's allocation
         rec["error"] = f"{type(e).__name__}: {e}"[:200]
     rec["seconds"] = round(time.perf_counter() - t0, 2)
@@ -83,29 +123,43 @@ def try_batch(model, make, batch, context, chunk, steps):
     return rec
 
 
-def largest_batch(model, make, context, chunk, steps, budget_gb, limit, log):
+def largest_batch(model, make, context, chunk, steps, budget_gb, limit, log, time_limit):
+    """The largest B that fits, and every run's record. The search stops early (and says so) once
+    the cache's runs have taken `time_limit` seconds: B is then the largest that fitted so far."""
     runs = []
+    began = time.perf_counter()
 
     def fits(b):
+        if time.perf_counter() - began > time_limit:
+            raise TimeoutError
         rec = try_batch(model, make, b, context, chunk, steps)
         runs.append(rec)
         ok = "error" not in rec and rec["peak_gb"] <= budget_gb
         log(f"    batch {b:4d}: " + (f"peak {rec['peak_gb']:7.2f} GB (torch {rec['torch_peak_gb']:.2f} + kvslim "
-                                     f"{rec['kvslim_gb']:.2f})" if "error" not in rec else rec["error"][:100])
+                                     f"{rec['kvslim_gb']:.2f}; device {rec['device_used_gb']:.2f}), step "
+                                     f"{rec['step_ms']:.2f} ms = {rec['tokens_per_s']:.0f} tok/s"
+                                     if "error" not in rec else rec["error"][:100])
             + f", {rec['seconds']:.1f} s -> {'fits' if ok else 'does not fit'}")
         return ok
 
     lo, hi = 0, 1
-    while hi <= limit and fits(hi):
-        lo, hi = hi, hi * 2
-    hi = min(hi, limit + 1)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid
+    try:
+        while hi <= limit and fits(hi):
+            lo, hi = hi, hi * 2
+        hi = min(hi, limit + 1)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if fits(mid):
+                lo = mid
+            else:
+                hi = mid
+    except TimeoutError:
+        log(f"    search cut after {args_time(began)} s: between {lo} (fits) and {hi} (not known to fit)")
     return lo, runs
+
+
+def args_time(began):
+    return round(time.perf_counter() - began)
 
 
 def main():
@@ -113,11 +167,12 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--context", type=int, default=32768)
-    ap.add_argument("--chunk", type=int, default=4096)
+    ap.add_argument("--chunk", type=int, default=2048)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--budget-gb", type=float, default=100.0)
-    ap.add_argument("--limit", type=int, default=256, help="largest batch tried")
+    ap.add_argument("--limit", type=int, default=1024, help="largest batch tried")
     ap.add_argument("--only", default="")
+    ap.add_argument("--time-limit", type=float, default=240.0, help="seconds of search per cache")
     args = ap.parse_args()
     out = Path(args.out)
     log = file_logger(out, "hf_max_batch.txt")
@@ -126,7 +181,7 @@ def main():
     import kvslim.hf
     model = llama8b_model(args.layers)
     log(f"hf_max_batch: {torch.cuda.get_device_name(0)}, {args.layers}-layer Llama-3-8B shape, bf16, context "
-        f"{args.context}, prefill chunks of {args.chunk}, {args.steps} decode steps, budget {args.budget_gb} GB")
+        f"{args.context} (filled in chunks of {args.chunk}), {args.steps} decode steps, budget {args.budget_gb} GB")
     only = list(filter(None, args.only.split(",")))
     cudnn = torch.backends.cuda.cudnn_sdp_enabled()
     for label, make, no_cudnn in caches(model, args.context):
@@ -138,18 +193,24 @@ def main():
             kvslim.hf.prepare(model)
         torch.backends.cuda.enable_cudnn_sdp(cudnn and not no_cudnn)
         try:
-            best, runs = largest_batch(model, make, args.context, args.chunk, args.steps, args.budget_gb, args.limit, log)
+            # An eviction cache takes chunks of its budget: each chunk's observation is decided on the host.
+            chunk = max(args.chunk, args.context // 4) if "h2o" in label else args.chunk
+            best, runs = largest_batch(model, make, args.context, chunk, args.steps, args.budget_gb, args.limit, log,
+                                       args.time_limit)
         finally:
             torch.backends.cuda.enable_cudnn_sdp(cudnn)
             if ours:
                 kvslim.hf.restore(model)
         log(f"  largest batch at {args.context} tokens within {args.budget_gb} GB: {best}")
-        results.append({"cache": label, "largest_batch": best, "runs": runs})
+        at = next((r for r in runs if r["batch"] == best), {})
+        results.append({"cache": label, "largest_batch": best, "tokens_per_s": at.get("tokens_per_s"), "runs": runs})
         (out / "hf_max_batch.json").write_text(json.dumps(results, indent=1))
     base = next((r["largest_batch"] for r in results if r["cache"].startswith("DynamicCache")), None)
     if base:
         for r in results[1:]:
-            log(f"  {r['cache']:28s} {r['largest_batch'] / base:5.2f}x DynamicCache's batch")
+            ref = results[0].get("tokens_per_s") or 0
+            thr = f", {r['tokens_per_s'] / ref:5.2f}x its decode tokens/s" if ref and r.get("tokens_per_s") else ""
+            log(f"  {r['cache']:28s} {r['largest_batch'] / base:5.2f}x DynamicCache's batch{thr}")
 
 
 if __name__ == "__main__":
