@@ -98,31 +98,40 @@ def kept_positions(cache):
     return out
 
 
+def cpu_and_gpu(config, seed, batch=1, prompt=300, steps=8):
+    """The same fp32 model and prompt through a host cache and a device cache of `config`: (cpu
+    cache, gpu cache, cpu logits, gpu logits) of the prompt and `steps` decode steps."""
+    import kvslim.hf
+    model = small_llama(torch.float32)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    ids = torch.randint(3, 512, (batch, prompt), device="cuda", generator=g)
+    kvslim.hf.prepare(model)
+    try:
+        cpu = kvslim.hf.KVSlimCache(model, kvslim.Config(**config), attention="kvslim")
+        ref = step_logits(model, ids, cpu, steps)
+        gpu = kvslim.hf.KVSlimCache(model, kvslim.Config(device="cuda", **config))
+        got = step_logits(model, ids, gpu, steps)
+    finally:
+        kvslim.hf.restore(model)
+    return cpu, gpu, ref, got
+
+
+def assert_logits_close(ref, got, tol, what):
+    err = ((got - ref).abs().max() / ref.abs().max()).item()
+    assert err < tol, f"{what} on the device: logits differ from the CPU cache's by {err:.2e} of their scale"
+
+
 def test_h2o_on_device_evicts_like_the_cpu_cache():
     # The device cache runs the CPU's eviction core over rows in GPU memory; the observations differ
     # only by the kernels' rounding (SDPA + kvslim's window probs against the CPU's kernels), so the
     # kept rows agree but for near-ties, and the logits follow.
-    import kvslim.hf
-    model = small_llama(torch.float32)
-    g = torch.Generator(device="cuda").manual_seed(5)
-    ids = torch.randint(3, 512, (1, 300), device="cuda", generator=g)
-    config = dict(method="h2o", h2o_budget=128)
-    kvslim.hf.prepare(model)
-    try:
-        cpu = kvslim.hf.KVSlimCache(model, kvslim.Config(**config), attention="kvslim")
-        ref = step_logits(model, ids, cpu, 8)
-        gpu = kvslim.hf.KVSlimCache(model, kvslim.Config(device="cuda", **config))
-        got = step_logits(model, ids, gpu, 8)
-    finally:
-        kvslim.hf.restore(model)
+    cpu, gpu, ref, got = cpu_and_gpu(dict(method="h2o", h2o_budget=128), seed=5)
     assert gpu.layers[0].state.on_device and not cpu.layers[0].state.on_device
     assert gpu.signal_reports()["attention"] == 3 * 9  # the prompt's window and every decode step, per layer
     for c, d in zip(kept_positions(cpu), kept_positions(gpu)):
         assert len(d) == 2 * 128
         assert len(c & d) >= 0.97 * len(c)
-    scale = ref.abs().max()
-    err = ((got - ref).abs().max() / scale).item()
-    assert err < 2e-2, f"h2o on the device: logits differ from the CPU cache's by {err:.2e} of their scale"
+    assert_logits_close(ref, got, 2e-2, "h2o")
     # The device holds the budget's rows, not the prompt's: 3 layers x 2 heads x (128 + 1 + 15)
     # slots of K, V, position, score and exposure.
     stats = gpu.stats()
@@ -133,19 +142,7 @@ def test_h2o_on_device_evicts_like_the_cpu_cache():
 def test_squeeze_on_device_schedules_like_the_cpu_cache():
     # The seed method on the GPU: the same shared schedule as the host cache, its key signal
     # measured by a device kernel; per-layer budgets equal, rows as h2o's (rounding near-ties).
-    import kvslim.hf
-    model = small_llama(torch.float32)
-    g = torch.Generator(device="cuda").manual_seed(7)
-    ids = torch.randint(3, 512, (1, 300), device="cuda", generator=g)
-    config = dict(method="squeeze", squeeze_budget=96)
-    kvslim.hf.prepare(model)
-    try:
-        cpu = kvslim.hf.KVSlimCache(model, kvslim.Config(**config), attention="kvslim")
-        ref = step_logits(model, ids, cpu, 8)
-        gpu = kvslim.hf.KVSlimCache(model, kvslim.Config(device="cuda", **config))
-        got = step_logits(model, ids, gpu, 8)
-    finally:
-        kvslim.hf.restore(model)
+    cpu, gpu, ref, got = cpu_and_gpu(dict(method="squeeze", squeeze_budget=96), seed=7)
     budgets = lambda cache: [s["figures"]["layer_budget"] for s in cache.stats()]
     assert budgets(gpu) == budgets(cpu)
     for c, d in zip(cpu.stats(), gpu.stats()):
@@ -153,35 +150,15 @@ def test_squeeze_on_device_schedules_like_the_cpu_cache():
         assert d["figures"]["rebudgeted"] == 1.0
     for c, d in zip(kept_positions(cpu), kept_positions(gpu)):
         assert len(c & d) >= 0.97 * len(c)
-    scale = ref.abs().max()
-    err = ((got - ref).abs().max() / scale).item()
-    assert err < 2e-2, f"squeeze on the device: logits differ from the CPU cache's by {err:.2e} of their scale"
+    assert_logits_close(ref, got, 2e-2, "squeeze")
 
 
 def test_streaming_on_device_keeps_the_cpu_caches_rows():
     # No scores: the kept rows are the sinks and the newest tokens on both paths, exactly.
-    import kvslim.hf
-    model = small_llama(torch.float32)
-    g = torch.Generator(device="cuda").manual_seed(6)
-    ids = torch.randint(3, 512, (2, 300), device="cuda", generator=g)
-    config = dict(method="streaming", streaming_budget=96)
-    kvslim.hf.prepare(model)
-    try:
-        cpu = kvslim.hf.KVSlimCache(model, kvslim.Config(**config), attention="kvslim")
-        ref = step_logits(model, ids, cpu, 8)
-        gpu = kvslim.hf.KVSlimCache(model, kvslim.Config(device="cuda", **config))
-        got = step_logits(model, ids, gpu, 8)
-        for c, d in zip(kept_positions(cpu), kept_positions(gpu)):
-            assert c == d and len(d) == 2 * 2 * 96
-        scale = ref.abs().max()
-        err = ((got - ref).abs().max() / scale).item()
-        assert err < 1e-3, f"streaming on the device: logits differ from the CPU cache's by {err:.2e} of their scale"
-        dec = kvslim.hf.GraphDecoder(model, gpu, max_tokens=400)
-        dec.step(ids[:, :1])  # the eager step
-        with pytest.raises(kvslim.InputError, match="replayable"):  # its moves come from the host each step
-            dec.step(ids[:, 1:2])
-    finally:
-        kvslim.hf.restore(model)
+    cpu, gpu, ref, got = cpu_and_gpu(dict(method="streaming", streaming_budget=96), seed=6, batch=2)
+    for c, d in zip(kept_positions(cpu), kept_positions(gpu)):
+        assert c == d and len(d) == 2 * 2 * 96
+    assert_logits_close(ref, got, 1e-3, "streaming")
 
 
 def eager_greedy(model, ids, cache, new):
@@ -199,7 +176,8 @@ def eager_greedy(model, ids, cache, new):
 
 
 @pytest.mark.parametrize("fields", [dict(method="full"), dict(method="kivi", kivi_bits=2), dict(method="kivi", kivi_bits=4),
-                                    dict(method="h2o", h2o_budget=64), dict(method="pyramidkv", pyramidkv_budget=64)])
+                                    dict(method="h2o", h2o_budget=64), dict(method="pyramidkv", pyramidkv_budget=64),
+                                    dict(method="streaming", streaming_budget=64)])
 def test_graph_decoder_replays_the_eager_steps(fields):
     """GraphDecoder's replayed steps produce the eager steps' logits, across kivi's window flushes
     (staging 128: the 170 steps cross one) and h2o's eviction of a row every step (its prompt cut to

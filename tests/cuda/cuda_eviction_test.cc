@@ -139,6 +139,17 @@ struct Twin {
       EXPECT_EQ(bit_diff, 0u) << when << " layer " << l;
     }
   }
+
+  // A model's life: a 300-token prompt (over the budget), 40 decode steps, then a 37-token call (a
+  // question after the context); the rows compared after each.
+  void prompt_decode_question(const std::string& what) {
+    step(300);
+    expect_same_rows(what + " after the prompt");
+    for (int s = 0; s < 40; ++s) step(1);
+    expect_same_rows(what + " after 40 decode steps");
+    step(37);
+    expect_same_rows(what + " after a second prompt");
+  }
 };
 
 TEST(CudaEviction, KeepsTheCpuCachesRowsStepAfterStep) {
@@ -148,12 +159,8 @@ TEST(CudaEviction, KeepsTheCpuCachesRowsStepAfterStep) {
     c.method = "h2o";
     c.h2o_budget = 96;
     Twin t(c, 2, 2, 2, 3, D);  // 2 layers (the cross-layer exchange), batch 2, 2 KV heads x 3 queries
-    t.step(300);               // a prompt: scored by its last 16 queries, pooled, cut to 96 rows
-    t.expect_same_rows("after the prompt, D=" + std::to_string(D));
-    for (int s = 0; s < 40; ++s) t.step(1);  // decode: one eviction per step
-    t.expect_same_rows("after 40 decode steps, D=" + std::to_string(D));
-    t.step(37);  // a later multi-token call (a question after the context)
-    t.expect_same_rows("after a second prompt, D=" + std::to_string(D));
+    // The prompt scored by its last 16 queries, pooled, cut to 96 rows; one eviction per decode step.
+    t.prompt_decode_question("h2o, D=" + std::to_string(D));
     EXPECT_LE(t.worst_probs, 2e-5) << "D=" << D;
     EXPECT_EQ(t.gpu.at(0).rows(), 96u);
   }
@@ -168,12 +175,7 @@ TEST(CudaEviction, StreamingKeepsTheCpuCachesRows) {
     c.method = "streaming";
     c.streaming_budget = 80;
     Twin t(c, 2, 2, 2, 3, D);
-    t.step(300);  // a prompt longer than the budget: 4 sinks + the newest 76
-    t.expect_same_rows("streaming after the prompt, D=" + std::to_string(D));
-    for (int s = 0; s < 40; ++s) t.step(1);
-    t.expect_same_rows("streaming after 40 decode steps, D=" + std::to_string(D));
-    t.step(37);
-    t.expect_same_rows("streaming after a second prompt, D=" + std::to_string(D));
+    t.prompt_decode_question("streaming, D=" + std::to_string(D));  // the prompt: 4 sinks + the newest 76
     t.step(50);  // a third call over the budget
     t.expect_same_rows("streaming after a third call, D=" + std::to_string(D));
     EXPECT_EQ(t.gpu.at(1).rows(), 80u);

@@ -65,6 +65,7 @@ std::unique_ptr<KVCache> device_cache(const std::string& method, int bits = 2) {
   c.method = method;
   c.kivi_bits = bits;
   c.h2o_budget = 64;
+  c.streaming_budget = 64;
   c.device = "cuda";
   return KVCacheFactory::create(c);
 }
@@ -254,6 +255,9 @@ TEST(CudaStepGraph, EvictionReplaysEqualEagerSteps) {
   // the decode kernel evicts the lowest; the moves, scores and victims equal the eager twin's.
   expect_replays_equal_eager("h2o", 2, DType::bf16, 300, 150);
   expect_replays_equal_eager("h2o", 2, DType::f16, 64, 100);  // the prompt is the budget: nothing evicted before
+  // streaming keeping 64 rows: every step's new row takes the oldest non-sink row's slot, the
+  // same in every head (one kernel whose arguments the replay updates).
+  expect_replays_equal_eager("streaming", 2, DType::bf16, 300, 150);
 }
 
 TEST(CudaStepGraph, RefusesWhatItCannotReplay) {

@@ -20,12 +20,10 @@ std::size_t round_up16(std::size_t x) { return (x + 15) / 16 * 16; }
 // Pinned host memory for observations up to this size stays for the next one.
 constexpr std::size_t kKeptProbsBytes = std::size_t{4} << 20;
 
-// One CTA per move (head, from, to): the row's key, value and position into slot `to`.
-// Rows are D fp16/bf16 values (D = 64 or 128: 128 or 256 bytes, 16-byte aligned).
-__global__ void apply_moves_kernel(const int* moves, std::uint16_t* k, std::uint16_t* v, std::int64_t* pos,
-                                   long long stride, int D) {
-  const int* m = moves + 3 * blockIdx.x;
-  const long long src = m[0] * stride + m[1], dst = m[0] * stride + m[2];
+// A row's key, value and position from slot row `src` to `dst` (rows of every head counted
+// together), by one CTA. Rows are D fp16/bf16 values (D = 64 or 128: 128 or 256 bytes, 16-byte
+// aligned).
+__device__ void move_row(std::uint16_t* k, std::uint16_t* v, std::int64_t* pos, long long src, long long dst, int D) {
   const uint4* ks = reinterpret_cast<const uint4*>(k + src * D);
   const uint4* vs = reinterpret_cast<const uint4*>(v + src * D);
   uint4* kd = reinterpret_cast<uint4*>(k + dst * D);
@@ -35,6 +33,20 @@ __global__ void apply_moves_kernel(const int* moves, std::uint16_t* k, std::uint
     vd[i] = vs[i];
   }
   if (threadIdx.x == 0) pos[dst] = pos[src];
+}
+
+// One CTA per move (head, from, to), the moves copied from the host.
+__global__ void apply_moves_kernel(const int* moves, std::uint16_t* k, std::uint16_t* v, std::int64_t* pos,
+                                   long long stride, int D) {
+  const int* m = moves + 3 * blockIdx.x;
+  move_row(k, v, pos, m[0] * stride + m[1], m[0] * stride + m[2], D);
+}
+
+// One CTA per head, every head the same move (from, to): streaming's decode step, whose heads all
+// evict the same slot. Arguments only, so a replayed step updates its node instead of copying.
+__global__ void apply_uniform_move_kernel(int from, int to, std::uint16_t* k, std::uint16_t* v, std::int64_t* pos,
+                                          long long stride, int D) {
+  move_row(k, v, pos, blockIdx.x * stride + from, blockIdx.x * stride + to, D);
 }
 // (The scores and exposure mirrors are the core's to write back after a host decision: moves
 // happen only there, push_metadata follows them.)
@@ -247,8 +259,29 @@ void DeviceSlots::move(std::size_t head, std::size_t from, std::size_t to) {
   written_in_[t] = epoch_;
 }
 
+bool DeviceSlots::uniform_moves() const {
+  if (moves_.size() != 3 * heads_total_) return false;
+  for (std::size_t h = 0; h < heads_total_; ++h) {
+    const int* m = moves_.data() + 3 * h;
+    if (m[0] != static_cast<int>(h) || m[1] != moves_[1] || m[2] != moves_[2]) return false;
+  }
+  return true;
+}
+
 void DeviceSlots::flush() {
   if (moves_.empty()) return;
+  if (uniform_moves()) {
+    launch_kernel(true, false, apply_uniform_move_kernel, dim3(static_cast<unsigned>(heads_total_)), dim3(32), 0, stream_,
+                  moves_[1], moves_[2], keys(), values(), positions(), static_cast<long long>(stride_),
+                  static_cast<int>(dim_));
+    moves_.clear();
+    next_epoch();
+    return;
+  }
+  if (LaunchScope::active() != nullptr) {
+    throw InputError("device eviction cache: a replayed decode step moved different slots in different heads (a "
+                     "list copied from the host, which a graph cannot replay); decode this cache eagerly");
+  }
   const std::size_t bytes = moves_.size() * sizeof(int);
   if (moves_dev_.bytes() < bytes) moves_dev_.reserve(bytes);
   // From pageable memory: the call returns once moves_ is staged, so it may be reused at once.
@@ -257,6 +290,10 @@ void DeviceSlots::flush() {
   launch_kernel(true, false, apply_moves_kernel, dim3(n), dim3(32), 0, stream_, moves_dev_.as<int>(), keys(), values(),
                 positions(), static_cast<long long>(stride_), static_cast<int>(dim_));
   moves_.clear();
+  next_epoch();
+}
+
+void DeviceSlots::next_epoch() {
   if (++epoch_ == 0) {  // wrapped: no slot may look marked in the new epoch
     std::fill(read_in_.begin(), read_in_.end(), 0u);
     std::fill(written_in_.begin(), written_in_.end(), 0u);

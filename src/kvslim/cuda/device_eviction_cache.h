@@ -65,7 +65,9 @@ class DeviceSlots final : public RowStorage {
   // What prepare() launches for the next absorb (the append kernel; cleared once run or dropped).
   void set_arrival(std::function<void()> launch) { arrival_ = std::move(launch); }
   DenseType type() const { return type_; }
-  // Enqueues the moves recorded since the last flush.
+  // Enqueues the moves recorded since the last flush: one move per head, the same in every head
+  // (streaming's decode step), as kernel arguments; any other list copied from the host (refused
+  // while a replayed step is armed).
   void flush();
   // While a decode step is captured: a relayout (a copy on the stream, an allocation) would enter
   // the graph; refused instead.
@@ -97,6 +99,8 @@ class DeviceSlots final : public RowStorage {
   // flush epoch in which a slot was last read / written (a prompt's eviction moves millions of
   // rows: an array, not a hash set).
   std::vector<int> moves_;
+  bool uniform_moves() const;
+  void next_epoch();
   std::vector<std::uint32_t> read_in_, written_in_;
   std::uint32_t epoch_ = 1;
   DeviceBuffer moves_dev_;
@@ -105,8 +109,8 @@ class DeviceSlots final : public RowStorage {
 // h2o / pyramidkv on the device: the eviction core over DeviceSlots, scored by the attention its
 // caller observes (attend with probs, then observe_attention with them, as on the CPU). streaming
 // (scoring none) too: the core admits each appended row on the host (it needs only positions) and
-// the rows move on the device; its steps are not replayed as a graph (each step's moves are copied
-// from the host). squeeze: the same cache with the layer's part in the shared schedule
+// the rows move on the device (a decode step's one move per head as kernel arguments, so its steps
+// replay as a graph too). squeeze: the same cache with the layer's part in the shared schedule
 // (SqueezeSchedule, the host cache's own): its key signal is measured on the device (one kernel
 // over the first call's keys), its attention signals on the prompt window's probabilities the
 // host decision copies over anyway, and an adopted budget trims the device store.
@@ -140,10 +144,10 @@ class DeviceEvictionCache final : public DeviceCache, public SharesImportance {
   const SqueezeSchedule* squeeze() const { return squeeze_.get(); }
   // A decode step replays once the cache holds its budget: append one row, attend with
   // probabilities over budget + 1 rows, the decode kernel's observation and eviction.
-  bool graph_replayable() const override { return scores_by_attention(core_.policy().scoring); }
+  bool graph_replayable() const override { return true; }
 
  private:
-  bool graph_observes() const override { return true; }
+  bool graph_observes() const override { return scores_by_attention(core_.policy().scoring); }
   void graph_check_capturable() const override;
   void graph_observe(const AttentionObservation& obs) override;
   void absorb(const AppendInput& in, const std::vector<std::int64_t>& positions, cudaStream_t stream) override;
