@@ -12,14 +12,7 @@ namespace kvslim::cuda {
 namespace {
 
 __device__ __forceinline__ float load_as_fp16_float(const void* src, DType t, long long i, bool& bad) {
-  float x;
-  if (t == DType::f32) {
-    x = static_cast<const float*>(src)[i];
-  } else if (t == DType::f16) {
-    x = __half2float(static_cast<const __half*>(src)[i]);
-  } else {
-    x = __bfloat162float(static_cast<const __nv_bfloat16*>(src)[i]);
-  }
+  const float x = load_input(src, t, i);
   if (!(fabsf(x) <= 65504.f)) bad = true;  // NaN fails too
   return __half2float(__float2half_rn(x));
 }
@@ -44,15 +37,7 @@ __global__ void dense_append_kernel(AppendInput in, std::uint16_t* k, std::uint1
   const long long dst = (static_cast<long long>(bh) * capacity + n + s) * in.D + c;
   bool bad = false;
   for (int which = 0; which < 2; ++which) {
-    const void* from = which ? in.values : in.keys;
-    float x;
-    if (in.dtype == DType::f32) {
-      x = static_cast<const float*>(from)[src];
-    } else if (in.dtype == DType::f16) {
-      x = __half2float(static_cast<const __half*>(from)[src]);
-    } else {
-      x = __bfloat162float(static_cast<const __nv_bfloat16*>(from)[src]);
-    }
+    const float x = load_input(which ? in.values : in.keys, in.dtype, src);
     bad |= !(fabsf(x) <= 65504.f);
     std::uint16_t bits;
     if (type == DenseType::f16) {

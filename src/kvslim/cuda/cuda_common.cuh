@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <string>
 
+#include "kvslim/dtype.h"
 #include "kvslim/errors.h"
 
 #ifdef __CUDACC__
@@ -40,6 +41,13 @@ namespace kvslim::cuda {
 enum class DenseType : int { f16 = 0, bf16 = 1 };
 
 #ifdef __CUDACC__
+
+// Element i of a caller's block (f32, f16 or bf16), as float.
+__device__ __forceinline__ float load_input(const void* src, DType t, long long i) {
+  if (t == DType::f32) return static_cast<const float*>(src)[i];
+  if (t == DType::f16) return __half2float(static_cast<const __half*>(src)[i]);
+  return __bfloat162float(static_cast<const __nv_bfloat16*>(src)[i]);
+}
 
 __device__ __forceinline__ std::uint32_t pack_half2(float lo, float hi) {
   const __half2 h = __floats2half2_rn(lo, hi);

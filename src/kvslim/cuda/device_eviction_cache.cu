@@ -166,15 +166,7 @@ __global__ void __launch_bounds__(kDispersionThreads)
     for (int c = 0; c < 4; ++c) {
       if (c >= per_lane) break;
       const long long at = head + static_cast<long long>(i) * D + lane + 32 * c;
-      float x;
-      if (dtype == DType::f32) {
-        x = static_cast<const float*>(keys)[at];
-      } else if (dtype == DType::f16) {
-        x = __half2float(static_cast<const __half*>(keys)[at]);
-      } else {
-        x = __bfloat162float(static_cast<const __nv_bfloat16*>(keys)[at]);
-      }
-      k[c] = __half2float(__float2half_rn(x));
+      k[c] = __half2float(__float2half_rn(load_input(keys, dtype, at)));
       sq += k[c] * k[c];
     }
 #pragma unroll
