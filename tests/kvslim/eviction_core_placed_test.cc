@@ -1,0 +1,113 @@
+// The eviction core over a storage whose owner places the rows (EvictionCore::absorb_placed: what
+// the GPU's device slots do), checked on the host: streaming's admission (scoring none) by moves
+// keeps the rows the core keeps when it absorbs them itself, in the same slots, and the room the
+// rows arrived in is given back once they are admitted.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cache/eviction_core.h"
+#include "kvslim/config.h"
+#include "storage/row_storage.h"
+
+namespace kvslim {
+namespace {
+
+// A slot storage holding each row's position as its only content. prepare() is the owner's append
+// (the call's rows after the kept ones); the core's moves are applied as they come.
+class PlacedPositions final : public RowStorage {
+ public:
+  std::size_t kept = 0;                // the core's rows before the call (the owner knows them)
+  std::vector<std::int64_t> arriving;  // the call's positions
+  std::vector<std::int64_t> slots;     // [heads, capacity]
+  std::size_t heads = 0, capacity = 0;
+  int moves = 0;
+
+  std::string_view kind() const override { return "fp16"; }
+  bool slot_writes() const override { return true; }
+  void begin(std::size_t heads_total, std::size_t) override { heads = heads_total; }
+  void relayout(std::size_t new_capacity, std::size_t keep) override {
+    std::vector<std::int64_t> next(heads * new_capacity, -1);
+    for (std::size_t h = 0; h < heads; ++h) {
+      for (std::size_t i = 0; i < keep; ++i) next[h * new_capacity + i] = slots[h * capacity + i];
+    }
+    slots = std::move(next);
+    capacity = new_capacity;
+  }
+  void prepare(std::size_t incoming) override {
+    ASSERT_EQ(incoming, arriving.size());
+    ASSERT_LE(kept + incoming, capacity) << "the core made no room for the placed rows";
+    for (std::size_t h = 0; h < heads; ++h) {
+      for (std::size_t s = 0; s < incoming; ++s) slots[h * capacity + kept + s] = arriving[s];
+    }
+  }
+  void write(std::size_t, std::size_t, const std::uint16_t*, const std::uint16_t*) override {
+    ADD_FAILURE() << "the core wrote a placed row";
+  }
+  void move(std::size_t head, std::size_t from, std::size_t to) override {
+    slots[head * capacity + to] = slots[head * capacity + from];
+    ++moves;
+  }
+  void erase(std::size_t, std::span<const std::size_t>) override { ADD_FAILURE() << "slot storages are not erased"; }
+  void key_logits(std::size_t, std::size_t, const float*, float*) const override { ADD_FAILURE() << "no key proxy"; }
+  void feed(attend::HeadAttention&, std::size_t, const std::int64_t*, std::size_t) const override {}
+  CacheView view(std::size_t, std::size_t, std::size_t, const std::int64_t*, std::size_t) const override { return {}; }
+  std::size_t resident_bytes() const override { return slots.size() * sizeof(std::int64_t); }
+  void reset() override {
+    slots.clear();
+    capacity = 0;
+  }
+};
+
+TEST(EvictionCorePlaced, StreamingAdmitsPlacedRowsAsItAdmitsItsOwn) {
+  KVCacheConfig c;
+  c.streaming_budget = 80;
+  const EvictionPolicy policy = make_streaming_policy(c);
+  const std::size_t batch = 2, kv_heads = 2, heads = batch * kv_heads, D = 8, limit = 80;
+  EvictionCore own(policy);
+  auto placed_storage = std::make_unique<PlacedPositions>();
+  PlacedPositions& placed_rows = *placed_storage;
+  EvictionCore placed(policy, std::move(placed_storage));
+
+  std::int64_t next = 0;
+  const auto call = [&](std::size_t S, const std::string& what) {
+    std::vector<std::int64_t> pos(S);
+    for (std::size_t s = 0; s < S; ++s) pos[s] = next++;
+    const std::vector<std::uint16_t> rows(heads * S * D, 0x3c00);  // fp16 1.0: the content does not matter
+    own.absorb(batch, kv_heads, D, rows.data(), rows.data(), pos.data(), S, limit);
+    placed_rows.kept = placed.rows();
+    placed_rows.arriving = pos;
+    placed.absorb_placed(batch, kv_heads, D, pos.data(), S, limit);
+    ASSERT_EQ(placed.rows(), own.rows()) << what;
+    for (std::size_t h = 0; h < heads; ++h) {
+      for (std::size_t i = 0; i < own.rows(); ++i) {
+        ASSERT_EQ(placed.positions(h)[i], own.positions(h)[i]) << what << ": head " << h << " slot " << i;
+        ASSERT_EQ(placed_rows.slots[h * placed_rows.capacity + i], own.positions(h)[i])
+            << what << ": the storage's row in head " << h << " slot " << i << " is not the core's";
+      }
+    }
+  };
+  call(300, "a prompt over the budget");
+  EXPECT_EQ(placed.rows(), limit);
+  EXPECT_EQ(placed.positions(0)[0], 0);  // the sinks stay
+  EXPECT_EQ(placed_rows.capacity, limit + 1) << "the prompt's arrival room was not given back";
+  for (int s = 0; s < 40; ++s) call(1, "decode step " + std::to_string(s));
+  EXPECT_EQ(placed_rows.capacity, limit + 1) << "a decode step reallocated the store";
+  call(37, "a later call");
+  call(50, "a third call");
+  EXPECT_GT(placed_rows.moves, 0);
+}
+
+TEST(EvictionCorePlaced, RefusesWhatItCannotPlace) {
+  KVCacheConfig c;
+  c.evict_profile = "original";  // the key proxy reads the rows, which the core never sees
+  EvictionCore core(make_eviction_policy(c, 4), std::make_unique<PlacedPositions>());
+  const std::int64_t pos[1] = {0};
+  EXPECT_THROW(core.absorb_placed(1, 1, 8, pos, 1, 16), std::logic_error);
+}
+
+}  // namespace
+}  // namespace kvslim
