@@ -209,6 +209,28 @@ const std::vector<Row>& table() {
                          .description = "h2o at its default over uniform 3-bit groups of 128 rows, decode rows 16 at a time "
                                         "(storage=kivi)",
                          .settings = "storage=kivi,kivi_bits=3,kivi_group_size=128,kivi_staging=16,zipcache_staging=32"},
+                        // Keys and values at their own widths (issue 27): keys per channel keep their
+                        // outlier channels at 2 bits, values carry the digits.
+                        {.name = "h2o+kivi_k2v3_g64",
+                         .description = "h2o at its default over 2-bit keys and 3-bit values, groups of 64 rows, decode "
+                                        "rows 16 at a time (storage=kivi)",
+                         .settings = "storage=kivi,kivi_bits=2,kivi_key_bits=2,kivi_value_bits=3,kivi_group_size=64,"
+                                     "kivi_staging=16,zipcache_staging=32"},
+                        {.name = "h2o+kivi_k2v3_g128",
+                         .description = "h2o at its default over 2-bit keys and 3-bit values, groups of 128 rows, decode "
+                                        "rows 16 at a time (storage=kivi)",
+                         .settings = "storage=kivi,kivi_bits=2,kivi_key_bits=2,kivi_value_bits=3,kivi_group_size=128,"
+                                     "kivi_staging=16,zipcache_staging=32"},
+                        {.name = "h2o+kivi_k2v4_g64",
+                         .description = "h2o at its default over 2-bit keys and 4-bit values, groups of 64 rows, decode "
+                                        "rows 16 at a time (storage=kivi)",
+                         .settings = "storage=kivi,kivi_bits=2,kivi_key_bits=2,kivi_value_bits=4,kivi_group_size=64,"
+                                     "kivi_staging=16,zipcache_staging=32"},
+                        {.name = "h2o+kivi_k2v4_g128",
+                         .description = "h2o at its default over 2-bit keys and 4-bit values, groups of 128 rows, decode "
+                                        "rows 16 at a time (storage=kivi)",
+                         .settings = "storage=kivi,kivi_bits=2,kivi_key_bits=2,kivi_value_bits=4,kivi_group_size=128,"
+                                     "kivi_staging=16,zipcache_staging=32"},
                         {.name = "h2o+kivi2_g128_full_prefill",
                          .description = "h2o over uniform 2-bit groups of 128 rows, decode rows 16 at a time, the prompt "
                                         "attending its own rows before the cache compresses (full_prompt prefill)",
@@ -305,6 +327,27 @@ const std::vector<Row>& table() {
                                         "(storage=kivi)",
                          .settings = "squeeze_signal=key_dispersion,storage=kivi,kivi_bits=3,kivi_group_size=128,kivi_staging=16,"
                                      "zipcache_staging=32"},
+                        // Keys and values at their own widths (issue 27).
+                        {.name = "squeeze+kivi_k2v3_g64",
+                         .description = "squeeze at its default over 2-bit keys and 3-bit values, groups of 64 rows, decode "
+                                        "rows 16 at a time (storage=kivi)",
+                         .settings = "squeeze_signal=key_dispersion,storage=kivi,kivi_bits=2,kivi_key_bits=2,kivi_value_bits=3,kivi_group_size=64,"
+                                     "kivi_staging=16,zipcache_staging=32"},
+                        {.name = "squeeze+kivi_k2v3_g128",
+                         .description = "squeeze at its default over 2-bit keys and 3-bit values, groups of 128 rows, decode "
+                                        "rows 16 at a time (storage=kivi)",
+                         .settings = "squeeze_signal=key_dispersion,storage=kivi,kivi_bits=2,kivi_key_bits=2,kivi_value_bits=3,kivi_group_size=128,"
+                                     "kivi_staging=16,zipcache_staging=32"},
+                        {.name = "squeeze+kivi_k2v4_g64",
+                         .description = "squeeze at its default over 2-bit keys and 4-bit values, groups of 64 rows, decode "
+                                        "rows 16 at a time (storage=kivi)",
+                         .settings = "squeeze_signal=key_dispersion,storage=kivi,kivi_bits=2,kivi_key_bits=2,kivi_value_bits=4,kivi_group_size=64,"
+                                     "kivi_staging=16,zipcache_staging=32"},
+                        {.name = "squeeze+kivi_k2v4_g128",
+                         .description = "squeeze at its default over 2-bit keys and 4-bit values, groups of 128 rows, decode "
+                                        "rows 16 at a time (storage=kivi)",
+                         .settings = "squeeze_signal=key_dispersion,storage=kivi,kivi_bits=2,kivi_key_bits=2,kivi_value_bits=4,kivi_group_size=128,"
+                                     "kivi_staging=16,zipcache_staging=32"},
                     }},
        .build = build_squeeze},
       {.info = {.name = "pyramidkv",
@@ -417,6 +460,28 @@ const std::vector<Row>& table() {
                         {.name = "kivi2_g128",
                          .description = "uniform 2-bit group quantization of K and V, groups of 128 rows (128 fp16 staging)",
                          .settings = "kivi_bits=2,kivi_group_size=128,kivi_staging=128"},
+                        // Keys and values at their own widths (issue 27: keys are quantized per
+                        // channel, where outlier channels take their own range; values carry the
+                        // digits a retrieval answer copies). kivi_bits = the key width, so the
+                        // bytes the eval's tables name follow the fields.
+                        {.name = "kivi_k2v4",
+                         .description = "2-bit keys and 4-bit values, groups of 32 rows (128 fp16 staging)",
+                         .settings = "kivi_bits=2,kivi_key_bits=2,kivi_value_bits=4,kivi_group_size=32,kivi_staging=128"},
+                        {.name = "kivi_k2v3_g64",
+                         .description = "2-bit keys and 3-bit values, groups of 64 rows (128 fp16 staging)",
+                         .settings = "kivi_bits=2,kivi_key_bits=2,kivi_value_bits=3,kivi_group_size=64,kivi_staging=128"},
+                        {.name = "kivi_k2v4_g64",
+                         .description = "2-bit keys and 4-bit values, groups of 64 rows (128 fp16 staging)",
+                         .settings = "kivi_bits=2,kivi_key_bits=2,kivi_value_bits=4,kivi_group_size=64,kivi_staging=128"},
+                        {.name = "kivi_k2v3_g128",
+                         .description = "2-bit keys and 3-bit values, groups of 128 rows (128 fp16 staging)",
+                         .settings = "kivi_bits=2,kivi_key_bits=2,kivi_value_bits=3,kivi_group_size=128,kivi_staging=128"},
+                        {.name = "kivi_k2v4_g128",
+                         .description = "2-bit keys and 4-bit values, groups of 128 rows (128 fp16 staging)",
+                         .settings = "kivi_bits=2,kivi_key_bits=2,kivi_value_bits=4,kivi_group_size=128,kivi_staging=128"},
+                        {.name = "kivi_k3v2_g128",
+                         .description = "3-bit keys and 2-bit values, groups of 128 rows (128 fp16 staging)",
+                         .settings = "kivi_bits=3,kivi_key_bits=3,kivi_value_bits=2,kivi_group_size=128,kivi_staging=128"},
                         {.name = "kivi2_full_prefill",
                          .description = "kivi2, the prompt attending its own rows before the cache quantizes them "
                                         "(full_prompt prefill: KIVI's order)",

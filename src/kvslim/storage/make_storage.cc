@@ -14,7 +14,8 @@ std::unique_ptr<RowStorage> make_row_storage(const KVCacheConfig& c) {
   PackedRowsOptions o;
   if (c.storage == "kivi") {
     o.kind = "kivi";
-    o.hi_bits = o.lo_bits = c.kivi_bits;
+    o.hi_bits = o.lo_bits = c.kivi_keys_at();
+    o.value_bits = c.kivi_values_at();
     o.hi_fraction = 0.0;
     o.group_size = static_cast<std::size_t>(std::max(c.kivi_group_size, 1));
     o.staging = static_cast<std::size_t>(std::max(c.kivi_staging, 0));
