@@ -92,6 +92,8 @@ struct KVCacheConfig {
   double zipcache_hi_fraction = 0.20;
   int zipcache_group_size = 32;
   bool zipcache_quantize_values = true;  // values at uniform hi_bits (as the original code does)
+  // Values at their own width (1..8), or -1 (default): zipcache_hi_bits (issue 27).
+  int zipcache_value_bits = -1;
   // Tokens that wait in fp16 before being compressed together (0 = compress every call alone,
   // the documented behaviour). Must be a multiple of group_size.
   int zipcache_staging = 128;

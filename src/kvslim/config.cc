@@ -56,6 +56,7 @@ const std::vector<Field>& field_table() {
       {"zipcache_hi_fraction", &C::zipcache_hi_fraction},
       {"zipcache_group_size", &C::zipcache_group_size},
       {"zipcache_quantize_values", &C::zipcache_quantize_values},
+      {"zipcache_value_bits", &C::zipcache_value_bits},
       {"zipcache_staging", &C::zipcache_staging},
       {"zipcache_saliency", &C::zipcache_saliency},
       {"kivi_bits", &C::kivi_bits},
@@ -173,6 +174,9 @@ void KVCacheConfig::validate() const {
   check_range("zipcache_lo_bits", zipcache_lo_bits, 1, 8);
   if (zipcache_lo_bits > zipcache_hi_bits) {
     fail("zipcache_lo_bits", std::to_string(zipcache_lo_bits), "must be <= zipcache_hi_bits = " + std::to_string(zipcache_hi_bits));
+  }
+  if (zipcache_value_bits != -1 && (zipcache_value_bits < 1 || zipcache_value_bits > 8)) {
+    fail("zipcache_value_bits", std::to_string(zipcache_value_bits), "must be -1 (zipcache_hi_bits) or in [1, 8]");
   }
   check_unit("zipcache_hi_fraction", zipcache_hi_fraction);
   check_min("zipcache_group_size", zipcache_group_size, 1);

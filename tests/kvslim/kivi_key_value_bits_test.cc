@@ -351,5 +351,73 @@ TEST(KiviKeyValueBits, TheKiviStorageUnderAPolicyHoldsEachTensorAtItsWidth) {
   }
 }
 
+
+// zipcache's values at their own width (zipcache_value_bits, -1 = zipcache_hi_bits): keys keep
+// their two widths by saliency, values are exactly the kivi cache's at that width, attention is
+// over the dequantized rows, and the zipcache storage under a policy holds them so too.
+TEST(ZipcacheValueBits, ValuesAtTheirOwnWidthBesideMixedPrecisionKeys) {
+  KVCacheConfig bad;
+  for (const char* v : {"0", "9", "-3"}) {
+    bad.set("zipcache_value_bits", v);
+    try {
+      bad.validate();
+      ADD_FAILURE() << "zipcache_value_bits = " << v << " accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("zipcache_value_bits"), std::string::npos) << e.what();
+    }
+  }
+  constexpr std::size_t H = 2, S = 128, D = 64;
+  KVCacheConfig z;
+  z.method = "zipcache";
+  z.zipcache_hi_bits = 3;
+  z.zipcache_lo_bits = 2;
+  z.zipcache_hi_fraction = 0.5;
+  z.zipcache_value_bits = 1;
+  z.zipcache_group_size = 64;
+  z.zipcache_staging = 64;
+  auto zip = KVCacheFactory::create(z);
+  KVCacheConfig k = kivi(-1, -1, 64, 64);
+  k.kivi_bits = 1;
+  auto ref = KVCacheFactory::create(k);
+  KV io(1, H, S, D, 19);
+  std::vector<std::int64_t> p(S);
+  for (std::size_t i = 0; i < S; ++i) p[i] = static_cast<std::int64_t>(i);
+  zip->append(io.keys(), io.values(), p);
+  ref->append(io.keys(), io.values(), p);
+  const auto& zc = dynamic_cast<const ZipCacheCache&>(*zip);
+  for (const auto& head : zc.heads()) {
+    ASSERT_EQ(head.blocks.size(), 1u);
+    EXPECT_EQ(head.blocks[0].keys.hi.bits, 3);
+    EXPECT_EQ(head.blocks[0].keys.lo.bits, 2);
+    EXPECT_EQ(head.blocks[0].keys.n_hi, S / 2);
+    EXPECT_EQ(head.blocks[0].values.bits, 1);
+    EXPECT_EQ(head.blocks[0].values.codes.size(), S * packed_row_bytes(D, 1));
+  }
+  EXPECT_EQ(zip->stats().figure("value_bits"), 1.0);
+  EXPECT_EQ(zip->stats().figure("accounted_value_bytes"), H * static_cast<double>(zipcache_accounted_bytes(S, 0, S, D, 1, 1, 64)));
+  const CacheView zv = zip->materialize();
+  const CacheView rv = ref->materialize();
+  ASSERT_EQ(0, std::memcmp(zv.values, rv.values, H * S * D * 2));
+  expect_attention_is_over_the_dequantized_rows(*zip, H, D, 127, 21);
+  expect_attention_is_over_the_dequantized_rows(*zip, H, D, 50, 22);
+
+  // The zipcache storage under h2o: values packed at 1 bit, attention over the dequantized rows.
+  KVCacheConfig c = z;
+  c.method = "h2o";
+  c.storage = "zipcache";
+  c.zipcache_staging = 16;
+  c.h2o_budget = 100;
+  auto composed = KVCacheFactory::create(c);
+  composed->append(io.keys(), io.values(), p);
+  const std::size_t N = composed->rows();
+  std::vector<float> probs(H * N, 1.0f / static_cast<float>(N));
+  const std::vector<std::int64_t> qp{static_cast<std::int64_t>(S - 1)};
+  composed->observe_attention(AttentionObservation{probs.data(), 1, H, 1, N, N, qp});
+  ASSERT_EQ(composed->rows(), 100u);
+  EXPECT_EQ(composed->stats().figure("value_bits"), 1.0);
+  EXPECT_EQ(composed->stats().figure("storage_staged_rows"), 0.0);
+  expect_attention_is_over_the_dequantized_rows(*composed, H, D, 200, 23);
+}
+
 }  // namespace
 }  // namespace kvslim

@@ -319,6 +319,7 @@ std::unique_ptr<KVCache> make_zipcache_cache(const KVCacheConfig& c) {
   o.hi_fraction = c.zipcache_hi_fraction;
   o.group_size = static_cast<std::size_t>(std::max(c.zipcache_group_size, 0));
   o.quantize_values = c.zipcache_quantize_values;
+  o.value_bits = c.zipcache_value_bits == -1 ? 0 : c.zipcache_value_bits;
   if (c.zipcache_staging < 0) throw ConfigError("KVCacheConfig.zipcache_staging must be >= 0");
   o.staging = static_cast<std::size_t>(c.zipcache_staging);
   if (c.zipcache_saliency == "attention_normalized") {
