@@ -103,10 +103,10 @@ struct KVCacheConfig {
 
   // --- kivi (uniform asymmetric group quantization, both K and V, KIVI-style) ---
   int kivi_bits = 2;
-  // Keys and values at their own widths (1..8), or -1 (default): kivi_bits. Keys are quantized per
-  // channel over a group of rows, where a few outlier channels take their own range; values carry
-  // the digits a retrieval answer copies (issue 27: 2-bit values lose 5-digit numbers). Both the
-  // kivi method and storage=kivi read them; a CUDA device takes equal widths only.
+  // Keys and values at their own widths (1..8), or -1 (default): kivi_bits. On models/tiny the keys
+  // need the bits, not the values (issue 27, kvlist after the context: 3-bit keys / 2-bit values
+  // 0.85, 2-bit keys / 3-bit values 0.20; docs/results.md). Both the kivi method and storage=kivi
+  // read them; a CUDA device takes equal widths only.
   int kivi_key_bits = -1;
   int kivi_value_bits = -1;
   int kivi_group_size = 32;
