@@ -92,6 +92,8 @@ struct KVCacheConfig {
   double zipcache_hi_fraction = 0.20;
   int zipcache_group_size = 32;
   bool zipcache_quantize_values = true;  // values at uniform hi_bits (as the original code does)
+  // Values at their own width (1..8), or -1 (default): zipcache_hi_bits (issue 27).
+  int zipcache_value_bits = -1;
   // Tokens that wait in fp16 before being compressed together (0 = compress every call alone,
   // the documented behaviour). Must be a multiple of group_size.
   int zipcache_staging = 128;
@@ -101,13 +103,22 @@ struct KVCacheConfig {
 
   // --- kivi (uniform asymmetric group quantization, both K and V, KIVI-style) ---
   int kivi_bits = 2;
+  // Keys and values at their own widths (1..8), or -1 (default): kivi_bits. On models/tiny the keys
+  // need the bits, not the values (issue 27, kvlist after the context: 3-bit keys / 2-bit values
+  // 0.85, 2-bit keys / 3-bit values 0.20; docs/results.md). Both the kivi method and storage=kivi
+  // read them; a CUDA device takes equal widths only.
+  int kivi_key_bits = -1;
+  int kivi_value_bits = -1;
   int kivi_group_size = 32;
   int kivi_staging = 128;  // fp16 residual tokens waiting to be quantized a block at a time
+  // The widths kivi quantizes keys and values at (kivi_key_bits / kivi_value_bits, -1 = kivi_bits).
+  int kivi_keys_at() const { return kivi_key_bits == -1 ? kivi_bits : kivi_key_bits; }
+  int kivi_values_at() const { return kivi_value_bits == -1 ? kivi_bits : kivi_value_bits; }
 
   // --- how the rows are held (the storage under an eviction policy) ---
   // A cache is a policy over a storage. The eviction methods (full, streaming, h2o, pyramidkv,
   // squeeze) hold their kept rows in "fp16" slots (default), or compressed: "kivi" (uniform
-  // group quantization at kivi_bits, groups of kivi_group_size rows; a prompt's survivors are
+  // group quantization at kivi_bits (or kivi_key_bits / kivi_value_bits), groups of kivi_group_size rows; a prompt's survivors are
   // compressed at once, decode rows once kivi_staging of them wait) or "zipcache" (salient rows' keys at zipcache_hi_bits, the rest at zipcache_lo_bits,
   // values at hi_bits; zipcache_saliency "attention_normalized" = the policy's own row scores). So
   // method=squeeze storage=zipcache is both seeds in one cache. Methods kivi and zipcache are

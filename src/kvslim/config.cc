@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cmath>
 #include <sstream>
+#include <utility>
 #include <variant>
 
 #include "cache/row_scores.h"
@@ -55,9 +56,12 @@ const std::vector<Field>& field_table() {
       {"zipcache_hi_fraction", &C::zipcache_hi_fraction},
       {"zipcache_group_size", &C::zipcache_group_size},
       {"zipcache_quantize_values", &C::zipcache_quantize_values},
+      {"zipcache_value_bits", &C::zipcache_value_bits},
       {"zipcache_staging", &C::zipcache_staging},
       {"zipcache_saliency", &C::zipcache_saliency},
       {"kivi_bits", &C::kivi_bits},
+      {"kivi_key_bits", &C::kivi_key_bits},
+      {"kivi_value_bits", &C::kivi_value_bits},
       {"kivi_group_size", &C::kivi_group_size},
       {"kivi_staging", &C::kivi_staging},
       {"storage", &C::storage},
@@ -171,6 +175,9 @@ void KVCacheConfig::validate() const {
   if (zipcache_lo_bits > zipcache_hi_bits) {
     fail("zipcache_lo_bits", std::to_string(zipcache_lo_bits), "must be <= zipcache_hi_bits = " + std::to_string(zipcache_hi_bits));
   }
+  if (zipcache_value_bits != -1 && (zipcache_value_bits < 1 || zipcache_value_bits > 8)) {
+    fail("zipcache_value_bits", std::to_string(zipcache_value_bits), "must be -1 (zipcache_hi_bits) or in [1, 8]");
+  }
   check_unit("zipcache_hi_fraction", zipcache_hi_fraction);
   check_min("zipcache_group_size", zipcache_group_size, 1);
   check_min("zipcache_staging", zipcache_staging, 0);
@@ -182,6 +189,9 @@ void KVCacheConfig::validate() const {
   }
   check_choice("zipcache_saliency", zipcache_saliency, {"key_norm", "attention_normalized"});
   check_range("kivi_bits", kivi_bits, 1, 8);
+  for (const auto& [name, v] : {std::pair{"kivi_key_bits", kivi_key_bits}, std::pair{"kivi_value_bits", kivi_value_bits}}) {
+    if (v != -1 && (v < 1 || v > 8)) fail(name, std::to_string(v), "must be -1 (kivi_bits) or in [1, 8]");
+  }
   check_min("kivi_group_size", kivi_group_size, 1);
   check_min("kivi_staging", kivi_staging, 0);
   if (kivi_staging % kivi_group_size != 0 && !(storage == "kivi" && kivi_staging < kivi_group_size)) {
@@ -199,6 +209,13 @@ void KVCacheConfig::validate() const {
   }
   if (storage != "fp16" && device != "cpu") fail("storage", "\"" + storage + "\"", "must be fp16 on a CUDA device (device = " + device + ")");
   if (device_index() < -1) fail("device", "\"" + device + "\"", "must be \"cpu\", \"cuda\" or \"cuda:N\" (N >= 0)");
+  // The CUDA kivi storage reads one width for keys and values (DeviceKiviCache: kivi_bits).
+  if (device != "cpu" && method == "kivi" && (kivi_keys_at() != kivi_bits || kivi_values_at() != kivi_bits)) {
+    fail(kivi_keys_at() != kivi_bits ? "kivi_key_bits" : "kivi_value_bits",
+         std::to_string(kivi_keys_at() != kivi_bits ? kivi_key_bits : kivi_value_bits),
+         "must be -1 or equal kivi_bits = " + std::to_string(kivi_bits) + " on a CUDA device (device = " + device +
+             ": its kivi storage holds keys and values at one width)");
+  }
   if (device != "cpu" && !info.cuda) {
     std::string takes;
     for (const MethodInfo& m : method_registry()) {

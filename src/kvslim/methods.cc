@@ -207,6 +207,33 @@ const std::vector<Row>& table() {
                          .description = "h2o at its default over uniform 3-bit groups of 128 rows, decode rows 16 at a time "
                                         "(storage=kivi)",
                          .settings = "storage=kivi,kivi_bits=3,kivi_group_size=128,kivi_staging=16,zipcache_staging=32"},
+                        // Keys and values at their own widths (issue 27; measured: the keys need the
+                        // bits, the values do not).
+                        {.name = "h2o+kivi_k2v3_g64",
+                         .description = "h2o at its default over 2-bit keys and 3-bit values, groups of 64 rows, decode "
+                                        "rows 16 at a time (storage=kivi)",
+                         .settings = "storage=kivi,kivi_bits=2,kivi_key_bits=2,kivi_value_bits=3,kivi_group_size=64,"
+                                     "kivi_staging=16,zipcache_staging=32"},
+                        {.name = "h2o+kivi_k2v3_g128",
+                         .description = "h2o at its default over 2-bit keys and 3-bit values, groups of 128 rows, decode "
+                                        "rows 16 at a time (storage=kivi)",
+                         .settings = "storage=kivi,kivi_bits=2,kivi_key_bits=2,kivi_value_bits=3,kivi_group_size=128,"
+                                     "kivi_staging=16,zipcache_staging=32"},
+                        {.name = "h2o+kivi_k2v4_g64",
+                         .description = "h2o at its default over 2-bit keys and 4-bit values, groups of 64 rows, decode "
+                                        "rows 16 at a time (storage=kivi)",
+                         .settings = "storage=kivi,kivi_bits=2,kivi_key_bits=2,kivi_value_bits=4,kivi_group_size=64,"
+                                     "kivi_staging=16,zipcache_staging=32"},
+                        {.name = "h2o+kivi_k2v4_g128",
+                         .description = "h2o at its default over 2-bit keys and 4-bit values, groups of 128 rows, decode "
+                                        "rows 16 at a time (storage=kivi)",
+                         .settings = "storage=kivi,kivi_bits=2,kivi_key_bits=2,kivi_value_bits=4,kivi_group_size=128,"
+                                     "kivi_staging=16,zipcache_staging=32"},
+                        {.name = "h2o+kivi_k3v2_g128",
+                         .description = "h2o at its default over 3-bit keys and 2-bit values, groups of 128 rows, decode "
+                                        "rows 16 at a time (storage=kivi)",
+                         .settings = "storage=kivi,kivi_bits=3,kivi_key_bits=3,kivi_value_bits=2,kivi_group_size=128,"
+                                     "kivi_staging=16,zipcache_staging=32"},
                         {.name = "h2o+kivi2_g128_full_prefill",
                          .description = "h2o over uniform 2-bit groups of 128 rows, decode rows 16 at a time, the prompt "
                                         "attending its own rows before the cache compresses (full_prompt prefill)",
@@ -304,6 +331,67 @@ const std::vector<Row>& table() {
                                         "(storage=kivi)",
                          .settings = "squeeze_signal=key_dispersion,storage=kivi,kivi_bits=3,kivi_group_size=128,kivi_staging=16,"
                                      "zipcache_staging=32"},
+                        // Keys and values at their own widths (issue 27).
+                        {.name = "squeeze+kivi_k2v3_g64",
+                         .description = "squeeze at its default over 2-bit keys and 3-bit values, groups of 64 rows, decode "
+                                        "rows 16 at a time (storage=kivi)",
+                         .settings = "squeeze_signal=key_dispersion,storage=kivi,kivi_bits=2,kivi_key_bits=2,kivi_value_bits=3,kivi_group_size=64,"
+                                     "kivi_staging=16,zipcache_staging=32"},
+                        {.name = "squeeze+kivi_k2v3_g128",
+                         .description = "squeeze at its default over 2-bit keys and 3-bit values, groups of 128 rows, decode "
+                                        "rows 16 at a time (storage=kivi)",
+                         .settings = "squeeze_signal=key_dispersion,storage=kivi,kivi_bits=2,kivi_key_bits=2,kivi_value_bits=3,kivi_group_size=128,"
+                                     "kivi_staging=16,zipcache_staging=32"},
+                        {.name = "squeeze+kivi_k2v4_g64",
+                         .description = "squeeze at its default over 2-bit keys and 4-bit values, groups of 64 rows, decode "
+                                        "rows 16 at a time (storage=kivi)",
+                         .settings = "squeeze_signal=key_dispersion,storage=kivi,kivi_bits=2,kivi_key_bits=2,kivi_value_bits=4,kivi_group_size=64,"
+                                     "kivi_staging=16,zipcache_staging=32"},
+                        {.name = "squeeze+kivi_k2v4_g128",
+                         .description = "squeeze at its default over 2-bit keys and 4-bit values, groups of 128 rows, decode "
+                                        "rows 16 at a time (storage=kivi)",
+                         .settings = "squeeze_signal=key_dispersion,storage=kivi,kivi_bits=2,kivi_key_bits=2,kivi_value_bits=4,kivi_group_size=128,"
+                                     "kivi_staging=16,zipcache_staging=32"},
+                        {.name = "squeeze+kivi_k3v2_g64",
+                         .description = "squeeze at its default over 3-bit keys and 2-bit values, groups of 64 rows, decode "
+                                        "rows 16 at a time (storage=kivi)",
+                         .settings = "squeeze_signal=key_dispersion,storage=kivi,kivi_bits=3,kivi_key_bits=3,kivi_value_bits=2,kivi_group_size=64,"
+                                     "kivi_staging=16,zipcache_staging=32"},
+                        {.name = "squeeze+kivi_k3v2_g128",
+                         .description = "squeeze at its default over 3-bit keys and 2-bit values, groups of 128 rows, decode "
+                                        "rows 16 at a time (storage=kivi)",
+                         .settings = "squeeze_signal=key_dispersion,storage=kivi,kivi_bits=3,kivi_key_bits=3,kivi_value_bits=2,kivi_group_size=128,"
+                                     "kivi_staging=16,zipcache_staging=32"},
+                        {.name = "squeeze+kivi_k3v1_g128",
+                         .description = "squeeze at its default over 3-bit keys and 1-bit values, groups of 128 rows, decode "
+                                        "rows 16 at a time (storage=kivi)",
+                         .settings = "squeeze_signal=key_dispersion,storage=kivi,kivi_bits=3,kivi_key_bits=3,kivi_value_bits=1,kivi_group_size=128,"
+                                     "kivi_staging=16,zipcache_staging=32"},
+                        {.name = "squeeze+kivi_k3v1_g256",
+                         .description = "squeeze at its default over 3-bit keys and 1-bit values, groups of 256 rows, decode "
+                                        "rows 16 at a time (storage=kivi)",
+                         .settings = "squeeze_signal=key_dispersion,storage=kivi,kivi_bits=3,kivi_key_bits=3,kivi_value_bits=1,kivi_group_size=256,"
+                                     "kivi_staging=16,zipcache_staging=32"},
+                        {.name = "squeeze+kivi_k3v2_g256",
+                         .description = "squeeze at its default over 3-bit keys and 2-bit values, groups of 256 rows, decode "
+                                        "rows 16 at a time (storage=kivi)",
+                         .settings = "squeeze_signal=key_dispersion,storage=kivi,kivi_bits=3,kivi_key_bits=3,kivi_value_bits=2,kivi_group_size=256,"
+                                     "kivi_staging=16,zipcache_staging=32"},
+                        {.name = "squeeze+kivi_k3v1_g512",
+                         .description = "squeeze at its default over 3-bit keys and 1-bit values, groups of 512 rows, decode "
+                                        "rows 16 at a time (storage=kivi)",
+                         .settings = "squeeze_signal=key_dispersion,storage=kivi,kivi_bits=3,kivi_key_bits=3,kivi_value_bits=1,kivi_group_size=512,"
+                                     "kivi_staging=16,zipcache_staging=32"},
+                        {.name = "squeeze+kivi_k3v1_g256_attnsum",
+                         .description = "squeeze at its default over 3-bit keys and 1-bit values, groups of 256 rows, decode "
+                                        "rows 16 at a time (storage=kivi), scored by the attention sum (no exposure count per row)",
+                         .settings = "squeeze_signal=key_dispersion,storage=kivi,kivi_bits=3,kivi_key_bits=3,kivi_value_bits=1,kivi_group_size=256,"
+                                     "kivi_staging=16,zipcache_staging=32,evict_scoring=attention"},
+                        {.name = "squeeze+kivi_k3v2_g256_attnsum",
+                         .description = "squeeze at its default over 3-bit keys and 2-bit values, groups of 256 rows, decode "
+                                        "rows 16 at a time (storage=kivi), scored by the attention sum (no exposure count per row)",
+                         .settings = "squeeze_signal=key_dispersion,storage=kivi,kivi_bits=3,kivi_key_bits=3,kivi_value_bits=2,kivi_group_size=256,"
+                                     "kivi_staging=16,zipcache_staging=32,evict_scoring=attention"},
                     }},
        .build = build_squeeze},
       {.info = {.name = "pyramidkv",
@@ -379,6 +467,26 @@ const std::vector<Row>& table() {
                          .description = "ZipCache 4/2 bits, 20% salient by normalised attention (the paper's)",
                          .settings = "zipcache_saliency=attention_normalized",
                          .compares_to = "zipcache_4_2_h20"},
+                        // Issue 27, 12.5 % of the bytes with every token: keys between 2 and 3 bits,
+                        // values at 1 bit (kvslim's kivi_k3v1_g512 sits at 13.4 %).
+                        {.name = "zipcache_3_2_h50_v1_g512_full_prefill",
+                         .description = "ZipCache keys: 50% salient rows at 3 bits, the rest at 2 (key-norm saliency); values at 1 bit; "
+                                        "groups of 512 rows, the prompt attending its own rows first (full_prompt prefill)",
+                         .settings = "zipcache_hi_bits=3,zipcache_lo_bits=2,zipcache_hi_fraction=0.5,zipcache_value_bits=1,"
+                                     "zipcache_group_size=512,zipcache_staging=512,zipcache_saliency=key_norm",
+                         .prefill_full_prompt = true},
+                        {.name = "zipcache_3_2_h60_v1_g512_full_prefill",
+                         .description = "ZipCache keys: 60% salient rows at 3 bits, the rest at 2 (key-norm saliency); values at 1 bit; "
+                                        "groups of 512 rows, the prompt attending its own rows first (full_prompt prefill)",
+                         .settings = "zipcache_hi_bits=3,zipcache_lo_bits=2,zipcache_hi_fraction=0.6,zipcache_value_bits=1,"
+                                     "zipcache_group_size=512,zipcache_staging=512,zipcache_saliency=key_norm",
+                         .prefill_full_prompt = true},
+                        {.name = "zipcache_3_2_h60_v1_g512_attn_full_prefill",
+                         .description = "ZipCache keys: 60% salient rows at 3 bits, the rest at 2 (salient by normalised attention); values at 1 bit; "
+                                        "groups of 512 rows, the prompt attending its own rows first (full_prompt prefill)",
+                         .settings = "zipcache_hi_bits=3,zipcache_lo_bits=2,zipcache_hi_fraction=0.6,zipcache_value_bits=1,"
+                                     "zipcache_group_size=512,zipcache_staging=512,zipcache_saliency=attention_normalized",
+                         .prefill_full_prompt = true},
                     },
                 .eval_rank = 1},
        .build = build_zipcache},
@@ -416,6 +524,57 @@ const std::vector<Row>& table() {
                         {.name = "kivi2_g128",
                          .description = "uniform 2-bit group quantization of K and V, groups of 128 rows (128 fp16 staging)",
                          .settings = "kivi_bits=2,kivi_group_size=128,kivi_staging=128"},
+                        // Keys and values at their own widths (issue 27). Measured on kvlist after the
+                        // context: the keys need the bits, the values do not (k3v2 0.85, k2v3 0.20).
+                        // kivi_bits = the key width.
+                        {.name = "kivi_k2v4",
+                         .description = "2-bit keys and 4-bit values, groups of 32 rows (128 fp16 staging)",
+                         .settings = "kivi_bits=2,kivi_key_bits=2,kivi_value_bits=4,kivi_group_size=32,kivi_staging=128"},
+                        {.name = "kivi_k2v3_g64",
+                         .description = "2-bit keys and 3-bit values, groups of 64 rows (128 fp16 staging)",
+                         .settings = "kivi_bits=2,kivi_key_bits=2,kivi_value_bits=3,kivi_group_size=64,kivi_staging=128"},
+                        {.name = "kivi_k2v4_g64",
+                         .description = "2-bit keys and 4-bit values, groups of 64 rows (128 fp16 staging)",
+                         .settings = "kivi_bits=2,kivi_key_bits=2,kivi_value_bits=4,kivi_group_size=64,kivi_staging=128"},
+                        {.name = "kivi_k2v3_g128",
+                         .description = "2-bit keys and 3-bit values, groups of 128 rows (128 fp16 staging)",
+                         .settings = "kivi_bits=2,kivi_key_bits=2,kivi_value_bits=3,kivi_group_size=128,kivi_staging=128"},
+                        {.name = "kivi_k2v4_g128",
+                         .description = "2-bit keys and 4-bit values, groups of 128 rows (128 fp16 staging)",
+                         .settings = "kivi_bits=2,kivi_key_bits=2,kivi_value_bits=4,kivi_group_size=128,kivi_staging=128"},
+                        {.name = "kivi_k3v2_g128",
+                         .description = "3-bit keys and 2-bit values, groups of 128 rows (128 fp16 staging)",
+                         .settings = "kivi_bits=3,kivi_key_bits=3,kivi_value_bits=2,kivi_group_size=128,kivi_staging=128"},
+                        {.name = "kivi_k3v2_g64",
+                         .description = "3-bit keys and 2-bit values, groups of 64 rows (128 fp16 staging)",
+                         .settings = "kivi_bits=3,kivi_key_bits=3,kivi_value_bits=2,kivi_group_size=64,kivi_staging=128"},
+                        {.name = "kivi_k3v2_g256",
+                         .description = "3-bit keys and 2-bit values, groups of 256 rows (256 fp16 staging)",
+                         .settings = "kivi_bits=3,kivi_key_bits=3,kivi_value_bits=2,kivi_group_size=256,kivi_staging=256"},
+                        {.name = "kivi_k3v1_g128",
+                         .description = "3-bit keys and 1-bit values, groups of 128 rows (128 fp16 staging)",
+                         .settings = "kivi_bits=3,kivi_key_bits=3,kivi_value_bits=1,kivi_group_size=128,kivi_staging=128"},
+                        {.name = "kivi_k3v1_g256",
+                         .description = "3-bit keys and 1-bit values, groups of 256 rows (256 fp16 staging)",
+                         .settings = "kivi_bits=3,kivi_key_bits=3,kivi_value_bits=1,kivi_group_size=256,kivi_staging=256"},
+                        {.name = "kivi_k4v2_g128",
+                         .description = "4-bit keys and 2-bit values, groups of 128 rows (128 fp16 staging)",
+                         .settings = "kivi_bits=4,kivi_key_bits=4,kivi_value_bits=2,kivi_group_size=128,kivi_staging=128"},
+                        {.name = "kivi_k3v1_g256_full_prefill",
+                         .description = "3-bit keys and 1-bit values, groups of 256 rows (256 fp16 staging), the prompt "
+                                        "attending its own rows before the cache quantizes them (full_prompt prefill)",
+                         .settings = "kivi_bits=3,kivi_key_bits=3,kivi_value_bits=1,kivi_group_size=256,kivi_staging=256",
+                         .prefill_full_prompt = true},
+                        {.name = "kivi_k3v1_g512_full_prefill",
+                         .description = "3-bit keys and 1-bit values, groups of 512 rows (512 fp16 staging), the prompt "
+                                        "attending its own rows before the cache quantizes them (full_prompt prefill)",
+                         .settings = "kivi_bits=3,kivi_key_bits=3,kivi_value_bits=1,kivi_group_size=512,kivi_staging=512",
+                         .prefill_full_prompt = true},
+                        {.name = "kivi_k3v2_g256_full_prefill",
+                         .description = "3-bit keys and 2-bit values, groups of 256 rows (256 fp16 staging), the prompt "
+                                        "attending its own rows before the cache quantizes them (full_prompt prefill)",
+                         .settings = "kivi_bits=3,kivi_key_bits=3,kivi_value_bits=2,kivi_group_size=256,kivi_staging=256",
+                         .prefill_full_prompt = true},
                         {.name = "kivi2_full_prefill",
                          .description = "kivi2, the prompt attending its own rows before the cache quantizes them "
                                         "(full_prompt prefill: KIVI's order)",

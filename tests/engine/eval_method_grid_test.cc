@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
+#include <tuple>
 
 namespace kvslim::engine::eval {
 namespace {
@@ -56,6 +58,39 @@ TEST(EvalMethodGrid, ComposedThreeBitVariantsHitTheTargetBytes) {
     EXPECT_NEAR(bytes / target, 1.0, tolerance) << name << " budget " << budget;
     // 3-bit rows: far more tokens than fp16 rows at the same bytes.
     EXPECT_GT(budget, 3 * matcher.budget_for(variant("h2o"), 0.125, context)) << name;
+  }
+}
+
+// Keys and values at their own widths (issue 27): the variants set both fields, and the
+// composed ones are matched to the target bytes like the 3-bit ones, K2V3 buying more tokens than
+// 3-bit rows and K2V4 the same (2 + 4 = 3 + 3 bits per key-value pair).
+TEST(EvalMethodGrid, KeyValueWidthVariantsSetBothFieldsAndHitTheTargetBytes) {
+  for (const auto& [name, kb, vb, g] : {std::tuple{"kivi_k2v4", 2, 4, 32}, std::tuple{"kivi_k2v3_g128", 2, 3, 128},
+                                        std::tuple{"kivi_k3v2_g128", 3, 2, 128}, std::tuple{"squeeze+kivi_k2v3_g64", 2, 3, 64},
+                                        std::tuple{"h2o+kivi_k2v4_g128", 2, 4, 128}}) {
+    const MethodVariant& v = variant(name);
+    EXPECT_EQ(v.config.kivi_keys_at(), kb) << name;
+    EXPECT_EQ(v.config.kivi_values_at(), vb) << name;
+    EXPECT_EQ(v.config.kivi_group_size, g) << name;
+  }
+  const ModelSpec spec = ModelSpec::uniform(4, 2, 64);
+  MemoryMatcher matcher(spec);
+  const std::size_t context = 1536;
+  for (const char* policy : {"h2o", "squeeze"}) {
+    for (const char* g : {"64", "128"}) {
+      const std::string three = std::string(policy) + "+kivi3_g" + g;
+      const std::string k2v3 = std::string(policy) + "+kivi_k2v3_g" + g, k2v4 = std::string(policy) + "+kivi_k2v4_g" + g;
+      for (const std::string& name : {k2v3, k2v4}) {
+        const MethodVariant& v = variant(name);
+        EXPECT_EQ(v.config.storage, "kivi") << name;
+        const int budget = matcher.budget_for(v, 0.125, context);
+        const double bytes = static_cast<double>(probe_resident_bytes(config_with_budget(v, budget), spec, context));
+        EXPECT_NEAR(bytes / (0.125 * static_cast<double>(matcher.full_bytes(context))), 1.0, 0.04) << name << " budget " << budget;
+      }
+      const int b3 = matcher.budget_for(variant(three), 0.125, context);
+      EXPECT_GT(matcher.budget_for(variant(k2v3), 0.125, context), b3) << k2v3;
+      EXPECT_NEAR(matcher.budget_for(variant(k2v4), 0.125, context), b3, 2) << k2v4;
+    }
   }
 }
 

@@ -19,6 +19,9 @@ ZipCacheCache::ZipCacheCache(ZipCacheOptions options) : options_(std::move(optio
     throw ConfigError(m + " cache: bits must satisfy 1 <= lo_bits <= hi_bits <= 8 (got lo " +
                       std::to_string(options_.lo_bits) + ", hi " + std::to_string(options_.hi_bits) + ")");
   }
+  if (options_.value_bits != 0 && (options_.value_bits < 1 || options_.value_bits > 8)) {
+    throw ConfigError(m + " cache: value_bits must be 0 (hi_bits) or in [1, 8] (got " + std::to_string(options_.value_bits) + ")");
+  }
   if (!(options_.hi_fraction >= 0.0 && options_.hi_fraction <= 1.0)) {
     throw ConfigError(m + " cache: hi_fraction must be in [0, 1], got " + std::to_string(options_.hi_fraction));
   }
@@ -91,7 +94,7 @@ void ZipCacheCache::absorb_intake() {
     // The original has no kivi cache: its uniform baseline formula (base_only_bytes) stands in.
     const double b = static_cast<double>(base_only_bytes(S, D, options_.hi_bits, options_.group_size));
     accounted_key_bytes_ += heads * b;
-    accounted_value_bytes_ += heads * b;
+    accounted_value_bytes_ += heads * static_cast<double>(base_only_bytes(S, D, options_.values_at(), options_.group_size));
     baseline_key_bytes_ += heads * b;
   } else {
     const std::size_t n_hi = salient_count(S, options_.hi_fraction);
@@ -99,7 +102,7 @@ void ZipCacheCache::absorb_intake() {
                                         n_hi, S - n_hi, S, D, options_.hi_bits, options_.lo_bits, options_.group_size));
     if (options_.quantize_values) {
       accounted_value_bytes_ += heads * static_cast<double>(zipcache_accounted_bytes(
-                                            S, 0, S, D, options_.hi_bits, options_.hi_bits, options_.group_size));
+                                            S, 0, S, D, options_.values_at(), options_.values_at(), options_.group_size));
     }
     baseline_key_bytes_ += heads * static_cast<double>(base_only_bytes(S, D, options_.lo_bits, options_.group_size));
   }
@@ -141,7 +144,7 @@ void ZipCacheCache::compress_oldest(std::size_t count) {
     block.keys = quant::zip_compress_rows(key_rows.data(), count, D, mask.data(), options_.hi_bits, options_.lo_bits,
                                           options_.group_size, k);
     if (options_.quantize_values) {
-      block.values = quant::quantize_row_set(value_rows.data(), count, D, options_.hi_bits, options_.group_size, k);
+      block.values = quant::quantize_row_set(value_rows.data(), count, D, options_.values_at(), options_.group_size, k);
     } else {
       block.raw_values.assign(head.stage_values.begin(), head.stage_values.begin() + static_cast<std::ptrdiff_t>(count * D));
     }
@@ -302,6 +305,7 @@ CacheStats ZipCacheCache::stats() const {
   f.emplace_back("hi_fraction", options_.hi_fraction);
   f.emplace_back("hi_bits", options_.hi_bits);
   f.emplace_back("lo_bits", options_.lo_bits);
+  f.emplace_back("value_bits", options_.quantize_values ? options_.values_at() : 16);
   f.emplace_back("staging_tokens", static_cast<double>(staged_));
   f.emplace_back("compressed_blocks", heads_.empty() ? 0.0 : static_cast<double>(heads_[0].blocks.size()));
   return st;
@@ -315,6 +319,7 @@ std::unique_ptr<KVCache> make_zipcache_cache(const KVCacheConfig& c) {
   o.hi_fraction = c.zipcache_hi_fraction;
   o.group_size = static_cast<std::size_t>(std::max(c.zipcache_group_size, 0));
   o.quantize_values = c.zipcache_quantize_values;
+  o.value_bits = c.zipcache_value_bits == -1 ? 0 : c.zipcache_value_bits;
   if (c.zipcache_staging < 0) throw ConfigError("KVCacheConfig.zipcache_staging must be >= 0");
   o.staging = static_cast<std::size_t>(c.zipcache_staging);
   if (c.zipcache_saliency == "attention_normalized") {
@@ -329,7 +334,8 @@ std::unique_ptr<KVCache> make_zipcache_cache(const KVCacheConfig& c) {
 std::unique_ptr<KVCache> make_kivi_cache(const KVCacheConfig& c) {
   ZipCacheOptions o;
   o.method = "kivi";
-  o.hi_bits = o.lo_bits = c.kivi_bits;
+  o.hi_bits = o.lo_bits = c.kivi_keys_at();
+  o.value_bits = c.kivi_values_at();
   o.hi_fraction = 0.0;
   o.group_size = static_cast<std::size_t>(std::max(c.kivi_group_size, 0));
   o.quantize_values = true;

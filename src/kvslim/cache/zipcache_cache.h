@@ -36,7 +36,9 @@ struct ZipCacheOptions {
   int hi_bits = 4, lo_bits = 2;
   double hi_fraction = 0.2;
   std::size_t group_size = 32;
-  bool quantize_values = true;  // values at uniform hi_bits; false: kept as fp16
+  bool quantize_values = true;  // values at uniform value_bits (hi_bits unless set); false: kept as fp16
+  int value_bits = 0;           // 0: hi_bits (zipcache, kivi at kivi_bits); kivi: kivi_value_bits
+  int values_at() const { return value_bits == 0 ? hi_bits : value_bits; }
   std::size_t staging = 128;    // 0: compress every call alone
   bool attention_saliency = false;
 };
@@ -46,7 +48,7 @@ class ZipCacheCache final : public KVCache {
   struct Block {
     std::size_t tokens = 0;
     ZipCompressed keys;                    // [tokens, D] mixed precision
-    GroupQuantized values;                 // [tokens, D] at hi_bits (quantize_values)
+    GroupQuantized values;                 // [tokens, D] at values_at() (quantize_values)
     std::vector<std::uint16_t> raw_values; // fp16 [tokens, D] (values not quantized)
     std::int64_t newest = 0;               // the largest position of its tokens (causal mask check)
   };

@@ -14,7 +14,8 @@ std::unique_ptr<RowStorage> make_row_storage(const KVCacheConfig& c) {
   PackedRowsOptions o;
   if (c.storage == "kivi") {
     o.kind = "kivi";
-    o.hi_bits = o.lo_bits = c.kivi_bits;
+    o.hi_bits = o.lo_bits = c.kivi_keys_at();
+    o.value_bits = c.kivi_values_at();
     o.hi_fraction = 0.0;
     o.group_size = static_cast<std::size_t>(std::max(c.kivi_group_size, 1));
     o.staging = static_cast<std::size_t>(std::max(c.kivi_staging, 0));
@@ -25,6 +26,7 @@ std::unique_ptr<RowStorage> make_row_storage(const KVCacheConfig& c) {
     o.hi_fraction = c.zipcache_hi_fraction;
     o.group_size = static_cast<std::size_t>(std::max(c.zipcache_group_size, 1));
     o.quantize_values = c.zipcache_quantize_values;
+    o.value_bits = c.zipcache_value_bits == -1 ? 0 : c.zipcache_value_bits;
     o.staging = static_cast<std::size_t>(std::max(c.zipcache_staging, 0));
     o.attention_saliency = c.zipcache_saliency == "attention_normalized";
   } else {

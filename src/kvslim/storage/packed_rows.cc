@@ -53,6 +53,9 @@ PackedRows::PackedRows(PackedRowsOptions options) : options_(std::move(options))
     throw ConfigError(k + " storage: bits must satisfy 1 <= lo_bits <= hi_bits <= 8 (got lo " + std::to_string(options_.lo_bits) +
                       ", hi " + std::to_string(options_.hi_bits) + ")");
   }
+  if (options_.value_bits != 0 && (options_.value_bits < 1 || options_.value_bits > 8)) {
+    throw ConfigError(k + " storage: value_bits must be 0 (hi_bits) or in [1, 8] (got " + std::to_string(options_.value_bits) + ")");
+  }
   if (!(options_.hi_fraction >= 0.0 && options_.hi_fraction <= 1.0)) {
     throw ConfigError(k + " storage: hi_fraction must be in [0, 1], got " + std::to_string(options_.hi_fraction));
   }
@@ -190,7 +193,7 @@ void PackedRows::compress(std::size_t head, std::size_t count, const Saliency& s
     h.made += m;
     b.keys = quant::zip_compress_rows(key_rows.data(), m, D, mask.data(), options_.hi_bits, options_.lo_bits, G, k);
     if (options_.quantize_values) {
-      b.values = quant::quantize_row_set(value_rows.data(), m, D, options_.hi_bits, G, k);
+      b.values = quant::quantize_row_set(value_rows.data(), m, D, options_.values_at(), G, k);
     } else {
       b.raw_values.assign(h.stage_values.begin() + static_cast<std::ptrdiff_t>(first * D),
                           h.stage_values.begin() + static_cast<std::ptrdiff_t>((first + m) * D));
@@ -234,7 +237,7 @@ void PackedRows::repack(std::size_t head) {
     // re-pack needs the head's groups to fall to a quarter full first).
     b.keys = quant::zip_compress_rows(key_rows.data(), m, D, salient.data() + first, options_.hi_bits, options_.lo_bits, G, k);
     if (options_.quantize_values) {
-      b.values = quant::quantize_row_set(value_rows.data(), m, D, options_.hi_bits, G, k);
+      b.values = quant::quantize_row_set(value_rows.data(), m, D, options_.values_at(), G, k);
     } else {
       b.raw_values.assign(values.begin() + static_cast<std::ptrdiff_t>(first * D),
                           values.begin() + static_cast<std::ptrdiff_t>((first + m) * D));
@@ -344,6 +347,7 @@ void PackedRows::add_figures(CacheStats& stats) const {
   stats.figures.emplace_back("storage_staged_rows", heads_.empty() ? 0.0 : static_cast<double>(waiting) / static_cast<double>(heads_.size()));
   stats.figures.emplace_back("hi_bits", options_.hi_bits);
   stats.figures.emplace_back("lo_bits", options_.lo_bits);
+  stats.figures.emplace_back("value_bits", options_.quantize_values ? options_.values_at() : 16);
 }
 
 }  // namespace kvslim

@@ -1,4 +1,5 @@
-// Compressed row storage: the kivi kind (uniform group quantization of keys and values) and the
+// Compressed row storage: the kivi kind (uniform group quantization of keys and values, each at its
+// own width: key bits = hi_bits = lo_bits, value_bits) and the
 // zipcache kind (salient rows' keys at hi_bits, the rest at lo_bits, values at hi_bits), under any
 // eviction policy.
 //
@@ -38,7 +39,9 @@ struct PackedRowsOptions {
   int hi_bits = 4, lo_bits = 4;
   double hi_fraction = 0.0;
   std::size_t group_size = 32;
-  bool quantize_values = true;       // values at hi_bits; false: fp16
+  bool quantize_values = true;       // values at values_at(); false: fp16
+  int value_bits = 0;                // 0: hi_bits (zipcache; kivi at kivi_bits); kivi: kivi_value_bits
+  int values_at() const { return value_bits == 0 ? hi_bits : value_bits; }
   std::size_t staging = 32;          // decode rows: compress once this many wait (>= group_size: whole groups only)
   bool attention_saliency = false;   // zipcache: salient = the policy's highest row scores
 };
@@ -50,7 +53,7 @@ class PackedRows final : public RowStorage {
     std::size_t tokens = 0;
     std::size_t made = 0;                   // rows when it was compressed (evictions only lower tokens)
     ZipCompressed keys;                     // [tokens, D]: hi and lo sets, one group each
-    GroupQuantized values;                  // [tokens, D] at hi_bits, one group (quantize_values)
+    GroupQuantized values;                  // [tokens, D] at values_at(), one group (quantize_values)
     std::vector<std::uint16_t> raw_values;  // fp16 [tokens, D] (values not quantized)
   };
   struct Head {
