@@ -120,6 +120,25 @@ BENCHMARK(BM_GemvQuant)
                    {1, 2}})
     ->Unit(benchmark::kMillisecond)->UseRealTime();
 
+// The interleaved kernels' work per byte, with the matrix in L2 (128 x 4096: 296-420 KB): the first
+// 128 rows of BM_GemvQuant's blocks, one thread, CPU time (this machine's other processes take the
+// core away now and then; a descheduled stretch counts in real time only).
+void BM_GemvQuantL2(benchmark::State& state) {
+  const auto type = static_cast<WeightType>(state.range(0));
+  const Matrix w{type, block_bytes(type).data(), 128, kCols};
+  std::vector<float> x(kCols), y(128);
+  for (std::size_t i = 0; i < kCols; ++i) x[i] = static_cast<float>(i % 17) * 0.1f - 0.8f;
+  for (auto _ : state) {
+    gemv(w, x.data(), y.data(), nullptr);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * w.nbytes()));
+  state.SetLabel(std::string(weight_type_name(type)) + " " + qgemv::target_name());
+}
+BENCHMARK(BM_GemvQuantL2)
+    ->ArgsProduct({{static_cast<int>(WeightType::q4_0x16), static_cast<int>(WeightType::q4_kx16), static_cast<int>(WeightType::q6_kx16)}})
+    ->Unit(benchmark::kMicrosecond);
+
 // Prefill's product over block-quantized weights: tiles dequantized to fp32, then sgemm.
 void BM_MatmulQuant(benchmark::State& state) {
   const std::size_t n = static_cast<std::size_t>(state.range(1));

@@ -340,8 +340,9 @@ GgufModel read_gguf_model(const gguf::Header& h, const std::string& fname, std::
   owner->keep_alive = std::move(keep_alive);
   std::vector<TensorInfo> tensors;
   // Q4_0 / Q4_K / Q6_K matrices are repacked into Q4_0x16 / Q4_Kx16 / Q6_Kx16 (quant_gemv.h: 16
-  // rows side by side, what decode's kernel reads in one pass; Q4_0's and Q6_K's bytes rearranged,
-  // Q4_K's with the 6-bit scales unpacked, 148 bytes a row-block against 144). The embedding keeps
+  // rows side by side, what decode's kernel reads in one pass; Q4_0's bytes rearranged, Q6_K's
+  // codes regrouped in as many bytes, Q4_K's with the 6-bit scales unpacked, 148 bytes a row-block
+  // against 144). The embedding keeps
   // the file's layout: its rows are read one token at a time.
   auto weight_type_of = [](TensorType type) {
     switch (type) {

@@ -875,76 +875,69 @@ void GroupQ4_Kx16(const std::uint8_t* g, const Q8Blocks& x, std::size_t n_super,
 #endif
 
 // ---------------------------------------------------------------------------------------------
-// Q6_Kx16: Q6_K matrices repacked at load (interleave, quant_gemv.h; Q6_K's bytes rearranged). A
-// unit (super-block i of a 16-row group, 3360 bytes): the rows' fp16 d, their int8 scales as
-// [group g of 16 values][row], then per half h (128 values) and c = 0..7 three 64-byte chunks
-// [row 0..15][4 bytes]: ql bytes 64h+4c.., ql bytes 64h+32+4c.., qh bytes 32h+4c.. (A, B, H). The
-// codes of values 128h + 32t + 4c..4c+3 (quarter t) are A's low nibbles | H's bits 0-1 (t = 0),
-// B's low nibbles | H's bits 2-3 (1), A's high nibbles | H's bits 4-5 (2), B's high nibbles | H's
-// bits 6-7 (3), each 0..63 standing for code - 32. With the q8_k activation (one scale dx per 256
-// values) a row's super-block is dx * d * sum_g sc_g * (dot(q_g, x_g) - 32 * sum(x_g)), all in
-// int32 (at most 16 x 16 x 95 x 127 x 128 < 2^28): one convert and one FMA per unit for 16 rows.
-#if HWY_TARGET == HWY_AVX3_DL || KVSLIM_QGEMV_X86
-// The 6-bit codes of quarter t from the chunks A, B, H (one vector type: __m512i or __m256i).
+// Q6_Kx16: Q6_K matrices repacked at load (interleave, quant_gemv.h). A unit (super-block i of a
+// 16-row group, 3360 bytes: Q6_K's 210 a row): the rows' fp16 d, their int8 scales as [group g of
+// 16 values][row], then per half h (128 values) and c = 0..7 three 64-byte chunks X0, X1, X2, each
+// [row 0..15][4 bytes]: byte k of a row's 4 in Xj holds in bits 0-5 the 6-bit code of value
+// 128h + 32j + 4c + k (quarter j) and in bits 6-7 bits 2j, 2j+1 of the code of value
+// 128h + 96 + 4c + k (quarter 3). Quarters 0-2 are one AND each; quarter 3 comes out as 4 x its
+// code from two shifts, two bit selects and an AND (Q6_K's own ql / qh split, kept by the first
+// Q6_Kx16, cost a shift, a mask and an or per code vector, and a second shift and mask for half of
+// them). Codes 0..63 stand for code - 32. With the q8_k activation (one scale dx per 256 values) a
+// row's super-block is dx * d * sum_g sc_g * (dot(q_g, x_g) - 32 * sum(x_g)), all in int32
+// (|.| <= 16 x 16 x 32 x 128 x 128 < 2^27; a quarter-3 group's sum, 4x, before its shift < 2^22):
+// one convert and one FMA per unit for 16 rows.
 #if HWY_TARGET == HWY_AVX3_DL
-using Vec6 = __m512i;
-HWY_INLINE Vec6 Q6Codes(int t, Vec6 a, Vec6 b, Vec6 h) {
-  const Vec6 m4 = _mm512_set1_epi8(0x0f), m2 = _mm512_set1_epi8(0x30);
-  switch (t) {
-    case 0: return _mm512_or_si512(_mm512_and_si512(a, m4), _mm512_and_si512(_mm512_slli_epi16(h, 4), m2));
-    case 1: return _mm512_or_si512(_mm512_and_si512(b, m4), _mm512_and_si512(_mm512_slli_epi16(h, 2), m2));
-    case 2: return _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a, 4), m4), _mm512_and_si512(h, m2));
-    default: return _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(b, 4), m4), _mm512_and_si512(_mm512_srli_epi16(h, 2), m2));
-  }
+HWY_INLINE __m512i Q6Low(__m512i v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x3f)); }
+// 4 x the quarter-3 codes of the chunks x0, x1, x2. The 16-bit shifts move bits 6-7 of x1 to 4-5
+// and of x0 to 2-3; what they pull down from a word's high byte lands in the low byte's bits 6-7
+// and 4-7, which the selects take from x2 and x1; bits 0-1 (x0's 4-5) are masked off.
+HWY_INLINE __m512i Q6Top4(__m512i x0, __m512i x1, __m512i x2) {
+  // Bit by bit, c ? a : b (imm 0xe4) and c ? b : a (0xd8): the shifted temporaries are the operand
+  // vpternlogd overwrites, so the mask constants need no copy.
+  const __m512i s = _mm512_ternarylogic_epi32(_mm512_srli_epi16(x1, 2), _mm512_srli_epi16(x0, 4), _mm512_set1_epi8(0x30), 0xe4);
+  const __m512i v = _mm512_ternarylogic_epi32(s, x2, _mm512_set1_epi8(static_cast<char>(0xc0)), 0xd8);
+  return _mm512_and_si512(v, _mm512_set1_epi8(static_cast<char>(0xfc)));
 }
-#else
-using Vec6 = __m256i;
-HWY_INLINE Vec6 Q6Codes(int t, Vec6 a, Vec6 b, Vec6 h) {
-  const Vec6 m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x30);
-  switch (t) {
-    case 0: return _mm256_or_si256(_mm256_and_si256(a, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m2));
-    case 1: return _mm256_or_si256(_mm256_and_si256(b, m4), _mm256_and_si256(_mm256_slli_epi16(h, 2), m2));
-    case 2: return _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), m4), _mm256_and_si256(h, m2));
-    default: return _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b, 4), m4), _mm256_and_si256(_mm256_srli_epi16(h, 2), m2));
-  }
-}
-#endif
-#endif
 
-#if HWY_TARGET == HWY_AVX3_DL
-// isum + sc_g * (p - 32 * sum(x_g)) for the 16 rows (sc: the group's 16 int8 scales at s).
-HWY_INLINE __m512i Q6Group(__m512i isum, __m512i p, const std::uint8_t* s, std::int32_t xsum) {
+// isum + sc_g * p for the 16 rows (sc: the group's 16 int8 scales at s).
+HWY_INLINE __m512i Q6Group(__m512i isum, __m512i p, const std::uint8_t* s) {
   const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
-  return _mm512_add_epi32(isum, _mm512_mullo_epi32(_mm512_sub_epi32(p, _mm512_set1_epi32(32 * xsum)), sc));
+  return _mm512_add_epi32(isum, _mm512_mullo_epi32(p, sc));
 }
 
 void GroupQ6_Kx16(const std::uint8_t* g, const Q8Blocks& x, std::size_t n_super, float* out) {
-  const __m512i zero = _mm512_setzero_si512();
   auto unit = [&](std::size_t i, __m512& acc) {
     // No software prefetch, as for Q4_0x16: the repacked matrices sit on 2 MiB pages.
     const std::uint8_t* u = g + kQ6Kx16Unit * i;
     const std::int8_t* q = x.q.data() + 256 * i;
-    const std::int32_t* s16 = x.s16.data() + 16 * i;
-    __m512i isum = zero;
+    // The offset's -32 * sum(x_g) per group g (quarter 3's groups: 4x, as its codes), in lanes.
+    const __m512i xs = _mm512_loadu_si512(x.s16.data() + 16 * i);
+    const __m512i off32 = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(xs, 5));
+    const __m512i off128 = _mm512_slli_epi32(off32, 2);
+    __m512i isum = _mm512_setzero_si512();
     // Per half h and e (chunks 4e..4e+3: values 16e..16e+15 of each quarter, one scale group per
-    // quarter) four accumulators indexed only by unrolled loops, so they stay in registers.
+    // quarter) four accumulators indexed only by unrolled loops, so they stay in registers; each
+    // starts at its group's offset.
     for (int he = 0; he < 4; ++he) {
       const int h = he / 2, e = he % 2;
       const std::uint8_t* w = u + kQ6KxCodes + 1536 * h + 768 * e;
       const std::int8_t* qh = q + 128 * h + 16 * e;
-      __m512i p[4] = {zero, zero, zero, zero};  // per quarter
+      const int g0 = 8 * h + e;  // quarter t's group: g0 + 2t
+      __m512i p[4] = {_mm512_permutexvar_epi32(_mm512_set1_epi32(g0), off32), _mm512_permutexvar_epi32(_mm512_set1_epi32(g0 + 2), off32),
+                      _mm512_permutexvar_epi32(_mm512_set1_epi32(g0 + 4), off32), _mm512_permutexvar_epi32(_mm512_set1_epi32(g0 + 6), off128)};
 #pragma GCC unroll 4
       for (int c = 0; c < 4; ++c) {
-        const __m512i a = _mm512_loadu_si512(w + 192 * c), b = _mm512_loadu_si512(w + 192 * c + 64),
-                      hb = _mm512_loadu_si512(w + 192 * c + 128);
-#pragma GCC unroll 4
-        for (int t = 0; t < 4; ++t) p[t] = DotBcast(p[t], Q6Codes(t, a, b, hb), qh + 32 * t + 4 * c);
+        const __m512i x0 = _mm512_loadu_si512(w + 192 * c), x1 = _mm512_loadu_si512(w + 192 * c + 64),
+                      x2 = _mm512_loadu_si512(w + 192 * c + 128);
+        p[0] = DotBcast(p[0], Q6Low(x0), qh + 4 * c);
+        p[1] = DotBcast(p[1], Q6Low(x1), qh + 32 + 4 * c);
+        p[2] = DotBcast(p[2], Q6Low(x2), qh + 64 + 4 * c);
+        p[3] = DotBcast(p[3], Q6Top4(x0, x1, x2), qh + 96 + 4 * c);
       }
+      p[3] = _mm512_srai_epi32(p[3], 2);  // exact: 4 x (dot - 32 sum)
 #pragma GCC unroll 4
-      for (int t = 0; t < 4; ++t) {
-        const int gi = 8 * h + 2 * t + e;
-        isum = Q6Group(isum, p[t], u + kQ6KxScales + 16 * gi, s16[gi]);
-      }
+      for (int t = 0; t < 4; ++t) isum = Q6Group(isum, p[t], u + kQ6KxScales + 16 * (g0 + 2 * t));
     }
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(u)));
     acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, _mm512_set1_ps(x.d[8 * i])), acc);
@@ -966,20 +959,24 @@ void TileQ6_Kx16(const std::uint8_t* g, std::size_t n_super, const Q8Blocks* xs,
     for (int h = 0; h < 2; ++h) {
       for (int e = 0; e < 2; ++e) {  // chunks c = 4e..4e+3: values 16e..16e+15 of each quarter
         const std::uint8_t* w = u + kQ6KxCodes + 1536 * h + 768 * e;
-        __m512i v[4][4];  // [quarter][chunk]
+        __m512i v[4][4];  // [quarter][chunk]; quarter 3 as 4 x its codes
         for (int c = 0; c < 4; ++c) {
-          const __m512i a = _mm512_loadu_si512(w + 192 * c), b = _mm512_loadu_si512(w + 192 * c + 64),
-                        hb = _mm512_loadu_si512(w + 192 * c + 128);
-          for (int qt = 0; qt < 4; ++qt) v[qt][c] = Q6Codes(qt, a, b, hb);
+          const __m512i x0 = _mm512_loadu_si512(w + 192 * c), x1 = _mm512_loadu_si512(w + 192 * c + 64),
+                        x2 = _mm512_loadu_si512(w + 192 * c + 128);
+          v[0][c] = Q6Low(x0);
+          v[1][c] = Q6Low(x1);
+          v[2][c] = Q6Low(x2);
+          v[3][c] = Q6Top4(x0, x1, x2);
         }
         for (int t = 0; t < NT; ++t) {
           const Q8Blocks& x = xs[t0 + t];
           for (int qt = 0; qt < 4; ++qt) {
             const std::int8_t* q = x.q.data() + 256 * i + 128 * h + 32 * qt + 16 * e;
-            __m512i p = DotBcast(zero, v[qt][0], q);
-            for (int c = 1; c < 4; ++c) p = DotBcast(p, v[qt][c], q + 4 * c);
             const int gi = 8 * h + 2 * qt + e;
-            isum[t] = Q6Group(isum[t], p, u + kQ6KxScales + 16 * gi, x.s16[16 * i + gi]);
+            __m512i p = _mm512_set1_epi32((qt == 3 ? -128 : -32) * x.s16[16 * i + gi]);
+            for (int c = 0; c < 4; ++c) p = DotBcast(p, v[qt][c], q + 4 * c);
+            if (qt == 3) p = _mm512_srai_epi32(p, 2);
+            isum[t] = Q6Group(isum[t], p, u + kQ6KxScales + 16 * gi);
           }
         }
       }
@@ -995,11 +992,31 @@ void TileQ6_Kx16(const std::uint8_t* g, std::size_t n_super, const Q8Blocks* xs,
 #elif KVSLIM_QGEMV_X86
 // AVX2 / AVX3: rows 0-7 and 8-15 of a chunk are its two 32-byte halves; vpmaddwd against each
 // row's signed scale held in both int16 halves of its lane scales the vpmaddubsw pair sums (exact:
-// |pair| <= 2 x 63 x 127, |scale| <= 128), and the offset 32 is taken off per group with one
-// multiply of the scales by 32 * sum(x_g).
+// |pair| <= 2 x 63 x 128, |scale| <= 128), and the offset 32 is taken off per group with one
+// multiply of the scales by 32 * sum(x_g). Quarter 3's codes are taken whole (vpmaddubsw's int16
+// pair sums would overflow at 4x).
 HWY_INLINE __m256i SignedScalePairs8(const std::uint8_t* p) {
   const __m256i s = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
   return _mm256_or_si256(_mm256_and_si256(s, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(s, 16));
+}
+
+// The codes of quarter t from the chunks x0, x1, x2.
+HWY_INLINE __m256i Q6Codes(int t, __m256i x0, __m256i x1, __m256i x2) {
+  const __m256i m6 = _mm256_set1_epi8(0x3f);
+  switch (t) {
+    case 0: return _mm256_and_si256(x0, m6);
+    case 1: return _mm256_and_si256(x1, m6);
+    case 2: return _mm256_and_si256(x2, m6);
+    default: {
+      // 4 x code in bits 2-7 (nothing pulled across a byte by the 16-bit shifts survives the masks),
+      // then down by 2: the low byte's bits 6-7 receive the high byte's bits 0-1, which are 0.
+      const __m256i v = _mm256_or_si256(
+          _mm256_and_si256(x2, _mm256_set1_epi8(static_cast<char>(0xc0))),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x1, 2), _mm256_set1_epi8(0x30)),
+                          _mm256_and_si256(_mm256_srli_epi16(x0, 4), _mm256_set1_epi8(0x0c))));
+      return _mm256_srli_epi16(v, 2);
+    }
+  }
 }
 
 void GroupQ6_Kx16(const std::uint8_t* g, const Q8Blocks& x, std::size_t n_super, float* out) {
@@ -1012,13 +1029,13 @@ void GroupQ6_Kx16(const std::uint8_t* g, const Q8Blocks& x, std::size_t n_super,
       const std::uint8_t* w = u + kQ6KxCodes + 1536 * h;
       for (int c = 0; c < 8; ++c) {
         for (int k = 0; k < 2; ++k) {  // rows 8k..8k+7
-          const __m256i a = Load32(w + 192 * c + 32 * k), b = Load32(w + 192 * c + 64 + 32 * k),
-                        hb = Load32(w + 192 * c + 128 + 32 * k);
+          const __m256i x0 = Load32(w + 192 * c + 32 * k), x1 = Load32(w + 192 * c + 64 + 32 * k),
+                        x2 = Load32(w + 192 * c + 128 + 32 * k);
           for (int t = 0; t < 4; ++t) {
             const int gi = 8 * h + 2 * t + c / 4;
             std::int32_t xv;
             std::memcpy(&xv, q + 128 * h + 32 * t + 4 * c, 4);
-            const __m256i pairs = _mm256_maddubs_epi16(Q6Codes(t, a, b, hb), _mm256_set1_epi32(xv));
+            const __m256i pairs = _mm256_maddubs_epi16(Q6Codes(t, x0, x1, x2), _mm256_set1_epi32(xv));
             is[k] = _mm256_add_epi32(is[k], _mm256_madd_epi16(pairs, SignedScalePairs8(u + kQ6KxScales + 16 * gi + 8 * k)));
           }
         }
@@ -1056,8 +1073,7 @@ void GroupQ6_Kx16(const std::uint8_t* g, const Q8Blocks& x, std::size_t n_super,
             for (int c = 4 * e; c < 4 * e + 4; ++c) {
               const std::uint8_t* w = u + kQ6KxCodes + 1536 * h + 192 * c + 4 * r;
               for (int k = 0; k < 4; ++k) {
-                const int lo = t % 2 == 0 ? w[k] : w[64 + k];
-                const int code = (t < 2 ? lo & 15 : lo >> 4) | (((w[128 + k] >> (2 * t)) & 3) << 4);
+                const int code = t < 3 ? w[64 * t + k] & 63 : (w[k] >> 6) | ((w[64 + k] >> 6) << 2) | ((w[128 + k] >> 6) << 4);
                 s += code * q[128 * h + 32 * t + 4 * c + k];
               }
             }
@@ -1689,11 +1705,25 @@ void transfer_row(WeightType base, std::uint8_t* grp, std::uint8_t* blocks, std:
       move(u + 2 * r, blk + 208, 2);  // d
       for (int g = 0; g < 16; ++g) move(u + kQ6KxScales + 16 * g + r, blk + 192 + g, 1);
       for (int h = 0; h < 2; ++h) {
-        for (int c = 0; c < 8; ++c) {
-          std::uint8_t* w = u + kQ6KxCodes + 1536 * h + 192 * c + 4 * r;
-          move(w, blk + 64 * h + 4 * c, 4);             // A: ql, quarters 0 and 2
-          move(w + 64, blk + 64 * h + 32 + 4 * c, 4);   // B: ql, quarters 1 and 3
-          move(w + 128, blk + 128 + 32 * h + 4 * c, 4);  // H: qh, the high bits of all four
+        for (int l = 0; l < 32; ++l) {  // values 128h + 32t + l, t = 0..3 (quarter t)
+          // Q6_K: ql[64h + l] low nibbles quarter 0, high 2; ql[64h + 32 + l] quarters 1 and 3;
+          // qh[32h + l] bits 2t, 2t+1 the high bits of quarter t.
+          std::uint8_t& a = blk[64 * h + l];
+          std::uint8_t& b = blk[64 * h + 32 + l];
+          std::uint8_t& hb = blk[128 + 32 * h + l];
+          std::uint8_t* x = u + kQ6KxCodes + 1536 * h + 192 * (l / 4) + 4 * r + l % 4;  // X0; X1, X2 at +64, +128
+          if (to_group) {
+            const int code[4] = {(a & 15) | ((hb & 3) << 4), (b & 15) | (((hb >> 2) & 3) << 4), (a >> 4) | (((hb >> 4) & 3) << 4),
+                                 (b >> 4) | ((hb >> 6) << 4)};
+            for (int j = 0; j < 3; ++j) x[64 * j] = static_cast<std::uint8_t>(code[j] | (((code[3] >> (2 * j)) & 3) << 6));
+          } else {
+            int code[4];
+            for (int j = 0; j < 3; ++j) code[j] = x[64 * j] & 63;
+            code[3] = (x[0] >> 6) | ((x[64] >> 6) << 2) | ((x[128] >> 6) << 4);
+            a = static_cast<std::uint8_t>((code[0] & 15) | ((code[2] & 15) << 4));
+            b = static_cast<std::uint8_t>((code[1] & 15) | ((code[3] & 15) << 4));
+            hb = static_cast<std::uint8_t>((code[0] >> 4) | ((code[1] >> 4) << 2) | ((code[2] >> 4) << 4) | ((code[3] >> 4) << 6));
+          }
         }
       }
     }

@@ -89,9 +89,12 @@ void dequantize_rows(WeightType type, const void* w, std::size_t cols, std::size
 //   (128), the 8 mins likewise (128), then per pair p of sub-blocks (2p in the low nibbles, 2p+1 in
 //   the high ones, as Q4_K stores them) 8 chunks of 64 bytes, chunk c = [row 0..15][the row's code
 //   bytes 32p+4c..32p+4c+3]. The unpacked scales feed the kernels' int32 multiplies directly.
-// - Q6_Kx16 (from Q6_K, the same bytes rearranged): a 3360-byte unit = the 16 fp16 d, the 16 int8
-//   scales of each 16-value group as [group][row] (256), then per half h (128 values) and c = 0..7
-//   three chunks of 64 bytes [row 0..15][4 bytes]: ql 64h+4c.., ql 64h+32+4c.., qh 32h+4c...
+// - Q6_Kx16 (from Q6_K, as many bytes): a 3360-byte unit = the 16 fp16 d, the 16 int8 scales of
+//   each 16-value group as [group][row] (256), then per half h (128 values) and c = 0..7 three
+//   chunks X0, X1, X2 of 64 bytes [row 0..15][4 bytes]: byte k of a row's 4 in Xj holds the 6-bit
+//   code of value 128h + 32j + 4c + k in bits 0-5 and bits 2j, 2j+1 of the code of value
+//   128h + 96 + 4c + k in bits 6-7 (Q6_K's ql / qh split regrouped: one AND per code vector for
+//   three quarters of the codes).
 // The K-quant forms take only a q8_k activation: their kernels sum a super-block in int32.
 // gemv_rows, gemm_rows and dequantize_rows take the matrix base (row_bytes unused).
 

@@ -27,8 +27,9 @@ namespace kvslim::engine {
 // q4_0x16, q4_kx16 and q6_kx16 are not file formats: Q4_0 / Q4_K / Q6_K matrices repacked at load
 // (engine/quant_gemv.h, qgemv::interleave) with 16 rows' blocks side by side, so a row is no
 // longer contiguous: whole tensors of them are decoded by shape (convert_tensor in engine/ops.h),
-// not by convert_weights. q4_0x16 and q6_kx16 hold their file type's bytes; q4_kx16 148 bytes per
-// row and 256 values (Q4_K's 144, its 6-bit scales and mins unpacked to bytes).
+// not by convert_weights. q4_0x16 holds its file type's bytes, q6_kx16 as many (Q6_K's 210 per
+// row and 256 values, the 6-bit codes regrouped); q4_kx16 148 bytes per row and 256 values (Q4_K's
+// 144, its 6-bit scales and mins unpacked to bytes).
 enum class WeightType { f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k, q4_0x16, q4_kx16, q6_kx16 };
 
 // Bytes per block of a weight type (per element for f32/f16/bf16: their blocks are one element).

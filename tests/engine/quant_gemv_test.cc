@@ -553,9 +553,19 @@ TEST(QuantGemvInterleaved, HoldTheRowsAndDecodeToThem) {
     const std::vector<std::uint8_t> w = random_blocks(k.file, rows, k.cols, 3);
     const std::vector<std::uint8_t> wi = interleaved(w, rows, k.cols, base);
     const std::size_t row_bytes = w.size() / rows;
-    if (k.type != WeightType::q4_kx16) {
+    if (k.type == WeightType::q4_0x16) {
       std::multiset<std::uint8_t> a(w.begin(), w.end()), b(wi.begin(), wi.end());
-      EXPECT_EQ(a, b);  // Q4_0x16, Q6_Kx16: a permutation of the bytes (every one written)
+      EXPECT_EQ(a, b);  // Q4_0x16: a permutation of the bytes (every one written)
+    } else if (k.type == WeightType::q6_kx16) {
+      EXPECT_EQ(wi.size(), w.size());  // Q6_K's bytes, the codes regrouped
+      // Every byte written: the same groups out of buffers filled with 0x00 and with 0xff.
+      std::vector<const std::uint8_t*> src(rows);
+      for (std::size_t r = 0; r < rows; ++r) src[r] = w.data() + r * row_bytes;
+      std::vector<std::uint8_t> w0(wi.size(), 0x00), w1(wi.size(), 0xff);
+      qgemv::interleave(base, src.data(), rows, k.cols, w0.data());
+      qgemv::interleave(base, src.data(), rows, k.cols, w1.data());
+      EXPECT_EQ(w0, w1);
+      EXPECT_EQ(w0, wi);
     } else {
       EXPECT_EQ(wi.size(), rows * k.cols / 256 * 148);  // Q4_K's 144 bytes with the 12 scale bytes unpacked to 16
     }
@@ -586,6 +596,49 @@ TEST(QuantGemvInterleaved, HoldTheRowsAndDecodeToThem) {
   std::vector<const std::uint8_t*> src(16, nullptr);
   EXPECT_EQ(qgemv::interleaved_type(WeightType::q5_k), WeightType::q5_k);  // no interleaved form
   EXPECT_THROW(qgemv::interleave(WeightType::q5_k, src.data(), 16, 256, nullptr), std::invalid_argument);
+}
+
+// Q6_Kx16's code bytes as quant_gemv.h documents them: per half h and chunk c, X0..X2 = [row][4
+// bytes], byte k of Xj = the code of value 128h + 32j + 4c + k | bits 2j, 2j+1 of the code of value
+// 128h + 96 + 4c + k in bits 6-7; codes packed into Q6_K blocks by hand (ql / qh as ggml writes them).
+TEST(QuantGemvInterleaved, Q6_Kx16CodeBytesAsDocumented) {
+  const std::size_t rows = 16, cols = 512;
+  auto code = [](std::size_t r, std::size_t v) { return static_cast<int>((v * 7 + r * 13 + v / 64) % 64); };
+  std::vector<std::uint8_t> w(rows * cols / 256 * 210, 0);
+  for (std::size_t r = 0; r < rows; ++r) {
+    for (std::size_t i = 0; i < cols / 256; ++i) {
+      std::uint8_t* blk = w.data() + 210 * (r * cols / 256 + i);
+      for (int g = 0; g < 16; ++g) blk[192 + g] = static_cast<std::uint8_t>(g + 1);
+      put_half(blk + 208, 0.5f);
+      for (std::size_t v = 0; v < 256; ++v) {
+        const int q = code(r, 256 * i + v), h = static_cast<int>(v / 128), t = static_cast<int>(v % 128 / 32), l = static_cast<int>(v % 32);
+        blk[64 * h + 32 * (t % 2) + l] |= static_cast<std::uint8_t>((q & 15) << (t < 2 ? 0 : 4));
+        blk[128 + 32 * h + l] |= static_cast<std::uint8_t>((q >> 4) << (2 * t));
+      }
+    }
+  }
+  const std::vector<std::uint8_t> wi = interleaved(w, rows, cols, WeightType::q6_k);
+  ASSERT_EQ(wi.size(), w.size());
+  for (std::size_t i = 0; i < cols / 256; ++i) {
+    const std::uint8_t* u = wi.data() + 3360 * i;
+    for (std::size_t r = 0; r < rows; ++r) {
+      float d = 0;
+      gguf::to_float(reinterpret_cast<const std::byte*>(u + 2 * r), TensorType::f16, &d, 1);
+      EXPECT_EQ(d, 0.5f);
+      for (int g = 0; g < 16; ++g) EXPECT_EQ(u[32 + 16 * g + r], g + 1);
+      for (int h = 0; h < 2; ++h) {
+        for (int c = 0; c < 8; ++c) {
+          for (int j = 0; j < 3; ++j) {
+            for (int k = 0; k < 4; ++k) {
+              const std::size_t v = 256 * i + 128 * h + 4 * c + k;
+              const int expect = code(r, v + 32 * j) | (((code(r, v + 96) >> (2 * j)) & 3) << 6);
+              ASSERT_EQ(u[288 + 1536 * h + 192 * c + 64 * j + 4 * r + k], expect) << "unit " << i << " row " << r << " h " << h << " c " << c << " X" << j;
+            }
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST(QuantGemvInterleaved, EveryTargetMatchesTheReferenceInAnyRowRange) {
