@@ -2,8 +2,9 @@
 # On the GPU machine, devbin/ and python/third_party carried: the replayed decode step
 # (kvslim.hf.GraphDecoder / StepGraph) checked first, then everything else the device checks.
 # Each result is written into $OUT as it finishes (a call cut short keeps what it made).
-#   bash bench/cuda/device_graph.sh [quick|greedy|bench ARGS|maxbatch ARGS]
-#   quick: the graph tests and their sanitizer only; greedy: then hf_tiny_greedy.py; bench: then
+#   bash bench/cuda/device_graph.sh [quick|kernels|greedy|bench ARGS|maxbatch ARGS]
+#   quick: the graph tests and their sanitizer only; kernels: then device_run.sh quick (every kernel
+#   test, memcheck, racecheck, bench attend at batch 1 / 8 x 32k; CACHES as there) and the Python GPU suite; greedy: then hf_tiny_greedy.py; bench: then
 #   hf_generate.py ARGS; maxbatch: then hf_max_batch.py ARGS (no argument: every device check)
 set -u
 OUT=${OUT:-/tmp/kvslim-device-out}
@@ -11,6 +12,9 @@ mkdir -p "$OUT"
 ROOT=$PWD
 export LD_LIBRARY_PATH="$PWD/devbin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 xz -dkf devbin/cuda_tests.xz && chmod +x devbin/cuda_tests
+# python/third_party may travel packed (devbin/third_party.tar.xz: the tree plus carried paths must stay
+# under the device's 64 MiB with devbin/kvslim.xz beside it)
+[ -d python/third_party ] || { [ -f devbin/third_party.tar.xz ] && tar -xJf devbin/third_party.tar.xz; }
 ( BUILD=/tmp/build-python JOBS=16 timeout 300 python/build.sh 2>&1 | tail -n 5 ) > "$OUT"/python_build.txt 2>&1 &
 BUILD_PID=$!
 if [ -z "${SKIP_TESTS:-}" ]; then  # SKIP_TESTS=1: a measurement call right after a tested one
@@ -31,6 +35,13 @@ if [ -z "${SKIP_TESTS:-}" ]; then
   tail -n 3 "$OUT"/graph_tests.txt "$OUT"/graph_memcheck.txt "$OUT"/python_graph.txt
 fi
 [ "${1:-}" = quick ] && exit 0
+if [ "${1:-}" = kernels ]; then  # every kernel test, the sanitizers and the attention bench (devbin/kvslim.xz carried), then the Python GPU suite
+  bash bench/cuda/device_run.sh quick
+  (cd /tmp && PYTHONPATH=/tmp/build-python/python timeout 240 python3 -m pytest -q -p no:cacheprovider \
+    "$ROOT"/python/tests/test_cuda.py "$ROOT"/python/tests/test_hf_cuda.py 2>&1 | tail -n 40) > "$OUT"/python.txt 2>&1
+  tail -n 3 "$OUT"/python.txt
+  exit 0
+fi
 if [ "${1:-}" = greedy ]; then
   PYTHONPATH=/tmp/build-python/python timeout 200 python3 bench/cuda/hf_tiny_greedy.py --out "$OUT" > "$OUT"/hf_tiny_greedy.log 2>&1
   tail -n 12 "$OUT"/hf_tiny_greedy.log

@@ -5,7 +5,7 @@
 # Compute on one launch of each attention kernel. Each result is written into $OUT as it finishes,
 # so a call cut short still brings back what it made.
 #
-#   bash bench/cuda/device_run.sh [tests|quick|mid|all] [profile]
+#   [CACHES="full kivi2 ..."] bash bench/cuda/device_run.sh [tests|quick|mid|all] [profile]
 #     tests: the tests and sanitizers only
 #     quick: batch 1, 8 at 32k (D 128); mid: batch 1, 8, 32 at 32k and 128k (D 128); all: every shape
 #     profile: also Nsight Compute (32k, D=128) into ncu.txt and ncu_sass.csv (below)
@@ -33,6 +33,8 @@ BENCH_ARGS=""
 BENCH_TIMEOUT=300
 [ "$MODE" = quick ] && { BENCH_ARGS="--batch 1 8 --context 32768 --head-dim 128"; BENCH_TIMEOUT=90; }
 [ "$MODE" = mid ] && { BENCH_ARGS="--batch 1 8 32 --context 32768 131072 --head-dim 128"; BENCH_TIMEOUT=120; }
+# CACHES="kivi2 kivi_k4v2_g128 ...": the caches measured (default: the bench's own list)
+[ -n "${CACHES:-}" ] && BENCH_ARGS="$BENCH_ARGS --cache $CACHES"
 timeout $BENCH_TIMEOUT devbin/kvslim bench attend --device cuda $BENCH_ARGS --json "$OUT"/attend_cuda.json > "$OUT"/attend_cuda.txt 2>&1
 timeout $BENCH_TIMEOUT python3 bench/cuda/sdpa_bench.py --kvslim "$OUT"/attend_cuda.json --json "$OUT"/sdpa.json > "$OUT"/compare.txt 2>&1
 if [ "${2:-}" = profile ]; then

@@ -161,6 +161,19 @@ def test_streaming_on_device_keeps_the_cpu_caches_rows():
     assert_logits_close(ref, got, 1e-3, "streaming")
 
 
+def test_kivi_with_own_widths_and_long_groups_on_device_decodes_like_the_cpu_cache():
+    # Keys at 4 bits, values at 2, groups of 64 rows: the device's codes are the CPU cache's bit for
+    # bit (tests/cuda), so the logits differ by the attention kernels' rounding only.
+    cfg = dict(method="kivi", kivi_bits=4, kivi_value_bits=2, kivi_group_size=64)
+    cpu, gpu, ref, got = cpu_and_gpu(cfg, seed=8, batch=2)
+    assert gpu.layers[0].state.on_device
+    for s in gpu.stats():
+        f = s["figures"]
+        assert (f["kivi_key_bits"], f["kivi_value_bits"], f["kivi_group_size"]) == (4, 2, 64)
+        assert f["compressed_groups"] == 4  # 300 prompt rows + 8 steps: 256 rows in groups of 64
+    assert_logits_close(ref, got, 1e-2, "kivi K4V2 g64")
+
+
 def eager_greedy(model, ids, cache, new):
     """Greedy tokens [B, new] decoded with one eager forward call per step."""
     with torch.no_grad():
@@ -176,6 +189,7 @@ def eager_greedy(model, ids, cache, new):
 
 
 @pytest.mark.parametrize("fields", [dict(method="full"), dict(method="kivi", kivi_bits=2), dict(method="kivi", kivi_bits=4),
+                                    dict(method="kivi", kivi_bits=4, kivi_value_bits=2, kivi_group_size=128),
                                     dict(method="h2o", h2o_budget=64), dict(method="pyramidkv", pyramidkv_budget=64),
                                     dict(method="streaming", streaming_budget=64)])
 def test_graph_decoder_replays_the_eager_steps(fields):

@@ -68,14 +68,16 @@ KVCacheConfig config_of(const std::string& name, int device) {
 }
 
 // Bytes one decode attend reads from the storage (what a perfect kernel must read): fp16 K and V,
-// or (a quantizer on the device: kivi's layout) codes + fp16 scale and zero per group and channel
+// or (a quantizer on the device: kivi's layout) codes (keys and values at their widths) + fp16 scale
+// and zero per group and channel
 // + the fp16 window not yet compressed; a position per row or group.
 double storage_bytes(const KVCacheConfig& c, std::size_t B, std::size_t H, std::size_t N, std::size_t D) {
   if (method_info(c.method).kind == MethodKind::dense) return static_cast<double>(B * H * N * D * 2 * 2 + N * 8);
-  const std::size_t group = static_cast<std::size_t>(c.kivi_group_size), bits = static_cast<std::size_t>(c.kivi_bits);
+  const std::size_t group = static_cast<std::size_t>(c.kivi_group_size);
+  const std::size_t bits = static_cast<std::size_t>(c.kivi_keys_at() + c.kivi_values_at());  // keys' + values'
   const std::size_t staged = N >= static_cast<std::size_t>(c.kivi_staging) ? N % group : N;
   const std::size_t rows = N - staged, groups = rows / group;
-  const double codes = static_cast<double>(B * H * rows * D * bits / 8) * 2;
+  const double codes = static_cast<double>(B * H * rows * D * bits / 8);
   const double params = static_cast<double>(B * H * groups * 2 * D * 2) * 2;
   const double window = static_cast<double>(B * H * staged * D * 2 * 2);
   return codes + params + window + static_cast<double>(groups + staged) * 8;

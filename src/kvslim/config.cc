@@ -5,6 +5,8 @@
 #include <charconv>
 #include <cmath>
 #include <sstream>
+#include <string>
+#include <tuple>
 #include <utility>
 #include <variant>
 
@@ -209,12 +211,25 @@ void KVCacheConfig::validate() const {
   }
   if (storage != "fp16" && device != "cpu") fail("storage", "\"" + storage + "\"", "must be fp16 on a CUDA device (device = " + device + ")");
   if (device_index() < -1) fail("device", "\"" + device + "\"", "must be \"cpu\", \"cuda\" or \"cuda:N\" (N >= 0)");
-  // The CUDA kivi storage reads one width for keys and values (DeviceKiviCache: kivi_bits).
-  if (device != "cpu" && method == "kivi" && (kivi_keys_at() != kivi_bits || kivi_values_at() != kivi_bits)) {
-    fail(kivi_keys_at() != kivi_bits ? "kivi_key_bits" : "kivi_value_bits",
-         std::to_string(kivi_keys_at() != kivi_bits ? kivi_key_bits : kivi_value_bits),
-         "must be -1 or equal kivi_bits = " + std::to_string(kivi_bits) + " on a CUDA device (device = " + device +
-             ": its kivi storage holds keys and values at one width)");
+  // The CUDA kivi storage (DeviceKiviCache) reads 2-, 4- or 8-bit codes, keys and values each at
+  // their own width, in groups of whole 32-row units, behind a window.
+  if (device != "cpu" && method == "kivi") {
+    for (const auto& [name, v, bits] : {std::tuple{"kivi_key_bits", kivi_key_bits, kivi_keys_at()},
+                                        std::tuple{"kivi_value_bits", kivi_value_bits, kivi_values_at()}}) {
+      if (bits != 2 && bits != 4 && bits != 8) {
+        fail(v == -1 ? "kivi_bits" : name, std::to_string(v == -1 ? kivi_bits : v),
+             "must be 2, 4 or 8 on a CUDA device (device = " + device + ": its kernels read 2-, 4- or 8-bit codes)");
+      }
+    }
+    if (kivi_group_size % 32 != 0 || kivi_group_size > 1024) {
+      fail("kivi_group_size", std::to_string(kivi_group_size),
+           "must be a multiple of 32 up to 1024 on a CUDA device (device = " + device + ": its kernels read 32-row units)");
+    }
+    if (kivi_staging <= 0) {
+      fail("kivi_staging", std::to_string(kivi_staging),
+           "must be a window (a multiple of kivi_group_size, default 128) on a CUDA device (device = " + device +
+               ": every call compressed alone has no CUDA storage)");
+    }
   }
   if (device != "cpu" && !info.cuda) {
     std::string takes;

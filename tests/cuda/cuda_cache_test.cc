@@ -17,6 +17,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "attend/attend_kernels.h"
@@ -115,10 +116,15 @@ struct Pair {
   }
 };
 
-Pair make_pair(const std::string& method, int bits, DType dtype) {
+// kivi at `bits`, or keys / values at their own widths (-1: bits) in groups of `group` rows.
+Pair make_pair(const std::string& method, int bits, DType dtype, int key_bits = -1, int value_bits = -1, int group = 32) {
   KVCacheConfig c;
   c.method = method;
   c.kivi_bits = bits;
+  c.kivi_key_bits = key_bits;
+  c.kivi_value_bits = value_bits;
+  c.kivi_group_size = group;
+  c.kivi_staging = std::max(128, group);
   Pair p;
   p.cpu = KVCacheFactory::create(c);
   c.device = "cuda";
@@ -127,14 +133,30 @@ Pair make_pair(const std::string& method, int bits, DType dtype) {
   return p;
 }
 
+// Keys and values at their own widths, groups of 32 * n rows (the CPU cache's groups: one
+// parameter set per group_rows rows).
+struct Widths {
+  int key_bits, value_bits, group;
+};
+std::string widths_name(const Widths& w) {
+  return "K" + std::to_string(w.key_bits) + "V" + std::to_string(w.value_bits) + " g" + std::to_string(w.group);
+}
+
 TEST(CudaKivi, CodesAndParamsEqualTheCpuCacheBitForBit) {
   REQUIRE_GPU();
+  std::vector<std::pair<Widths, DType>> cases;
   for (int bits : {2, 4, 8}) {
+    for (DType dt : {DType::f32, DType::bf16, DType::f16}) cases.push_back({{bits, bits, 32}, dt});
+  }
+  for (const Widths& w : {Widths{4, 2, 32}, Widths{2, 4, 64}, Widths{8, 2, 128}, Widths{2, 8, 32}, Widths{4, 8, 256},
+                          Widths{8, 4, 64}}) {
+    cases.push_back({w, DType::bf16});
+  }
+  for (const auto& [wd, dt] : cases) {
     for (std::size_t D : {64, 128}) {
-      for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
-        const std::string what = "bits " + std::to_string(bits) + " D " + std::to_string(D) + " " +
-                                 std::string(dtype_name(dt));
-        Pair p = make_pair("kivi", bits, dt);
+      {
+        const std::string what = widths_name(wd) + " D " + std::to_string(D) + " " + std::string(dtype_name(dt));
+        Pair p = make_pair("kivi", wd.key_bits, dt, wd.key_bits, wd.value_bits, wd.group);
         unsigned seed = 1;
         p.append(Step(2, 3, 45, D, seed++));
         for (int i = 0; i < 90; ++i) p.append(Step(2, 3, 1, D, seed++));
@@ -146,6 +168,8 @@ TEST(CudaKivi, CodesAndParamsEqualTheCpuCacheBitForBit) {
         const auto& cpu = dynamic_cast<const ZipCacheCache&>(*p.cpu);
         const auto snap = dynamic_cast<const cuda::DeviceKiviCache&>(*p.gpu).snapshot();
         ASSERT_EQ(snap.staged, static_cast<int>(cpu.staged_tokens())) << what;
+        ASSERT_GT(snap.units, 0) << what << ": nothing was compressed";
+        ASSERT_EQ(snap.units * 32 % wd.group, 0) << what;
         ASSERT_EQ(p.gpu->rows(), p.cpu->rows()) << what;
         for (std::size_t bh = 0; bh < 6; ++bh) {
           const auto& head = cpu.heads()[bh];
@@ -206,20 +230,22 @@ ExactRows exact_rows(const KVCache& gpu, int bits) {
     e.v[i] = fp16_to_f32(view.values[i]);
   }
   if (bits == 0) return e;
-  // Packed rows: decode exactly from the codes and parameters (materialize rounds to fp16).
+  // Packed rows: decode exactly from the codes and parameters (materialize rounds to fp16); keys and
+  // values at their own widths, one parameter set per group_rows rows.
   const auto snap = dynamic_cast<const cuda::DeviceKiviCache&>(gpu).snapshot();
-  const std::size_t D = e.D, RB = static_cast<std::size_t>(snap.row_bytes), per = 8 / bits;
+  const std::size_t D = e.D;
   for (std::size_t bh = 0; bh < e.B * e.H; ++bh) {
     for (int which = 0; which < 2; ++which) {
       const auto& codes = which ? snap.v_codes[bh] : snap.k_codes[bh];
       const auto& params = which ? snap.v_params[bh] : snap.k_params[bh];
+      const std::size_t RB = static_cast<std::size_t>(which ? snap.v_row_bytes : snap.k_row_bytes);
+      const int width = static_cast<int>(RB * 8 / D);
       auto& out = which ? e.v : e.k;
-      for (std::size_t r = 0; r < static_cast<std::size_t>(snap.groups) * 32; ++r) {
-        const std::size_t g = r / 32;
+      for (std::size_t r = 0; r < static_cast<std::size_t>(snap.units) * 32; ++r) {
+        const std::size_t g = r / static_cast<std::size_t>(snap.group_rows);
         for (std::size_t c = 0; c < D; ++c) {
           const std::size_t byte = c % RB, slot = c / RB;
-          const unsigned code = (codes[r * RB + byte] >> (slot * bits)) & ((1u << bits) - 1u);
-          (void)per;
+          const unsigned code = (codes[r * RB + byte] >> (slot * width)) & ((1u << width) - 1u);
           const double scale = fp16_to_f32(params[g * 2 * D + c]), zero = fp16_to_f32(params[g * 2 * D + D + c]);
           out[(bh * e.N + r) * D + c] = code * scale + zero;
         }
@@ -347,16 +373,25 @@ TEST(CudaAttend, EveryKindMatchesFloat64AndTheCpuCache) {
     const char* method;
     int bits;
     DType dtype;
+    Widths widths{};  // kivi: keys / values at their own widths, groups (0: bits, 32 rows)
   };
-  const Kind kinds[] = {{"full", 0, DType::f16}, {"full", 0, DType::bf16}, {"kivi", 2, DType::f32},
-                        {"kivi", 4, DType::bf16}, {"kivi", 8, DType::f16}};
+  const Kind kinds[] = {{"full", 0, DType::f16},
+                        {"full", 0, DType::bf16},
+                        {"kivi", 2, DType::f32},
+                        {"kivi", 4, DType::bf16},
+                        {"kivi", 8, DType::f16},
+                        {"kivi", 4, DType::bf16, {4, 2, 64}},
+                        {"kivi", 2, DType::f16, {2, 4, 128}}};
   for (const Kind& kind : kinds) {
     for (std::size_t D : {64, 128}) {
       for (std::size_t G : {1, 4, 6, 3, 2, 5}) {
-        const std::string what = std::string(kind.method) + std::to_string(kind.bits) + " " +
-                                 std::string(dtype_name(kind.dtype)) + " D " + std::to_string(D) + " G " +
+        const bool own = kind.widths.group != 0;
+        const std::string what = std::string(kind.method) + (own ? widths_name(kind.widths) : std::to_string(kind.bits)) +
+                                 " " + std::string(dtype_name(kind.dtype)) + " D " + std::to_string(D) + " G " +
                                  std::to_string(G);
-        Pair p = make_pair(kind.method, kind.bits == 0 ? 2 : kind.bits, kind.dtype);
+        Pair p = own ? make_pair(kind.method, kind.bits, kind.dtype, kind.widths.key_bits, kind.widths.value_bits,
+                                 kind.widths.group)
+                     : make_pair(kind.method, kind.bits == 0 ? 2 : kind.bits, kind.dtype);
         const std::size_t B = 2, H = 2, Hq = H * G;
         // Lengths 1..65 around the group edges, then a prompt, then decode steps; a gap in positions.
         unsigned seed = 10;
@@ -408,10 +443,13 @@ TEST(CudaAttend, ZeroQueryAndFlatGroups) {
 // 128k tokens: fp32 accumulation across thousands of splits' worth of rows does not drift -- the
 // error against float64 at 128k is no worse than at 4k rows of the same kind of data (and within 1e-5
 // for dense rows, whose products are fp32-like).
-double long_context_error(int bits, std::size_t N, double* psum_out) {
+double long_context_error(int bits, std::size_t N, double* psum_out, int value_bits = -1, int group = 32) {
   KVCacheConfig c;
   c.method = bits == 0 ? "full" : "kivi";
   c.kivi_bits = bits == 0 ? 2 : bits;
+  c.kivi_value_bits = value_bits;
+  c.kivi_group_size = group;
+  c.kivi_staging = std::max(128, group);
   c.device = "cuda";
   auto gpu = KVCacheFactory::create(c);
   const std::size_t D = 128, Hq = 4;
@@ -437,10 +475,14 @@ double long_context_error(int bits, std::size_t N, double* psum_out) {
 
 TEST(CudaAttend, LongContextAccumulatesWithoutDrift) {
   REQUIRE_GPU();
-  for (int bits : {0, 2, 4}) {
+  // (key bits, value bits, group): 0 = full; the last is keys at 4 bits, values at 2, groups of 128.
+  for (const auto& [bits, value_bits, group] : {std::tuple{0, -1, 32}, std::tuple{2, -1, 32}, std::tuple{4, -1, 32},
+                                                std::tuple{4, 2, 128}}) {
     double psum = 0;
-    const double at4k = long_context_error(bits, 4096, nullptr), at128k = long_context_error(bits, 131072, &psum);
-    std::printf("long context bits %d: relative L2 error vs float64 %.2e at 4k rows, %.2e at 128k\n", bits, at4k, at128k);
+    const double at4k = long_context_error(bits, 4096, nullptr, value_bits, group),
+                 at128k = long_context_error(bits, 131072, &psum, value_bits, group);
+    std::printf("long context bits %d/%d g%d: relative L2 error vs float64 %.2e at 4k rows, %.2e at 128k\n", bits,
+                value_bits, group, at4k, at128k);
     if (bits == 0) {
       EXPECT_LE(at128k, 1e-5);
     }

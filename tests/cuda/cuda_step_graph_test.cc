@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstring>
 #include <execinfo.h>
@@ -60,10 +61,13 @@ std::vector<float> random_float(std::size_t n, std::mt19937& rng) {
   return x;
 }
 
-std::unique_ptr<KVCache> device_cache(const std::string& method, int bits = 2) {
+std::unique_ptr<KVCache> device_cache(const std::string& method, int bits = 2, int value_bits = -1, int group = 32) {
   KVCacheConfig c;
   c.method = method;
   c.kivi_bits = bits;
+  c.kivi_value_bits = value_bits;
+  c.kivi_group_size = group;
+  c.kivi_staging = std::max(128, group);
   c.h2o_budget = 64;
   c.streaming_budget = 64;
   c.device = "cuda";
@@ -163,13 +167,14 @@ void prefill(KVCache& a, KVCache& b, const Shape& s, DType t, std::size_t rows, 
   ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
 }
 
-void expect_replays_equal_eager(const std::string& method, int bits, DType t, std::size_t prompt, int steps) {
-  const std::string what = method + (method == "kivi" ? std::to_string(bits) : "") + " " +
-                           std::string(dtype_name(t)) + " prompt " + std::to_string(prompt);
+void expect_replays_equal_eager(const std::string& method, int bits, DType t, std::size_t prompt, int steps,
+                                int value_bits = -1, int group = 32) {
+  const std::string what = method + (method == "kivi" ? std::to_string(bits) + "/" + std::to_string(value_bits) + " g" + std::to_string(group) : "") +
+                           " " + std::string(dtype_name(t)) + " prompt " + std::to_string(prompt);
   const Shape s;
   OwnStream stream;
   cudaStream_t st = stream.s;
-  auto graphed = device_cache(method, bits), eager = device_cache(method, bits);
+  auto graphed = device_cache(method, bits, value_bits, group), eager = device_cache(method, bits, value_bits, group);
   std::mt19937 rng(7 + prompt);
   prefill(*graphed, *eager, s, t, prompt, rng, st);
   const std::size_t first = prompt + (graphed->needs().attention ? 1 : 0);  // the eviction cache's eager step
@@ -247,6 +252,8 @@ TEST(CudaStepGraph, KiviReplaysEqualEagerStepsAcrossFlushes) {
   expect_replays_equal_eager("kivi", 2, DType::bf16, 300, 300);
   expect_replays_equal_eager("kivi", 4, DType::f16, 127, 200);
   expect_replays_equal_eager("kivi", 8, DType::bf16, 5, 90);  // codes appear during the replays
+  // Keys at 4 bits, values at 2, groups of 128 rows (staging 128): a whole group per flush.
+  expect_replays_equal_eager("kivi", 4, DType::bf16, 200, 300, 2, 128);
 }
 
 TEST(CudaStepGraph, EvictionReplaysEqualEagerSteps) {

@@ -103,23 +103,29 @@ TEST(KiviKeyValueBits, FieldsDefaultToKiviBitsAndAreValidatedByName) {
   }
 }
 
-// A CUDA device's kivi storage holds one width: a config asking for two is refused by validate()
-// (before any device code runs), naming the field; equal widths (or -1) pass.
-TEST(KiviKeyValueBits, ACudaDeviceRefusesKeysAndValuesAtDifferentWidths) {
+// A CUDA device's kivi storage reads 2-, 4- or 8-bit codes, keys and values each at its own width,
+// groups of whole 32-row units behind a window: validate() (before any device code runs) takes every
+// such config and refuses any other, naming the field; the CPU takes them all.
+TEST(KiviKeyValueBits, ACudaDeviceTakesTwoFourOrEightBitsEachAndWholeUnitGroups) {
   KVCacheConfig c;
   c.method = "kivi";
   c.device = "cuda";
-  c.kivi_bits = 4;
-  EXPECT_NO_THROW(c.validate());
-  c.kivi_key_bits = c.kivi_value_bits = 4;
-  EXPECT_NO_THROW(c.validate());
-  for (const auto& [kb, vb, field] : {std::tuple{2, 4, "kivi_key_bits"}, std::tuple{4, 2, "kivi_value_bits"},
-                                      std::tuple{-1, 8, "kivi_value_bits"}, std::tuple{2, -1, "kivi_key_bits"}}) {
+  for (int kb : {-1, 2, 4, 8}) {
+    for (int vb : {-1, 2, 4, 8}) {
+      c.kivi_key_bits = kb;
+      c.kivi_value_bits = vb;
+      EXPECT_NO_THROW(c.validate()) << kb << "/" << vb;
+    }
+  }
+  for (const auto& [bits, kb, vb, field] :
+       {std::tuple{2, 3, -1, "kivi_key_bits"}, std::tuple{2, -1, 1, "kivi_value_bits"}, std::tuple{3, -1, 2, "kivi_bits"},
+        std::tuple{2, 4, 3, "kivi_value_bits"}}) {
+    c.kivi_bits = bits;
     c.kivi_key_bits = kb;
     c.kivi_value_bits = vb;
     try {
       c.validate();
-      ADD_FAILURE() << kb << "/" << vb << " accepted on cuda";
+      ADD_FAILURE() << bits << " " << kb << "/" << vb << " accepted on cuda";
     } catch (const ConfigError& e) {
       const std::string what = e.what();
       EXPECT_NE(what.find(field), std::string::npos) << what;
@@ -128,6 +134,30 @@ TEST(KiviKeyValueBits, ACudaDeviceRefusesKeysAndValuesAtDifferentWidths) {
     EXPECT_THROW(KVCacheFactory::create(c), ConfigError);
     c.device = "cpu";
     EXPECT_NO_THROW(c.validate()) << kb << "/" << vb;  // the CPU caches take any pair
+    c.device = "cuda";
+  }
+  c.kivi_bits = 2;
+  c.kivi_key_bits = 4;
+  c.kivi_value_bits = 2;
+  for (int group : {32, 64, 128, 256, 1024}) {
+    c.kivi_group_size = group;
+    c.kivi_staging = std::max(128, group);
+    EXPECT_NO_THROW(c.validate()) << group;
+  }
+  for (const auto& [group, staging, field] : {std::tuple{48, 96, "kivi_group_size"}, std::tuple{2048, 2048, "kivi_group_size"},
+                                              std::tuple{16, 128, "kivi_group_size"}, std::tuple{32, 0, "kivi_staging"}}) {
+    c.kivi_group_size = group;
+    c.kivi_staging = staging;
+    try {
+      c.validate();
+      ADD_FAILURE() << "group " << group << " staging " << staging << " accepted on cuda";
+    } catch (const ConfigError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(field), std::string::npos) << what;
+      EXPECT_NE(what.find("CUDA"), std::string::npos) << what;
+    }
+    c.device = "cpu";
+    EXPECT_NO_THROW(c.validate()) << group << " " << staging;
     c.device = "cuda";
   }
 }

@@ -4,6 +4,7 @@
 // max((max - zero) / levels, 1e-8), code = clamp(rint((x - zero) / scale)), bit planes as
 // packed_row_bytes describes -- so device codes equal the CPU's bit for bit.
 #include <climits>
+#include <cmath>
 
 #include "cuda/append.h"
 #include "cuda/kernel_launch.h"
@@ -78,67 +79,73 @@ __device__ void make_params(float mn, float mx, int bits, std::uint16_t& scale_h
   scale_f = __half2float(sh2);
 }
 
-// Group blocks: grid (groups, BH, 2 = keys/values), D threads (one channel each). Tail blocks:
-// grid (tail rows, BH), D threads.
-__global__ void kivi_group_kernel(AppendInput in, KiviStore st, int n_groups, StagingWindow w) {
+// Row `row` of [window | input] for channel c, as fp16 (the CPU's intake); input rows are checked.
+__device__ __forceinline__ float window_or_input(const AppendInput& in, const StagingWindow& w, const std::uint16_t* stage,
+                                                 const void* src, int bh, int row, int c, bool& bad) {
+  if (row < w.staged) {
+    const std::uint16_t hbits = stage[(static_cast<long long>(bh) * w.capacity + row) * in.D + c];
+    return __half2float(*reinterpret_cast<const __half*>(&hbits));
+  }
+  return load_as_fp16_float(src, in.dtype, (static_cast<long long>(bh) * in.S + row - w.staged) * in.D + c, bad);
+}
+
+// Group blocks: grid (groups, BH, 2 = keys/values), D threads (one channel each): the channel's
+// min / max over the group's rows, its parameters, then the codes 32 rows at a time through shared
+// memory into the plane layout. Tail blocks: grid (tail rows, BH), D threads.
+__global__ void kivi_group_kernel(AppendInput in, KiviStore st, int n_units, StagingWindow w) {
   extern __shared__ unsigned char codes[];  // [32][D]
   const int gi = blockIdx.x, bh = blockIdx.y, which = blockIdx.z, c = threadIdx.x, D = in.D;
-  const int bits = st.bits, RB = D * bits / 8;
+  const int bits = which ? st.v_bits : st.k_bits, RB = D * bits / 8, GR = st.group_rows;
   const std::uint16_t* stage = which ? w.v_in : w.k_in;
   const void* src = which ? in.values : in.keys;
-  float x[32];
+  const int row0 = gi * GR;  // first row of [window | input]
   bool bad = false;
   int bad_row = INT_MAX;
-#pragma unroll
-  for (int r = 0; r < 32; ++r) {
-    const int row = gi * 32 + r;  // row of [window | input]
-    if (row < w.staged) {
-      const std::uint16_t hbits = stage[(static_cast<long long>(bh) * w.capacity + row) * D + c];
-      x[r] = __half2float(*reinterpret_cast<const __half*>(&hbits));
-    } else {
-      const int s = row - w.staged;
-      bool b = false;
-      x[r] = load_as_fp16_float(src, in.dtype, (static_cast<long long>(bh) * in.S + s) * D + c, b);
-      if (b) {
-        bad = true;
-        bad_row = min(bad_row, s);
-      }
+  float mn = INFINITY, mx = -INFINITY;
+  for (int r = 0; r < GR; ++r) {
+    bool b = false;
+    const float x = window_or_input(in, w, stage, src, bh, row0 + r, c, b);
+    if (b) {
+      bad = true;
+      bad_row = min(bad_row, row0 + r - w.staged);
     }
-  }
-  float mn = x[0], mx = x[0];
-#pragma unroll
-  for (int r = 1; r < 32; ++r) {
-    mn = fminf(mn, x[r]);
-    mx = fmaxf(mx, x[r]);
+    mn = fminf(mn, x);
+    mx = fmaxf(mx, x);
   }
   std::uint16_t scale_h, zero_h;
   float scale_f, zero_f;
   make_params(mn, mx, bits, scale_h, zero_h, scale_f, zero_f);
   std::uint16_t* params = (which ? st.v_params : st.k_params) +
-                          (static_cast<long long>(bh) * (st.capacity / 32) + n_groups + gi) * 2 * D;
+                          (static_cast<long long>(bh) * (st.capacity / GR) + n_units * 32LL / GR + gi) * 2 * D;
   params[c] = scale_h;
   params[D + c] = zero_h;
   const float levels = static_cast<float>((1u << bits) - 1u);
-#pragma unroll
-  for (int r = 0; r < 32; ++r) {
-    const float q = rintf(__fdiv_rn(__fsub_rn(x[r], zero_f), scale_f));
-    codes[r * D + c] = static_cast<unsigned char>(fminf(fmaxf(q, 0.f), levels));
-  }
-  __syncthreads();
-  // Pack: byte i of a row holds channels i, i + RB, ... at bit offsets 0, bits, ...
-  std::uint8_t* out = (which ? st.v_codes : st.k_codes) +
-                      (static_cast<long long>(bh) * st.capacity + (n_groups + gi) * 32LL) * RB;
   const int per_byte = 8 / bits;
-  for (int idx = c; idx < 32 * RB; idx += blockDim.x) {
-    const int r = idx / RB, i = idx % RB;
-    unsigned byte = 0;
-    for (int j = 0; j < per_byte; ++j) byte |= static_cast<unsigned>(codes[r * D + i + j * RB]) << (j * bits);
-    out[idx] = static_cast<std::uint8_t>(byte);
+  std::uint8_t* out = (which ? st.v_codes : st.k_codes) + (static_cast<long long>(bh) * st.capacity + n_units * 32LL + row0) * RB;
+  for (int u = 0; u < GR / 32; ++u) {
+#pragma unroll 4
+    for (int r = 0; r < 32; ++r) {
+      bool unused = false;
+      const float x = window_or_input(in, w, stage, src, bh, row0 + 32 * u + r, c, unused);
+      const float q = rintf(__fdiv_rn(__fsub_rn(x, zero_f), scale_f));
+      codes[r * D + c] = static_cast<unsigned char>(fminf(fmaxf(q, 0.f), levels));
+    }
+    __syncthreads();
+    // Pack: byte i of a row holds channels i, i + RB, ... at bit offsets 0, bits, ...
+    for (int idx = c; idx < 32 * RB; idx += blockDim.x) {
+      const int r = idx / RB, i = idx % RB;
+      unsigned byte = 0;
+      for (int j = 0; j < per_byte; ++j) byte |= static_cast<unsigned>(codes[r * D + i + j * RB]) << (j * bits);
+      out[32LL * u * RB + idx] = static_cast<std::uint8_t>(byte);
+    }
+    __syncthreads();  // codes is written again
   }
   report_bad(in, bh, bad_row, bad);
-  if (bh == 0 && which == 0 && c < 32) {
-    const int row = gi * 32 + c;
-    st.pos[(n_groups + gi) * 32LL + c] = row < w.staged ? w.pos_in[row] : input_position(in, row - w.staged);
+  if (bh == 0 && which == 0) {
+    for (int r = c; r < GR; r += blockDim.x) {
+      const int row = row0 + r;
+      st.pos[n_units * 32LL + row] = row < w.staged ? w.pos_in[row] : input_position(in, row - w.staged);
+    }
   }
 }
 
@@ -170,13 +177,13 @@ void launch_dense_append(const AppendInput& in, std::uint16_t* k, std::uint16_t*
                 pos, pos_per_head);
 }
 
-void launch_kivi_append(const AppendInput& in, const KiviStore& store, int n_groups, int compress,
+void launch_kivi_append(const AppendInput& in, const KiviStore& store, int n_units, int compress,
                         const StagingWindow& window, cudaStream_t stream) {
   const int total = window.staged + in.S;
   // Both kernels are launch sites in every step, switched off when they have nothing to do (a
   // replayed step's graph holds both: kernel_launch.h).
-  launch_kernel(compress > 0, false, kivi_group_kernel, dim3(compress / 32, in.BH, 2), dim3(in.D),
-                static_cast<std::size_t>(32 * in.D), stream, in, store, n_groups, window);
+  launch_kernel(compress > 0, false, kivi_group_kernel, dim3(compress / store.group_rows, in.BH, 2), dim3(in.D),
+                static_cast<std::size_t>(32 * in.D), stream, in, store, n_units, window);
   // compress == 0: the whole input joins the window after its staged rows; else the input's last
   // total - compress rows start the fresh window.
   const int tail = compress == 0 ? in.S : total - compress;

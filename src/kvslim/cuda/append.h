@@ -33,17 +33,19 @@ struct AppendInput {
 void launch_dense_append(const AppendInput& in, std::uint16_t* k, std::uint16_t* v, DenseType type,
                          long long capacity, int n, std::int64_t* pos, cudaStream_t stream, bool pos_per_head = false);
 
-// kivi: rows r < compress (a multiple of 32) of [staging window (staged rows) | input] become groups
-// n_groups .. n_groups + compress/32 of the code store; rows [compress, staged + S) go to stage_out
-// (stage_in itself when compress == 0, at row staged). Windows are fp16 [BH, stage_capacity, D].
+// kivi: rows r < compress (a multiple of group_rows) of [staging window (staged rows) | input] become
+// units n_units .. n_units + compress/32 of the code store (32-row units; groups of group_rows rows,
+// one parameter set each); rows [compress, staged + S) go to stage_out (stage_in itself when compress
+// == 0, at row staged). Windows are fp16 [BH, stage_capacity, D].
 struct KiviStore {
-  std::uint8_t* k_codes = nullptr;  // [BH, capacity, row_bytes]
-  std::uint8_t* v_codes = nullptr;
-  std::uint16_t* k_params = nullptr;  // [BH, capacity / 32, 2, D]
+  std::uint8_t* k_codes = nullptr;  // [BH, capacity, D * k_bits / 8]
+  std::uint8_t* v_codes = nullptr;  // [BH, capacity, D * v_bits / 8]
+  std::uint16_t* k_params = nullptr;  // [BH, capacity / group_rows, 2, D]
   std::uint16_t* v_params = nullptr;
   std::int64_t* pos = nullptr;        // [capacity]
-  long long capacity = 0;
-  int bits = 2;
+  long long capacity = 0;             // rows, a multiple of group_rows
+  int k_bits = 2, v_bits = 2;
+  int group_rows = 32;                // a multiple of 32
 };
 struct StagingWindow {
   const std::uint16_t* k_in = nullptr;  // [BH, stage_capacity, D]
@@ -55,7 +57,7 @@ struct StagingWindow {
   long long capacity = 0;
   int staged = 0;
 };
-void launch_kivi_append(const AppendInput& in, const KiviStore& store, int n_groups, int compress,
+void launch_kivi_append(const AppendInput& in, const KiviStore& store, int n_units, int compress,
                         const StagingWindow& window, cudaStream_t stream);
 
 }  // namespace kvslim::cuda

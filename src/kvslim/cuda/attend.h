@@ -1,6 +1,6 @@
 // Device attention over a layer's storage: split-K (flash-decoding) kernels that read each kind's
-// rows where they lie -- kivi codes (keys and values group-quantized per channel over groups of 32
-// tokens, bit-packed as on the CPU) and dense fp16/bf16 rows -- with every query head of a KV head
+// rows where they lie -- kivi codes (keys and values group-quantized per channel over groups of 32k
+// tokens, each at its own width, bit-packed as on the CPU) and dense fp16/bf16 rows -- with every query head of a KV head
 // (and, for S > 1, up to 8 query vectors) in one pass over the rows, fp32 accumulation, causal by
 // true position. Partial results of every split are merged by combine(); the probabilities of an
 // observation are computed from the logits the kernels leave behind when asked.
@@ -18,7 +18,7 @@
 namespace kvslim::cuda {
 
 constexpr int kTileRows = 8;    // query vectors per tile (rows g of the mma; g + 8 hold their low parts)
-constexpr int kGroupRows = 32;  // rows per quantization group (the packed kernels' unit)
+constexpr int kGroupRows = 32;  // rows per unit of the packed kernels (a quantization group is 1+ units)
 
 constexpr int kInlinePositions = 16;  // query positions passed with the launch itself
 
@@ -41,17 +41,21 @@ struct Partials {
   int parts = 0;         // capacity
 };
 
-// kivi storage: n_groups full groups of 32 rows per (b, h).
+// kivi storage: n_units full units of 32 rows per (b, h), the kernels' unit of work. A quantization
+// group is group_units consecutive units (kivi_group_size = 32 * group_units rows) with one fp16
+// scale row and zero row; keys and values each at their own width (2, 4 or 8 bits).
 struct PackedRows {
-  const std::uint8_t* k_codes = nullptr;   // [B * Hkv, cap, row_bytes]
-  const std::uint8_t* v_codes = nullptr;   // [B * Hkv, cap, row_bytes]
-  const std::uint16_t* k_params = nullptr; // fp16 [B * Hkv, cap / 32, 2, D]: scale row, zero row
+  const std::uint8_t* k_codes = nullptr;   // [B * Hkv, cap, k_row_bytes] (k_row_bytes = D * k_bits / 8)
+  const std::uint8_t* v_codes = nullptr;   // [B * Hkv, cap, v_row_bytes]
+  const std::uint16_t* k_params = nullptr; // fp16 [B * Hkv, cap / (32 * group_units), 2, D]: scale row, zero row
   const std::uint16_t* v_params = nullptr;
-  long long codes_stride = 0;              // bytes between heads
+  long long k_codes_stride = 0;            // bytes between heads
+  long long v_codes_stride = 0;
   long long params_stride = 0;             // elements between heads
   const std::int64_t* pos = nullptr;       // [cap] positions of the rows (the same for every head)
-  int n_groups = 0;
-  int bits = 0;
+  int n_units = 0;                         // a multiple of group_units
+  int group_units = 1;
+  int k_bits = 0, v_bits = 0;
   int row_offset = 0;                      // cache row of the first row
 };
 
@@ -74,7 +78,7 @@ struct DenseRows {
 
 // Splits each kernel would use for this much work (at least 1 when there are rows).
 // (One full wave of resident CTAs: the kernel's occupancy decides.)
-int packed_splits(const QueryArgs& q, int n_groups, int sm_count, int bits);
+int packed_splits(const QueryArgs& q, const PackedRows& rows, int sm_count);
 int dense_splits(const QueryArgs& q, int n_rows, int sm_count, DenseType type);
 
 // Launch on `stream`; each writes parts [part_base, part_base + splits). A dense segment after
@@ -92,7 +96,7 @@ void launch_combine(const QueryArgs& q, const Partials& parts, int n_parts, floa
 // probs [B, Hkv, S, rows_total] = sum over the G query heads of exp2(logit - max) / sum.
 void launch_probs(const QueryArgs& q, const float* final_ml, float* probs, cudaStream_t stream);
 
-// Whether the kernels take this head_dim / bits.
+// Whether the kernels take this head_dim / bits (for keys and values alike).
 bool supported_head_dim(int D);
 bool supported_bits(int bits);
 

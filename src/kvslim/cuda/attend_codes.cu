@@ -1,5 +1,6 @@
-// Split-K attention over kivi codes (keys and values group-quantized per channel over groups of 32
-// rows, bit-packed in the CPU's plane layout) on the int8 tensor cores: the codes go into
+// Split-K attention over kivi codes (keys and values group-quantized per channel over groups of
+// 32 * group_units rows, each at its own width, bit-packed in the CPU's plane layout) on the int8
+// tensor cores: the codes go into
 // mma.m16n8k32 as the u8 integers they are, against s8 operands, with exact s32 sums -- the scheme of
 // the CPU's integer kernels (docs/methods.md), so both read the same bytes to the same tolerance.
 //
@@ -17,9 +18,11 @@
 // A tile is 8 query vectors, taken as NSUB sub-tiles of 4 (columns: vector n's high and middle bytes
 // in columns 2n, 2n + 1 of one mma, its low bytes in columns 2n and 2n + 1 of a second), so the
 // columns are used when a KV head has 4 query heads
-// (Llama's 32/8) and a decode step needs one sub-tile. Each CTA = 4 warps takes a range of groups of
-// one (tile, b, h); each warp streams its groups global -> shared (cp.async, 2 stages), and keeps
-// query vector t's online softmax and D/8 of its output channels in lane (g, t). The warps merge in
+// (Llama's 32/8) and a decode step needs one sub-tile. Each CTA = 4 warps takes a range of whole
+// quantization groups of one (tile, b, h); each warp takes whole groups and streams their 32-row units
+// global -> shared (cp.async, 2 stages; a group's parameters once, into one of two parameter slots),
+// builds q' once per group, and keeps query vector t's online softmax and D/8 of its output channels
+// in lane (g, t). The warps merge in
 // shared memory and the CTA writes one partial (attend_shared.cuh); launch_combine merges the splits.
 #include <atomic>
 #include <cfloat>
@@ -87,28 +90,47 @@ __device__ __forceinline__ void load_words(const unsigned char* p, std::uint32_t
   }
 }
 
-template <int BITS, int D, int NSUB>
+// Per warp: kCodeStages unit stages [key codes | value codes | newest position], two parameter slots
+// [key scale, zero | value scale, zero] (a group's, alternating by group), the P digits. After the
+// warps: q (times the logit scale) as each lane reads it to build q', once per CTA -- read at each
+// group's start only, so it holds no registers through the units.
+template <int KB, int VB, int D, int NSUB>
 struct CodeShape {
-  using Map = CodeMap<BITS, D>;
-  static constexpr int CODE_BYTES = kGroupRows * Map::RB;
+  using KMap = CodeMap<KB, D>;
+  using VMap = CodeMap<VB, D>;
+  static constexpr int K_CODE_BYTES = kGroupRows * KMap::RB;
+  static constexpr int V_CODE_BYTES = kGroupRows * VMap::RB;
   static constexpr int PARAM_BYTES = 2 * D * 2;  // scale row + zero row, fp16
-  static constexpr int POS_OFFSET = 2 * CODE_BYTES + 2 * PARAM_BYTES;  // the group's newest position
+  static constexpr int POS_OFFSET = K_CODE_BYTES + V_CODE_BYTES;  // the unit's newest position
   static constexpr int STAGE = POS_OFFSET + 16;
+  static constexpr int PSLOT = 2 * PARAM_BYTES;
   static constexpr int PBUF = NSUB * 4 * 3 * kGroupRows;  // P digits [sub][vector][hi, mid, lo][token] (+128)
-  static constexpr int WARP_BYTES = kCodeStages * STAGE + PBUF;
+  static constexpr int WARP_BYTES = kCodeStages * STAGE + 2 * PSLOT + PBUF;
+  static constexpr int QV = NSUB * (KMap::NR / 2) * 32 * 16;  // float4 [sub][register i][lane]: conflict-free
   static constexpr int RED = kWarps * kTileRows * (D + 2) * 4;
-  static constexpr int SMEM = kWarps * WARP_BYTES > RED ? kWarps * WARP_BYTES : RED;
+  static constexpr int SMEM = kWarps * WARP_BYTES + QV > RED ? kWarps * WARP_BYTES + QV : RED;
   static_assert(STAGE % 16 == 0 && WARP_BYTES % 16 == 0, "stages must be whole 16-byte chunks");
 };
 
-template <int BITS, int D, int NSUB>
-__global__ void __launch_bounds__(kThreads, NSUB == 1 ? (D == 128 ? 4 : 5) : (D == 128 ? 2 : 3)) attend_codes_kernel(QueryArgs a, PackedRows rows, Partials parts,
-                                                                 int part_base, int units_per_split) {
-  using Shape = CodeShape<BITS, D, NSUB>;
-  using Map = typename Shape::Map;
-  constexpr int RB = Map::RB, KW = Map::KW, NR = Map::NR, KS = Map::KS, BPLV = Map::BPLV, NWV = Map::NWV;
-  constexpr int NC = Map::NC, HALF = NR / 2, MT = D / 16;
-  constexpr int CODE_BYTES = Shape::CODE_BYTES, PARAM_BYTES = Shape::PARAM_BYTES, STAGE = Shape::STAGE;
+// CTAs per SM the registers are sized for. GROUPED (groups of 2+ units) keeps a group's q' in
+// registers across its units: at 4 CTAs per SM (128 registers) decode at D = 128 spilled, hence 3.
+constexpr int codes_min_ctas(int D, int NSUB, bool GROUPED) {
+  return NSUB == 1 ? (D == 128 ? (GROUPED ? 3 : 4) : 5) : (D == 128 ? 2 : 3);
+}
+
+// GROUPED: rows.group_units >= 2 (read at run time); else 1, known here, so nothing of q' lives
+// across units.
+template <int KB, int VB, int D, int NSUB, bool GROUPED>
+__global__ void __launch_bounds__(kThreads, codes_min_ctas(D, NSUB, GROUPED))
+    attend_codes_kernel(QueryArgs a, PackedRows rows, Partials parts, int part_base, int units_per_split) {
+  using Shape = CodeShape<KB, VB, D, NSUB>;
+  using KMap = typename Shape::KMap;
+  using VMap = typename Shape::VMap;
+  constexpr int KRB = KMap::RB, KW = KMap::KW, NR = KMap::NR, KS = KMap::KS;
+  constexpr int VRB = VMap::RB, BPLV = VMap::BPLV, NWV = VMap::NWV;
+  constexpr int NC = VMap::NC, HALF = NR / 2, MT = D / 16;
+  constexpr int K_CODE_BYTES = Shape::K_CODE_BYTES, V_CODE_BYTES = Shape::V_CODE_BYTES;
+  constexpr int PARAM_BYTES = Shape::PARAM_BYTES, STAGE = Shape::STAGE, PSLOT = Shape::PSLOT;
   extern __shared__ __align__(16) unsigned char smem[];
 
   pdl_launch_dependents();  // the window's dense rows and the merge may launch (attend_shared.cuh)
@@ -116,41 +138,46 @@ __global__ void __launch_bounds__(kThreads, NSUB == 1 ? (D == 128 ? 4 : 5) : (D 
   const int tile = blockIdx.y, bh = blockIdx.z, b = bh / a.Hkv, h = bh % a.Hkv;
   const long long SG = static_cast<long long>(a.S) * a.G;
   unsigned char* my = smem + warp * Shape::WARP_BYTES;
-  unsigned char* pbuf = my + kCodeStages * STAGE;
+  unsigned char* pslots = my + kCodeStages * STAGE;
+  unsigned char* pbuf = pslots + 2 * PSLOT;
+  float4* qvs = reinterpret_cast<float4*>(smem + kWarps * Shape::WARP_BYTES);
   // Column g of the mma: vector g / 2 of a sub-tile, part g % 2 (0 = high bytes). The lane builds
   // q' for key registers [half * HALF, half * HALF + HALF) and trades the other part with lane ^ 4.
   const int half = g % 2;
 
-  // q (times the logit scale, log2 units) of the vector this lane builds q' for, its half's channels.
-  float qv[NSUB][HALF][4];
+  // q (times the logit scale, log2 units) of the vector this lane builds q' for, its half's channels:
+  // written once (warp 0) into qvs, the same for every warp's lane.
+  if (warp == 0) {
 #pragma unroll
-  for (int s = 0; s < NSUB; ++s) {
-    const long long m = static_cast<long long>(tile) * kTileRows + 4 * s + g / 2;
+    for (int s = 0; s < NSUB; ++s) {
+      const long long m = static_cast<long long>(tile) * kTileRows + 4 * s + g / 2;
 #pragma unroll
-    for (int i = 0; i < HALF; ++i) {
+      for (int i = 0; i < HALF; ++i) {
+        float v[4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float v = 0.f;
-        if (m < SG) {
-          const long long sq = m / a.G, j = m % a.G;
-          v = a.q[((static_cast<long long>(b) * a.S + sq) * a.Hq + static_cast<long long>(h) * a.G + j) * D +
-                  Map::key_channel(half * HALF + i, e, t)] *
-              a.scale_log2;
+        for (int e = 0; e < 4; ++e) {
+          v[e] = 0.f;
+          if (m < SG) {
+            const long long sq = m / a.G, j = m % a.G;
+            v[e] = a.q[((static_cast<long long>(b) * a.S + sq) * a.Hq + static_cast<long long>(h) * a.G + j) * D +
+                       KMap::key_channel(half * HALF + i, e, t)] *
+                   a.scale_log2;
+          }
         }
-        qv[s][i][e] = v;
+        qvs[(s * HALF + i) * 32 + lane] = make_float4(v[0], v[1], v[2], v[3]);
       }
     }
   }
+  __syncthreads();
   // Vector t of each sub-tile: this lane's softmax row and NC of its output channels.
   float m_run[NSUB], l_run[NSUB], acc[NSUB][NC];
   bool valid[NSUB];
   std::int64_t qpos[NSUB];
-  long long vec[NSUB];
 #pragma unroll
   for (int s = 0; s < NSUB; ++s) {
-    vec[s] = static_cast<long long>(tile) * kTileRows + 4 * s + t;
-    valid[s] = vec[s] < SG;
-    qpos[s] = !valid[s] ? INT64_MIN : a.qpos ? a.qpos[vec[s] / a.G] : a.qpos_inline[vec[s] / a.G];
+    const long long vec = static_cast<long long>(tile) * kTileRows + 4 * s + t;
+    valid[s] = vec < SG;
+    qpos[s] = !valid[s] ? INT64_MIN : a.qpos ? a.qpos[vec / a.G] : a.qpos_inline[vec / a.G];
     m_run[s] = -INFINITY;
     l_run[s] = 0.f;
 #pragma unroll
@@ -158,81 +185,94 @@ __global__ void __launch_bounds__(kThreads, NSUB == 1 ? (D == 128 ? 4 : 5) : (D 
   }
   const int seq_limit = a.seq_rows ? a.seq_rows[b] : INT32_MAX;
 
+  // The split's units are whole groups (codes_launch rounds units_per_split to group_units); its
+  // groups are dealt to the warps round-robin, a group's units to one warp in order, so the warp
+  // builds q' and reads the parameters once per group.
+  const int GU = GROUPED ? rows.group_units : 1;
   const int u_begin = blockIdx.x * units_per_split;
-  const int u_end = min(rows.n_groups, u_begin + units_per_split);
-  const unsigned char* kc_head = rows.k_codes + bh * rows.codes_stride;
-  const unsigned char* vc_head = rows.v_codes + bh * rows.codes_stride;
+  const int u_end = min(rows.n_units, u_begin + units_per_split);
+  const unsigned char* kc_head = rows.k_codes + bh * rows.k_codes_stride;
+  const unsigned char* vc_head = rows.v_codes + bh * rows.v_codes_stride;
   const std::uint16_t* kp_head = rows.k_params + bh * rows.params_stride;
   const std::uint16_t* vp_head = rows.v_params + bh * rows.params_stride;
-  // One group's stage: key codes, value codes, key params, value params, back to back (every part
-  // a whole number of 16-byte chunks: the loops' bounds are compile-time, no per-chunk branches).
-  auto issue = [&](int u, int stage) {
+  const int n_split_groups = u_end > u_begin ? (u_end - u_begin) / GU : 0;
+  const int n_mine = warp < n_split_groups ? (n_split_groups - warp + kWarps - 1) / kWarps * GU : 0;
+  const int group_begin = blockIdx.x * (units_per_split / GU);  // (the only divisions: none per unit)
+  // Unit wi of the warp's gi-th group, and that group's index.
+  auto group_at = [&](int gi) { return group_begin + warp + gi * kWarps; };
+  auto unit_at = [&](int gi, int wi) { return group_at(gi) * GU + wi; };
+  // One unit's stage: key codes, value codes, the newest position (every part a whole number of
+  // 16-byte chunks: the loops' bounds are compile-time, no per-chunk branches); at a group's first
+  // unit also the group's parameters, into the slot of the group's parity.
+  auto issue = [&](int gi, int wi, int stage) {
+    const int u = unit_at(gi, wi);
     unsigned char* dst = my + stage * STAGE;
-    const long long code0 = static_cast<long long>(u) * CODE_BYTES, param0 = static_cast<long long>(u) * 2 * D;
-    const unsigned char* kp_src = reinterpret_cast<const unsigned char*>(kp_head + param0);
-    const unsigned char* vp_src = reinterpret_cast<const unsigned char*>(vp_head + param0);
+    const long long kcode0 = static_cast<long long>(u) * K_CODE_BYTES, vcode0 = static_cast<long long>(u) * V_CODE_BYTES;
 #pragma unroll
-    for (int i = lane; i < CODE_BYTES / 16; i += 32) {
-      cp_async16(dst + 16 * i, kc_head + code0 + 16 * i);
-      cp_async16(dst + CODE_BYTES + 16 * i, vc_head + code0 + 16 * i);
-    }
+    for (int i = lane; i < K_CODE_BYTES / 16; i += 32) cp_async16(dst + 16 * i, kc_head + kcode0 + 16 * i);
 #pragma unroll
-    for (int i = lane; i < PARAM_BYTES / 16; i += 32) {
-      cp_async16(dst + 2 * CODE_BYTES + 16 * i, kp_src + 16 * i);
-      cp_async16(dst + 2 * CODE_BYTES + PARAM_BYTES + 16 * i, vp_src + 16 * i);
+    for (int i = lane; i < V_CODE_BYTES / 16; i += 32) cp_async16(dst + K_CODE_BYTES + 16 * i, vc_head + vcode0 + 16 * i);
+    if (wi == 0) {
+      unsigned char* pdst = pslots + (gi % 2) * PSLOT;
+      const long long param0 = static_cast<long long>(group_at(gi)) * 2 * D;
+      const unsigned char* kp_src = reinterpret_cast<const unsigned char*>(kp_head + param0);
+      const unsigned char* vp_src = reinterpret_cast<const unsigned char*>(vp_head + param0);
+#pragma unroll
+      for (int i = lane; i < PARAM_BYTES / 16; i += 32) {
+        cp_async16(pdst + 16 * i, kp_src + 16 * i);
+        cp_async16(pdst + PARAM_BYTES + 16 * i, vp_src + 16 * i);
+      }
     }
     cp_async8_if(lane == 0, dst + Shape::POS_OFFSET, rows.pos + static_cast<long long>(u) * kGroupRows + kGroupRows - 1);
   };
 
-  const int first = u_begin + warp;
-  const int n_mine = first < u_end ? (u_end - first + kWarps - 1) / kWarps : 0;
-#pragma unroll
-  for (int k = 0; k < kCodeStages - 1; ++k) {
-    if (k < n_mine) issue(first + k * kWarps, k);
-    cp_async_commit();
-  }
+  static_assert(kCodeStages == 2, "the loop issues the next unit while it computes the current one");
+  if (n_mine > 0) issue(0, 0, 0);
+  cp_async_commit();
+  // The current group's q' (step 1), kept across its units.
+  std::uint32_t bq[NSUB][NR] = {}, bl[NSUB][NR] = {};
+  float qscale[NSUB] = {}, bias[NSUB] = {};
+  int gi = 0, wi = 0;  // the current unit: unit wi of the warp's gi-th group
   for (int k = 0; k < n_mine; ++k) {
-    const int ahead = k + kCodeStages - 1;
-    if (ahead < n_mine) issue(first + ahead * kWarps, ahead % kCodeStages);
+    const bool last_of_group = wi + 1 == GU;
+    const int next_gi = last_of_group ? gi + 1 : gi, next_wi = last_of_group ? 0 : wi + 1;
+    if (k + 1 < n_mine) issue(next_gi, next_wi, (k + 1) % kCodeStages);
     cp_async_commit();
     cp_async_wait<kCodeStages - 1>();
     __syncwarp();
 
-    const int u = first + k * kWarps;
+    const int u = unit_at(gi, wi);
     const unsigned char* buf = my + (k % kCodeStages) * STAGE;
     const unsigned char* kc = buf;
-    const unsigned char* vc = buf + CODE_BYTES;
-    const __half* kp = reinterpret_cast<const __half*>(buf + 2 * CODE_BYTES);
-    const __half* vp = reinterpret_cast<const __half*>(buf + 2 * CODE_BYTES + PARAM_BYTES);
+    const unsigned char* vc = buf + K_CODE_BYTES;
+    const unsigned char* pslot = pslots + (gi % 2) * PSLOT;
+    const __half* kp = reinterpret_cast<const __half*>(pslot);
+    const __half* vp = reinterpret_cast<const __half*>(pslot + PARAM_BYTES);
 
-    // 1. The s8 columns of q' = q * key scale (bq: high / middle bytes, bl: low bytes), their scale
-    //    and q . zero (of vector t, into lane (g, t)).
-    std::uint32_t bq[NSUB][NR], bl[NSUB][NR];
-    float qscale[NSUB], bias[NSUB];
-    {
-      float ksc[HALF][4], kzr[HALF][4];
-#pragma unroll
-      for (int i = 0; i < HALF; ++i) {
-        const int c0 = Map::key_channel(half * HALF + i, 0, t);
-        const uint2 sw = *reinterpret_cast<const uint2*>(kp + c0), zw = *reinterpret_cast<const uint2*>(kp + D + c0);
-        const float2 s01 = __half22float2(*reinterpret_cast<const __half2*>(&sw.x));
-        const float2 s23 = __half22float2(*reinterpret_cast<const __half2*>(&sw.y));
-        const float2 z01 = __half22float2(*reinterpret_cast<const __half2*>(&zw.x));
-        const float2 z23 = __half22float2(*reinterpret_cast<const __half2*>(&zw.y));
-        ksc[i][0] = s01.x, ksc[i][1] = s01.y, ksc[i][2] = s23.x, ksc[i][3] = s23.y;
-        kzr[i][0] = z01.x, kzr[i][1] = z01.y, kzr[i][2] = z23.x, kzr[i][3] = z23.y;
-      }
+    // 1. At a group's first unit: the s8 columns of q' = q * key scale (bq: high / middle bytes, bl:
+    //    low bytes), their scale and q . zero (of vector t, into lane (g, t)).
+    if (wi == 0) {
 #pragma unroll
       for (int s = 0; s < NSUB; ++s) {
         float qp[HALF][4];
         float amax = 0.f, qz = 0.f;
 #pragma unroll
         for (int i = 0; i < HALF; ++i) {
+          // Register i's four channels: their key scale and zero (fp16 in the slot), and q.
+          const int c0 = KMap::key_channel(half * HALF + i, 0, t);
+          const uint2 sw = *reinterpret_cast<const uint2*>(kp + c0), zw = *reinterpret_cast<const uint2*>(kp + D + c0);
+          const float2 s01 = __half22float2(*reinterpret_cast<const __half2*>(&sw.x));
+          const float2 s23 = __half22float2(*reinterpret_cast<const __half2*>(&sw.y));
+          const float2 z01 = __half22float2(*reinterpret_cast<const __half2*>(&zw.x));
+          const float2 z23 = __half22float2(*reinterpret_cast<const __half2*>(&zw.y));
+          const float ksc[4] = {s01.x, s01.y, s23.x, s23.y}, kzr[4] = {z01.x, z01.y, z23.x, z23.y};
+          const float4 q4 = qvs[(s * HALF + i) * 32 + lane];
+          const float qv[4] = {q4.x, q4.y, q4.z, q4.w};
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            qp[i][e] = qv[s][i][e] * ksc[i][e];
+            qp[i][e] = qv[e] * ksc[e];
             amax = fmaxf(amax, fabsf(qp[i][e]));
-            qz = fmaf(qv[s][i][e], kzr[i][e], qz);
+            qz = fmaf(qv[e], kzr[e], qz);
           }
         }
         amax = max_over(amax, 1, 8);  // the 4 t lanes and the other half: the whole vector
@@ -261,13 +301,13 @@ __global__ void __launch_bounds__(kThreads, NSUB == 1 ? (D == 128 ? 4 : 5) : (D 
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt) {
       std::uint32_t w0[KW], w1[KW];
-      load_words<KW>(kc + (16 * mt + g) * RB + t * (RB / 4), w0);
-      load_words<KW>(kc + (16 * mt + g + 8) * RB + t * (RB / 4), w1);
+      load_words<KW>(kc + (16 * mt + g) * KRB + t * (KRB / 4), w0);
+      load_words<KW>(kc + (16 * mt + g + 8) * KRB + t * (KRB / 4), w1);
       int c[NSUB][4], cl[NSUB][4];
 #pragma unroll
       for (int ks = 0; ks < KS; ++ks) {
-        const std::uint32_t a0 = Map::key_reg(w0, 2 * ks), a1 = Map::key_reg(w1, 2 * ks);
-        const std::uint32_t a2 = Map::key_reg(w0, 2 * ks + 1), a3 = Map::key_reg(w1, 2 * ks + 1);
+        const std::uint32_t a0 = KMap::key_reg(w0, 2 * ks), a1 = KMap::key_reg(w1, 2 * ks);
+        const std::uint32_t a2 = KMap::key_reg(w0, 2 * ks + 1), a3 = KMap::key_reg(w1, 2 * ks + 1);
 #pragma unroll
         for (int s = 0; s < NSUB; ++s) {
           if (ks == 0) {
@@ -322,7 +362,8 @@ __global__ void __launch_bounds__(kThreads, NSUB == 1 ? (D == 128 ? 4 : 5) : (D 
         }
       }
       if (a.logits && valid[s]) {
-        float* dst = a.logits + (static_cast<long long>(bh) * SG + vec[s]) * a.rows_total + row0 + g;
+        const long long vec = static_cast<long long>(tile) * kTileRows + 4 * s + t;  // (recomputed: no register held)
+        float* dst = a.logits + (static_cast<long long>(bh) * SG + vec) * a.rows_total + row0 + g;
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
@@ -384,14 +425,14 @@ __global__ void __launch_bounds__(kThreads, NSUB == 1 ? (D == 128 ? 4 : 5) : (D 
     std::uint32_t x[2][4 * NWV];
 #pragma unroll
     for (int quad = 0; quad < 2; ++quad) {
-      const unsigned char* tokp = vc + (16 * quad + 4 * t) * RB + g * BPLV;
+      const unsigned char* tokp = vc + (16 * quad + 4 * t) * VRB + g * BPLV;
       std::uint32_t w[4][NWV];  // the lane's share of each of the quad's 4 tokens
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         if constexpr (BPLV >= 4) {
-          load_words<NWV>(tokp + i * RB, w[i]);
+          load_words<NWV>(tokp + i * VRB, w[i]);
         } else {
-          w[i][0] = *reinterpret_cast<const std::uint16_t*>(tokp + i * RB);
+          w[i][0] = *reinterpret_cast<const std::uint16_t*>(tokp + i * VRB);
         }
       }
 #pragma unroll
@@ -401,9 +442,9 @@ __global__ void __launch_bounds__(kThreads, NSUB == 1 ? (D == 128 ? 4 : 5) : (D 
     }
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
-      const std::uint32_t a0 = Map::value_reg(x[0], 2 * mt), a1 = Map::value_reg(x[0], 2 * mt + 1);
-      const std::uint32_t a2 = Map::value_reg(x[1], 2 * mt), a3 = Map::value_reg(x[1], 2 * mt + 1);
-      const int ch = Map::value_channel(2 * mt, g);  // and ch + 1 (the next byte of the same plane)
+      const std::uint32_t a0 = VMap::value_reg(x[0], 2 * mt), a1 = VMap::value_reg(x[0], 2 * mt + 1);
+      const std::uint32_t a2 = VMap::value_reg(x[1], 2 * mt), a3 = VMap::value_reg(x[1], 2 * mt + 1);
+      const int ch = VMap::value_channel(2 * mt, g);  // and ch + 1 (the next byte of the same plane)
       const float2 vs = __half22float2(*reinterpret_cast<const __half2*>(vp + ch));
       const float2 vz = __half22float2(*reinterpret_cast<const __half2*>(vp + D + ch));
 #pragma unroll
@@ -418,6 +459,8 @@ __global__ void __launch_bounds__(kThreads, NSUB == 1 ? (D == 128 ? 4 : 5) : (D 
       }
     }
     __syncwarp();  // pbuf and this stage are written again next
+    gi = next_gi;
+    wi = next_wi;
   }
   cp_async_wait<0>();
 
@@ -428,7 +471,7 @@ __global__ void __launch_bounds__(kThreads, NSUB == 1 ? (D == 128 ? 4 : 5) : (D 
   for (int s = 0; s < NSUB; ++s) {
     const int row = 4 * s + t;
 #pragma unroll
-    for (int i = 0; i < NC; ++i) red[(warp * kTileRows + row) * D + Map::value_channel(i, g)] = acc[s][i];
+    for (int i = 0; i < NC; ++i) red[(warp * kTileRows + row) * D + VMap::value_channel(i, g)] = acc[s][i];
     if (g == 0) {
       red_ml[(warp * kTileRows + row) * 2] = m_run[s];
       red_ml[(warp * kTileRows + row) * 2 + 1] = l_run[s];
@@ -438,60 +481,92 @@ __global__ void __launch_bounds__(kThreads, NSUB == 1 ? (D == 128 ? 4 : 5) : (D 
   merge_warps<D>(a, tile, bh, red, parts, part_base + blockIdx.x);
 }
 
-template <int BITS, int D, int NSUB>
+template <int KB, int VB, int D, int NSUB, bool GROUPED>
 int codes_resident() {
   static const int n = [] {
-    set_smem_always(attend_codes_kernel<BITS, D, NSUB>, CodeShape<BITS, D, NSUB>::SMEM);
-    return resident_ctas(attend_codes_kernel<BITS, D, NSUB>, CodeShape<BITS, D, NSUB>::SMEM);
+    constexpr int smem = CodeShape<KB, VB, D, NSUB>::SMEM;
+    set_smem_always(attend_codes_kernel<KB, VB, D, NSUB, GROUPED>, smem);
+    return resident_ctas(attend_codes_kernel<KB, VB, D, NSUB, GROUPED>, smem);
   }();
   return n;
 }
 
-template <int BITS, int D, int NSUB>
-void codes_launch(const QueryArgs& q, const PackedRows& rows, const Partials& parts, int part_base, int splits,
-                  cudaStream_t stream) {
-  constexpr int smem = CodeShape<BITS, D, NSUB>::SMEM;
-  auto kernel = attend_codes_kernel<BITS, D, NSUB>;
-  static std::atomic<unsigned long long> done{0};
-  set_smem(kernel, smem, done);
-  const int per = splits > 0 ? (rows.n_groups + splits - 1) / splits : 0;
-  launch_kernel(splits > 0, false, kernel, dim3(splits, q.tiles(), q.B * q.Hkv), dim3(kThreads), smem, stream, q, rows,
-                parts, part_base, per);
+// Units per split: whole groups.
+int split_units(const PackedRows& rows, int splits) {
+  if (splits <= 0) return 0;
+  const int groups = rows.n_units / rows.group_units;
+  return (groups + splits - 1) / splits * rows.group_units;
 }
 
-// One sub-tile when a step's query vectors fit in 4 (decode with up to 4 query heads per KV head).
-bool one_subtile(const QueryArgs& q) { return static_cast<long long>(q.S) * q.G <= 4; }
+template <int KB, int VB, int D, int NSUB, bool GROUPED>
+void codes_launch(const QueryArgs& q, const PackedRows& rows, const Partials& parts, int part_base, int splits,
+                  cudaStream_t stream) {
+  constexpr int smem = CodeShape<KB, VB, D, NSUB>::SMEM;
+  auto kernel = attend_codes_kernel<KB, VB, D, NSUB, GROUPED>;
+  static std::atomic<unsigned long long> done{0};
+  set_smem(kernel, smem, done);
+  launch_kernel(splits > 0, false, kernel, dim3(splits, q.tiles(), q.B * q.Hkv), dim3(kThreads), smem, stream, q, rows,
+                parts, part_base, split_units(rows, splits));
+}
+
+// f<KB, VB, D, NSUB, GROUPED>() for the kernel that reads `rows` for `q`: the widths (2, 4 or 8
+// each), head_dim 64 / 128, one sub-tile when a step's query vectors fit in 4 (decode with up to 4
+// query heads per KV head), groups of one unit or more.
+template <typename F>
+void with_kernel(const QueryArgs& q, const PackedRows& rows, F&& f) {
+  if (q.D != 64 && q.D != 128) throw InputError("cuda attend: no kernel for head_dim " + std::to_string(q.D) + " (64/128)");
+  if (rows.group_units < 1 || rows.n_units % rows.group_units != 0) {
+    throw InputError("cuda attend: " + std::to_string(rows.n_units) + " units of 32 rows are not whole groups of " +
+                     std::to_string(rows.group_units));
+  }
+  const bool one = static_cast<long long>(q.S) * q.G <= 4, grouped = rows.group_units > 1;
+  auto shape = [&]<int KB, int VB>() {
+    auto pick = [&]<int D>() {
+      if (one) {
+        grouped ? f.template operator()<KB, VB, D, 1, true>() : f.template operator()<KB, VB, D, 1, false>();
+      } else {
+        grouped ? f.template operator()<KB, VB, D, 2, true>() : f.template operator()<KB, VB, D, 2, false>();
+      }
+    };
+    q.D == 64 ? pick.template operator()<64>() : pick.template operator()<128>();
+  };
+  auto values = [&]<int KB>() {
+    switch (rows.v_bits) {
+      case 2: return shape.template operator()<KB, 2>();
+      case 4: return shape.template operator()<KB, 4>();
+      case 8: return shape.template operator()<KB, 8>();
+    }
+    throw InputError("cuda attend: no kernel for " + std::to_string(rows.v_bits) + "-bit value codes (2/4/8)");
+  };
+  switch (rows.k_bits) {
+    case 2: return values.template operator()<2>();
+    case 4: return values.template operator()<4>();
+    case 8: return values.template operator()<8>();
+  }
+  throw InputError("cuda attend: no kernel for " + std::to_string(rows.k_bits) + "-bit key codes (2/4/8)");
+}
 
 }  // namespace
 
 bool supported_head_dim(int D) { return D == 64 || D == 128; }
 bool supported_bits(int bits) { return bits == 2 || bits == 4 || bits == 8; }
 
-int packed_splits(const QueryArgs& q, int n_groups, int sm_count, int bits) {
+int packed_splits(const QueryArgs& q, const PackedRows& rows, int sm_count) {
   int resident = 2;
-  const bool one = one_subtile(q);
-#define KVSLIM_RES_CASE(B, DD) \
-  if (bits == B && q.D == DD) resident = one ? codes_resident<B, DD, 1>() : codes_resident<B, DD, 2>();
-  KVSLIM_RES_CASE(2, 64) KVSLIM_RES_CASE(4, 64) KVSLIM_RES_CASE(8, 64)
-  KVSLIM_RES_CASE(2, 128) KVSLIM_RES_CASE(4, 128) KVSLIM_RES_CASE(8, 128)
-#undef KVSLIM_RES_CASE
-  return splits_for(q, n_groups, sm_count, resident);
+  with_kernel(q, rows, [&]<int KB, int VB, int D, int NSUB, bool GROUPED>() {
+    resident = codes_resident<KB, VB, D, NSUB, GROUPED>();
+  });
+  // At least two units a warp (one group a warp when a group has two or more).
+  const int units = rows.group_units >= 2 ? 2 * (rows.n_units / rows.group_units) : rows.n_units;
+  return splits_for(q, units, sm_count, resident);
 }
 
 void launch_packed(const QueryArgs& q, const PackedRows& rows, const Partials& parts, int part_base, int splits,
                    cudaStream_t stream) {
   splits = std::max(splits, 0);
-  const bool one = one_subtile(q);
-#define KVSLIM_PACKED_CASE(B, DD)                                                             \
-  if (rows.bits == B && q.D == DD) {                                                          \
-    return one ? codes_launch<B, DD, 1>(q, rows, parts, part_base, splits, stream)            \
-               : codes_launch<B, DD, 2>(q, rows, parts, part_base, splits, stream);           \
-  }
-  KVSLIM_PACKED_CASE(2, 64) KVSLIM_PACKED_CASE(4, 64) KVSLIM_PACKED_CASE(8, 64)
-  KVSLIM_PACKED_CASE(2, 128) KVSLIM_PACKED_CASE(4, 128) KVSLIM_PACKED_CASE(8, 128)
-#undef KVSLIM_PACKED_CASE
-  throw InputError("cuda attend: no kernel for " + std::to_string(rows.bits) + "-bit codes at head_dim " +
-                   std::to_string(q.D) + " (bits 2/4/8, head_dim 64/128)");
+  with_kernel(q, rows, [&]<int KB, int VB, int D, int NSUB, bool GROUPED>() {
+    codes_launch<KB, VB, D, NSUB, GROUPED>(q, rows, parts, part_base, splits, stream);
+  });
 }
 
 }  // namespace kvslim::cuda

@@ -524,8 +524,8 @@ void DeviceDenseCache::clear() {
 // ---------------------------------------------------------------------------------------------
 // kivi
 
-DeviceKiviCache::DeviceKiviCache(int device, int bits, int staging)
-    : DeviceCache("kivi", device), bits_(bits), staging_(staging) {}
+DeviceKiviCache::DeviceKiviCache(int device, int key_bits, int value_bits, int group_rows, int staging)
+    : DeviceCache("kivi", device), key_bits_(key_bits), value_bits_(value_bits), group_rows_(group_rows), staging_(staging) {}
 
 std::size_t DeviceKiviCache::device_bytes() const {
   std::size_t b = k_codes_.bytes() + v_codes_.bytes() + k_params_.bytes() + v_params_.bytes() + pos_.bytes();
@@ -535,40 +535,62 @@ std::size_t DeviceKiviCache::device_bytes() const {
 
 void DeviceKiviCache::reserve(std::size_t tokens) {
   reserved_tokens_ = tokens;
-  // Known shape: allocate the groups now (a captured step cannot; see DeviceDenseCache::reserve).
-  const std::size_t groups = tokens / 32;
-  if (batch_ != 0 && row_bytes_ != 0 && groups > group_capacity_) {
+  // Known shape: allocate the units now (a captured step cannot; see DeviceDenseCache::reserve).
+  const std::size_t units = tokens / 32;
+  if (batch_ != 0 && k_row_bytes_ != 0 && units > unit_capacity_) {
     DeviceGuard guard(device());
-    grow_codes(groups, stream());
+    grow_codes(units, stream());
   }
 }
 
-int DeviceKiviCache::parts_at_capacity(const QueryArgs& q) const {
-  const int groups = static_cast<int>(std::max(group_capacity_, static_cast<std::size_t>(groups_) + 1));
-  return packed_splits(q, groups, sm_count_, bits_) + dense_splits(q, staging_, sm_count_, DenseType::f16);
+PackedRows DeviceKiviCache::packed_rows(int units) const {
+  PackedRows rows;
+  rows.k_codes = k_codes_.as<std::uint8_t>();
+  rows.v_codes = v_codes_.as<std::uint8_t>();
+  rows.k_params = k_params_.as<std::uint16_t>();
+  rows.v_params = v_params_.as<std::uint16_t>();
+  rows.k_codes_stride = static_cast<long long>(unit_capacity_ * 32 * k_row_bytes_);
+  rows.v_codes_stride = static_cast<long long>(unit_capacity_ * 32 * v_row_bytes_);
+  rows.params_stride = static_cast<long long>(unit_capacity_ / group_units() * 2 * dim_);
+  rows.pos = pos_.as<std::int64_t>();
+  rows.n_units = units;
+  rows.group_units = group_units();
+  rows.k_bits = key_bits_;
+  rows.v_bits = value_bits_;
+  return rows;
 }
 
-void DeviceKiviCache::grow_codes(std::size_t groups, cudaStream_t stream) {
-  // By an eighth (at least 8 groups), as the dense store grows.
-  const std::size_t cap = std::max({groups, reserved_tokens_ / 32, group_capacity_ + std::max(group_capacity_ / 8, std::size_t{8})});
-  const std::size_t BH = batch_ * heads_, D = dim_, RB = static_cast<std::size_t>(row_bytes_);
+int DeviceKiviCache::parts_at_capacity(const QueryArgs& q) const {
+  // The most units the store can hold before it grows (whole groups).
+  const std::size_t units = std::max(unit_capacity_, static_cast<std::size_t>(units_ + group_units()));
+  return packed_splits(q, packed_rows(static_cast<int>(units)), sm_count_) +
+         dense_splits(q, staging_, sm_count_, DenseType::f16);
+}
+
+void DeviceKiviCache::grow_codes(std::size_t units, cudaStream_t stream) {
+  // By an eighth (at least 8 units), as the dense store grows; whole groups.
+  const std::size_t GU = static_cast<std::size_t>(group_units());
+  std::size_t cap = std::max({units, reserved_tokens_ / 32, unit_capacity_ + std::max(unit_capacity_ / 8, std::size_t{8})});
+  cap = (cap + GU - 1) / GU * GU;
+  const std::size_t BH = batch_ * heads_, D = dim_;
+  const std::size_t KRB = static_cast<std::size_t>(k_row_bytes_), VRB = static_cast<std::size_t>(v_row_bytes_);
   DeviceBuffer kc, vc, kp, vp, pos;
-  kc.reserve(BH * cap * 32 * RB);
-  vc.reserve(BH * cap * 32 * RB);
-  kp.reserve(BH * cap * 2 * D * 2);
-  vp.reserve(BH * cap * 2 * D * 2);
+  kc.reserve(BH * cap * 32 * KRB);
+  vc.reserve(BH * cap * 32 * VRB);
+  kp.reserve(BH * (cap / GU) * 2 * D * 2);
+  vp.reserve(BH * (cap / GU) * 2 * D * 2);
   pos.reserve(cap * 32 * sizeof(std::int64_t));
-  if (groups_ > 0) {
-    const std::size_t g = static_cast<std::size_t>(groups_);
-    KVSLIM_CUDA_CHECK(cudaMemcpy2DAsync(kc.get(), cap * 32 * RB, k_codes_.get(), group_capacity_ * 32 * RB, g * 32 * RB,
+  if (units_ > 0) {
+    const std::size_t u = static_cast<std::size_t>(units_), old_groups = unit_capacity_ / GU, groups = u / GU;
+    KVSLIM_CUDA_CHECK(cudaMemcpy2DAsync(kc.get(), cap * 32 * KRB, k_codes_.get(), unit_capacity_ * 32 * KRB, u * 32 * KRB,
                                         BH, cudaMemcpyDeviceToDevice, stream));
-    KVSLIM_CUDA_CHECK(cudaMemcpy2DAsync(vc.get(), cap * 32 * RB, v_codes_.get(), group_capacity_ * 32 * RB, g * 32 * RB,
+    KVSLIM_CUDA_CHECK(cudaMemcpy2DAsync(vc.get(), cap * 32 * VRB, v_codes_.get(), unit_capacity_ * 32 * VRB, u * 32 * VRB,
                                         BH, cudaMemcpyDeviceToDevice, stream));
-    KVSLIM_CUDA_CHECK(cudaMemcpy2DAsync(kp.get(), cap * 4 * D, k_params_.get(), group_capacity_ * 4 * D, g * 4 * D, BH,
-                                        cudaMemcpyDeviceToDevice, stream));
-    KVSLIM_CUDA_CHECK(cudaMemcpy2DAsync(vp.get(), cap * 4 * D, v_params_.get(), group_capacity_ * 4 * D, g * 4 * D, BH,
-                                        cudaMemcpyDeviceToDevice, stream));
-    KVSLIM_CUDA_CHECK(cudaMemcpyAsync(pos.get(), pos_.get(), g * 32 * sizeof(std::int64_t), cudaMemcpyDeviceToDevice, stream));
+    KVSLIM_CUDA_CHECK(cudaMemcpy2DAsync(kp.get(), (cap / GU) * 4 * D, k_params_.get(), old_groups * 4 * D, groups * 4 * D,
+                                        BH, cudaMemcpyDeviceToDevice, stream));
+    KVSLIM_CUDA_CHECK(cudaMemcpy2DAsync(vp.get(), (cap / GU) * 4 * D, v_params_.get(), old_groups * 4 * D, groups * 4 * D,
+                                        BH, cudaMemcpyDeviceToDevice, stream));
+    KVSLIM_CUDA_CHECK(cudaMemcpyAsync(pos.get(), pos_.get(), u * 32 * sizeof(std::int64_t), cudaMemcpyDeviceToDevice, stream));
     KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream));
   }
   k_codes_ = std::move(kc);
@@ -576,13 +598,14 @@ void DeviceKiviCache::grow_codes(std::size_t groups, cudaStream_t stream) {
   k_params_ = std::move(kp);
   v_params_ = std::move(vp);
   pos_ = std::move(pos);
-  group_capacity_ = cap;
+  unit_capacity_ = cap;
 }
 
 void DeviceKiviCache::absorb(const AppendInput& in, const std::vector<std::int64_t>&, cudaStream_t stream) {
   const std::size_t BH = batch_ * heads_, D = dim_;
-  if (row_bytes_ == 0) {
-    row_bytes_ = static_cast<int>(D) * bits_ / 8;
+  if (k_row_bytes_ == 0) {
+    k_row_bytes_ = static_cast<int>(D) * key_bits_ / 8;
+    v_row_bytes_ = static_cast<int>(D) * value_bits_ / 8;
     for (int i = 0; i < 2; ++i) {
       stage_k_[i].reserve(BH * staging_ * D * 2);
       stage_v_[i].reserve(BH * staging_ * D * 2);
@@ -590,14 +613,14 @@ void DeviceKiviCache::absorb(const AppendInput& in, const std::vector<std::int64
     }
   }
   const int total = staged_ + in.S;
-  const int compress = total >= staging_ ? total / 32 * 32 : 0;
-  if (compress > 0 && static_cast<std::size_t>(groups_ + compress / 32) > group_capacity_) {
+  const int compress = total >= staging_ ? total / group_rows_ * group_rows_ : 0;
+  if (compress > 0 && static_cast<std::size_t>(units_ + compress / 32) > unit_capacity_) {
     if (capturing()) {
-      reject(method(), "a captured step needs " + std::to_string(groups_ + compress / 32) + " groups, " +
-                           std::to_string(group_capacity_) +
+      reject(method(), "a captured step needs " + std::to_string(units_ + compress / 32) + " units of 32 rows, " +
+                           std::to_string(unit_capacity_) +
                            " are allocated: reserve() the run's tokens before StepGraph::begin_capture");
     }
-    grow_codes(static_cast<std::size_t>(groups_ + compress / 32), stream);
+    grow_codes(static_cast<std::size_t>(units_ + compress / 32), stream);
   }
   KiviStore store;
   store.k_codes = k_codes_.as<std::uint8_t>();
@@ -605,8 +628,10 @@ void DeviceKiviCache::absorb(const AppendInput& in, const std::vector<std::int64
   store.k_params = k_params_.as<std::uint16_t>();
   store.v_params = v_params_.as<std::uint16_t>();
   store.pos = pos_.as<std::int64_t>();
-  store.capacity = static_cast<long long>(group_capacity_ * 32);
-  store.bits = bits_;
+  store.capacity = static_cast<long long>(unit_capacity_ * 32);
+  store.k_bits = key_bits_;
+  store.v_bits = value_bits_;
+  store.group_rows = group_rows_;
   const int out = compress > 0 ? 1 - cur_ : cur_;
   StagingWindow w;
   w.k_in = stage_k_[cur_].as<std::uint16_t>();
@@ -617,43 +642,30 @@ void DeviceKiviCache::absorb(const AppendInput& in, const std::vector<std::int64
   w.pos_out = stage_pos_[out].as<std::int64_t>();
   w.capacity = staging_;
   w.staged = staged_;
-  launch_kivi_append(in, store, groups_, compress, w, stream);
+  launch_kivi_append(in, store, units_, compress, w, stream);
   cur_ = out;
-  groups_ += compress / 32;
+  units_ += compress / 32;
   staged_ = total - compress;
 }
 
 int DeviceKiviCache::launch_segments(const QueryArgs& q, const Partials& parts, bool count_only,
                                      cudaStream_t stream) const {
-  const int ps = groups_ > 0 ? packed_splits(q, groups_, sm_count_, bits_) : 0;
+  const PackedRows packed = packed_rows(units_);
+  const int ps = units_ > 0 ? packed_splits(q, packed, sm_count_) : 0;
   const int ds = staged_ > 0 ? dense_splits(q, staged_, sm_count_, DenseType::f16) : 0;
   if (!count_only) {
     // Both segments launch in every step, switched off while empty (a replayed step's graph holds
     // both: kernel_launch.h).
-    {
-      PackedRows rows;
-      rows.k_codes = k_codes_.as<std::uint8_t>();
-      rows.v_codes = v_codes_.as<std::uint8_t>();
-      rows.k_params = k_params_.as<std::uint16_t>();
-      rows.v_params = v_params_.as<std::uint16_t>();
-      rows.codes_stride = static_cast<long long>(group_capacity_ * 32 * row_bytes_);
-      rows.params_stride = static_cast<long long>(group_capacity_ * 2 * dim_);
-      rows.pos = pos_.as<std::int64_t>();
-      rows.n_groups = groups_;
-      rows.bits = bits_;
-      launch_packed(q, rows, parts, 0, ps, stream);
-    }
-    {
-      DenseRows rows;
-      rows.k = stage_k_[cur_].as<std::uint16_t>();
-      rows.v = stage_v_[cur_].as<std::uint16_t>();
-      rows.head_stride = static_cast<long long>(staging_) * static_cast<long long>(dim_);
-      rows.pos = stage_pos_[cur_].as<std::int64_t>();
-      rows.n_rows = staged_;
-      rows.type = DenseType::f16;
-      rows.row_offset = groups_ * 32;
-      launch_dense(q, rows, parts, ps, ds, stream);
-    }
+    launch_packed(q, packed, parts, 0, ps, stream);
+    DenseRows rows;
+    rows.k = stage_k_[cur_].as<std::uint16_t>();
+    rows.v = stage_v_[cur_].as<std::uint16_t>();
+    rows.head_stride = static_cast<long long>(staging_) * static_cast<long long>(dim_);
+    rows.pos = stage_pos_[cur_].as<std::int64_t>();
+    rows.n_rows = staged_;
+    rows.type = DenseType::f16;
+    rows.row_offset = units_ * 32;
+    launch_dense(q, rows, parts, ps, ds, stream);
   }
   return ps + ds;
 }
@@ -661,28 +673,32 @@ int DeviceKiviCache::launch_segments(const QueryArgs& q, const Partials& parts, 
 DeviceKiviCache::Snapshot DeviceKiviCache::snapshot() const {
   synchronize();
   Snapshot s;
-  s.groups = groups_;
+  s.units = units_;
   s.staged = staged_;
-  s.row_bytes = row_bytes_;
-  const std::size_t BH = batch_ * heads_, D = dim_, RB = static_cast<std::size_t>(row_bytes_), G = groups_;
+  s.k_row_bytes = k_row_bytes_;
+  s.v_row_bytes = v_row_bytes_;
+  s.group_rows = group_rows_;
+  const std::size_t BH = batch_ * heads_, D = dim_, U = static_cast<std::size_t>(units_);
+  const std::size_t KRB = static_cast<std::size_t>(k_row_bytes_), VRB = static_cast<std::size_t>(v_row_bytes_);
+  const std::size_t GU = static_cast<std::size_t>(group_units()), groups = U / GU, group_capacity = unit_capacity_ / GU;
   for (auto* v : {&s.k_codes, &s.v_codes}) v->resize(BH);
   for (auto* v : {&s.k_params, &s.v_params, &s.stage_k, &s.stage_v}) v->resize(BH);
   for (std::size_t bh = 0; bh < BH; ++bh) {
-    s.k_codes[bh].resize(G * 32 * RB);
-    s.v_codes[bh].resize(G * 32 * RB);
-    s.k_params[bh].resize(G * 2 * D);
-    s.v_params[bh].resize(G * 2 * D);
+    s.k_codes[bh].resize(U * 32 * KRB);
+    s.v_codes[bh].resize(U * 32 * VRB);
+    s.k_params[bh].resize(groups * 2 * D);
+    s.v_params[bh].resize(groups * 2 * D);
     s.stage_k[bh].resize(staged_ * D);
     s.stage_v[bh].resize(staged_ * D);
-    if (G > 0) {
-      KVSLIM_CUDA_CHECK(cudaMemcpy(s.k_codes[bh].data(), k_codes_.as<std::uint8_t>() + bh * group_capacity_ * 32 * RB,
-                                   G * 32 * RB, cudaMemcpyDeviceToHost));
-      KVSLIM_CUDA_CHECK(cudaMemcpy(s.v_codes[bh].data(), v_codes_.as<std::uint8_t>() + bh * group_capacity_ * 32 * RB,
-                                   G * 32 * RB, cudaMemcpyDeviceToHost));
-      KVSLIM_CUDA_CHECK(cudaMemcpy(s.k_params[bh].data(), k_params_.as<std::uint16_t>() + bh * group_capacity_ * 2 * D,
-                                   G * 4 * D, cudaMemcpyDeviceToHost));
-      KVSLIM_CUDA_CHECK(cudaMemcpy(s.v_params[bh].data(), v_params_.as<std::uint16_t>() + bh * group_capacity_ * 2 * D,
-                                   G * 4 * D, cudaMemcpyDeviceToHost));
+    if (U > 0) {
+      KVSLIM_CUDA_CHECK(cudaMemcpy(s.k_codes[bh].data(), k_codes_.as<std::uint8_t>() + bh * unit_capacity_ * 32 * KRB,
+                                   U * 32 * KRB, cudaMemcpyDeviceToHost));
+      KVSLIM_CUDA_CHECK(cudaMemcpy(s.v_codes[bh].data(), v_codes_.as<std::uint8_t>() + bh * unit_capacity_ * 32 * VRB,
+                                   U * 32 * VRB, cudaMemcpyDeviceToHost));
+      KVSLIM_CUDA_CHECK(cudaMemcpy(s.k_params[bh].data(), k_params_.as<std::uint16_t>() + bh * group_capacity * 2 * D,
+                                   groups * 4 * D, cudaMemcpyDeviceToHost));
+      KVSLIM_CUDA_CHECK(cudaMemcpy(s.v_params[bh].data(), v_params_.as<std::uint16_t>() + bh * group_capacity * 2 * D,
+                                   groups * 4 * D, cudaMemcpyDeviceToHost));
     }
     if (staged_ > 0) {
       KVSLIM_CUDA_CHECK(cudaMemcpy(s.stage_k[bh].data(), stage_k_[cur_].as<std::uint16_t>() + bh * staging_ * D,
@@ -695,35 +711,39 @@ DeviceKiviCache::Snapshot DeviceKiviCache::snapshot() const {
 }
 
 void DeviceKiviCache::download_rows(std::size_t bh, std::uint16_t* keys, std::uint16_t* values) const {
-  const std::size_t D = dim_, RB = static_cast<std::size_t>(row_bytes_), G = groups_;
-  std::vector<std::uint8_t> kc(G * 32 * RB), vc(G * 32 * RB);
-  std::vector<std::uint16_t> kp(G * 2 * D), vp(G * 2 * D);
-  if (G > 0) {
-    KVSLIM_CUDA_CHECK(cudaMemcpy(kc.data(), k_codes_.as<std::uint8_t>() + bh * group_capacity_ * 32 * RB, kc.size(),
+  const std::size_t D = dim_, GR = static_cast<std::size_t>(group_rows_), U = static_cast<std::size_t>(units_);
+  const std::size_t GU = static_cast<std::size_t>(group_units()), groups = U / GU, group_capacity = unit_capacity_ / GU;
+  const std::size_t KRB = static_cast<std::size_t>(k_row_bytes_), VRB = static_cast<std::size_t>(v_row_bytes_);
+  std::vector<std::uint8_t> kc(U * 32 * KRB), vc(U * 32 * VRB);
+  std::vector<std::uint16_t> kp(groups * 2 * D), vp(groups * 2 * D);
+  if (U > 0) {
+    KVSLIM_CUDA_CHECK(cudaMemcpy(kc.data(), k_codes_.as<std::uint8_t>() + bh * unit_capacity_ * 32 * KRB, kc.size(),
                                  cudaMemcpyDeviceToHost));
-    KVSLIM_CUDA_CHECK(cudaMemcpy(vc.data(), v_codes_.as<std::uint8_t>() + bh * group_capacity_ * 32 * RB, vc.size(),
+    KVSLIM_CUDA_CHECK(cudaMemcpy(vc.data(), v_codes_.as<std::uint8_t>() + bh * unit_capacity_ * 32 * VRB, vc.size(),
                                  cudaMemcpyDeviceToHost));
-    KVSLIM_CUDA_CHECK(cudaMemcpy(kp.data(), k_params_.as<std::uint16_t>() + bh * group_capacity_ * 2 * D, kp.size() * 2,
+    KVSLIM_CUDA_CHECK(cudaMemcpy(kp.data(), k_params_.as<std::uint16_t>() + bh * group_capacity * 2 * D, kp.size() * 2,
                                  cudaMemcpyDeviceToHost));
-    KVSLIM_CUDA_CHECK(cudaMemcpy(vp.data(), v_params_.as<std::uint16_t>() + bh * group_capacity_ * 2 * D, vp.size() * 2,
+    KVSLIM_CUDA_CHECK(cudaMemcpy(vp.data(), v_params_.as<std::uint16_t>() + bh * group_capacity * 2 * D, vp.size() * 2,
                                  cudaMemcpyDeviceToHost));
   }
   const auto& k = quant::simd_kernels();
   std::vector<float> scale(D), zero(D);
-  std::vector<std::uint16_t*> out_rows(32);
-  for (std::size_t g = 0; g < G; ++g) {
+  std::vector<std::uint16_t*> out_rows(GR);
+  for (std::size_t g = 0; g < groups; ++g) {
     for (int which = 0; which < 2; ++which) {
       const std::uint16_t* p = (which ? vp : kp).data() + g * 2 * D;
       k.params_to_f32(p, p + D, D, scale.data(), zero.data());
-      std::uint16_t* dst = (which ? values : keys) + g * 32 * D;
-      for (int r = 0; r < 32; ++r) out_rows[r] = dst + r * D;
-      k.decode_rows_f16((which ? vc : kc).data() + g * 32 * RB, 32, D, scale.data(), zero.data(), bits_, out_rows.data());
+      std::uint16_t* dst = (which ? values : keys) + g * GR * D;
+      for (std::size_t r = 0; r < GR; ++r) out_rows[r] = dst + r * D;
+      const std::size_t RB = which ? VRB : KRB;
+      k.decode_rows_f16((which ? vc : kc).data() + g * GR * RB, GR, D, scale.data(), zero.data(),
+                        which ? value_bits_ : key_bits_, out_rows.data());
     }
   }
   if (staged_ > 0) {
-    KVSLIM_CUDA_CHECK(cudaMemcpy(keys + G * 32 * D, stage_k_[cur_].as<std::uint16_t>() + bh * staging_ * D,
+    KVSLIM_CUDA_CHECK(cudaMemcpy(keys + U * 32 * D, stage_k_[cur_].as<std::uint16_t>() + bh * staging_ * D,
                                  staged_ * D * 2, cudaMemcpyDeviceToHost));
-    KVSLIM_CUDA_CHECK(cudaMemcpy(values + G * 32 * D, stage_v_[cur_].as<std::uint16_t>() + bh * staging_ * D,
+    KVSLIM_CUDA_CHECK(cudaMemcpy(values + U * 32 * D, stage_v_[cur_].as<std::uint16_t>() + bh * staging_ * D,
                                  staged_ * D * 2, cudaMemcpyDeviceToHost));
   }
 }
@@ -740,15 +760,17 @@ void DeviceKiviCache::clear() {
     stage_pos_[i].release();
   }
   cur_ = 0;
-  group_capacity_ = 0;
-  groups_ = staged_ = 0;
-  row_bytes_ = 0;
+  unit_capacity_ = 0;
+  units_ = staged_ = 0;
+  k_row_bytes_ = v_row_bytes_ = 0;
 }
 
 void DeviceKiviCache::add_figures(CacheStats& st) const {
-  st.figures.emplace_back("kivi_bits", bits_);
+  st.figures.emplace_back("kivi_key_bits", key_bits_);
+  st.figures.emplace_back("kivi_value_bits", value_bits_);
+  st.figures.emplace_back("kivi_group_size", group_rows_);
   st.figures.emplace_back("staging_tokens", staged_);
-  st.figures.emplace_back("compressed_groups", groups_);
+  st.figures.emplace_back("compressed_groups", units_ * 32 / group_rows_);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -823,19 +845,9 @@ std::unique_ptr<KVCache> make_cache(const KVCacheConfig& c, int layer_budget, st
     return std::make_unique<DeviceEvictionCache>(c.method, policy, static_cast<std::size_t>(budget), device);
   }
   if (info.kind == MethodKind::quantizer && info.cuda) {
-    if (c.kivi_bits != 2 && c.kivi_bits != 4 && c.kivi_bits != 8) {
-      throw ConfigError("KVCacheConfig.kivi_bits = " + std::to_string(c.kivi_bits) +
-                        ": the CUDA kernels read 2-, 4- or 8-bit codes");
-    }
-    if (c.kivi_group_size != 32) {
-      throw ConfigError("KVCacheConfig.kivi_group_size = " + std::to_string(c.kivi_group_size) +
-                        ": the CUDA kernels use groups of 32 rows");
-    }
-    if (c.kivi_staging <= 0) {
-      throw ConfigError("KVCacheConfig.kivi_staging = 0 (every call compressed alone) has no CUDA storage; use a "
-                        "window (a multiple of 32, default 128)");
-    }
-    return std::make_unique<DeviceKiviCache>(device, c.kivi_bits, c.kivi_staging);
+    // Widths, group size and window were checked by KVCacheConfig::validate() (device rules).
+    return std::make_unique<DeviceKiviCache>(device, c.kivi_keys_at(), c.kivi_values_at(), c.kivi_group_size,
+                                             c.kivi_staging);
   }
   throw ConfigError("KVCacheConfig.method = \"" + c.method + "\" has no CUDA storage yet (device \"" + c.device + "\")");
 }

@@ -166,16 +166,18 @@ class DeviceDenseCache final : public DeviceCache {
   DenseType type_ = DenseType::f16;
 };
 
-// kivi: groups of 32 rows, keys and values quantized per channel at `bits`, then a window of
-// fp16 rows (the newest, < staging) compressed a whole number of groups at a time.
+// kivi: groups of group_rows rows (a multiple of 32), keys and values quantized per channel, each at
+// its own width (2, 4 or 8 bits), then a window of fp16 rows (the newest, < staging) compressed a
+// whole number of groups at a time.
 class DeviceKiviCache final : public DeviceCache {
  public:
-  DeviceKiviCache(int device, int bits, int staging);
+  DeviceKiviCache(int device, int key_bits, int value_bits, int group_rows, int staging);
 
-  // Host copies of the stored state, for tests: codes [B*H][groups*32*row_bytes], params
-  // [B*H][groups*2*D] (fp16 scale row then zero row per group), window rows fp16 [B*H][staged*D].
+  // Host copies of the stored state, for tests: codes [B*H][units*32*row_bytes] (keys and values at
+  // their own row bytes), params [B*H][groups*2*D] (fp16 scale row then zero row per group of
+  // group_rows rows), window rows fp16 [B*H][staged*D].
   struct Snapshot {
-    int groups = 0, staged = 0, row_bytes = 0;
+    int units = 0, staged = 0, k_row_bytes = 0, v_row_bytes = 0, group_rows = 32;
     std::vector<std::vector<std::uint8_t>> k_codes, v_codes;
     std::vector<std::vector<std::uint16_t>> k_params, v_params, stage_k, stage_v;
   };
@@ -191,15 +193,18 @@ class DeviceKiviCache final : public DeviceCache {
   std::size_t device_bytes() const override;
   void clear() override;
   void add_figures(CacheStats& st) const override;
-  void grow_codes(std::size_t groups, cudaStream_t stream);
+  void grow_codes(std::size_t units, cudaStream_t stream);
+  PackedRows packed_rows(int units) const;  // the store as the codes kernel reads it
+  int group_units() const { return group_rows_ / 32; }
 
-  int bits_, staging_, row_bytes_ = 0;
+  int key_bits_, value_bits_, group_rows_, staging_;
+  int k_row_bytes_ = 0, v_row_bytes_ = 0;  // 0 until the first append fixes D
   DeviceBuffer k_codes_, v_codes_, k_params_, v_params_, pos_;
   DeviceBuffer stage_k_[2], stage_v_[2], stage_pos_[2];
-  int cur_ = 0;                     // which window buffer is live
-  std::size_t group_capacity_ = 0;  // groups the code store holds
+  int cur_ = 0;                    // which window buffer is live
+  std::size_t unit_capacity_ = 0;  // 32-row units the code store holds (whole groups)
   std::size_t reserved_tokens_ = 0;
-  int groups_ = 0, staged_ = 0;
+  int units_ = 0, staged_ = 0;
 };
 
 }  // namespace kvslim::cuda
