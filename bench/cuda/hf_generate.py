@@ -299,6 +299,9 @@ def variants():
         ("kvslim kivi2 (cuda, graph)", {"method": "kivi", "kivi_bits": 2, "device": "cuda"}, "graph"),
         ("kvslim kivi4 (cuda, graph)", {"method": "kivi", "kivi_bits": 4, "device": "cuda"}, "graph"),
         ("kvslim h2o 25% (cuda, graph)", {"method": "h2o", "h2o_budget": 0.25, "device": "cuda"}, "graph"),
+        # Keys at 4 bits, values at 2, groups of 128 rows (issue 27: the keys need the bits).
+        ("kvslim kivi K4V2 g128 (cuda graph)", {"method": "kivi", "kivi_bits": 4, "kivi_value_bits": 2,
+                                                "kivi_group_size": 128, "device": "cuda"}, "graph"),
         # squeeze (the seed method): 25 % of the prompt's tokens per head on average, moved between
         # layers by its schedule.
         ("kvslim squeeze 25% (cuda, graph)", {"method": "squeeze", "squeeze_budget": 0.25, "device": "cuda"}, "graph"),

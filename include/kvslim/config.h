@@ -106,7 +106,7 @@ struct KVCacheConfig {
   // Keys and values at their own widths (1..8), or -1 (default): kivi_bits. On models/tiny the keys
   // need the bits, not the values (issue 27, kvlist after the context: 3-bit keys / 2-bit values
   // 0.85, 2-bit keys / 3-bit values 0.20; docs/results.md). Both the kivi method and storage=kivi
-  // read them; a CUDA device takes equal widths only.
+  // read them; a CUDA device takes 2, 4 or 8 bits for each.
   int kivi_key_bits = -1;
   int kivi_value_bits = -1;
   int kivi_group_size = 32;
