@@ -112,10 +112,11 @@ struct CodeShape {
   static_assert(STAGE % 16 == 0 && WARP_BYTES % 16 == 0, "stages must be whole 16-byte chunks");
 };
 
-// CTAs per SM the registers are sized for. GROUPED (groups of 2+ units) keeps a group's q' in
-// registers across its units: at 4 CTAs per SM (128 registers) decode at D = 128 spilled, hence 3.
+// CTAs per SM the registers are sized for. GROUPED (groups of 2+ units) keeps a group's q' and
+// value sums in registers across its units: decode at 4 CTAs per SM (D = 128) or 5 (D = 64) spilled,
+// hence one fewer.
 constexpr int codes_min_ctas(int D, int NSUB, bool GROUPED) {
-  return NSUB == 1 ? (D == 128 ? (GROUPED ? 3 : 4) : 5) : (D == 128 ? 2 : 3);
+  return NSUB == 1 ? (D == 128 ? (GROUPED ? 3 : 4) : (GROUPED ? 4 : 5)) : (D == 128 ? 2 : 3);
 }
 
 // GROUPED: rows.group_units >= 2 (read at run time); else 1, known here, so nothing of q' lives
@@ -169,8 +170,12 @@ __global__ void __launch_bounds__(kThreads, codes_min_ctas(D, NSUB, GROUPED))
     }
   }
   __syncthreads();
-  // Vector t of each sub-tile: this lane's softmax row and NC of its output channels.
+  // Vector t of each sub-tile: this lane's softmax row and NC of its output channels. GROUPED: the
+  // group's value scale and zero are constant over its units, so its units add sum_t p_t code_tc
+  // (times their P digits' scale) into vsum and sum_t p_t into psum_g, and scale and zero are applied
+  // once, at the group's last unit (both rescaled with acc by the online softmax).
   float m_run[NSUB], l_run[NSUB], acc[NSUB][NC];
+  float vsum[NSUB][GROUPED ? NC : 1] = {}, psum_g[NSUB] = {};
   bool valid[NSUB];
   std::int64_t qpos[NSUB];
 #pragma unroll
@@ -391,6 +396,11 @@ __global__ void __launch_bounds__(kThreads, codes_min_ctas(D, NSUB, GROUPED))
       if (__any_sync(0xffffffffu, rescale)) {
 #pragma unroll
         for (int i = 0; i < NC; ++i) acc[s][i] *= alpha;
+        if constexpr (GROUPED) {
+#pragma unroll
+          for (int i = 0; i < NC; ++i) vsum[s][i] *= alpha;
+          psum_g[s] *= alpha;
+        }
       }
       const float pmax = mx == -INFINITY ? 0.f : exp2_sfu(mx - msub);
       const float pinv = pmax > 0.f ? kOperandRange / pmax : 0.f;
@@ -436,8 +446,8 @@ __global__ void __launch_bounds__(kThreads, codes_min_ctas(D, NSUB, GROUPED))
         }
       }
 #pragma unroll
-      for (int wi = 0; wi < NWV; ++wi) {
-        gather_quad(w[0][wi], w[1][wi], w[2][wi], w[3][wi], BPLV >= 4 ? 4 : BPLV, x[quad] + 4 * wi);
+      for (int word = 0; word < NWV; ++word) {
+        gather_quad(w[0][word], w[1][word], w[2][word], w[3][word], BPLV >= 4 ? 4 : BPLV, x[quad] + 4 * word);
       }
     }
 #pragma unroll
@@ -445,17 +455,42 @@ __global__ void __launch_bounds__(kThreads, codes_min_ctas(D, NSUB, GROUPED))
       const std::uint32_t a0 = VMap::value_reg(x[0], 2 * mt), a1 = VMap::value_reg(x[0], 2 * mt + 1);
       const std::uint32_t a2 = VMap::value_reg(x[1], 2 * mt), a3 = VMap::value_reg(x[1], 2 * mt + 1);
       const int ch = VMap::value_channel(2 * mt, g);  // and ch + 1 (the next byte of the same plane)
-      const float2 vs = __half22float2(*reinterpret_cast<const __half2*>(vp + ch));
-      const float2 vz = __half22float2(*reinterpret_cast<const __half2*>(vp + D + ch));
 #pragma unroll
       for (int s = 0; s < NSUB; ++s) {
         int c[4], cl[4];
         imma16832_from(c, a0, a1, a2, a3, pb[s][0], pb[s][1], kSumBias);
         imma16832_from(cl, a0, a1, a2, a3, pl[s][0], pl[s][1], kSumBias);
-        const float f0 = fmaf(sum_of(c[0]), 65536.f, fmaf(sum_of(c[1]), 256.f, sum_of(cl[0]))) * pq[s];
-        const float f1 = fmaf(sum_of(c[2]), 65536.f, fmaf(sum_of(c[3]), 256.f, sum_of(cl[2]))) * pq[s];
-        acc[s][2 * mt] = fmaf(f0, vs.x, fmaf(vz.x, psum[s], acc[s][2 * mt]));
-        acc[s][2 * mt + 1] = fmaf(f1, vs.y, fmaf(vz.y, psum[s], acc[s][2 * mt + 1]));
+        const float f0 = fmaf(sum_of(c[0]), 65536.f, fmaf(sum_of(c[1]), 256.f, sum_of(cl[0])));
+        const float f1 = fmaf(sum_of(c[2]), 65536.f, fmaf(sum_of(c[3]), 256.f, sum_of(cl[2])));
+        if constexpr (GROUPED) {
+          vsum[s][2 * mt] = fmaf(f0, pq[s], vsum[s][2 * mt]);
+          vsum[s][2 * mt + 1] = fmaf(f1, pq[s], vsum[s][2 * mt + 1]);
+        } else {
+          const float2 vs = __half22float2(*reinterpret_cast<const __half2*>(vp + ch));
+          const float2 vz = __half22float2(*reinterpret_cast<const __half2*>(vp + D + ch));
+          acc[s][2 * mt] = fmaf(f0 * pq[s], vs.x, fmaf(vz.x, psum[s], acc[s][2 * mt]));
+          acc[s][2 * mt + 1] = fmaf(f1 * pq[s], vs.y, fmaf(vz.y, psum[s], acc[s][2 * mt + 1]));
+        }
+      }
+    }
+    if constexpr (GROUPED) {
+#pragma unroll
+      for (int s = 0; s < NSUB; ++s) psum_g[s] += psum[s];
+      if (last_of_group) {  // the group's scale and zero, once
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          const int ch = VMap::value_channel(2 * mt, g);
+          const float2 vs = __half22float2(*reinterpret_cast<const __half2*>(vp + ch));
+          const float2 vz = __half22float2(*reinterpret_cast<const __half2*>(vp + D + ch));
+#pragma unroll
+          for (int s = 0; s < NSUB; ++s) {
+            acc[s][2 * mt] = fmaf(vsum[s][2 * mt], vs.x, fmaf(vz.x, psum_g[s], acc[s][2 * mt]));
+            acc[s][2 * mt + 1] = fmaf(vsum[s][2 * mt + 1], vs.y, fmaf(vz.y, psum_g[s], acc[s][2 * mt + 1]));
+            vsum[s][2 * mt] = vsum[s][2 * mt + 1] = 0.f;
+          }
+        }
+#pragma unroll
+        for (int s = 0; s < NSUB; ++s) psum_g[s] = 0.f;
       }
     }
     __syncwarp();  // pbuf and this stage are written again next
