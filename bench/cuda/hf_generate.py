@@ -290,14 +290,14 @@ def variants():
         (NO_CUDNN, None, False),
         ("StaticCache (sdpa)", None, True),
         ("kvslim full (cuda)", {"method": "full", "device": "cuda"}, False),
-        ("kvslim kivi2 (cuda)", {"method": "kivi", "kivi_bits": 2, "device": "cuda"}, False),
-        ("kvslim kivi4 (cuda)", {"method": "kivi", "kivi_bits": 4, "device": "cuda"}, False),
+        ("kvslim kivi2 (cuda)", {"method": "kivi", "kivi_bits": 2, "kivi_group_size": 32, "device": "cuda"}, False),
+        ("kvslim kivi4 (cuda)", {"method": "kivi", "kivi_bits": 4, "kivi_group_size": 32, "device": "cuda"}, False),
         # h2o keeping 25 % of the prompt's tokens per head (the budget is set from the prompt).
         ("kvslim h2o 25% (cuda)", {"method": "h2o", "h2o_budget": 0.25, "device": "cuda"}, False),
         # The same caches decoded by kvslim.hf.GraphDecoder: one CUDA graph replay per step.
         ("kvslim full (cuda, graph)", {"method": "full", "device": "cuda"}, "graph"),
-        ("kvslim kivi2 (cuda, graph)", {"method": "kivi", "kivi_bits": 2, "device": "cuda"}, "graph"),
-        ("kvslim kivi4 (cuda, graph)", {"method": "kivi", "kivi_bits": 4, "device": "cuda"}, "graph"),
+        ("kvslim kivi2 (cuda, graph)", {"method": "kivi", "kivi_bits": 2, "kivi_group_size": 32, "device": "cuda"}, "graph"),
+        ("kvslim kivi4 (cuda, graph)", {"method": "kivi", "kivi_bits": 4, "kivi_group_size": 32, "device": "cuda"}, "graph"),
         ("kvslim h2o 25% (cuda, graph)", {"method": "h2o", "h2o_budget": 0.25, "device": "cuda"}, "graph"),
         # Keys at 4 bits, values at 2, groups of 128 rows (issue 27: the keys need the bits).
         ("kvslim kivi K4V2 g128 (cuda graph)", {"method": "kivi", "kivi_bits": 4, "kivi_value_bits": 2,
@@ -348,7 +348,7 @@ def bench_model(model, ids, new, log, cpu_reference=False, with_static=True):
         kvslim.hf.restore(model)
     if cpu_reference:
         kvslim.hf.prepare(model)
-        cfg = kvslim.Config(method="kivi", kivi_bits=2)
+        cfg = kvslim.Config(method="kivi", kivi_bits=2, kivi_group_size=32)
         recs.append(measure(model, ids, new, "kvslim kivi2 (cpu cache)", lambda: kvslim.hf.KVSlimCache(model, cfg),
                             reference=ref, log=log))
         kvslim.hf.restore(model)

@@ -42,8 +42,8 @@ def caches(model, context):
     import kvslim
     import kvslim.hf
     yield "DynamicCache (sdpa, no cuDNN)", (lambda: transformers.DynamicCache(config=model.config)), True
-    for label, fields in (("kvslim kivi2 (cuda)", dict(method="kivi", kivi_bits=2, device="cuda")),
-                          ("kvslim kivi4 (cuda)", dict(method="kivi", kivi_bits=4, device="cuda")),
+    for label, fields in (("kvslim kivi2 (cuda)", dict(method="kivi", kivi_bits=2, kivi_group_size=32, device="cuda")),
+                          ("kvslim kivi4 (cuda)", dict(method="kivi", kivi_bits=4, kivi_group_size=32, device="cuda")),
                           ("kvslim h2o 25% (cuda)", dict(method="h2o", h2o_budget=context // 4, device="cuda"))):
         cfg = kvslim.Config(**fields)
         yield label, (lambda cfg=cfg: kvslim.hf.KVSlimCache(model, cfg)), False

@@ -33,7 +33,7 @@ def caches(model, T):
     import kvslim
     import kvslim.hf
     yield "DynamicCache", None, lambda: transformers.DynamicCache(config=model.config)
-    for label, fields in (("kvslim kivi2", dict(method="kivi", kivi_bits=2, device="cuda")),
+    for label, fields in (("kvslim kivi2", dict(method="kivi", kivi_bits=2, kivi_group_size=32, device="cuda")),
                           ("kvslim full", dict(method="full", device="cuda")),
                           ("kvslim h2o 25%", dict(method="h2o", h2o_budget=T // 4, device="cuda"))):
         cfg = kvslim.Config(**fields)

@@ -37,7 +37,7 @@ def main():
                              max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)[0, ids.shape[1]:]
     log(f"  DynamicCache (sdpa)        {tok.decode(ref.tolist())!r}")
     kvslim.hf.prepare(model)
-    for method, fields in (("full", {}), ("kivi8", {"kivi_bits": 8}), ("kivi2", {"kivi_bits": 2})):
+    for method, fields in (("full", {}), ("kivi8", {"kivi_bits": 8, "kivi_group_size": 32}), ("kivi2", {"kivi_bits": 2, "kivi_group_size": 32})):
         cfg = kvslim.Config(method="full" if method == "full" else "kivi", device="cuda", **fields)
         with torch.no_grad():
             eager = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),

@@ -71,7 +71,7 @@ max_ctx() {  # the model's max_position_embeddings
 }
 methods() {  # full, kivi 2-bit, h2o at 25 % of context $1 (recent window: half the budget)
   local c=$1
-  echo "full kivi@kivi_bits=2 h2o@h2o_budget=$((c / 4)),evict_recent_window=$((c / 8))"
+  echo "full kivi@kivi_bits=2,kivi_group_size=32 h2o@h2o_budget=$((c / 4)),evict_recent_window=$((c / 8))"
 }
 
 for round in $(seq 1 "$ROUNDS"); do

@@ -39,10 +39,10 @@ half=$((KL_CTX / 2)); quarter=$((KL_CTX / 4))
 METHODS=(
   "full|full|"
   "kivi8-g256|kivi|kivi_bits=8 kivi_group_size=256 kivi_staging=256"
-  "kivi4|kivi|kivi_bits=4"
+  "kivi4|kivi|kivi_bits=4 kivi_group_size=32"
   "kivi4-g128|kivi|kivi_bits=4 kivi_group_size=128 kivi_staging=128"
-  "kivi3|kivi|kivi_bits=3"
-  "kivi2|kivi|kivi_bits=2"
+  "kivi3|kivi|kivi_bits=3 kivi_group_size=32"
+  "kivi2|kivi|kivi_bits=2 kivi_group_size=32"
   "zipcache8/4|zipcache|zipcache_hi_bits=8 zipcache_lo_bits=4"
   "zipcache4/2|zipcache|zipcache_hi_bits=4 zipcache_lo_bits=2"
   "h2o-50%|h2o|h2o_budget=$half evict_recent_window=$((half / 2))"

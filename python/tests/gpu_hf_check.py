@@ -43,7 +43,7 @@ def variants(budget: int) -> dict:
         "pyramidkv": {"method": "pyramidkv", "pyramidkv_budget": budget},
         "zipcache": {"method": "zipcache", "zipcache_staging": 32},
         "zipcache+attention": {"method": "zipcache", "zipcache_staging": 32, "zipcache_saliency": "attention_normalized"},
-        "kivi": {"method": "kivi", "kivi_staging": 32},
+        "kivi": {"method": "kivi", "kivi_group_size": 32, "kivi_staging": 32},
     }
 
 

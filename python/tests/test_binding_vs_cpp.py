@@ -23,7 +23,7 @@ CONFIGS = {
     "pyramidkv": {"pyramidkv_budget": 16},
     "zipcache": {"zipcache_staging": 32},
     "zipcache_attention": {"method": "zipcache", "zipcache_staging": 32, "zipcache_saliency": "attention_normalized"},
-    "kivi": {"kivi_staging": 32},
+    "kivi": {"kivi_group_size": 32, "kivi_staging": 32},
 }
 
 

@@ -188,8 +188,8 @@ def eager_greedy(model, ids, cache, new):
     return torch.cat(out, 1), torch.stack(logits)
 
 
-@pytest.mark.parametrize("fields", [dict(method="full"), dict(method="kivi", kivi_bits=2), dict(method="kivi", kivi_bits=4),
-                                    dict(method="kivi", kivi_bits=4, kivi_value_bits=2, kivi_group_size=128),
+@pytest.mark.parametrize("fields", [dict(method="full"), dict(method="kivi", kivi_bits=2, kivi_group_size=32),
+                                    dict(method="kivi", kivi_bits=4), dict(method="kivi"),  # (default: K4V2, groups of 128)
                                     dict(method="h2o", h2o_budget=64), dict(method="pyramidkv", pyramidkv_budget=64),
                                     dict(method="streaming", streaming_budget=64)])
 def test_graph_decoder_replays_the_eager_steps(fields):

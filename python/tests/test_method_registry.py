@@ -49,7 +49,8 @@ def test_eval_variants_are_rows_of_their_method():
 
 
 def test_config_from_spec():
-    assert kvslim.Config.from_spec("kivi4") == kvslim.Config(method="kivi", kivi_bits=4)
+    assert kvslim.Config.from_spec("kivi4") == kvslim.Config(method="kivi", kivi_bits=4, kivi_group_size=32)
+    assert kvslim.Config(method="kivi").kivi_bits == -1  # the default: keys at 4 bits, values at 2, groups of 128
     assert kvslim.Config.from_spec("kivi@kivi_bits=4,kivi_group_size=64").kivi_group_size == 64
     assert kvslim.Config.from_spec("h2o+kivi3_g64").storage == "kivi"
     with pytest.raises(kvslim.ConfigError, match="unknown method"):

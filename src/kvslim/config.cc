@@ -190,7 +190,9 @@ void KVCacheConfig::validate() const {
     fail("zipcache_staging", std::to_string(zipcache_staging), "must be a multiple of zipcache_group_size = " + std::to_string(zipcache_group_size));
   }
   check_choice("zipcache_saliency", zipcache_saliency, {"key_norm", "attention_normalized"});
-  check_range("kivi_bits", kivi_bits, 1, 8);
+  if (kivi_bits != -1 && (kivi_bits < 1 || kivi_bits > 8)) {
+    fail("kivi_bits", std::to_string(kivi_bits), "must be -1 (keys at 4 bits, values at 2) or in [1, 8]");
+  }
   for (const auto& [name, v] : {std::pair{"kivi_key_bits", kivi_key_bits}, std::pair{"kivi_value_bits", kivi_value_bits}}) {
     if (v != -1 && (v < 1 || v > 8)) fail(name, std::to_string(v), "must be -1 (kivi_bits) or in [1, 8]");
   }

@@ -491,7 +491,7 @@ const std::vector<Row>& table() {
                 .eval_rank = 1},
        .build = build_zipcache},
       {.info = {.name = "kivi",
-                .summary = "KIVI-style uniform asymmetric group quantization of K and V",
+                .summary = "KIVI-style asymmetric group quantization of K and V (default: keys at 4 bits, values at 2, groups of 128)",
                 .kind = MethodKind::quantizer,
                 .field_prefix = "kivi_",
                 .cuda = true,
@@ -499,11 +499,11 @@ const std::vector<Row>& table() {
                     {
                         {.name = "kivi2",
                          .description = "uniform 2-bit group quantization of K and V (KIVI-style, group 32, 128 fp16 staging)",
-                         .settings = "kivi_bits=2",
+                         .settings = "kivi_bits=2,kivi_group_size=32",
                          .quick = true},
                         {.name = "kivi4",
                          .description = "uniform 4-bit group quantization of K and V (KIVI-style, group 32, 128 fp16 staging)",
-                         .settings = "kivi_bits=4",
+                         .settings = "kivi_bits=4,kivi_group_size=32",
                          .quick = true},
                         // Fewer bits with larger groups (issue 27: kivi's default bits re-chosen with
                         // kvlist in view; 2-bit values lose 5-digit numbers): 3 and 4 bits at groups of

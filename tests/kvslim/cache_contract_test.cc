@@ -249,6 +249,7 @@ std::vector<KVCacheConfig> threading_configs() {
       KVCacheConfig c = testing::config_for(method);
       c.h2o_budget = c.squeeze_budget = c.pyramidkv_budget = c.streaming_budget = 48;
       c.evict_scoring = scoring;
+      c.kivi_group_size = 32;
       c.kivi_staging = c.zipcache_staging = 32;
       if (scoring == "attention") c.zipcache_saliency = "attention_normalized";
       out.push_back(c);

@@ -105,6 +105,7 @@ KVCacheConfig composed(const std::string& method, const std::string& storage) {
   c.method = method;
   c.storage = storage;
   c.kivi_bits = 4;
+  c.kivi_group_size = 32;
   c.kivi_staging = 32;
   c.zipcache_staging = 32;
   c.h2o_budget = c.pyramidkv_budget = c.squeeze_budget = c.streaming_budget = 80;

@@ -70,8 +70,22 @@ TEST(KiviKeyValueBits, FieldsDefaultToKiviBitsAndAreValidatedByName) {
   KVCacheConfig c;
   EXPECT_EQ(c.kivi_key_bits, -1);
   EXPECT_EQ(c.kivi_value_bits, -1);
-  EXPECT_EQ(c.kivi_keys_at(), c.kivi_bits);
-  EXPECT_EQ(c.kivi_values_at(), c.kivi_bits);
+  // The default (kivi_bits -1): keys at 4 bits, values at 2, groups of 128 rows (issue 27).
+  EXPECT_EQ(c.kivi_bits, -1);
+  EXPECT_EQ(c.kivi_keys_at(), 4);
+  EXPECT_EQ(c.kivi_values_at(), 2);
+  EXPECT_EQ(c.kivi_group_size, 128);
+  EXPECT_NO_THROW(c.validate());
+  for (const char* bad : {"0", "-2", "9"}) {
+    KVCacheConfig b;
+    b.set("kivi_bits", bad);
+    try {
+      b.validate();
+      ADD_FAILURE() << "kivi_bits = " << bad << " accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("kivi_bits"), std::string::npos) << e.what();
+    }
+  }
   c.kivi_bits = 3;
   EXPECT_EQ(c.kivi_keys_at(), 3);
   EXPECT_EQ(c.kivi_values_at(), 3);

@@ -368,6 +368,7 @@ TEST(KiviCache, UniformGroupQuantizationOfKeysAndValues) {
   KVCacheConfig c;
   c.method = "kivi";
   c.kivi_bits = 4;
+  c.kivi_group_size = 32;
   c.kivi_staging = 32;
   auto cache = KVCacheFactory::create(c);
   Io io(1, 2, 64, 128, 23);
