@@ -558,8 +558,9 @@ const std::vector<Row>& table() {
                          .description = "3-bit keys and 1-bit values, groups of 256 rows (256 fp16 staging)",
                          .settings = "kivi_bits=3,kivi_key_bits=3,kivi_value_bits=1,kivi_group_size=256,kivi_staging=256"},
                         {.name = "kivi_k4v2_g128",
-                         .description = "4-bit keys and 2-bit values, groups of 128 rows (128 fp16 staging)",
-                         .settings = "kivi_bits=4,kivi_key_bits=4,kivi_value_bits=2,kivi_group_size=128,kivi_staging=128"},
+                         .description = "4-bit keys and 2-bit values, groups of 128 rows (128 fp16 staging): kivi's default",
+                         .settings = "kivi_bits=4,kivi_key_bits=4,kivi_value_bits=2,kivi_group_size=128,kivi_staging=128",
+                         .quick = true},
                         {.name = "kivi_k3v1_g256_full_prefill",
                          .description = "3-bit keys and 1-bit values, groups of 256 rows (256 fp16 staging), the prompt "
                                         "attending its own rows before the cache quantizes them (full_prompt prefill)",
