@@ -166,6 +166,22 @@ TEST(CudaEviction, KeepsTheCpuCachesRowsStepAfterStep) {
   }
 }
 
+// A decode step over thousands of rows per head splits each head's observation across CTAs (the
+// last part to finish picks the victim among the parts' candidates): the same rows as the CPU cache.
+TEST(CudaEviction, KeepsTheCpuCachesRowsWhenAStepSplitsEachHead) {
+  REQUIRE_GPU();
+  KVCacheConfig c;
+  c.method = "h2o";
+  c.h2o_budget = 2500;  // 2,501 rows a step: 3 parts per head at batch 2 x 2 heads
+  Twin t(c, 1, 2, 2, 3, 128);
+  t.step(3000);
+  t.expect_same_rows("h2o 2500 after the prompt");
+  for (int s = 0; s < 40; ++s) t.step(1);
+  t.expect_same_rows("h2o 2500 after 40 decode steps");
+  EXPECT_EQ(t.gpu.at(0).rows(), 2500u);
+  EXPECT_LE(t.worst_probs, 2e-5);
+}
+
 // streaming: the core admits each appended row on the host (sinks, then the newest), and the rows
 // move on the device to the slots it gives them: the CPU cache's rows, in its slot order.
 TEST(CudaEviction, StreamingKeepsTheCpuCachesRows) {

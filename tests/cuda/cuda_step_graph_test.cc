@@ -61,15 +61,16 @@ std::vector<float> random_float(std::size_t n, std::mt19937& rng) {
   return x;
 }
 
-std::unique_ptr<KVCache> device_cache(const std::string& method, int bits = 2, int value_bits = -1, int group = 32) {
+std::unique_ptr<KVCache> device_cache(const std::string& method, int bits = 2, int value_bits = -1, int group = 32,
+                                     int budget = 64) {
   KVCacheConfig c;
   c.method = method;
   c.kivi_bits = bits;
   c.kivi_value_bits = value_bits;
   c.kivi_group_size = group;
   c.kivi_staging = std::max(128, group);
-  c.h2o_budget = 64;
-  c.streaming_budget = 64;
+  c.h2o_budget = budget;
+  c.streaming_budget = budget;
   c.device = "cuda";
   return KVCacheFactory::create(c);
 }
@@ -168,13 +169,14 @@ void prefill(KVCache& a, KVCache& b, const Shape& s, DType t, std::size_t rows, 
 }
 
 void expect_replays_equal_eager(const std::string& method, int bits, DType t, std::size_t prompt, int steps,
-                                int value_bits = -1, int group = 32) {
+                                int value_bits = -1, int group = 32, int budget = 64) {
   const std::string what = method + (method == "kivi" ? std::to_string(bits) + "/" + std::to_string(value_bits) + " g" + std::to_string(group) : "") +
                            " " + std::string(dtype_name(t)) + " prompt " + std::to_string(prompt);
   const Shape s;
   OwnStream stream;
   cudaStream_t st = stream.s;
-  auto graphed = device_cache(method, bits, value_bits, group), eager = device_cache(method, bits, value_bits, group);
+  auto graphed = device_cache(method, bits, value_bits, group, budget),
+       eager = device_cache(method, bits, value_bits, group, budget);
   std::mt19937 rng(7 + prompt);
   prefill(*graphed, *eager, s, t, prompt, rng, st);
   const std::size_t first = prompt + (graphed->needs().attention ? 1 : 0);  // the eviction cache's eager step
@@ -262,6 +264,8 @@ TEST(CudaStepGraph, EvictionReplaysEqualEagerSteps) {
   // the decode kernel evicts the lowest; the moves, scores and victims equal the eager twin's.
   expect_replays_equal_eager("h2o", 2, DType::bf16, 300, 150);
   expect_replays_equal_eager("h2o", 2, DType::f16, 64, 100);  // the prompt is the budget: nothing evicted before
+  // 2,501 rows a step: each head's observation split across 3 CTAs, re-armed every replay.
+  expect_replays_equal_eager("h2o", 2, DType::bf16, 3000, 60, -1, 32, 2500);
   // streaming keeping 64 rows: every step's new row takes the oldest non-sink row's slot, the
   // same in every head (one kernel whose arguments the replay updates).
   expect_replays_equal_eager("streaming", 2, DType::bf16, 300, 150);

@@ -85,12 +85,43 @@ __device__ bool lower(const Candidate& a, const Candidate& b) {
 }
 
 constexpr int kObserveThreads = 256;
+constexpr std::size_t kMaxObserveParts = 16;
 
-__global__ void __launch_bounds__(kObserveThreads) observe_decode_kernel(DecodeObservation o) {
-  const long long base = static_cast<long long>(blockIdx.x) * o.stride;
-  const float* p = o.probs + static_cast<long long>(blockIdx.x) * o.probs_stride;
+// The block's lowest candidate (every thread gets it).
+__device__ Candidate block_lowest(Candidate best) {
+  for (int off = 16; off > 0; off /= 2) {
+    Candidate other;
+    other.score = __shfl_down_sync(0xffffffffu, best.score, off);
+    other.pos = __shfl_down_sync(0xffffffffu, best.pos, off);
+    other.slot = __shfl_down_sync(0xffffffffu, best.slot, off);
+    if (lower(other, best)) best = other;
+  }
+  __shared__ Candidate warps[kObserveThreads / 32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) warps[warp] = best;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kObserveThreads / 32; ++w) {
+      if (lower(warps[w], warps[0])) warps[0] = warps[w];
+    }
+  }
+  __syncthreads();
+  return warps[0];
+}
+
+// One decode step's observation of every head: grid (heads, parts), each CTA scores its part of the
+// head's rows (observe()) and finds its lowest candidate; with several parts the last CTA of a head
+// to finish (a counter per head, reset by it) takes the lowest of the parts' candidates. Then that
+// CTA drops the victim (drop_lowest(1): the last row moves into its slot). Parts keep a step's
+// latency at a few rows per thread when the batch has fewer heads than the GPU has SMs.
+__global__ void __launch_bounds__(kObserveThreads)
+    observe_decode_kernel(DecodeObservation o, Candidate* part_best, unsigned* arrivals) {
+  const int head = blockIdx.x, part = blockIdx.y, parts = gridDim.y;
+  const long long base = static_cast<long long>(head) * o.stride;
+  const float* p = o.probs + static_cast<long long>(head) * o.probs_stride;
+  const int per = (o.n_rows + parts - 1) / parts, first = part * per, end = min(o.n_rows, first + per);
   Candidate best{0.f, 0, -1};
-  for (int i = threadIdx.x; i < o.n_rows; i += blockDim.x) {
+  for (int i = first + threadIdx.x; i < end; i += blockDim.x) {
     const bool fresh = i >= o.fresh_from;
     float s = fresh ? 0.f : o.scores[base + i];
     if (o.decay != 1.f) s = __fmul_rn(s, o.decay);
@@ -109,25 +140,29 @@ __global__ void __launch_bounds__(kObserveThreads) observe_decode_kernel(DecodeO
     if (i >= o.n_sink && at < o.threshold && lower(c, best)) best = c;
   }
   if (o.n_rows <= o.limit) return;
-  // The block's lowest candidate: within each warp, then across the warps.
-  for (int off = 16; off > 0; off /= 2) {
-    Candidate other;
-    other.score = __shfl_down_sync(0xffffffffu, best.score, off);
-    other.pos = __shfl_down_sync(0xffffffffu, best.pos, off);
-    other.slot = __shfl_down_sync(0xffffffffu, best.slot, off);
-    if (lower(other, best)) best = other;
-  }
-  __shared__ Candidate warps[kObserveThreads / 32];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) warps[warp] = best;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < kObserveThreads / 32; ++w) {
-      if (lower(warps[w], warps[0])) warps[0] = warps[w];
+  best = block_lowest(best);
+  if (parts > 1) {
+    __shared__ bool last_part;
+    if (threadIdx.x == 0) {
+      part_best[head * parts + part] = best;
+      __threadfence();  // the candidate and this part's scores before the arrival
+      last_part = atomicAdd(&arrivals[head], 1u) == static_cast<unsigned>(parts - 1);
+      if (last_part) {
+        __threadfence();
+        for (int q = 0; q < parts; ++q) {
+          const Candidate* c = part_best + head * parts + q;
+          const Candidate other{__ldcg(&c->score), __ldcg(&c->pos), __ldcg(&c->slot)};
+          if (q == 0 || lower(other, best)) best = other;
+        }
+        arrivals[head] = 0;  // the next step's count (a replayed graph runs this kernel again)
+        part_best[head * parts] = best;
+      }
     }
+    __syncthreads();
+    if (!last_part) return;
+    best = part_best[head * parts];
   }
-  __syncthreads();
-  const int victim = warps[0].slot, last = o.n_rows - 1;
+  const int victim = best.slot, last = o.n_rows - 1;
   // No evictable row cannot happen: validate() keeps the budget above the sinks and the window.
   if (victim < 0 || victim == last) return;
   const uint4* ks = reinterpret_cast<const uint4*>(o.k + (base + last) * o.D);
@@ -139,9 +174,10 @@ __global__ void __launch_bounds__(kObserveThreads) observe_decode_kernel(DecodeO
     vd[i] = vs[i];
   }
   if (threadIdx.x == 0) {
-    o.pos[base + victim] = o.pos[base + last];
-    o.scores[base + victim] = o.scores[base + last];
-    if (o.exposure != nullptr) o.exposure[base + victim] = o.exposure[base + last];
+    // (the last row's metadata may have been written by another part: read past L1)
+    o.pos[base + victim] = __ldcg(o.pos + base + last);
+    o.scores[base + victim] = __ldcg(o.scores + base + last);
+    if (o.exposure != nullptr) o.exposure[base + victim] = __ldcg(o.exposure + base + last);
   }
 }
 
@@ -505,8 +541,22 @@ bool DeviceEvictionCache::observe_on_device(const AttentionObservation& obs) {
   o.threshold = core_.recent_threshold(n > limit ? limit : n);
   o.decay = policy.decay;
   const auto stream = static_cast<cudaStream_t>(obs.stream);
-  launch_kernel(true, false, observe_decode_kernel, dim3(static_cast<unsigned>(batch_ * heads_)),
-                dim3(kObserveThreads), 0, stream, o);
+  // Parts per head: about two CTAs per SM over the batch's heads, at least 1,024 rows a part.
+  const std::size_t BH = batch_ * heads_;
+  const std::size_t parts = std::clamp<std::size_t>(std::min<std::size_t>((2 * sm_count_ + BH - 1) / BH, (n + 1023) / 1024),
+                                                    1, kMaxObserveParts);
+  if (parts > 1 && observe_parts_capacity_ < BH * parts) {
+    if (capturing()) {
+      throw InputError(std::string(method()) + " cache (cuda): StepGraph: a captured step needs the decode observation's "
+                       "scratch for " + std::to_string(parts) + " parts per head: run one eager decode step before capturing");
+    }
+    observe_best_.reserve(BH * parts * sizeof(Candidate));
+    observe_arrivals_.reserve(BH * sizeof(unsigned));
+    KVSLIM_CUDA_CHECK(cudaMemsetAsync(observe_arrivals_.get(), 0, BH * sizeof(unsigned), stream));
+    observe_parts_capacity_ = BH * parts;
+  }
+  launch_kernel(true, false, observe_decode_kernel, dim3(static_cast<unsigned>(BH), static_cast<unsigned>(parts)),
+                dim3(kObserveThreads), 0, stream, o, observe_best_.as<Candidate>(), observe_arrivals_.as<unsigned>());
   core_.observed_by_owner(std::min(n, limit), limit);
   fresh_from_ = core_.rows();
   host_stale_ = true;
@@ -601,6 +651,9 @@ std::size_t DeviceEvictionCache::host_bytes() const {
 
 void DeviceEvictionCache::clear() {
   core_.reset();
+  observe_best_.release();
+  observe_arrivals_.release();
+  observe_parts_capacity_ = 0;
   fresh_from_ = 0;
   host_stale_ = false;
   if (squeeze_) budget_ = squeeze_->reset(budget_);

@@ -180,6 +180,10 @@ class DeviceEvictionCache final : public DeviceCache, public SharesImportance {
   bool host_stale_ = false;     // the decode kernel changed the mirror since the core last decided
   float* probs_host_ = nullptr;  // pinned [B * Hkv * Q * rows] copy of a device observation
   std::size_t probs_host_floats_ = 0;
+  // The decode observation split over several CTAs per head: each part's lowest candidate
+  // [heads_total, parts] and each head's count of parts done [heads_total] (zero between steps).
+  DeviceBuffer observe_best_, observe_arrivals_;
+  std::size_t observe_parts_capacity_ = 0;
 };
 
 }  // namespace kvslim::cuda
