@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -66,6 +67,16 @@ double worst_over_bound(const std::vector<float>& x, const std::uint16_t* decode
   return worst;
 }
 
+// validate() refuses `c`, naming every fragment; `what` says which config it was.
+void expect_refused(const KVCacheConfig& c, std::initializer_list<const char*> fragments, const std::string& what) {
+  try {
+    c.validate();
+    ADD_FAILURE() << what << " accepted";
+  } catch (const ConfigError& e) {
+    for (const char* f : fragments) EXPECT_NE(std::string(e.what()).find(f), std::string::npos) << e.what();
+  }
+}
+
 TEST(KiviKeyValueBits, FieldsDefaultToKiviBitsAndAreValidatedByName) {
   KVCacheConfig c;
   EXPECT_EQ(c.kivi_key_bits, -1);
@@ -79,12 +90,7 @@ TEST(KiviKeyValueBits, FieldsDefaultToKiviBitsAndAreValidatedByName) {
   for (const char* bad : {"0", "-2", "9"}) {
     KVCacheConfig b;
     b.set("kivi_bits", bad);
-    try {
-      b.validate();
-      ADD_FAILURE() << "kivi_bits = " << bad << " accepted";
-    } catch (const ConfigError& e) {
-      EXPECT_NE(std::string(e.what()).find("kivi_bits"), std::string::npos) << e.what();
-    }
+    expect_refused(b, {"kivi_bits"}, std::string("kivi_bits = ") + bad);
   }
   c.kivi_bits = 3;
   EXPECT_EQ(c.kivi_keys_at(), 3);
@@ -104,13 +110,7 @@ TEST(KiviKeyValueBits, FieldsDefaultToKiviBitsAndAreValidatedByName) {
     for (const char* bad : {"0", "9", "-2"}) {
       KVCacheConfig b;
       b.set(field, bad);
-      try {
-        b.validate();
-        ADD_FAILURE() << field << " = " << bad << " accepted";
-      } catch (const ConfigError& e) {
-        EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
-        EXPECT_NE(std::string(e.what()).find("kivi_bits"), std::string::npos) << e.what();  // what -1 means
-      }
+      expect_refused(b, {field, "kivi_bits"}, std::string(field) + " = " + bad);  // (kivi_bits: what -1 means)
     }
     KVCacheConfig b;
     EXPECT_THROW(b.set(field, "2.5"), ConfigError);
@@ -137,14 +137,7 @@ TEST(KiviKeyValueBits, ACudaDeviceTakesTwoFourOrEightBitsEachAndWholeUnitGroups)
     c.kivi_bits = bits;
     c.kivi_key_bits = kb;
     c.kivi_value_bits = vb;
-    try {
-      c.validate();
-      ADD_FAILURE() << bits << " " << kb << "/" << vb << " accepted on cuda";
-    } catch (const ConfigError& e) {
-      const std::string what = e.what();
-      EXPECT_NE(what.find(field), std::string::npos) << what;
-      EXPECT_NE(what.find("CUDA"), std::string::npos) << what;
-    }
+    expect_refused(c, {field, "CUDA"}, std::to_string(bits) + " " + std::to_string(kb) + "/" + std::to_string(vb) + " on cuda");
     EXPECT_THROW(KVCacheFactory::create(c), ConfigError);
     c.device = "cpu";
     EXPECT_NO_THROW(c.validate()) << kb << "/" << vb;  // the CPU caches take any pair
@@ -162,14 +155,7 @@ TEST(KiviKeyValueBits, ACudaDeviceTakesTwoFourOrEightBitsEachAndWholeUnitGroups)
                                               std::tuple{16, 128, "kivi_group_size"}, std::tuple{32, 0, "kivi_staging"}}) {
     c.kivi_group_size = group;
     c.kivi_staging = staging;
-    try {
-      c.validate();
-      ADD_FAILURE() << "group " << group << " staging " << staging << " accepted on cuda";
-    } catch (const ConfigError& e) {
-      const std::string what = e.what();
-      EXPECT_NE(what.find(field), std::string::npos) << what;
-      EXPECT_NE(what.find("CUDA"), std::string::npos) << what;
-    }
+    expect_refused(c, {field, "CUDA"}, "group " + std::to_string(group) + " staging " + std::to_string(staging) + " on cuda");
     c.device = "cpu";
     EXPECT_NO_THROW(c.validate()) << group << " " << staging;
     c.device = "cuda";
@@ -403,12 +389,7 @@ TEST(ZipcacheValueBits, ValuesAtTheirOwnWidthBesideMixedPrecisionKeys) {
   KVCacheConfig bad;
   for (const char* v : {"0", "9", "-3"}) {
     bad.set("zipcache_value_bits", v);
-    try {
-      bad.validate();
-      ADD_FAILURE() << "zipcache_value_bits = " << v << " accepted";
-    } catch (const ConfigError& e) {
-      EXPECT_NE(std::string(e.what()).find("zipcache_value_bits"), std::string::npos) << e.what();
-    }
+    expect_refused(bad, {"zipcache_value_bits"}, std::string("zipcache_value_bits = ") + v);
   }
   constexpr std::size_t H = 2, S = 128, D = 64;
   KVCacheConfig z;

@@ -96,8 +96,7 @@ void launch_combine(const QueryArgs& q, const Partials& parts, int n_parts, floa
 // probs [B, Hkv, S, rows_total] = sum over the G query heads of exp2(logit - max) / sum.
 void launch_probs(const QueryArgs& q, const float* final_ml, float* probs, cudaStream_t stream);
 
-// Whether the kernels take this head_dim / bits (for keys and values alike).
+// Whether the kernels take this head_dim.
 bool supported_head_dim(int D);
-bool supported_bits(int bits);
 
 }  // namespace kvslim::cuda

@@ -33,6 +33,9 @@
 #include "cuda/fragment_maps.h"
 
 namespace kvslim::cuda {
+
+bool supported_head_dim(int D) { return D == 64 || D == 128; }
+
 namespace {
 
 using namespace attend_detail;
@@ -549,7 +552,7 @@ void codes_launch(const QueryArgs& q, const PackedRows& rows, const Partials& pa
 // query heads per KV head), groups of one unit or more.
 template <typename F>
 void with_kernel(const QueryArgs& q, const PackedRows& rows, F&& f) {
-  if (q.D != 64 && q.D != 128) throw InputError("cuda attend: no kernel for head_dim " + std::to_string(q.D) + " (64/128)");
+  if (!supported_head_dim(q.D)) throw InputError("cuda attend: no kernel for head_dim " + std::to_string(q.D) + " (64/128)");
   if (rows.group_units < 1 || rows.n_units % rows.group_units != 0) {
     throw InputError("cuda attend: " + std::to_string(rows.n_units) + " units of 32 rows are not whole groups of " +
                      std::to_string(rows.group_units));
@@ -582,9 +585,6 @@ void with_kernel(const QueryArgs& q, const PackedRows& rows, F&& f) {
 }
 
 }  // namespace
-
-bool supported_head_dim(int D) { return D == 64 || D == 128; }
-bool supported_bits(int bits) { return bits == 2 || bits == 4 || bits == 8; }
 
 int packed_splits(const QueryArgs& q, const PackedRows& rows, int sm_count) {
   int resident = 2;
