@@ -5,7 +5,8 @@
 # Compute on one launch of each attention kernel. Each result is written into $OUT as it finishes,
 # so a call cut short still brings back what it made.
 #
-#   [CACHES="full kivi2 ..."] bash bench/cuda/device_run.sh [tests|quick|mid|all] [profile]
+#   [CACHES="full kivi2 ..."] [COMPARE_INT8=1] bash bench/cuda/device_run.sh [tests|quick|mid|all] [profile]
+#     COMPARE_INT8=1: the bench again with decode on the int8 codes kernel, then on the fp16 one
 #     tests: the tests and sanitizers only
 #     quick: batch 1, 8 at 32k (D 128); mid: batch 1, 8, 32 at 32k and 128k (D 128); all: every shape
 #     profile: also Nsight Compute (32k, D=128) into ncu.txt and ncu_sass.csv (below)
@@ -20,6 +21,12 @@ chmod +x devbin/kvslim devbin/cuda_tests
   python3 -c 'import torch; print("torch", torch.__version__)'; } > "$OUT"/tests.txt 2>&1
 timeout 150 devbin/cuda_tests 2>&1 | grep -v "^\[       OK\|^\[ RUN" | tail -c 60000 >> "$OUT"/tests.txt
 echo "tests exit: ${PIPESTATUS[0]}" >> "$OUT"/tests.txt
+# Decode runs the fp16 codes kernel; the int8 kernel (prefill, > 4 query vectors per KV head) is
+# tested at decode shapes too, forced by KVSLIM_CUDA_DECODE_CODES=int8.
+{ echo "=== attention tests with decode on the int8 codes kernel (KVSLIM_CUDA_DECODE_CODES=int8)"
+  KVSLIM_CUDA_DECODE_CODES=int8 timeout 120 devbin/cuda_tests --gtest_filter='CudaAttend.*:CudaStepGraph.Kivi*' 2>&1 \
+    | grep -v "^\[       OK\|^\[ RUN" | tail -c 20000
+  echo "int8 tests exit: ${PIPESTATUS[0]}"; } >> "$OUT"/tests.txt
 SAN="CudaAttend.ZeroQueryAndFlatGroups:CudaAttend.BatchWithOwnLengthsAtTheKernelLevel:CudaCache.*:CudaKivi.*"
 SAN="$SAN:CudaEviction.Keeps*:CudaEviction.Pyramid*:CudaEviction.AnUnobserved*"
 SAN="$SAN:CudaStepGraph.*"
@@ -37,17 +44,28 @@ BENCH_TIMEOUT=300
 [ -n "${CACHES:-}" ] && BENCH_ARGS="$BENCH_ARGS --cache $CACHES"
 timeout $BENCH_TIMEOUT devbin/kvslim bench attend --device cuda $BENCH_ARGS --json "$OUT"/attend_cuda.json > "$OUT"/attend_cuda.txt 2>&1
 timeout $BENCH_TIMEOUT python3 bench/cuda/sdpa_bench.py --kvslim "$OUT"/attend_cuda.json --json "$OUT"/sdpa.json > "$OUT"/compare.txt 2>&1
+if [ -n "${COMPARE_INT8:-}" ]; then  # the same bench with decode on the int8 codes kernel, then the fp16 one again
+  for pass in int8 fp16; do
+    KVSLIM_CUDA_DECODE_CODES=$pass timeout $BENCH_TIMEOUT devbin/kvslim bench attend --device cuda $BENCH_ARGS \
+      --json /tmp/attend_$pass.json >> "$OUT"/attend_cuda.txt 2>&1
+    { echo "=== decode codes kernel: $pass (KVSLIM_CUDA_DECODE_CODES=$pass)"
+      timeout $BENCH_TIMEOUT python3 bench/cuda/sdpa_bench.py --kvslim /tmp/attend_$pass.json --json /tmp/sdpa_$pass.json; } \
+      >> "$OUT"/compare.txt 2>&1
+  done
+fi
 if [ "${2:-}" = profile ]; then
   # ncu.txt: the codes kernel at batch 8 (sections), then every kernel's duration of one batch-1 call
   # (codes, window, merge) for kivi4 and full; ncu_sass.csv: the codes kernel's SASS with executed
   # instructions and stall samples per line.
+  # PROFILE_CACHE: the cache whose codes kernel is profiled (default kivi4)
+  PC=${PROFILE_CACHE:-kivi4}
   NCU_ARGS="devbin/kvslim bench attend --device cuda --context 32768 --head-dim 128 --repeats 1"
   { timeout 90 ncu --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
-      --section ComputeWorkloadAnalysis --section InstructionStats -k regex:attend_codes -c 1 $NCU_ARGS --batch 8 --cache kivi4
-    for c in kivi4 full; do
+      --section ComputeWorkloadAnalysis --section InstructionStats -k regex:attend_codes -c 1 $NCU_ARGS --batch 8 --cache $PC
+    for c in $PC full; do
       timeout 60 ncu --section SpeedOfLight -k regex:"attend|combine" -c 6 $NCU_ARGS --batch 1 --cache $c | grep -E "attend|combine|Duration|DRAM Through"
     done; } > "$OUT"/ncu.txt 2>&1
   timeout 90 ncu --section SourceCounters --section WarpStateStats -k regex:attend_codes -c 1 --page source --print-source sass \
-    --csv $NCU_ARGS --batch 8 --cache kivi4 > "$OUT"/ncu_sass.csv 2>&1
+    --csv $NCU_ARGS --batch 8 --cache $PC > "$OUT"/ncu_sass.csv 2>&1
 fi
 tail -n 5 "$OUT"/tests.txt; grep "worst error\|long context" "$OUT"/tests.txt; tail -n 4 "$OUT"/sanitizer.txt; cat "$OUT"/compare.txt

@@ -381,7 +381,10 @@ TEST(CudaAttend, EveryKindMatchesFloat64AndTheCpuCache) {
                         {"kivi", 4, DType::bf16},
                         {"kivi", 8, DType::f16},
                         {"kivi", 4, DType::bf16, {4, 2, 64}},
-                        {"kivi", 2, DType::f16, {2, 4, 128}}};
+                        {"kivi", 2, DType::f16, {2, 4, 128}},
+                        // groups of 2+ units: decode on the fp16 codes kernel, every width on either side
+                        {"kivi", 8, DType::f16, {8, 2, 64}},
+                        {"kivi", 2, DType::bf16, {2, 8, 256}}};
   for (const Kind& kind : kinds) {
     for (std::size_t D : {64, 128}) {
       for (std::size_t G : {1, 4, 6, 3, 2, 5}) {

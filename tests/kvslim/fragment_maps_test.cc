@@ -181,6 +181,114 @@ TEST(FragmentMaps, CodesThroughTheInt8ProductGiveExactDotProducts) {
   check_codes<8, 128>();
 }
 
+// HMUL2 of two fp16 halves (exact here: a power of two times a subnormal code, the result normal).
+std::uint32_t hmul2(std::uint32_t a, std::uint32_t b) { return pack(half_of(a, 0) * half_of(b, 0), half_of(a, 1) * half_of(b, 1)); }
+
+// The fp16 codes kernel's view of one unit of 32 tokens: codes masked into subnormal halves (code *
+// 2^(o - 24)) and normalised (times 2^(14 - o): code * 2^-10); keys as A with q as B, values transposed
+// into A by pair_bytes with P as B. Every sum must be exact: C = 2^-10 sum q code (keys), 2^-10 sum P code.
+template <int BITS, int D>
+void check_half_codes() {
+  using Map = HalfCodeMap<BITS, D>;
+  constexpr int RB = Map::RB;
+  std::mt19937 rng(BITS * 1000 + D + 7);
+  std::vector<std::uint8_t> codes(32 * D), packed(32 * RB);
+  for (auto& c : codes) c = static_cast<std::uint8_t>(rng() % (1u << BITS));
+  quant::scalar_kernels().pack_rows(codes.data(), 32, D, BITS, packed.data());
+  std::vector<int> q(8 * D), P(8 * 32);
+  for (auto& x : q) x = static_cast<int>(rng() % 255) - 127;
+  for (auto& x : P) x = static_cast<int>(rng() % 255) - 127;
+  const auto word = [&](int tok, int byte, int bytes = 4) { return load32(packed.data() + tok * RB + byte, bytes); };
+
+  for (int mt = 0; mt < 2; ++mt) {
+    double C[16][8] = {};
+    for (int ks = 0; ks < Map::KS; ++ks) {
+      std::uint32_t a[32][4], b[32][2];
+      for (int lane = 0; lane < 32; ++lane) {
+        const int g = lane / 4, t = lane % 4;
+        std::uint32_t w0[Map::KW], w1[Map::KW];
+        for (int i = 0; i < Map::KW; ++i) {
+          w0[i] = word(16 * mt + g, t * (RB / 4) + 4 * i);
+          w1[i] = word(16 * mt + g + 8, t * (RB / 4) + 4 * i);
+        }
+        const auto reg = [&](const std::uint32_t* w, int r) { return hmul2(Map::key_reg(w, r), Map::normalizer(Map::key_shift(r))); };
+        a[lane][0] = reg(w0, 2 * ks);
+        a[lane][1] = reg(w1, 2 * ks);
+        a[lane][2] = reg(w0, 2 * ks + 1);
+        a[lane][3] = reg(w1, 2 * ks + 1);
+        for (int slot = 0; slot < 2; ++slot) {
+          const int r = 2 * ks + slot;
+          b[lane][slot] = pack(q[g * D + Map::key_channel(r, 0, t)], q[g * D + Map::key_channel(r, 1, t)]);
+        }
+      }
+      emulate_mma(a, b, C);
+    }
+    for (int r = 0; r < 16; ++r) {
+      for (int n = 0; n < 8; ++n) {
+        double want = 0;
+        for (int c = 0; c < D; ++c) want += static_cast<double>(q[n * D + c]) * codes[(16 * mt + r) * D + c];
+        ASSERT_EQ(C[r][n], std::ldexp(want, -10)) << "keys bits " << BITS << " D " << D << " token " << 16 * mt + r << " column " << n;
+      }
+    }
+  }
+  std::multiset<int> seen;
+  for (int t = 0; t < 4; ++t)
+    for (int r = 0; r < Map::NR; ++r)
+      for (int h = 0; h < 2; ++h) seen.insert(Map::key_channel(r, h, t));
+  for (int c = 0; c < D; ++c) ASSERT_EQ(seen.count(c), 1u) << "key channel " << c;
+
+  // Values: lane t's tokens in k-step ks are 16 ks + 4t + {0, 1} (slot 0) and + {2, 3} (slot 1).
+  std::multiset<int> vseen;
+  for (int mt = 0; mt < Map::MT; ++mt) {
+    double O[16][8] = {};
+    for (int ks = 0; ks < 2; ++ks) {
+      std::uint32_t a[32][4], b[32][2];
+      for (int lane = 0; lane < 32; ++lane) {
+        const int g = lane / 4, t = lane % 4, tok0 = 16 * ks + 4 * t;
+        std::uint32_t xb[2][Map::BPLV];
+        for (int pr = 0; pr < 2; ++pr) {
+          for (int bi = 0; bi < Map::BPLV; ++bi) {
+            const int bytes = Map::BPLV >= 4 ? 4 : Map::BPLV;
+            const std::uint32_t wa = word(tok0 + 2 * pr, g * Map::BPLV + 4 * (bi / 4), bytes);
+            const std::uint32_t wb = word(tok0 + 2 * pr + 1, g * Map::BPLV + 4 * (bi / 4), bytes);
+            xb[pr][bi] = Map::pair_bytes(wa, wb, bi % 4);
+          }
+        }
+        const auto reg = [&](const std::uint32_t* x, int i) { return hmul2(Map::value_reg(x, i), Map::normalizer(Map::value_shift(i))); };
+        a[lane][0] = reg(xb[0], 2 * mt);
+        a[lane][1] = reg(xb[0], 2 * mt + 1);
+        a[lane][2] = reg(xb[1], 2 * mt);
+        a[lane][3] = reg(xb[1], 2 * mt + 1);
+        b[lane][0] = pack(P[g * 32 + tok0], P[g * 32 + tok0 + 1]);
+        b[lane][1] = pack(P[g * 32 + tok0 + 2], P[g * 32 + tok0 + 3]);
+      }
+      emulate_mma(a, b, O);
+    }
+    for (int g = 0; g < 8; ++g) {
+      for (int rh = 0; rh < 2; ++rh) {
+        const int i = 2 * mt + rh, ch = Map::value_channel(i, g);
+        vseen.insert(ch);
+        for (int n = 0; n < 8; ++n) {
+          double want = 0;
+          for (int k = 0; k < 32; ++k) want += static_cast<double>(P[n * 32 + k]) * codes[k * D + ch];
+          ASSERT_EQ(O[g + 8 * rh][n], std::ldexp(want, -10))
+              << "values bits " << BITS << " D " << D << " m-tile " << mt << " row " << g + 8 * rh;
+        }
+      }
+    }
+  }
+  for (int c = 0; c < D; ++c) ASSERT_EQ(vseen.count(c), 1u) << "value channel " << c;
+}
+
+TEST(FragmentMaps, CodesAsSubnormalHalvesGiveExactDotProducts) {
+  check_half_codes<2, 64>();
+  check_half_codes<4, 64>();
+  check_half_codes<8, 64>();
+  check_half_codes<2, 128>();
+  check_half_codes<4, 128>();
+  check_half_codes<8, 128>();
+}
+
 template <int D>
 void check_dense() {
   using Map = DenseMap<D>;

@@ -27,8 +27,11 @@
 #include <atomic>
 #include <cfloat>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "cuda/attend.h"
+#include "cuda/attend_codes_half.h"
 #include "cuda/attend_shared.cuh"
 #include "cuda/fragment_maps.h"
 
@@ -584,12 +587,26 @@ void with_kernel(const QueryArgs& q, const PackedRows& rows, F&& f) {
   throw InputError("cuda attend: no kernel for " + std::to_string(rows.k_bits) + "-bit key codes (2/4/8)");
 }
 
+// A decode step (<= 4 query vectors per KV head) over groups of 2+ units runs the fp16 kernel
+// (attend_codes_half.cu), everything else the int8 kernel above. KVSLIM_CUDA_DECODE_CODES=int8 keeps
+// decode on the int8 kernel: the benchmark's and the tests' comparison of the two, read once per
+// process.
+bool decode_on_half(const QueryArgs& q, const PackedRows& rows) {
+  static const bool int8_only = [] {
+    const char* v = std::getenv("KVSLIM_CUDA_DECODE_CODES");
+    if (v == nullptr || std::string(v).empty() || std::string(v) == "fp16") return false;
+    if (std::string(v) == "int8") return true;
+    throw InputError(std::string("KVSLIM_CUDA_DECODE_CODES: '") + v + "' is not a kernel (fp16 or int8)");
+  }();
+  return !int8_only && half_codes_take(q, rows);
+}
+
 }  // namespace
 
 int packed_splits(const QueryArgs& q, const PackedRows& rows, int sm_count) {
   int resident = 2;
   with_kernel(q, rows, [&]<int KB, int VB, int D, int NSUB, bool GROUPED>() {
-    resident = codes_resident<KB, VB, D, NSUB, GROUPED>();
+    resident = decode_on_half(q, rows) ? half_codes_resident(q, rows) : codes_resident<KB, VB, D, NSUB, GROUPED>();
   });
   // At least two units a warp (one group a warp when a group has two or more).
   const int units = rows.group_units >= 2 ? 2 * (rows.n_units / rows.group_units) : rows.n_units;
@@ -600,7 +617,11 @@ void launch_packed(const QueryArgs& q, const PackedRows& rows, const Partials& p
                    cudaStream_t stream) {
   splits = std::max(splits, 0);
   with_kernel(q, rows, [&]<int KB, int VB, int D, int NSUB, bool GROUPED>() {
-    codes_launch<KB, VB, D, NSUB, GROUPED>(q, rows, parts, part_base, splits, stream);
+    if (decode_on_half(q, rows)) {
+      launch_half_codes(q, rows, parts, part_base, splits, split_units(rows, splits), stream);
+    } else {
+      codes_launch<KB, VB, D, NSUB, GROUPED>(q, rows, parts, part_base, splits, stream);
+    }
   });
 }
 

@@ -64,6 +64,62 @@ struct CodeMap {
 };
 
 // ---------------------------------------------------------------------------------------------
+// kivi codes through the fp16 tensor cores (mma.m16n8k16, fp32 sums): a code masked in place into
+// a 16-bit half whose exponent bits are zero IS an fp16 number -- the subnormal code * 2^o * 2^-24,
+// o its bit offset in the half -- so one LOP3 turns two codes into two halves, and one HMUL2 by
+// normalizer(o) = 2^(14 - o) makes them code * 2^-10, a normal number, for every plane alike. (The
+// tensor cores take subnormals, but align a product by its exponent field, not by its value: a
+// subnormal code's product kept only ~13 - o bits -- 2-5e-4 of the output on H200,
+// docs/benchmarks/cuda/device_s39/r1_tests.txt.) Only offsets o <= 10 - BITS are mantissa bits: a
+// register takes its two codes from the low bytes of a word's halves (bytes 0 and 2, p = 0) or,
+// after a shift by 8, from bytes 1 and 3 (p = 1); in the plane layout byte B holds channels
+// B + j * RB at o = j * BITS.
+//
+// Keys (A rows = tokens): lane t reads KW words of a token's row, bytes [t RB/4, (t+1) RB/4); key
+// register r = (word r / (2 NJ), p = (r / NJ) % 2, plane j = r % NJ) is k-step r / 2, slot r % 2,
+// its halves h = 0, 1 channels key_channel(r, h, t).
+// Values (A rows = channels, k = tokens): lane g reads BPLV bytes of each of its tokens at g BPLV;
+// pair_bytes() puts byte b of two tokens' words into the two halves, and value register i =
+// (byte i / NJ, plane i % NJ) of a token pair is channel value_channel(i, g): m-tile i / 2, row g
+// (i even) or g + 8 (i odd).
+template <int BITS, int D>
+struct HalfCodeMap {
+  static constexpr int RB = D * BITS / 8;  // packed row bytes
+  static constexpr int NJ = 8 / BITS;      // planes (codes per byte)
+  static constexpr int KW = RB / 16;       // key words per lane and token
+  static constexpr int NR = D / 8;         // key registers per token (2 per k-step)
+  static constexpr int KS = D / 16;        // k-steps of the key product
+  static constexpr int BPLV = RB / 8;      // value bytes per lane and token
+  static constexpr int NWV = BPLV >= 4 ? BPLV / 4 : 1;  // value words per lane and token
+  static constexpr int NC = D / 8;         // value channels per lane
+  static constexpr int MT = D / 16;        // m-tiles of the value product
+  static constexpr std::uint32_t MASK = ((1u << BITS) - 1u) * 0x00010001u;  // plane 0 of both halves' low bytes
+  static_assert(KW >= 1 && KW * 2 * NJ == NR && BPLV * NJ == NC, "head_dim 64 or 128 with 2, 4 or 8 bits");
+
+  KVSLIM_MAP_FN static int key_channel(int r, int h, int t) {
+    return t * (RB / 4) + 4 * (r / (2 * NJ)) + (r / NJ) % 2 + 2 * h + (r % NJ) * RB;
+  }
+  KVSLIM_MAP_FN static int key_shift(int r) { return (r % NJ) * BITS; }
+  // 2^(14 - o) in both fp16 halves: a masked code (code * 2^(o - 24)) times it is code * 2^-10, exactly.
+  KVSLIM_MAP_FN static std::uint32_t normalizer(int o) { return static_cast<std::uint32_t>(29 - o) * 0x04000400u; }
+  // w = the lane's KW words of one token's row.
+  KVSLIM_MAP_FN static std::uint32_t key_reg(const std::uint32_t* w, int r) {
+    const std::uint32_t word = w[r / (2 * NJ)];
+    return ((r / NJ) % 2 ? word >> 8 : word) & (MASK << key_shift(r));
+  }
+  // Byte b (0..3) of w0 into bits 0-7, of w1 into bits 16-23 (bits 8-15 and 24-31: masked off).
+  KVSLIM_MAP_FN static std::uint32_t pair_bytes(std::uint32_t w0, std::uint32_t w1, int b) {
+    return prmt(w0, w1, static_cast<std::uint32_t>(b | (b << 4) | ((4 + b) << 8) | ((4 + b) << 12)));
+  }
+  KVSLIM_MAP_FN static int value_channel(int i, int g) { return g * BPLV + i / NJ + (i % NJ) * RB; }
+  KVSLIM_MAP_FN static int value_shift(int i) { return (i % NJ) * BITS; }
+  // xb[b] = pair_bytes of the lane's byte b (of its BPLV) of the two tokens.
+  KVSLIM_MAP_FN static std::uint32_t value_reg(const std::uint32_t* xb, int i) {
+    return xb[i / NJ] & (MASK << value_shift(i));
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
 // s8 operands as balanced base-256 digits. round(x * inv) plus 0x808080 has the digits
 // + 128 as its bytes -- adding 128 to every digit of v = 65536 hi + 256 mid + lo (each in
 // [-128, 127]) is adding 0x808080 -- so an FMA with a magic constant, one add, byte permutes

@@ -1,0 +1,547 @@
+// Split-K decode attention over kivi codes on the fp16 tensor cores: the decode step's kernel (up
+// to 4 query vectors per KV head -- Llama's 32/8 heads, one token). The int8 kernel
+// (attend_codes.cu) re-rounds q' and P into three s8 digits per 32-row unit and passes the digits
+// through shared memory, ~900 instructions a unit and warp at D = 128, so it is bound by issue,
+// not bytes. Here two codes become two exact fp16 numbers (code * 2^-10) by one LOP3 and one HMUL2
+// (fragment_maps.h, HalfCodeMap), and each operand that is not a code is an fp16 pair hi + lo
+// (~22 bits):
+//
+//   keys:   q . k = sum_c (q_c scale_c) code_c + q . zero per group. B column 2v is vector v's
+//           q' / max|q'| rounded to fp16 (hi), column 2v + 1 the remainder (lo), so one mma gives
+//           both parts and lane (g, t) holds vector t's two partial sums side by side:
+//           score = (c_hi + c_lo) * 2^10 * max|q'| + q . zero.
+//   values: sum_t p_t v_tc = scale_c sum_t p_t code_tc + zero_c sum_t p_t; the codes, paired by
+//           token in registers (PRMT), are A (rows = channels), P's hi and lo parts columns 2v,
+//           2v + 1 of B; the group's sums stay in the mma accumulators and take scale * 2^10 and
+//           zero once, at the group's last unit.
+//
+// Both products run in fp32 on exact codes; P and q' keep ~2^-22 of their largest element, the
+// int8 kernel's 2^-23 / 2^-22 -- the same tolerance against the CPU cache.
+//
+// A CTA of 4 warps takes a range of whole groups of one (b, h); each warp takes whole groups and
+// streams their 32-row units global -> shared (cp.async, kHalfStages stages; a group's parameters
+// once, into the slot of the group's index modulo the stages). Lane (g, t) keeps vector t's online softmax and
+// D/8 of its output channels (value_channel(i, g)). The warps merge in shared memory and the CTA
+// writes one partial (attend_shared.cuh); launch_combine merges the splits.
+#include <atomic>
+#include <cfloat>
+#include <cmath>
+
+#include "cuda/attend.h"
+#include "cuda/attend_codes_half.h"
+#include "cuda/attend_shared.cuh"
+#include "cuda/fragment_maps.h"
+
+namespace kvslim::cuda {
+namespace {
+
+using namespace attend_detail;
+
+// Units in flight per warp (the stage being read and kHalfStages - 1 loading). 2 measured ahead of 3
+// and 4 (H200, batch 8 x 32k: docs/benchmarks/cuda/device_s39/r2_ab_compare.txt): the kernel waits
+// on its own instructions, not on memory. (KVSLIM_HALF_STAGES: a build for such A/B runs.)
+#ifndef KVSLIM_HALF_STAGES
+#define KVSLIM_HALF_STAGES 2
+#endif
+constexpr int kHalfStages = KVSLIM_HALF_STAGES;
+constexpr int kDecodeVectors = 4;  // query vectors a CTA takes: B's 8 columns are their hi and lo parts
+
+__device__ __forceinline__ float exp2_sfu(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+template <int N>
+__device__ __forceinline__ void load_words(const unsigned char* p, std::uint32_t* w) {
+  if constexpr (N % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {
+      const uint4 v = reinterpret_cast<const uint4*>(p)[i];
+      w[4 * i] = v.x;
+      w[4 * i + 1] = v.y;
+      w[4 * i + 2] = v.z;
+      w[4 * i + 3] = v.w;
+    }
+  } else if constexpr (N == 2) {
+    const uint2 v = *reinterpret_cast<const uint2*>(p);
+    w[0] = v.x;
+    w[1] = v.y;
+  } else {
+    w[0] = *reinterpret_cast<const std::uint32_t*>(p);
+  }
+}
+
+// Two fp16 products (mul.rn.f16x2 keeps subnormal inputs: a masked code times its normalizer).
+__device__ __forceinline__ std::uint32_t hmul2_bits(std::uint32_t a, std::uint32_t b) {
+  std::uint32_t d;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+// N consecutive fp16 values from shared memory (aligned to 2N bytes, N = 2, 4, 8 or 16) as floats.
+template <int N>
+__device__ __forceinline__ void load_halves(const __half* p, float* out) {
+  static_assert(N == 2 || N % 4 == 0, "2, 4, 8 or 16 halves");
+  if constexpr (N == 2) {
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(p));
+    out[0] = f.x;
+    out[1] = f.y;
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; i += 4) {
+      const uint2 w = *reinterpret_cast<const uint2*>(p + i);
+      const float2 f0 = __half22float2(*reinterpret_cast<const __half2*>(&w.x));
+      const float2 f1 = __half22float2(*reinterpret_cast<const __half2*>(&w.y));
+      out[i] = f0.x;
+      out[i + 1] = f0.y;
+      out[i + 2] = f1.x;
+      out[i + 3] = f1.y;
+    }
+  }
+}
+
+// fp16 pair (hi or lo part of x0, x1): hi = round(x), lo = round(x - hi).
+__device__ __forceinline__ std::uint32_t half_part(float x0, float x1, bool lo) {
+  const __half h0 = __float2half_rn(x0), h1 = __float2half_rn(x1);
+  return lo ? pack_half2(x0 - __half2float(h0), x1 - __half2float(h1)) : pack_half2(__half2float(h0), __half2float(h1));
+}
+
+// Per warp: kHalfStages unit stages [key codes | value codes | newest position], kHalfStages parameter
+// slots [key scale, zero | value scale, zero] (group gi's in slot gi % kHalfStages: the groups of
+// the units in flight are consecutive, so they never share a slot), P's parts [hi, lo][vector][token]
+// (fp16). After the warps: q (times the logit scale) of the 4 vectors, [vector][D] fp32.
+template <int KB, int VB, int D>
+struct HalfShape {
+  using KMap = HalfCodeMap<KB, D>;
+  using VMap = HalfCodeMap<VB, D>;
+  static constexpr int K_CODE_BYTES = kGroupRows * KMap::RB;
+  static constexpr int V_CODE_BYTES = kGroupRows * VMap::RB;
+  static constexpr int PARAM_BYTES = 2 * D * 2;  // scale row + zero row, fp16
+  static constexpr int POS_OFFSET = K_CODE_BYTES + V_CODE_BYTES;
+  static constexpr int STAGE = POS_OFFSET + 16;
+  static constexpr int PSLOT = 2 * PARAM_BYTES;
+  static constexpr int PBUF = 2 * kDecodeVectors * kGroupRows * 2;
+  static constexpr int WARP_BYTES = kHalfStages * STAGE + kHalfStages * PSLOT + PBUF;
+  static constexpr int QV = kDecodeVectors * D * 4;
+  static constexpr int RED = kWarps * kTileRows * (D + 2) * 4;
+  static constexpr int SMEM = kWarps * WARP_BYTES + QV > RED ? kWarps * WARP_BYTES + QV : RED;
+  static_assert(STAGE % 16 == 0 && WARP_BYTES % 16 == 0, "stages must be whole 16-byte chunks");
+};
+
+// CTAs per SM the registers are sized for (KVSLIM_HALF_CTAS_D128: a build for A/B runs).
+#ifndef KVSLIM_HALF_CTAS_D128
+#define KVSLIM_HALF_CTAS_D128 3
+#endif
+constexpr int half_min_ctas(int D) { return D == 128 ? KVSLIM_HALF_CTAS_D128 : 4; }
+
+template <int KB, int VB, int D>
+__global__ void __launch_bounds__(kThreads, half_min_ctas(D))
+    attend_codes_half_kernel(QueryArgs a, PackedRows rows, Partials parts, int part_base, int units_per_split) {
+  using Shape = HalfShape<KB, VB, D>;
+  using KMap = typename Shape::KMap;
+  using VMap = typename Shape::VMap;
+  constexpr int KRB = KMap::RB, KW = KMap::KW, NR = KMap::NR, KS = KMap::KS;
+  constexpr int VRB = VMap::RB, BPLV = VMap::BPLV, NWV = VMap::NWV, NC = VMap::NC, MT = VMap::MT;
+  constexpr int K_CODE_BYTES = Shape::K_CODE_BYTES, STAGE = Shape::STAGE, PSLOT = Shape::PSLOT;
+  constexpr int PARAM_BYTES = Shape::PARAM_BYTES;
+  extern __shared__ __align__(16) unsigned char smem[];
+
+  pdl_launch_dependents();  // the window's dense rows and the merge may launch (attend_shared.cuh)
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
+  const int tile = blockIdx.y, bh = blockIdx.z, b = bh / a.Hkv, h = bh % a.Hkv;
+  const long long SG = static_cast<long long>(a.S) * a.G;
+  unsigned char* my = smem + warp * Shape::WARP_BYTES;
+  unsigned char* pslots = my + kHalfStages * STAGE;
+  __half* pbuf = reinterpret_cast<__half*>(pslots + kHalfStages * PSLOT);  // [part][vector][token]
+  float* qs = reinterpret_cast<float*>(smem + kWarps * Shape::WARP_BYTES);  // [vector][D]
+
+  for (int i = threadIdx.x; i < kDecodeVectors * D; i += kThreads) {
+    const int v = i / D, c = i % D;
+    const long long m = static_cast<long long>(tile) * kTileRows + v;
+    float x = 0.f;
+    if (m < SG) {
+      const long long sq = m / a.G, j = m % a.G;
+      x = a.q[((static_cast<long long>(b) * a.S + sq) * a.Hq + static_cast<long long>(h) * a.G + j) * D + c] * a.scale_log2;
+    }
+    qs[i] = x;
+  }
+  __syncthreads();
+
+  // B column g: vector g / 2, part g % 2 (1 = lo). Softmax and output: vector t.
+  const int bvec = g / 2;
+  const bool lo_part = g % 2;
+  const long long vec = static_cast<long long>(tile) * kTileRows + t;
+  const bool valid = vec < SG;
+  const std::int64_t qpos = !valid ? INT64_MIN : a.qpos ? a.qpos[vec / a.G] : a.qpos_inline[vec / a.G];
+  float m_run = -INFINITY, l_run = 0.f, acc[NC];
+#pragma unroll
+  for (int i = 0; i < NC; ++i) acc[i] = 0.f;
+  float cv[MT][4];  // the current group's sum_t P code * 2^-10, C fragments (cols 2t, 2t + 1: vector t hi, lo)
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) cv[mt][0] = cv[mt][1] = cv[mt][2] = cv[mt][3] = 0.f;
+  float psum_g = 0.f;
+  const int seq_limit = a.seq_rows ? a.seq_rows[b] : INT32_MAX;
+
+  const int GU = rows.group_units;
+  const int u_begin = blockIdx.x * units_per_split;
+  const int u_end = min(rows.n_units, u_begin + units_per_split);
+  const unsigned char* kc_head = rows.k_codes + bh * rows.k_codes_stride;
+  const unsigned char* vc_head = rows.v_codes + bh * rows.v_codes_stride;
+  const std::uint16_t* kp_head = rows.k_params + bh * rows.params_stride;
+  const std::uint16_t* vp_head = rows.v_params + bh * rows.params_stride;
+  const int n_split_groups = u_end > u_begin ? (u_end - u_begin) / GU : 0;
+  const int n_mine = warp < n_split_groups ? (n_split_groups - warp + kWarps - 1) / kWarps * GU : 0;
+  const int group_begin = blockIdx.x * (units_per_split / GU);
+  auto group_at = [&](int gi) { return group_begin + warp + gi * kWarps; };
+  auto unit_at = [&](int gi, int wi) { return group_at(gi) * GU + wi; };
+  // The next unit to load, as pointers advanced unit by unit (a warp's groups are kWarps apart);
+  // every lane copies 16-byte chunks lane, lane + 32, ...
+  const int first_unit = unit_at(0, 0);
+  const unsigned char* k_next = kc_head + static_cast<long long>(first_unit) * K_CODE_BYTES + 16 * lane;
+  const unsigned char* v_next = vc_head + static_cast<long long>(first_unit) * Shape::V_CODE_BYTES + 16 * lane;
+  const std::int64_t* pos_next = rows.pos + static_cast<long long>(first_unit) * kGroupRows + kGroupRows - 1;
+  const unsigned char* kp_next =
+      reinterpret_cast<const unsigned char*>(kp_head + static_cast<long long>(group_at(0)) * 2 * D) + 16 * lane;
+  const unsigned char* vp_next =
+      reinterpret_cast<const unsigned char*>(vp_head + static_cast<long long>(group_at(0)) * 2 * D) + 16 * lane;
+  const long long skip_units = static_cast<long long>(kWarps - 1) * GU;  // a group's last unit -> the warp's next group
+  constexpr int K_CHUNKS = K_CODE_BYTES / 16, V_CHUNKS = Shape::V_CODE_BYTES / 16, P_CHUNKS = PARAM_BYTES / 16;
+  auto issue = [&](int gi, int wi, int stage) {
+    unsigned char* dst = my + stage * STAGE + 16 * lane;
+#pragma unroll
+    for (int i = 0; i < K_CHUNKS; i += 32) {
+      if (K_CHUNKS % 32 == 0 || i + lane < K_CHUNKS) cp_async16(dst + 16 * i, k_next + 16 * i);
+    }
+#pragma unroll
+    for (int i = 0; i < V_CHUNKS; i += 32) {
+      if (V_CHUNKS % 32 == 0 || i + lane < V_CHUNKS) cp_async16(dst + K_CODE_BYTES + 16 * i, v_next + 16 * i);
+    }
+    if (wi == 0) {
+      unsigned char* pdst = pslots + (gi % kHalfStages) * PSLOT + 16 * lane;
+#pragma unroll
+      for (int i = 0; i < P_CHUNKS; i += 32) {
+        if (P_CHUNKS % 32 == 0 || i + lane < P_CHUNKS) {
+          cp_async16(pdst + 16 * i, kp_next + 16 * i);
+          cp_async16(pdst + PARAM_BYTES + 16 * i, vp_next + 16 * i);
+        }
+      }
+      kp_next += static_cast<long long>(kWarps) * PARAM_BYTES;
+      vp_next += static_cast<long long>(kWarps) * PARAM_BYTES;
+    }
+    cp_async8_if(lane == 0, my + stage * STAGE + Shape::POS_OFFSET, pos_next);
+    const long long step = wi + 1 == GU ? 1 + skip_units : 1;
+    k_next += step * K_CODE_BYTES;
+    v_next += step * Shape::V_CODE_BYTES;
+    pos_next += step * kGroupRows;
+  };
+
+  static_assert(kHalfStages >= 2, "a unit loads while another is read");
+  // The units stream through the stages in order: (igi, iwi) is the next to issue, (gi, wi) the one read.
+  int igi = 0, iwi = 0;
+  const auto advance = [&](int& group, int& unit) {
+    if (++unit == GU) {
+      unit = 0;
+      ++group;
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < kHalfStages - 1; ++s) {
+    if (s < n_mine) {
+      issue(igi, iwi, s);
+      advance(igi, iwi);
+    }
+    cp_async_commit();
+  }
+  std::uint32_t bq[NR];  // the current group's q' part for column g, key register r's two channels
+  float qscale = 0.f, bias = 0.f;
+  int gi = 0, wi = 0;
+  for (int k = 0; k < n_mine; ++k) {
+    const bool last_of_group = wi + 1 == GU;
+    if (k + kHalfStages - 1 < n_mine) {
+      issue(igi, iwi, (k + kHalfStages - 1) % kHalfStages);
+      advance(igi, iwi);
+    }
+    cp_async_commit();
+    cp_async_wait<kHalfStages - 1>();
+    __syncwarp();
+
+    const int u = unit_at(gi, wi);
+    const unsigned char* buf = my + (k % kHalfStages) * STAGE;
+    const unsigned char* kc = buf;
+    const unsigned char* vc = buf + K_CODE_BYTES;
+    const unsigned char* pslot = pslots + (gi % kHalfStages) * PSLOT;
+    const __half* kp = reinterpret_cast<const __half*>(pslot);
+    const __half* vp = reinterpret_cast<const __half*>(pslot + PARAM_BYTES);
+
+    // 1. At a group's first unit: column g's part of q' = q * key scale, relative to the vector's
+    //    largest |q'|; the scale and q . zero of vector t.
+    if (wi == 0) {
+      const float* qv = qs + bvec * D;
+      float qp[NR][2];
+      float amax = 0.f, qz = 0.f;
+      // Registers (w, p = 0, j) and (w, 1, j) hold channels c0 + {0, 2} and c0 + {1, 3}: four
+      // consecutive channels, read as one float4 of q and one 8-byte word of scales and of zeros.
+#pragma unroll
+      for (int r = 0; r < NR; r += 2 * KMap::NJ) {
+#pragma unroll
+        for (int j = 0; j < KMap::NJ; ++j) {
+          const int c0 = KMap::key_channel(r + j, 0, t);
+          const float4 q4 = *reinterpret_cast<const float4*>(qv + c0);
+          const uint2 sw = *reinterpret_cast<const uint2*>(kp + c0), zw = *reinterpret_cast<const uint2*>(kp + D + c0);
+          const float2 s01 = __half22float2(*reinterpret_cast<const __half2*>(&sw.x));
+          const float2 s23 = __half22float2(*reinterpret_cast<const __half2*>(&sw.y));
+          const float2 z01 = __half22float2(*reinterpret_cast<const __half2*>(&zw.x));
+          const float2 z23 = __half22float2(*reinterpret_cast<const __half2*>(&zw.y));
+          float* even = qp[r + j];            // p = 0: channels c0, c0 + 2
+          float* odd = qp[r + KMap::NJ + j];  // p = 1: channels c0 + 1, c0 + 3
+          even[0] = q4.x * s01.x;
+          odd[0] = q4.y * s01.y;
+          even[1] = q4.z * s23.x;
+          odd[1] = q4.w * s23.y;
+          amax = fmaxf(amax, fmaxf(fmaxf(fabsf(even[0]), fabsf(odd[0])), fmaxf(fabsf(even[1]), fabsf(odd[1]))));
+          qz = fmaf(q4.x, z01.x, fmaf(q4.y, z01.y, fmaf(q4.z, z23.x, fmaf(q4.w, z23.y, qz))));
+        }
+      }
+      amax = max_over(amax, 1, 4);  // the 4 t lanes of column g: every channel of vector g / 2
+      qz = sum_over(qz, 1, 4);
+      const float inv = amax > 0.f ? 1.f / amax : 0.f;
+#pragma unroll
+      for (int r = 0; r < NR; ++r) bq[r] = half_part(qp[r][0] * inv, qp[r][1] * inv, lo_part);
+      qscale = __shfl_sync(0xffffffffu, amax * 1024.f, 8 * t);  // lane (g = 2t, 0) built vector t
+      bias = __shfl_sync(0xffffffffu, qz, 8 * t);
+    }
+
+    // 2. Scores of tokens 16 mt + g (+ 8) for vector t: keys as A, q' parts as B.
+    float sc[2][2];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+      std::uint32_t w0[KW], w1[KW];
+      load_words<KW>(kc + (16 * mt + g) * KRB + t * (KRB / 4), w0);
+      load_words<KW>(kc + (16 * mt + g + 8) * KRB + t * (KRB / 4), w1);
+      // Two accumulators (even and odd k-steps): two mma chains of KS / 2 instead of one of KS.
+      float c[2][4] = {};
+#pragma unroll
+      for (int ks = 0; ks < KS; ++ks) {
+        const auto reg = [&](const std::uint32_t* w, int r) {
+          return hmul2_bits(KMap::key_reg(w, r), KMap::normalizer(KMap::key_shift(r)));
+        };
+        const std::uint32_t av[4] = {reg(w0, 2 * ks), reg(w1, 2 * ks), reg(w0, 2 * ks + 1), reg(w1, 2 * ks + 1)};
+        mma16816<DenseType::f16>(c[ks % 2], av, bq[2 * ks], bq[2 * ks + 1]);
+      }
+      sc[mt][0] = fmaf((c[0][0] + c[1][0]) + (c[0][1] + c[1][1]), qscale, bias);
+      sc[mt][1] = fmaf((c[0][2] + c[1][2]) + (c[0][3] + c[1][3]), qscale, bias);
+    }
+
+    // 3. Online softmax of vector t over the unit; P's hi and lo parts into pbuf.
+    const long long row0 = rows.row_offset + static_cast<long long>(u) * kGroupRows;
+    const std::int64_t newest = *reinterpret_cast<const std::int64_t*>(buf + Shape::POS_OFFSET);
+    {
+      bool keep[2][2];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+        for (int rh = 0; rh < 2; ++rh) keep[mt][rh] = valid;
+      }
+      // Rows are checked one by one only in a unit that runs past the sequence's rows or holds a row
+      // newer than the query (causal by true position); every other unit is kept whole.
+      if (row0 + kGroupRows > seq_limit || newest > qpos) {
+        const std::int64_t* upos = rows.pos + static_cast<long long>(u) * kGroupRows;
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+          for (int rh = 0; rh < 2; ++rh) {
+            const int tok = 16 * mt + g + 8 * rh;
+            keep[mt][rh] = keep[mt][rh] && row0 + tok < seq_limit && upos[tok] <= qpos;
+          }
+        }
+      }
+      float mx = -INFINITY;
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+        for (int rh = 0; rh < 2; ++rh) {
+          sc[mt][rh] = keep[mt][rh] ? sc[mt][rh] : -INFINITY;
+          mx = fmaxf(mx, sc[mt][rh]);
+        }
+      }
+      if (a.logits && valid) {
+        float* dst = a.logits + (static_cast<long long>(bh) * SG + vec) * a.rows_total + row0 + g;
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+          for (int rh = 0; rh < 2; ++rh) dst[16 * mt + 8 * rh] = sc[mt][rh];
+        }
+      }
+      mx = max_over(mx, 4, 32);  // the 8 g lanes of vector t
+      const float m_new = fmaxf(m_run, mx);
+      const float msub = m_new == -INFINITY ? 0.f : m_new;
+      const float alpha = exp2_sfu(m_run - msub);
+      const bool rescale = m_run != -INFINITY && alpha != 1.f;  // else acc holds zeros or stays
+      float ps = 0.f;
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+        for (int rh = 0; rh < 2; ++rh) {
+          sc[mt][rh] = exp2_sfu(sc[mt][rh] - msub);
+          ps += sc[mt][rh];
+        }
+      }
+      ps = sum_over(ps, 4, 32);
+      l_run = l_run * alpha + ps;
+      m_run = m_new;
+      if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+        for (int i = 0; i < NC; ++i) acc[i] *= alpha;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) cv[mt][e] *= alpha;
+        }
+        psum_g *= alpha;
+      }
+      psum_g += ps;
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+        for (int rh = 0; rh < 2; ++rh) {
+          const int tok = 16 * mt + g + 8 * rh;
+          const __half hi = __float2half_rn(sc[mt][rh]);
+          pbuf[t * kGroupRows + tok] = hi;
+          pbuf[(kDecodeVectors + t) * kGroupRows + tok] = __float2half_rn(sc[mt][rh] - __half2float(hi));
+        }
+      }
+    }
+    __syncwarp();
+
+    // 4. Values: tokens 16 ks + 4t + {0, 1} (k-slots 2t, 2t + 1) and + {2, 3} (2t + 8, 2t + 9),
+    //    paired by PRMT into A (rows = channels); column g of B = P's part of vector g / 2.
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks) {
+      const int tok0 = 16 * ks + 4 * t;
+      const uint2 pv = *reinterpret_cast<const uint2*>(pbuf + (lo_part * kDecodeVectors + bvec) * kGroupRows + tok0);
+      std::uint32_t w[4][NWV];
+      const unsigned char* tokp = vc + tok0 * VRB + g * BPLV;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        if constexpr (BPLV >= 4) {
+          load_words<NWV>(tokp + i * VRB, w[i]);
+        } else {
+          w[i][0] = *reinterpret_cast<const std::uint16_t*>(tokp + i * VRB);
+        }
+      }
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        const int b0 = (2 * mt) / VMap::NJ, b1 = (2 * mt + 1) / VMap::NJ;  // the bytes rows g, g + 8 come from
+        const std::uint32_t x0[2] = {VMap::pair_bytes(w[0][b0 / 4], w[1][b0 / 4], b0 % 4),
+                                     VMap::pair_bytes(w[2][b0 / 4], w[3][b0 / 4], b0 % 4)};
+        const std::uint32_t x1[2] = {VMap::pair_bytes(w[0][b1 / 4], w[1][b1 / 4], b1 % 4),
+                                     VMap::pair_bytes(w[2][b1 / 4], w[3][b1 / 4], b1 % 4)};
+        const int o0 = VMap::value_shift(2 * mt), o1 = VMap::value_shift(2 * mt + 1);
+        const std::uint32_t av[4] = {hmul2_bits(x0[0] & (VMap::MASK << o0), VMap::normalizer(o0)),
+                                     hmul2_bits(x1[0] & (VMap::MASK << o1), VMap::normalizer(o1)),
+                                     hmul2_bits(x0[1] & (VMap::MASK << o0), VMap::normalizer(o0)),
+                                     hmul2_bits(x1[1] & (VMap::MASK << o1), VMap::normalizer(o1))};
+        mma16816<DenseType::f16>(cv[mt], av, pv.x, pv.y);
+      }
+    }
+    // 5. At a group's last unit: acc += scale * 2^10 * sums + zero * sum of P.
+    if (last_of_group) {
+      // Plane j's channels of this lane are BPLV consecutive ones (g BPLV + j RB + byte): read as words.
+#pragma unroll
+      for (int j = 0; j < VMap::NJ; ++j) {
+        float vs[BPLV], vz[BPLV];
+        load_halves<BPLV>(vp + VMap::value_channel(j, g), vs);
+        load_halves<BPLV>(vp + D + VMap::value_channel(j, g), vz);
+#pragma unroll
+        for (int bi = 0; bi < BPLV; ++bi) {
+          const int i = bi * VMap::NJ + j, mt = i / 2, e = 2 * (i % 2);
+          acc[i] = fmaf(cv[mt][e] + cv[mt][e + 1], vs[bi] * 1024.f, fmaf(vz[bi], psum_g, acc[i]));
+        }
+      }
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) cv[mt][0] = cv[mt][1] = cv[mt][2] = cv[mt][3] = 0.f;
+      psum_g = 0.f;
+    }
+    __syncwarp();  // pbuf and this stage are written again next
+    advance(gi, wi);
+  }
+  cp_async_wait<0>();
+
+  __syncthreads();  // every warp is done with its stages: the memory becomes the merge scratch
+  float* red = reinterpret_cast<float*>(smem);
+  float* red_ml = red + kWarps * kTileRows * D;
+#pragma unroll
+  for (int i = 0; i < NC; ++i) red[(warp * kTileRows + t) * D + VMap::value_channel(i, g)] = acc[i];
+  if (g == 0) {
+    red_ml[(warp * kTileRows + t) * 2] = m_run;
+    red_ml[(warp * kTileRows + t) * 2 + 1] = l_run;
+  }
+  __syncthreads();
+  merge_warps<D>(a, tile, bh, red, parts, part_base + blockIdx.x);
+}
+
+template <int KB, int VB, int D>
+int half_resident() {
+  static const int n = [] {
+    constexpr int smem = HalfShape<KB, VB, D>::SMEM;
+    set_smem_always(attend_codes_half_kernel<KB, VB, D>, smem);
+    return resident_ctas(attend_codes_half_kernel<KB, VB, D>, smem);
+  }();
+  return n;
+}
+
+template <int KB, int VB, int D>
+void half_launch(const QueryArgs& q, const PackedRows& rows, const Partials& parts, int part_base, int splits,
+                 int units_per_split, cudaStream_t stream) {
+  constexpr int smem = HalfShape<KB, VB, D>::SMEM;
+  auto kernel = attend_codes_half_kernel<KB, VB, D>;
+  static std::atomic<unsigned long long> done{0};
+  set_smem(kernel, smem, done);
+  launch_kernel(splits > 0, false, kernel, dim3(splits, q.tiles(), q.B * q.Hkv), dim3(kThreads), smem, stream, q, rows,
+                parts, part_base, units_per_split);
+}
+
+// f<KB, VB, D>() for the widths and head_dim of `rows` / `q` (checked by the caller).
+template <typename F>
+void with_half_kernel(const QueryArgs& q, const PackedRows& rows, F&& f) {
+  auto values = [&]<int KB, int D>() {
+    switch (rows.v_bits) {
+      case 2: return f.template operator()<KB, 2, D>();
+      case 4: return f.template operator()<KB, 4, D>();
+      default: return f.template operator()<KB, 8, D>();
+    }
+  };
+  auto keys = [&]<int D>() {
+    switch (rows.k_bits) {
+      case 2: return values.template operator()<2, D>();
+      case 4: return values.template operator()<4, D>();
+      default: return values.template operator()<8, D>();
+    }
+  };
+  q.D == 64 ? keys.template operator()<64>() : keys.template operator()<128>();
+}
+
+}  // namespace
+
+// Groups of one unit (32 rows) stay on the int8 kernel: their q' is rebuilt every unit, where that
+// kernel's int8 operands cost less (kivi2 / kivi4 at 32-row groups, batch 8 x 32k: 103.6 / 116.8 us
+// on the int8 kernel against 116.2 / 131.6 us here; device_s39/r3_compare.txt).
+bool half_codes_take(const QueryArgs& q, const PackedRows& rows) {
+  return static_cast<long long>(q.S) * q.G <= kDecodeVectors && rows.group_units >= 2;
+}
+
+int half_codes_resident(const QueryArgs& q, const PackedRows& rows) {
+  int n = 2;
+  with_half_kernel(q, rows, [&]<int KB, int VB, int D>() { n = half_resident<KB, VB, D>(); });
+  return n;
+}
+
+void launch_half_codes(const QueryArgs& q, const PackedRows& rows, const Partials& parts, int part_base, int splits,
+                       int units_per_split, cudaStream_t stream) {
+  with_half_kernel(q, rows, [&]<int KB, int VB, int D>() {
+    half_launch<KB, VB, D>(q, rows, parts, part_base, splits, units_per_split, stream);
+  });
+}
+
+}  // namespace kvslim::cuda
