@@ -18,11 +18,12 @@
 // Both products run in fp32 on exact codes; P and q' keep ~2^-22 of their largest element, the
 // int8 kernel's 2^-23 / 2^-22 -- the same tolerance against the CPU cache.
 //
-// A CTA of 4 warps takes a range of whole groups of one (b, h); each warp takes whole groups and
-// streams their 32-row units global -> shared (cp.async, kHalfStages stages; a group's parameters
-// once, into the slot of the group's index modulo the stages). Lane (g, t) keeps vector t's online softmax and
-// D/8 of its output channels (value_channel(i, g)). The warps merge in shared memory and the CTA
-// writes one partial (attend_shared.cuh); launch_combine merges the splits.
+// A CTA of 4 warps takes a range of whole groups of one (b, h); each warp takes a contiguous quarter
+// of its units and streams them global -> shared (cp.async, kHalfStages stages; a group's parameters
+// with its first unit the warp loads, into the slot of the group's index modulo the stages). Lane
+// (g, t) keeps vector t's online softmax and D/8 of its output channels (value_channel(i, g)). The
+// warps merge in shared memory and the CTA writes one partial (attend_shared.cuh); launch_combine
+// merges the splits.
 #include <atomic>
 #include <cfloat>
 #include <cmath>
@@ -108,7 +109,7 @@ __device__ __forceinline__ std::uint32_t half_part(float x0, float x1, bool lo) 
 }
 
 // Per warp: kHalfStages unit stages [key codes | value codes | newest position], kHalfStages parameter
-// slots [key scale, zero | value scale, zero] (group gi's in slot gi % kHalfStages: the groups of
+// slots [key scale, zero | value scale, zero] (group g's in slot g % kHalfStages: the groups of
 // the units in flight are consecutive, so they never share a slot), P's parts [hi, lo][vector][token]
 // (fp16). After the warps: q (times the logit scale) of the 4 vectors, [vector][D] fp32.
 template <int KB, int VB, int D>
@@ -190,24 +191,29 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
   const unsigned char* vc_head = rows.v_codes + bh * rows.v_codes_stride;
   const std::uint16_t* kp_head = rows.k_params + bh * rows.params_stride;
   const std::uint16_t* vp_head = rows.v_params + bh * rows.params_stride;
-  const int n_split_groups = u_end > u_begin ? (u_end - u_begin) / GU : 0;
-  const int n_mine = warp < n_split_groups ? (n_split_groups - warp + kWarps - 1) / kWarps * GU : 0;
-  const int group_begin = blockIdx.x * (units_per_split / GU);
-  auto group_at = [&](int gi) { return group_begin + warp + gi * kWarps; };
-  auto unit_at = [&](int gi, int wi) { return group_at(gi) * GU + wi; };
-  // The next unit to load, as pointers advanced unit by unit (a warp's groups are kWarps apart);
-  // every lane copies 16-byte chunks lane, lane + 32, ...
-  const int first_unit = unit_at(0, 0);
-  const unsigned char* k_next = kc_head + static_cast<long long>(first_unit) * K_CODE_BYTES + 16 * lane;
-  const unsigned char* v_next = vc_head + static_cast<long long>(first_unit) * Shape::V_CODE_BYTES + 16 * lane;
-  const std::int64_t* pos_next = rows.pos + static_cast<long long>(first_unit) * kGroupRows + kGroupRows - 1;
+  // Each warp takes a quarter of the split's units, contiguous (a warp's first and last group may be
+  // shared with its neighbours: each builds its own q' and applies its own sums): the longest chain
+  // of units a warp runs is what a batch-1 call waits for, and whole groups per warp left one warp of
+  // four with two groups where the others had one.
+  const int n_split = max(0, u_end - u_begin);
+  const int w_begin = u_begin + n_split * warp / kWarps;
+  const int n_mine = u_begin + n_split * (warp + 1) / kWarps - w_begin;
+  // The next unit to load, as pointers advanced unit by unit; every lane copies 16-byte chunks
+  // lane, lane + 32, ... A group's parameters go into slot (group % kHalfStages) with its first unit
+  // the warp loads (the groups of the units in flight are consecutive: never the same slot).
+  const unsigned char* k_next = kc_head + static_cast<long long>(w_begin) * K_CODE_BYTES + 16 * lane;
+  const unsigned char* v_next = vc_head + static_cast<long long>(w_begin) * Shape::V_CODE_BYTES + 16 * lane;
+  const std::int64_t* pos_next = rows.pos + static_cast<long long>(w_begin) * kGroupRows + kGroupRows - 1;
+  const int first_group = GU > 0 ? w_begin / GU : 0;
   const unsigned char* kp_next =
-      reinterpret_cast<const unsigned char*>(kp_head + static_cast<long long>(group_at(0)) * 2 * D) + 16 * lane;
+      reinterpret_cast<const unsigned char*>(kp_head + static_cast<long long>(first_group) * 2 * D) + 16 * lane;
   const unsigned char* vp_next =
-      reinterpret_cast<const unsigned char*>(vp_head + static_cast<long long>(group_at(0)) * 2 * D) + 16 * lane;
-  const long long skip_units = static_cast<long long>(kWarps - 1) * GU;  // a group's last unit -> the warp's next group
+      reinterpret_cast<const unsigned char*>(vp_head + static_cast<long long>(first_group) * 2 * D) + 16 * lane;
   constexpr int K_CHUNKS = K_CODE_BYTES / 16, V_CHUNKS = Shape::V_CODE_BYTES / 16, P_CHUNKS = PARAM_BYTES / 16;
-  auto issue = [&](int gi, int wi, int stage) {
+  // (group, unit within it) of the next unit to load and of the unit read.
+  int igroup = first_group, iwi = w_begin - first_group * GU;
+  int group = igroup, wi = iwi;
+  auto issue = [&](bool first, int stage) {
     unsigned char* dst = my + stage * STAGE + 16 * lane;
 #pragma unroll
     for (int i = 0; i < K_CHUNKS; i += 32) {
@@ -217,8 +223,8 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
     for (int i = 0; i < V_CHUNKS; i += 32) {
       if (V_CHUNKS % 32 == 0 || i + lane < V_CHUNKS) cp_async16(dst + K_CODE_BYTES + 16 * i, v_next + 16 * i);
     }
-    if (wi == 0) {
-      unsigned char* pdst = pslots + (gi % kHalfStages) * PSLOT + 16 * lane;
+    if (first || iwi == 0) {
+      unsigned char* pdst = pslots + (igroup % kHalfStages) * PSLOT + 16 * lane;
 #pragma unroll
       for (int i = 0; i < P_CHUNKS; i += 32) {
         if (P_CHUNKS % 32 == 0 || i + lane < P_CHUNKS) {
@@ -226,57 +232,46 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
           cp_async16(pdst + PARAM_BYTES + 16 * i, vp_next + 16 * i);
         }
       }
-      kp_next += static_cast<long long>(kWarps) * PARAM_BYTES;
-      vp_next += static_cast<long long>(kWarps) * PARAM_BYTES;
+      kp_next += PARAM_BYTES;
+      vp_next += PARAM_BYTES;
     }
     cp_async8_if(lane == 0, my + stage * STAGE + Shape::POS_OFFSET, pos_next);
-    const long long step = wi + 1 == GU ? 1 + skip_units : 1;
-    k_next += step * K_CODE_BYTES;
-    v_next += step * Shape::V_CODE_BYTES;
-    pos_next += step * kGroupRows;
+    k_next += K_CODE_BYTES;
+    v_next += Shape::V_CODE_BYTES;
+    pos_next += kGroupRows;
+    if (++iwi == GU) {
+      iwi = 0;
+      ++igroup;
+    }
   };
 
   static_assert(kHalfStages >= 2, "a unit loads while another is read");
-  // The units stream through the stages in order: (igi, iwi) is the next to issue, (gi, wi) the one read.
-  int igi = 0, iwi = 0;
-  const auto advance = [&](int& group, int& unit) {
-    if (++unit == GU) {
-      unit = 0;
-      ++group;
-    }
-  };
 #pragma unroll
   for (int s = 0; s < kHalfStages - 1; ++s) {
-    if (s < n_mine) {
-      issue(igi, iwi, s);
-      advance(igi, iwi);
-    }
+    if (s < n_mine) issue(s == 0, s);
     cp_async_commit();
   }
   std::uint32_t bq[NR];  // the current group's q' part for column g, key register r's two channels
   float qscale = 0.f, bias = 0.f;
-  int gi = 0, wi = 0;
   for (int k = 0; k < n_mine; ++k) {
-    const bool last_of_group = wi + 1 == GU;
-    if (k + kHalfStages - 1 < n_mine) {
-      issue(igi, iwi, (k + kHalfStages - 1) % kHalfStages);
-      advance(igi, iwi);
-    }
+    const bool first_of_group = k == 0 || wi == 0;
+    const bool last_of_group = wi + 1 == GU || k + 1 == n_mine;
+    if (k + kHalfStages - 1 < n_mine) issue(false, (k + kHalfStages - 1) % kHalfStages);
     cp_async_commit();
     cp_async_wait<kHalfStages - 1>();
     __syncwarp();
 
-    const int u = unit_at(gi, wi);
+    const int u = w_begin + k;
     const unsigned char* buf = my + (k % kHalfStages) * STAGE;
     const unsigned char* kc = buf;
     const unsigned char* vc = buf + K_CODE_BYTES;
-    const unsigned char* pslot = pslots + (gi % kHalfStages) * PSLOT;
+    const unsigned char* pslot = pslots + (group % kHalfStages) * PSLOT;
     const __half* kp = reinterpret_cast<const __half*>(pslot);
     const __half* vp = reinterpret_cast<const __half*>(pslot + PARAM_BYTES);
 
-    // 1. At a group's first unit: column g's part of q' = q * key scale, relative to the vector's
-    //    largest |q'|; the scale and q . zero of vector t.
-    if (wi == 0) {
+    // 1. At a group's first unit (or the warp's first): column g's part of q' = q * key scale,
+    //    relative to the vector's largest |q'|; the scale and q . zero of vector t.
+    if (first_of_group) {
       const float* qv = qs + bvec * D;
       float qp[NR][2];
       float amax = 0.f, qz = 0.f;
@@ -445,7 +440,7 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
         mma16816<DenseType::f16>(cv[mt], av, pv.x, pv.y);
       }
     }
-    // 5. At a group's last unit: acc += scale * 2^10 * sums + zero * sum of P.
+    // 5. At a group's last unit (or the warp's last): acc += scale * 2^10 * sums + zero * sum of P.
     if (last_of_group) {
       // Plane j's channels of this lane are BPLV consecutive ones (g BPLV + j RB + byte): read as words.
 #pragma unroll
@@ -464,7 +459,10 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
       psum_g = 0.f;
     }
     __syncwarp();  // pbuf and this stage are written again next
-    advance(gi, wi);
+    if (++wi == GU) {
+      wi = 0;
+      ++group;
+    }
   }
   cp_async_wait<0>();
 
