@@ -50,13 +50,6 @@ constexpr float kOperandRange = 4194304.f;  // q' and P become integers in [-2^2
 // quarter-rate conversion, would (|s| <= 128 * 255 * 128 < 2^22: D = 128 channels of 8-bit codes
 // times a digit; values: 32 tokens).
 constexpr int kSumBias = 0x4B400000;
-// 2^x by the SFU alone (ex2.approx.ftz: exp2f's own instruction without its denormal handling):
-// x <= 0 here and results below 2^-126 are weights that round to no digit anyway.
-__device__ __forceinline__ float exp2_sfu(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
 __device__ __forceinline__ float sum_of(int biased) { return __int_as_float(biased) - 12582912.f; }
 
 // C (s32) += A (16 x 32 u8) B (32 x 8 s8).
@@ -73,27 +66,6 @@ __device__ __forceinline__ void imma16832_from(int (&d)[4], std::uint32_t a0, st
   asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
       : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(cin));
-}
-
-// N 32-bit words from shared memory at p (aligned to min(4N, 16) bytes).
-template <int N>
-__device__ __forceinline__ void load_words(const unsigned char* p, std::uint32_t* w) {
-  if constexpr (N % 4 == 0) {
-#pragma unroll
-    for (int i = 0; i < N / 4; ++i) {
-      const uint4 v = reinterpret_cast<const uint4*>(p)[i];
-      w[4 * i] = v.x;
-      w[4 * i + 1] = v.y;
-      w[4 * i + 2] = v.z;
-      w[4 * i + 3] = v.w;
-    }
-  } else if constexpr (N == 2) {
-    const uint2 v = *reinterpret_cast<const uint2*>(p);
-    w[0] = v.x;
-    w[1] = v.y;
-  } else {
-    w[0] = *reinterpret_cast<const std::uint32_t*>(p);
-  }
 }
 
 // Per warp: kCodeStages unit stages [key codes | value codes | newest position], two parameter slots
@@ -443,14 +415,7 @@ __global__ void __launch_bounds__(kThreads, codes_min_ctas(D, NSUB, GROUPED))
     for (int quad = 0; quad < 2; ++quad) {
       const unsigned char* tokp = vc + (16 * quad + 4 * t) * VRB + g * BPLV;
       std::uint32_t w[4][NWV];  // the lane's share of each of the quad's 4 tokens
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        if constexpr (BPLV >= 4) {
-          load_words<NWV>(tokp + i * VRB, w[i]);
-        } else {
-          w[i][0] = *reinterpret_cast<const std::uint16_t*>(tokp + i * VRB);
-        }
-      }
+      load_quad_rows<BPLV, NWV, VRB>(tokp, w);
 #pragma unroll
       for (int word = 0; word < NWV; ++word) {
         gather_quad(w[0][word], w[1][word], w[2][word], w[3][word], BPLV >= 4 ? 4 : BPLV, x[quad] + 4 * word);

@@ -47,32 +47,6 @@ using namespace attend_detail;
 constexpr int kHalfStages = KVSLIM_HALF_STAGES;
 constexpr int kDecodeVectors = 4;  // query vectors a CTA takes: B's 8 columns are their hi and lo parts
 
-__device__ __forceinline__ float exp2_sfu(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-template <int N>
-__device__ __forceinline__ void load_words(const unsigned char* p, std::uint32_t* w) {
-  if constexpr (N % 4 == 0) {
-#pragma unroll
-    for (int i = 0; i < N / 4; ++i) {
-      const uint4 v = reinterpret_cast<const uint4*>(p)[i];
-      w[4 * i] = v.x;
-      w[4 * i + 1] = v.y;
-      w[4 * i + 2] = v.z;
-      w[4 * i + 3] = v.w;
-    }
-  } else if constexpr (N == 2) {
-    const uint2 v = *reinterpret_cast<const uint2*>(p);
-    w[0] = v.x;
-    w[1] = v.y;
-  } else {
-    w[0] = *reinterpret_cast<const std::uint32_t*>(p);
-  }
-}
-
 // Two fp16 products (mul.rn.f16x2 keeps subnormal inputs: a masked code times its normalizer).
 __device__ __forceinline__ std::uint32_t hmul2_bits(std::uint32_t a, std::uint32_t b) {
   std::uint32_t d;
@@ -415,16 +389,8 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
     for (int ks = 0; ks < 2; ++ks) {
       const int tok0 = 16 * ks + 4 * t;
       const uint2 pv = *reinterpret_cast<const uint2*>(pbuf + (lo_part * kDecodeVectors + bvec) * kGroupRows + tok0);
-      std::uint32_t w[4][NWV];
-      const unsigned char* tokp = vc + tok0 * VRB + g * BPLV;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        if constexpr (BPLV >= 4) {
-          load_words<NWV>(tokp + i * VRB, w[i]);
-        } else {
-          w[i][0] = *reinterpret_cast<const std::uint16_t*>(tokp + i * VRB);
-        }
-      }
+      std::uint32_t w[4][NWV];  // the lane's share of each of the 4 tokens
+      load_quad_rows<BPLV, NWV, VRB>(vc + tok0 * VRB + g * BPLV, w);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         const int b0 = (2 * mt) / VMap::NJ, b1 = (2 * mt + 1) / VMap::NJ;  // the bytes rows g, g + 8 come from

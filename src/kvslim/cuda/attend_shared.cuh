@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cfloat>
 #include <cmath>
+#include <cstdint>
 #include <utility>
 
 #include "cuda/attend.h"
@@ -46,6 +47,49 @@ __device__ void merge_warps(const QueryArgs& a, int tile, int bh, const float* r
     if (c == 0) {
       parts.ml[(base + row) * 2] = M;
       parts.ml[(base + row) * 2 + 1] = L;
+    }
+  }
+}
+
+// 2^x by the SFU alone (ex2.approx.ftz: exp2f's own instruction without its denormal handling):
+// x <= 0 in the kernels' softmax, and results below 2^-126 are weights too small to count anyway.
+__device__ __forceinline__ float exp2_sfu(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// N 32-bit words from shared memory at p (aligned to min(4N, 16) bytes).
+template <int N>
+__device__ __forceinline__ void load_words(const unsigned char* p, std::uint32_t* w) {
+  if constexpr (N % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {
+      const uint4 v = reinterpret_cast<const uint4*>(p)[i];
+      w[4 * i] = v.x;
+      w[4 * i + 1] = v.y;
+      w[4 * i + 2] = v.z;
+      w[4 * i + 3] = v.w;
+    }
+  } else if constexpr (N == 2) {
+    const uint2 v = *reinterpret_cast<const uint2*>(p);
+    w[0] = v.x;
+    w[1] = v.y;
+  } else {
+    w[0] = *reinterpret_cast<const std::uint32_t*>(p);
+  }
+}
+
+// A lane's share of 4 consecutive token rows of value codes: BPLV bytes of each row (row bytes RB)
+// from p, as NWV words per row (BPLV = 2: one 16-bit load).
+template <int BPLV, int NWV, int RB>
+__device__ __forceinline__ void load_quad_rows(const unsigned char* p, std::uint32_t (&w)[4][NWV]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (BPLV >= 4) {
+      load_words<NWV>(p + i * RB, w[i]);
+    } else {
+      w[i][0] = *reinterpret_cast<const std::uint16_t*>(p + i * RB);
     }
   }
 }
