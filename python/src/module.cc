@@ -150,6 +150,19 @@ bool bind_attend(py::class_<C>& cls) {
 
 }  // namespace
 
+namespace {
+
+// A RankGather written in Python (kvslim.distributed): all_gather runs the process group's
+// collective. PYBIND11_OVERRIDE_PURE takes the GIL, so a layer may call it from any thread.
+class PyRankGather : public kvslim::RankGather {
+ public:
+  std::vector<std::vector<double>> all_gather(const std::vector<double>& local) override {
+    PYBIND11_OVERRIDE_PURE(std::vector<std::vector<double>>, kvslim::RankGather, all_gather, local);
+  }
+};
+
+}  // namespace
+
 PYBIND11_MODULE(_kvslim, m) {
   m.doc() = "kvslim C++ core (use the kvslim package, not this module directly)";
 
@@ -266,6 +279,11 @@ PYBIND11_MODULE(_kvslim, m) {
   m.def("create_cache", &KVCacheFactory::create, py::arg("config"),
         "A lone cache (no coordinator: squeeze behaves as uniform-budget H2O).");
 
+  py::class_<RankGather, PyRankGather, std::shared_ptr<RankGather>>(m, "RankGather",
+                                                                    "Every rank's list of floats, in rank order (a collective).")
+      .def(py::init<>())
+      .def("all_gather", &RankGather::all_gather, py::arg("local"));
+
   py::class_<CacheSet>(m, "CacheSet")
       .def(py::init([](const KVCacheConfig& config, const std::vector<std::tuple<bool, int, int>>& layers) {
              ModelSpec spec;
@@ -282,6 +300,8 @@ PYBIND11_MODULE(_kvslim, m) {
           },
           py::return_value_policy::reference_internal)
       .def("reset", &CacheSet::reset)
+      .def("set_rank_gather", &CacheSet::set_rank_gather, py::arg("gather"))
+      .def_property_readonly("needs_rank_gather", &CacheSet::needs_rank_gather)
       .def("reserve", &CacheSet::reserve, py::arg("tokens"))
       .def("resident_bytes", &CacheSet::resident_bytes)
       .def("seen_fp16_bytes", &CacheSet::seen_fp16_bytes);
