@@ -79,16 +79,25 @@ def shard(caches: CacheSet, head_slice, kv_heads: int, group=None) -> TensorPara
     start, stop = (int(x) for x in head_slice)
     if not isinstance(caches, CacheSet):
         raise _kvslim.InputError(f"kvslim.distributed.shard: expected a kvslim.CacheSet, got {type(caches).__name__}")
+    # This rank's own problems travel with the gather, so that every rank raises (none is left
+    # waiting in a collective the others never join).
+    problem = None
     for i, (attention, heads, _dim) in enumerate(caches._spec):
         if attention and heads != stop - start:
-            raise _kvslim.InputError(f"kvslim.distributed.shard: layer {i} holds {heads} KV heads but this rank's slice "
-                                     f"[{start}, {stop}) has {stop - start}")
+            problem = f"layer {i} holds {heads} KV heads but the slice [{start}, {stop}) has {stop - start}"
+            break
+        if attention and caches[i].stats()["tokens_seen"] != 0:
+            problem = f"layer {i} already holds tokens: shard before the first update (or reset the set first)"
+            break
     world = dist.get_world_size(group)
-    mine = (start, stop, caches._method, tuple(caches._spec))
+    mine = (start, stop, caches._method, tuple(caches._spec), problem)
     everyone = [None] * world
     dist.all_gather_object(everyone, mine, group=group)
-    check_slices([(s, e) for s, e, _m, _l in everyone], kv_heads)
-    for rank, (_s, _e, method, layers) in enumerate(everyone):
+    for rank, (*_, trouble) in enumerate(everyone):
+        if trouble is not None:
+            raise _kvslim.InputError(f"kvslim.distributed.shard: rank {rank}: {trouble}")
+    check_slices([(s, e) for s, e, *_ in everyone], kv_heads)
+    for rank, (_s, _e, method, layers, _p) in enumerate(everyone):
         if method != caches._method or len(layers) != len(caches._spec) or \
                 [(a, d) for a, _h, d in layers] != [(a, d) for a, _h, d in caches._spec]:
             raise _kvslim.InputError(

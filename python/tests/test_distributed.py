@@ -122,6 +122,16 @@ def _worker(rank, store_path, out_dir):
             out["errors"][name] = None
         except kvslim.InputError as e:
             out["errors"][name] = str(e)
+    # A set that already took tokens on one rank: refused on both (neither waits for the other).
+    caches = kvslim.CacheSet(kvslim.Config(method="h2o", h2o_budget=40), num_layers=LAYERS, kv_heads=per_rank, head_dim=DIM)
+    if rank == 1:
+        block = np.zeros((BATCH, per_rank, 2, DIM), dtype=np.float32)
+        caches[0].update(block, block)
+    try:
+        kd.shard(caches, (heads.start, heads.stop), HEADS)
+        out["errors"]["used"] = None
+    except kvslim.InputError as e:
+        out["errors"]["used"] = str(e)
     for name, spec in METHODS.items():
         out[name] = {
             "single": _run(spec, slice(0, HEADS)),
@@ -192,6 +202,7 @@ def test_bad_head_slices_are_named(ranks):
     for out in ranks:
         assert "must tile [0, 4)" in (out["errors"]["overlap"] or ""), out["errors"]["overlap"]
         assert "not at kv_heads = 4" in (out["errors"]["short"] or ""), out["errors"]["short"]
+        assert "rank 1: layer 0 already holds tokens" in (out["errors"]["used"] or ""), out["errors"]["used"]
 
 
 def test_check_slices_without_a_group():
