@@ -40,8 +40,9 @@ class TensorParallel(_kvslim.RankGather):
         self._device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else torch.device("cpu")
 
     def all_gather(self, local):
+        """local: a float64 numpy array (or sequence); returns every rank's, in rank order."""
         torch, dist = _torch()
-        mine = torch.tensor(local, dtype=torch.float64, device=self._device)
+        mine = torch.as_tensor(local, dtype=torch.float64).to(self._device)
         size = torch.tensor([mine.numel()], dtype=torch.int64, device=self._device)
         sizes = [torch.zeros_like(size) for _ in range(self.world_size)]
         dist.all_gather(sizes, size, group=self.group)
@@ -51,7 +52,7 @@ class TensorParallel(_kvslim.RankGather):
         padded[:mine.numel()] = mine
         out = [torch.empty_like(padded) for _ in range(self.world_size)]
         dist.all_gather(out, padded, group=self.group)
-        return [o[:n].cpu().tolist() for o, n in zip(out, sizes)]
+        return [o[:n].cpu().numpy() for o, n in zip(out, sizes)]
 
 
 def check_slices(slices, kv_heads: int) -> None:

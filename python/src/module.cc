@@ -153,11 +153,27 @@ bool bind_attend(py::class_<C>& cls) {
 namespace {
 
 // A RankGather written in Python (kvslim.distributed): all_gather runs the process group's
-// collective. PYBIND11_OVERRIDE_PURE takes the GIL, so a layer may call it from any thread.
+// collective. It takes the GIL, so a layer may call it from any thread. The vectors cross as
+// float64 numpy arrays, not lists: a long prompt's board gathers ~10^5 values per layer.
 class PyRankGather : public kvslim::RankGather {
  public:
   std::vector<std::vector<double>> all_gather(const std::vector<double>& local) override {
-    PYBIND11_OVERRIDE_PURE(std::vector<std::vector<double>>, kvslim::RankGather, all_gather, local);
+    py::gil_scoped_acquire gil;
+    const py::function override = py::get_override(static_cast<const kvslim::RankGather*>(this), "all_gather");
+    if (!override) throw std::logic_error("kvslim.RankGather subclass does not define all_gather");
+    const py::object gathered = override(py::array_t<double>(static_cast<py::ssize_t>(local.size()), local.data()));
+    std::vector<std::vector<double>> out;
+    std::size_t rank = 0;
+    for (const py::handle item : gathered) {
+      const auto a = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(item);
+      if (!a || a.ndim() != 1) {
+        throw kvslim::InputError("RankGather.all_gather: rank " + std::to_string(rank) +
+                                 "'s entry is not a 1-d sequence of floats");
+      }
+      out.emplace_back(a.data(), a.data() + a.size());
+      ++rank;
+    }
+    return out;
   }
 };
 

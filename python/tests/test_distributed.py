@@ -212,3 +212,42 @@ def test_check_slices_without_a_group():
         check_slices([(0, 2), (1, 4)], 4)
     with pytest.raises(kvslim.InputError, match="end at head 4, not at kv_heads = 6"):
         check_slices([(0, 2), (2, 4)], 6)
+
+
+class _Gather(kvslim._kvslim.RankGather):
+    """A gather of one rank that returns what it is told to (no process group)."""
+
+    def __init__(self, reply):
+        super().__init__()
+        self.reply, self.calls = reply, 0
+
+    def all_gather(self, local):
+        self.calls += 1
+        return self.reply(np.asarray(local))
+
+
+def _squeeze_prompt(gather):
+    caches = kvslim.CacheSet(kvslim.Config(method="squeeze", squeeze_budget=40, evict_cross_layer=0), num_layers=2,
+                             kv_heads=2, head_dim=DIM)
+    caches.set_rank_gather(gather)
+    rng = np.random.default_rng(1)
+    positions = np.arange(PROMPT, dtype=np.int64)
+    for layer in range(2):
+        keys = rng.standard_normal((1, 2, PROMPT, DIM)).astype(np.float32)
+        view = caches[layer].update(keys, keys, positions)
+        queries = caches[layer].needs()["attention_queries"] or PROMPT
+        caches[layer].observe_attention(_probs(view, keys[:, :, -queries:], positions[-queries:]), positions[-queries:])
+    return caches
+
+
+def test_a_gather_of_one_rank_is_the_process_alone():
+    gather = _Gather(lambda local: [local])
+    with_gather, alone = _squeeze_prompt(gather), _squeeze_prompt(None)
+    assert gather.calls == 1  # one collective for the schedule
+    for layer in range(2):
+        assert with_gather[layer].stats()["figures"] == alone[layer].stats()["figures"]
+
+
+def test_a_gather_that_returns_no_floats_is_named():
+    with pytest.raises(kvslim.InputError, match="rank 0's entry is not a 1-d sequence of floats"):
+        _squeeze_prompt(_Gather(lambda local: [np.zeros((2, 2))]))
