@@ -37,6 +37,8 @@ METHODS = {
     "squeeze": dict(method="squeeze", squeeze_budget=40),
     "squeeze_entropy": dict(method="squeeze", squeeze_budget=40, squeeze_signal="attention_entropy"),
     "squeeze_coverage": dict(method="squeeze", squeeze_budget=40, squeeze_signal="attention_coverage"),
+    "squeeze_hidden": dict(method="squeeze", squeeze_budget=40, squeeze_signal="hidden_cosine"),
+    "squeeze_eager": dict(method="squeeze", squeeze_budget=40, squeeze_prefill="eager"),
     "squeeze_first_head": dict(method="squeeze", squeeze_budget=40, squeeze_concentration_heads="first"),
     "squeeze_global_topk": dict(method="squeeze", squeeze_budget=40, squeeze_signal="global_topk"),
     # Without the cross-layer board: the schedule's agreement alone decides the budgets.
@@ -98,6 +100,10 @@ def _run(spec, heads, shard=None):
                                 np.ascontiguousarray(values[:, heads, first:last]), positions)
             if cache.needs()["attention"]:
                 cache.observe_attention(_probs(view, queries[:, heads, first:last], positions), positions)
+            if cache.needs()["hidden_states"]:
+                # Hidden states are whole on every rank under tensor parallelism: the same arrays.
+                hidden = np.random.default_rng(layer).standard_normal((2, BATCH, last - first, 32)).astype(np.float32)
+                cache.observe_hidden(hidden[0], hidden[0] + (0.2 + 0.3 * layer) * hidden[1])
     result = {"bytes": caches.resident_bytes(), "layers": []}
     for layer in range(LAYERS):
         stats, view = caches[layer].stats(), caches[layer].view()
