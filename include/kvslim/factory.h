@@ -6,6 +6,7 @@
 
 #include "kvslim/cache.h"
 #include "kvslim/config.h"
+#include "kvslim/rank_gather.h"
 
 namespace kvslim {
 
@@ -46,6 +47,12 @@ class CacheSet {
   std::size_t resident_bytes() const;
   std::size_t seen_fp16_bytes() const;
   const SqueezeCoordinator* coordinator() const { return coordinator_.get(); }
+  // Tensor parallelism: this set holds a slice of every layer's KV heads, the other ranks the rest.
+  // What its layers decide from statistics over a layer's heads (squeeze's schedule, the
+  // cross-layer board) then goes through `gather`, so every rank decides what one process over all
+  // heads would (docs/distributed.md). Set before the first update; null = this process alone.
+  void set_rank_gather(std::shared_ptr<RankGather> gather);
+  bool needs_rank_gather() const { return coordinator_ != nullptr || importance_ != nullptr; }
 
  private:
   friend class KVCacheBuilder;

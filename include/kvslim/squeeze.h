@@ -3,12 +3,34 @@
 #include <cstddef>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
 #include <vector>
 
+#include "kvslim/rank_gather.h"
+
 namespace kvslim {
+
+// A layer signal as terms over the layer's KV heads, batch-major ([batch][heads]): the signal is
+// sum(sums) / sum(counts) over every head (0 when no head counts). The coordinator combines them
+// because under tensor parallelism no rank holds every head: it gathers every rank's terms and
+// sums them in the single-process head order, so each rank gets the 1-process value to the bit.
+struct HeadTerms {
+  std::vector<double> sums, counts;  // [batch * local heads]
+  std::size_t batch = 1;
+  // The signal is the first term of rank 0 (squeeze_concentration_heads = first: global head 0;
+  // a signal every rank measures alike, as the hidden states): the others' terms are not used.
+  bool first_only = false;
+
+  // One value (first_only): what a lone layer or a replicated signal reports.
+  static HeadTerms single(double value) { return HeadTerms{{value}, {1.0}, 1, true}; }
+  // One term of count 1 per head; first_only keeps values[0] alone.
+  static HeadTerms per_head(const std::vector<double>& values, std::size_t batch, bool first_only);
+  // sum(sums) / sum(counts) in order (first_only: the first term).
+  double value() const;
+};
 
 // Mean off-diagonal cosine similarity of the n rows (each of length d) of `rows`:
 // 1 for identical directions, 0 for orthogonal rows, scale-invariant; 0 when n < 2.
@@ -43,8 +65,10 @@ class SqueezeCoordinator {
  public:
   SqueezeCoordinator(int n_layers, int avg_budget, int n_sink, double strength);
 
-  // First report per layer wins; reports after finalisation are ignored.
-  void report_concentration(int layer_id, double concentration);
+  // First report per layer wins; reports after finalisation are ignored. The report that completes
+  // the set computes the schedule, through the rank gather when one is set (one collective).
+  void report_concentration(int layer_id, HeadTerms terms);
+  void report_concentration(int layer_id, double concentration) { report_concentration(layer_id, HeadTerms::single(concentration)); }
   // The global top-k rule instead of the concentration split: a layer reports its evictable
   // rows' scores (see global_topk_budgets); when every layer has reported, the schedule is the
   // global top-k one. Its concentration figure is 1 - its budget share (for reports).
@@ -65,12 +89,17 @@ class SqueezeCoordinator {
   // the report that completed the schedule (outside the coordinator's lock).
   using Listener = std::function<void(int layer_id, int budget)>;
   void set_listener(Listener listener) { listener_ = std::move(listener); }
+  // Tensor parallelism: this set holds a slice of every layer's heads; the schedule is computed
+  // from every rank's reports (RankGather). Set before the first report; null = this process alone.
+  void set_rank_gather(std::shared_ptr<RankGather> gather);
 
  private:
   int n_layers_, avg_budget_, n_sink_;
   double strength_;
   mutable std::mutex mutex_;  // guards the maps and finalized_
   std::map<int, double> concentrations_;
+  std::map<int, HeadTerms> terms_;
+  std::shared_ptr<RankGather> gather_;
   struct LayerScores {
     std::vector<float> scores;
     std::size_t heads = 0, protected_rows = 0;
@@ -82,6 +111,10 @@ class SqueezeCoordinator {
   // Sets the schedule (caller holds mutex_); notify() calls the listener outside the lock.
   void publish_locked(const std::vector<int>& ids, const std::vector<int>& budgets);
   void notify(const std::vector<int>& ids, const std::vector<int>& budgets) const;
+  // Every layer's concentration from every rank's terms (caller holds mutex_).
+  std::vector<double> agreed_concentrations_locked();
+  // Every rank's scores merged per layer (heads summed), for the global top-k (caller holds mutex_).
+  void gather_scores_locked();
 };
 
 }  // namespace kvslim

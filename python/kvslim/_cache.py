@@ -274,6 +274,9 @@ class CacheSet:
                     raise _kvslim.InputError(f"layers[{i}]: {what} must be a positive integer, got {value!r}")
             spec.append((bool(attention), int(heads), int(dim)))
         self._core = _kvslim.CacheSet(config._c, spec)
+        self._spec = spec
+        self._method = config.method
+        self._rank_gather = None  # kvslim.distributed: kept alive here (C++ holds it too)
         self._layers = []
         for i in range(len(self._core)):
             core = self._core.layer(i)
@@ -293,6 +296,13 @@ class CacheSet:
             if c is not None:
                 c._changed()
         self._core.reset()
+
+    def set_rank_gather(self, gather) -> None:
+        """Tensor parallelism: this set holds a slice of every layer's KV heads. `gather` (a
+        kvslim.distributed.TensorParallel, or any _kvslim.RankGather) combines what a layer decides
+        from all its heads; use kvslim.distributed.shard(), which checks the slices first."""
+        self._core.set_rank_gather(gather)
+        self._rank_gather = gather
 
     def reserve(self, tokens: int) -> None:
         """Cache.reserve(tokens) on every layer: the run's length, when the caller knows it."""

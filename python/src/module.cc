@@ -150,6 +150,35 @@ bool bind_attend(py::class_<C>& cls) {
 
 }  // namespace
 
+namespace {
+
+// A RankGather written in Python (kvslim.distributed): all_gather runs the process group's
+// collective. It takes the GIL, so a layer may call it from any thread. The vectors cross as
+// float64 numpy arrays, not lists: a long prompt's board gathers ~10^5 values per layer.
+class PyRankGather : public kvslim::RankGather {
+ public:
+  std::vector<std::vector<double>> all_gather(const std::vector<double>& local) override {
+    py::gil_scoped_acquire gil;
+    const py::function override = py::get_override(static_cast<const kvslim::RankGather*>(this), "all_gather");
+    if (!override) throw std::logic_error("kvslim.RankGather subclass does not define all_gather");
+    const py::object gathered = override(py::array_t<double>(static_cast<py::ssize_t>(local.size()), local.data()));
+    std::vector<std::vector<double>> out;
+    std::size_t rank = 0;
+    for (const py::handle item : gathered) {
+      const auto a = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(item);
+      if (!a || a.ndim() != 1) {
+        throw kvslim::InputError("RankGather.all_gather: rank " + std::to_string(rank) +
+                                 "'s entry is not a 1-d sequence of floats");
+      }
+      out.emplace_back(a.data(), a.data() + a.size());
+      ++rank;
+    }
+    return out;
+  }
+};
+
+}  // namespace
+
 PYBIND11_MODULE(_kvslim, m) {
   m.doc() = "kvslim C++ core (use the kvslim package, not this module directly)";
 
@@ -266,6 +295,11 @@ PYBIND11_MODULE(_kvslim, m) {
   m.def("create_cache", &KVCacheFactory::create, py::arg("config"),
         "A lone cache (no coordinator: squeeze behaves as uniform-budget H2O).");
 
+  py::class_<RankGather, PyRankGather, std::shared_ptr<RankGather>>(m, "RankGather",
+                                                                    "Every rank's list of floats, in rank order (a collective).")
+      .def(py::init<>())
+      .def("all_gather", &RankGather::all_gather, py::arg("local"));
+
   py::class_<CacheSet>(m, "CacheSet")
       .def(py::init([](const KVCacheConfig& config, const std::vector<std::tuple<bool, int, int>>& layers) {
              ModelSpec spec;
@@ -282,6 +316,8 @@ PYBIND11_MODULE(_kvslim, m) {
           },
           py::return_value_policy::reference_internal)
       .def("reset", &CacheSet::reset)
+      .def("set_rank_gather", &CacheSet::set_rank_gather, py::arg("gather"))
+      .def_property_readonly("needs_rank_gather", &CacheSet::needs_rank_gather)
       .def("reserve", &CacheSet::reserve, py::arg("tokens"))
       .def("resident_bytes", &CacheSet::resident_bytes)
       .def("seen_fp16_bytes", &CacheSet::seen_fp16_bytes);

@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "cache/cross_layer_importance.h"
 #include "cache/eviction_cache.h"
 #include "method_table.h"
 #include "kvslim/cuda.h"
@@ -113,6 +114,11 @@ KVCache& CacheSet::at(std::size_t layer) const {
     throw std::out_of_range("CacheSet has no cache for layer " + std::to_string(layer));
   }
   return *caches_[layer];
+}
+
+void CacheSet::set_rank_gather(std::shared_ptr<RankGather> gather) {
+  if (coordinator_) coordinator_->set_rank_gather(gather);
+  if (importance_) importance_->set_rank_gather(gather);
 }
 
 void CacheSet::reset() {

@@ -21,9 +21,11 @@ TEST(CrossLayerImportance, ReadsTheLargestValueOfEveryOtherLayer) {
   ASSERT_TRUE(board.join(0, 0));
   const std::vector<std::int64_t> pos = {2, 5, 9};
   board.post(0, 0, pos.data(), std::vector<float>{0.5f, 0.1f, 0.0f}.data(), 3);
+  board.leave(0);  // a layer's posts join the board when it leaves
   ASSERT_TRUE(board.join(1, 0));
   board.post(1, 0, pos.data(), std::vector<float>{0.2f, 0.3f, 0.7f}.data(), 3);
   board.post(1, 0, pos.data(), std::vector<float>{0.6f, 0.0f, 0.0f}.data(), 3);  // a second KV head of layer 1
+  board.leave(1);
   std::vector<float> out(4);
   const std::vector<std::int64_t> ask = {1, 2, 5, 9};
   board.read(0, 0, ask.data(), 4, out.data());  // layer 0 sees layer 1 only
@@ -34,6 +36,24 @@ TEST(CrossLayerImportance, ReadsTheLargestValueOfEveryOtherLayer) {
   EXPECT_EQ(out, (std::vector<float>{0.0f, 0.6f, 0.3f, 0.7f}));
   board.read(2, 1, ask.data(), 4, out.data());  // another batch row: nothing posted
   EXPECT_EQ(out, (std::vector<float>(4, 0.0f)));
+}
+
+TEST(CrossLayerImportance, PostsAreSeenOnceTheLayerLeavesAndDroppedWhenItFailed) {
+  CrossLayerImportance board(3);
+  const std::vector<std::int64_t> pos = {3, 4};
+  std::vector<float> out(2);
+  ASSERT_TRUE(board.join(0, 0));
+  board.post(0, 0, pos.data(), std::vector<float>{0.4f, 0.8f}.data(), 2);
+  board.read(1, 0, pos.data(), 2, out.data());
+  EXPECT_EQ(out, (std::vector<float>(2, 0.0f)));  // still pending
+  board.leave(0);
+  board.read(1, 0, pos.data(), 2, out.data());
+  EXPECT_EQ(out, (std::vector<float>{0.4f, 0.8f}));
+  ASSERT_TRUE(board.join(1, 0));
+  board.post(1, 0, pos.data(), std::vector<float>{0.9f, 0.9f}.data(), 2);
+  board.leave(1, /*publish=*/false);  // its observation threw: nothing of it is kept
+  board.read(2, 0, pos.data(), 2, out.data());
+  EXPECT_EQ(out, (std::vector<float>{0.4f, 0.8f}));
 }
 
 TEST(CrossLayerImportance, EachPrefillCallStartsEmptyAndEndsReleased) {

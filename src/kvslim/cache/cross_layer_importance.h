@@ -9,14 +9,20 @@
 //
 // Protocol: each layer's n-th multi-query observation (a prefill call) joins call n, reads for its
 // rows the largest importance any OTHER layer posted in that call (layers observed before it:
-// the engine runs layers in order), posts its own, and leaves. When every layer has left, the
-// storage is released: between prefill calls the board holds nothing (decode never uses it).
+// the engine runs layers in order), posts its own, and leaves. A layer's posts wait in a pending
+// list and join the board when it leaves (reads exclude the layer's own posts, so nothing it reads
+// changes): under tensor parallelism (set_rank_gather) that is where every rank's posts of the
+// layer are gathered, so every rank's board holds the maximum over ALL heads, as one process's.
+// When every layer has left, the storage is released: between prefill calls the board holds
+// nothing (decode never uses it).
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <vector>
+
+#include "kvslim/rank_gather.h"
 
 namespace kvslim {
 
@@ -32,9 +38,13 @@ class CrossLayerImportance {
   // row `batch_row` in the current call (0 if none). positions ascending.
   void read(std::size_t layer, std::size_t batch_row, const std::int64_t* positions, std::size_t n, float* out) const;
   // Records `values[i]` as `layer`'s importance of positions[i] (ascending); a layer that posts a
-  // position twice (one post per KV head) keeps the larger value.
+  // position twice (one post per KV head) keeps the larger value. Visible once the layer leaves.
   void post(std::size_t layer, std::size_t batch_row, const std::int64_t* positions, const float* values, std::size_t n);
-  void leave(std::size_t layer);
+  // The layer's posts join the board (every rank's, through the rank gather: a collective). An
+  // observation that failed leaves with publish = false: its posts are dropped, nothing gathered.
+  void leave(std::size_t layer, bool publish = true);
+  // Tensor parallelism: this board's layers hold a slice of the heads; null = this process alone.
+  void set_rank_gather(std::shared_ptr<RankGather> gather);
   void reset();
   std::size_t bytes() const;
 
@@ -46,6 +56,8 @@ class CrossLayerImportance {
     std::uint32_t best_layer;
   };
   void clear_storage();
+  // Merges one layer's (batch row, position, value) posts into the board (caller holds mutex_).
+  void merge_locked(std::uint32_t layer, std::vector<std::vector<std::pair<std::int64_t, float>>>& rows);
 
   mutable std::mutex mutex_;
   std::size_t layers_;
@@ -53,7 +65,10 @@ class CrossLayerImportance {
   std::size_t call_ = 0;                     // the call the board holds
   std::vector<char> left_;                   // [layers] left the current call
   std::vector<std::vector<Entry>> entries_;  // [batch rows][positions seen, ascending]
-  std::vector<Entry> merged_;                // post scratch
+  std::vector<Entry> merged_;                // merge scratch
+  // [layers][batch rows] (position, value) posts not yet on the board: a layer's, until it leaves
+  std::vector<std::vector<std::vector<std::pair<std::int64_t, float>>>> pending_;
+  std::shared_ptr<RankGather> gather_;
 };
 
 // A cache whose eviction core takes part in the exchange (KVCacheBuilder hands each the model's

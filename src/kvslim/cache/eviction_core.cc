@@ -508,7 +508,7 @@ void EvictionCore::observe(const AttentionObservation& obs, std::size_t limit, c
   const bool exchange = prefill && board_ != nullptr && policy_.cross_layer > 0.0f && board_->join(board_layer_, prefill_calls_);
   if (prefill) ++prefill_calls_;
   if (prior_ != nullptr && obs.queries > 1 && prior_->heads != heads_total()) {
-    if (exchange) board_->leave(board_layer_);
+    if (exchange) board_->leave(board_layer_, /*publish=*/false);
     throw InputError("prior scores for " + std::to_string(prior_->heads) + " heads given to a cache of " +
                      std::to_string(heads_total()));
   }
@@ -538,7 +538,7 @@ void EvictionCore::observe(const AttentionObservation& obs, std::size_t limit, c
   try {
     split_heads(total, work, [&](std::size_t begin, std::size_t end, std::size_t t) { observe_heads(begin, end, observe_scratch_[t]); });
   } catch (...) {
-    if (exchange) board_->leave(board_layer_);
+    if (exchange) board_->leave(board_layer_, /*publish=*/false);
     throw;
   }
   observe_scratch_.resize(1);  // the other threads' scratch served one prompt: not kept

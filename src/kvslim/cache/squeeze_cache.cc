@@ -27,16 +27,16 @@ ObservationNeeds SqueezeCache::needs() const {
   return n;
 }
 
-double SqueezeCache::measure_key_dispersion(const BlockIntake& block) const {
+HeadTerms SqueezeCache::measure_key_dispersion(const BlockIntake& block) const {
   const std::size_t heads = schedule_.first_head_only() ? 1 : block.batch() * block.heads();
   const std::size_t S = block.tokens(), D = block.head_dim();
   std::vector<float> rows(S * D);  // [S, D] one head's incoming keys as fp32 (prefill only)
-  double sum = 0.0;
+  std::vector<double> per_head(heads);
   for (std::size_t head = 0; head < heads; ++head) {
     convert_fp16_to_f32(block.key_row(head, 0), rows.data(), S * D);
-    sum += concentration_score(rows.data(), S, D);
+    per_head[head] = concentration_score(rows.data(), S, D);
   }
-  return sum / static_cast<double>(heads);
+  return HeadTerms::per_head(per_head, block.batch(), schedule_.first_head_only());
 }
 
 void SqueezeCache::before_absorb(const BlockIntake& block) {

@@ -31,7 +31,7 @@ class SqueezeCache : public EvictionCache {
   void add_figures(CacheStats& st) const override { schedule_.add_figures(st, eviction_limit()); }
 
  private:
-  double measure_key_dispersion(const BlockIntake& block) const;
+  HeadTerms measure_key_dispersion(const BlockIntake& block) const;
   void adopt(std::optional<std::size_t> budget) {
     if (budget) rebudget(*budget);
   }

@@ -41,7 +41,7 @@ void SqueezeSchedule::add_needs(ObservationNeeds& n, std::size_t obs_window) con
   n.attention = n.attention || signal;
 }
 
-std::optional<std::size_t> SqueezeSchedule::before_absorb(const std::function<double()>& key_dispersion) {
+std::optional<std::size_t> SqueezeSchedule::before_absorb(const std::function<HeadTerms()>& key_dispersion) {
   if (adopted_) return std::nullopt;
   if (eager_) {
     // Documented order: report on the first call, then adopt as soon as the schedule exists --
@@ -53,7 +53,7 @@ std::optional<std::size_t> SqueezeSchedule::before_absorb(const std::function<do
   // the layer trimmed to it) now, before the new tokens.
   if (auto budget = poll()) return budget;
   if (!reported_ && key_signal() && !has_pending_) {
-    pending_concentration_ = key_dispersion();
+    pending_terms_ = key_dispersion();
     has_pending_ = true;
   }
   return std::nullopt;
@@ -71,13 +71,13 @@ std::optional<std::size_t> SqueezeSchedule::after_step(const EvictionCore& core)
   }
   if (has_pending_ && !reported_) {
     has_pending_ = false;
-    report(pending_concentration_);
+    report(std::move(pending_terms_));
     if (!eager_) return poll();  // this report may have finalised: the last layer trims now
   }
   return std::nullopt;
 }
 
-double SqueezeSchedule::measure_attention_signal(const AttentionObservation& obs, const EvictionCore& core) const {
+HeadTerms SqueezeSchedule::measure_attention_signal(const AttentionObservation& obs, const EvictionCore& core) const {
   // Layer signals from the attention of the observation's last queries (the prompt's end, the
   // same window that scores the tokens), as a concentration in [0, 1] (high = needs little):
   // - attention_entropy: 1 - the mean normalised entropy H(p) / ln(visible) of each query's
@@ -87,10 +87,16 @@ double SqueezeSchedule::measure_attention_signal(const AttentionObservation& obs
   const std::size_t Q = obs.queries, window = std::max<std::size_t>(core.policy().obs_window, 1);
   const std::size_t first = Q > window ? Q - window : 0;
   const std::size_t heads = obs.batch * obs.heads;
-  double sum = 0.0;
-  std::size_t count = 0;
+  // One term per head (its sum and count over the window's queries): the coordinator combines
+  // every rank's heads in order (HeadTerms).
+  HeadTerms terms;
+  terms.batch = obs.batch;
+  terms.sums.assign(heads, 0.0);
+  terms.counts.assign(heads, 0.0);
   std::vector<double> mass;  // [tokens] one head's window attention (coverage)
   for (std::size_t head = 0; head < heads; ++head) {
+    double& sum = terms.sums[head];
+    double& count = terms.counts[head];
     const std::int64_t* pos = core.positions(head);
     if (coverage_signal_) mass.assign(obs.tokens, 0.0);
     for (std::size_t q = first; q < Q; ++q) {
@@ -113,7 +119,7 @@ double SqueezeSchedule::measure_attention_signal(const AttentionObservation& obs
         if (x > 0.0) h -= x * std::log(x);
       }
       sum += 1.0 - h / std::log(static_cast<double>(visible));
-      ++count;
+      count += 1.0;
     }
     if (coverage_signal_) {
       const double total = std::accumulate(mass.begin(), mass.end(), 0.0);
@@ -121,10 +127,10 @@ double SqueezeSchedule::measure_attention_signal(const AttentionObservation& obs
       const std::size_t k = std::min<std::size_t>(mass.size(), static_cast<std::size_t>(coordinator_->avg_budget()));
       std::nth_element(mass.begin(), mass.begin() + static_cast<std::ptrdiff_t>(k), mass.end(), std::greater<>());
       sum += std::accumulate(mass.begin(), mass.begin() + static_cast<std::ptrdiff_t>(k), 0.0) / total;
-      ++count;
+      count += 1.0;
     }
   }
-  return count == 0 ? 0.0 : sum / static_cast<double>(count);
+  return terms;
 }
 
 void SqueezeSchedule::observe_attention(const AttentionObservation& obs, const EvictionCore& core, std::string_view who) {
@@ -134,7 +140,7 @@ void SqueezeSchedule::observe_attention(const AttentionObservation& obs, const E
     throw InputError(std::string(who) + ": attention observation does not match the last view");
   }
   check_observation_finite(obs, std::string(who));
-  pending_concentration_ = measure_attention_signal(obs, core);
+  pending_terms_ = measure_attention_signal(obs, core);
   has_pending_ = true;
 }
 
@@ -155,21 +161,22 @@ std::optional<std::size_t> SqueezeSchedule::observe_hidden(const HiddenObservati
     const double aa = kernels::dot_f32(a, a, obs.hidden), bb = kernels::dot_f32(b, b, obs.hidden);
     sum += ab / (std::sqrt(aa) * std::sqrt(bb) + 1e-8);
   }
-  report(sum / static_cast<double>(n));
+  // Under tensor parallelism every rank holds the same hidden states: rank 0's figure is agreed.
+  report(HeadTerms::single(sum / static_cast<double>(n)));
   return eager_ ? std::nullopt : poll();
 }
 
-void SqueezeSchedule::report(double concentration) {
-  concentration_ = concentration;
+void SqueezeSchedule::report(HeadTerms terms) {
+  concentration_ = terms.value();  // this rank's own figure; poll() takes the agreed one
   reported_ = true;
-  coordinator_->report_concentration(layer_id_, concentration);
+  coordinator_->report_concentration(layer_id_, std::move(terms));
 }
 
 std::optional<std::size_t> SqueezeSchedule::poll() {
   if (adopted_ || !coordinator_) return std::nullopt;
   const auto budget = coordinator_->resolved_budget(layer_id_);
   if (!budget) return std::nullopt;
-  if (global_signal_) concentration_ = coordinator_->concentration(layer_id_).value_or(0.0);
+  concentration_ = coordinator_->concentration(layer_id_).value_or(concentration_);  // the set's agreed figure
   adopted_ = true;
   return static_cast<std::size_t>(*budget);
 }

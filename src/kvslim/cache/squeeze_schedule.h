@@ -30,9 +30,10 @@ class SqueezeSchedule {
   // Adds what the layer signal needs to the eviction core's needs.
   void add_needs(ObservationNeeds& needs, std::size_t obs_window) const;
   // A call's rows arrive, before the owner absorbs them. key_dispersion() measures the call's keys
-  // (mean off-diagonal cosine, squeeze/concentration.h); it is called at most once, on the layer's
-  // first call with the key signal. Returns a budget to adopt now (before absorbing).
-  std::optional<std::size_t> before_absorb(const std::function<double()>& key_dispersion);
+  // (mean off-diagonal cosine, squeeze/concentration.h) per head (HeadTerms::per_head with
+  // first_head_only()); it is called at most once, on the layer's first call with the key signal.
+  // Returns a budget to adopt now (before absorbing).
+  std::optional<std::size_t> before_absorb(const std::function<HeadTerms()>& key_dispersion);
   // The step's eviction is done (after an absorb that evicts, or after an observation): reports
   // what is pending. Returns a budget to adopt now.
   std::optional<std::size_t> after_step(const EvictionCore& core);
@@ -56,8 +57,8 @@ class SqueezeSchedule {
   bool eager() const { return eager_; }
 
  private:
-  double measure_attention_signal(const AttentionObservation& obs, const EvictionCore& core) const;
-  void report(double concentration);
+  HeadTerms measure_attention_signal(const AttentionObservation& obs, const EvictionCore& core) const;
+  void report(HeadTerms terms);
   // The budget the coordinator finalised, once (adopted from then on).
   std::optional<std::size_t> poll();
 
@@ -71,7 +72,7 @@ class SqueezeSchedule {
   bool first_head_only_;
   bool reported_ = false, adopted_ = false;
   double concentration_ = 0.0;
-  double pending_concentration_ = 0.0;  // measured before absorbing, reported after (deferred)
+  HeadTerms pending_terms_;  // measured before absorbing, reported after (deferred)
   bool has_pending_ = false;
 };
 

@@ -392,7 +392,7 @@ void DeviceEvictionCache::adopt(std::optional<std::size_t> budget, cudaStream_t 
   fresh_from_ = core_.rows();
 }
 
-double DeviceEvictionCache::key_dispersion(const AppendInput& in, cudaStream_t stream) const {
+HeadTerms DeviceEvictionCache::key_dispersion(const AppendInput& in, cudaStream_t stream) const {
   const std::size_t BH = static_cast<std::size_t>(in.BH);
   DeviceBuffer scores;
   scores.reserve(BH * sizeof(double));
@@ -401,11 +401,8 @@ double DeviceEvictionCache::key_dispersion(const AppendInput& in, cudaStream_t s
   std::vector<double> per_head(BH);
   KVSLIM_CUDA_CHECK(cudaMemcpyAsync(per_head.data(), scores.get(), BH * sizeof(double), cudaMemcpyDeviceToHost, stream));
   KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream));
-  // As the host cache averages: over every (batch, head), or head 0 alone.
-  const std::size_t heads = squeeze_->first_head_only() ? 1 : BH;
-  double sum = 0.0;
-  for (std::size_t h = 0; h < heads; ++h) sum += per_head[h];
-  return sum / static_cast<double>(heads);
+  // As the host cache reports: every (batch, head) as a term, or head 0 alone (HeadTerms).
+  return HeadTerms::per_head(per_head, batch_, squeeze_->first_head_only());
 }
 
 DeviceEvictionCache::~DeviceEvictionCache() {

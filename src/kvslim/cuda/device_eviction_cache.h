@@ -170,7 +170,7 @@ class DeviceEvictionCache final : public DeviceCache, public SharesImportance {
   void adopt(std::optional<std::size_t> budget, cudaStream_t stream);
   // squeeze's key signal of a call's keys (the append's input [BH, S, D]): the mean over heads (or
   // head 0, squeeze_concentration_heads = first) of the mean off-diagonal key cosine.
-  double key_dispersion(const AppendInput& in, cudaStream_t stream) const;
+  HeadTerms key_dispersion(const AppendInput& in, cudaStream_t stream) const;
 
   DeviceSlots* slots_;  // owned by core_
   EvictionCore core_;
