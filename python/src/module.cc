@@ -148,10 +148,6 @@ bool bind_attend(py::class_<C>& cls) {
   }
 }
 
-}  // namespace
-
-namespace {
-
 // A RankGather written in Python (kvslim.distributed): all_gather runs the process group's
 // collective. It takes the GIL, so a layer may call it from any thread. The vectors cross as
 // float64 numpy arrays, not lists: a long prompt's board gathers ~10^5 values per layer.
