@@ -164,12 +164,18 @@ def profile_steps(model, ids, make_cache, static, steps=8):
                 step()
             sync()
             wall = time.perf_counter() - t0
+    kernel_ms, top = kernel_table(prof, steps)
+    return prefill, 1000 * plain / steps, 1000 * wall / steps, kernel_ms, top
+
+
+def kernel_table(prof, steps):
+    """(GPU kernel ms per step, kvslim's own kernels by name in ms per step) of a torch.profiler
+    run over `steps` steps: attend, merge, probs, append, the decode eviction -- what eviction
+    costs beside the attention."""
     events = [(e.key, getattr(e, "self_device_time_total", 0.0)) for e in prof.key_averages()]
     kernel_us = sum(t for _, t in events)
-    # kvslim's own kernels by name, ms per step (attend, merge, probs, append, the decode
-    # eviction): what eviction costs beside the attention.
     top = {k[:80]: round(t / 1000 / steps, 4) for k, t in sorted(events, key=lambda e: -e[1]) if t > 0 and "kvslim" in k}
-    return prefill, 1000 * plain / steps, 1000 * wall / steps, kernel_us / 1000 / steps, top
+    return kernel_us / 1000 / steps, top
 
 
 def measure(model, ids, new, label, make_cache=None, static=False, reference=None, log=print):
@@ -230,7 +236,7 @@ def measure_graph(model, ids, new, label, make_cache, reference=None, log=print,
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         cache = make_cache()
-        dec = kvslim.hf.GraphDecoder(model, cache, max_tokens=T + new + rounds * steps)
+        dec = kvslim.hf.GraphDecoder(model, cache, max_tokens=T + new + (rounds + 1) * steps)  # + the profiled steps
         # GraphDecoder.generate's work, timed at the prompt's end: the prefill, then new - 1 steps
         # (the eager one, the capture, the replays). Timed in one run: a decode time taken as the
         # difference of two runs' totals carried the prefill's own variation (1 % of a 13 s
@@ -260,6 +266,16 @@ def measure_graph(model, ids, new, label, make_cache, reference=None, log=print,
             sync()
             best = min(best, time.perf_counter() - t0)
         rec["graph_step_ms"] = round(1000 * best / steps, 3)
+        # The replayed steps' kernels (CUPTI reports a graph's kernel nodes too): what the decode
+        # eviction costs inside the step that generate really runs.
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                nxt = dec.step(nxt).argmax(-1)
+            sync()
+        rec["replay_kernel_ms_per_step"], rec["replay_top_kernels_ms"] = kernel_table(prof, steps)
+        rec["replay_kernel_ms_per_step"] = round(rec["replay_kernel_ms_per_step"], 3)
+        log(f"  {label}: replayed step's kvslim kernels, ms/step: {rec['replay_top_kernels_ms']}")
         rec["graph_nodes_kvslim"] = int(dec._step_graph.nodes)
         cache_figures(rec, cache, seq, reference)
         rec["prefill_s"] = round(t_one, 4)
@@ -271,7 +287,8 @@ def measure_graph(model, ids, new, label, make_cache, reference=None, log=print,
     return report(rec, label, log, lambda agree: (
         f"prefill {rec['prefill_s']:8.3f} s  generate {rec['decode_tok_s']:8.2f} tok/s/seq "
         f"({rec['decode_ms_per_step']:7.2f} ms/step, eager step + capture included)  replay "
-        f"{rec['graph_step_ms']:7.3f} ms/step  K/V {rec['kv_bytes'] / 1e9:8.3f} GB  peak {rec['peak_gb']:7.2f} GB{agree}"))
+        f"{rec['graph_step_ms']:7.3f} ms/step  K/V {rec['kv_bytes'] / 1e9:8.3f} GB  peak {rec['peak_gb']:7.2f} GB{agree}"
+        f"  replay kernels {rec['replay_kernel_ms_per_step']:.3f} ms/step"))
 
 
 ONLY = []  # --only

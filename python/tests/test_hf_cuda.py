@@ -251,3 +251,46 @@ def test_graph_decoder_generate_and_refusals():
             kvslim.hf.GraphDecoder(model, kvslim.hf.KVSlimCache(model, kvslim.Config(method="kivi")), max_tokens=10)
     finally:
         kvslim.hf.restore(model)
+
+
+@pytest.mark.parametrize("config", [dict(method="squeeze", squeeze_budget=96), dict(method="h2o", h2o_budget=96)])
+def test_a_one_rank_nccl_group_decides_what_one_process_decides(config, tmp_path):
+    # Issue 29 on one GPU: a KVSlimCache of device caches sharded over a 1-rank NCCL group (squeeze's
+    # schedule and the cross-layer board gathered through NCCL on this GPU) against the same cache
+    # without a group. One rank holds every head, so the budgets, kept rows and logits are the
+    # process's own, to the bit; the gather must have run.
+    import torch.distributed as dist
+    import kvslim.distributed
+    import kvslim.hf
+    if not dist.is_nccl_available():
+        pytest.skip("torch without NCCL")
+    model = small_llama(torch.float32)
+    g = torch.Generator(device="cuda").manual_seed(11)
+    ids = torch.randint(3, 512, (1, 300), device="cuda", generator=g)
+    kvslim.hf.prepare(model)
+    dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        alone = kvslim.hf.KVSlimCache(model, kvslim.Config(device="cuda", **config))
+        ref = step_logits(model, ids, alone, 8)
+        sharded = kvslim.hf.KVSlimCache(model, kvslim.Config(device="cuda", **config))
+        kv_heads = model.config.num_key_value_heads
+        kvslim.distributed.shard(sharded.kvslim, (0, kv_heads), kv_heads)
+        calls = []
+
+        class CountingGather(kvslim.distributed.TensorParallel):
+            def all_gather(self, local):
+                calls.append(1)
+                return super().all_gather(local)
+
+        gather = CountingGather()
+        sharded.kvslim.set_rank_gather(gather)
+        got = step_logits(model, ids, sharded, 8)
+    finally:
+        dist.destroy_process_group()
+        kvslim.hf.restore(model)
+    assert gather._device.type == "cuda"
+    assert calls, "the NCCL gather never ran"
+    assert torch.equal(got, ref)
+    budgets = lambda cache: [s["figures"].get("layer_budget") for s in cache.stats()]
+    assert budgets(sharded) == budgets(alone)
+    assert kept_positions(sharded) == kept_positions(alone)

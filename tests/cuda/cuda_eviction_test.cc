@@ -172,7 +172,7 @@ TEST(CudaEviction, KeepsTheCpuCachesRowsWhenAStepSplitsEachHead) {
   REQUIRE_GPU();
   KVCacheConfig c;
   c.method = "h2o";
-  c.h2o_budget = 2500;  // 2,501 rows a step: 3 parts per head at batch 2 x 2 heads
+  c.h2o_budget = 2500;  // 2,501 rows a step: 5 parts per head at batch 2 x 2 heads
   Twin t(c, 1, 2, 2, 3, 128);
   t.step(3000);
   t.expect_same_rows("h2o 2500 after the prompt");

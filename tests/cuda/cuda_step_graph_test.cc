@@ -264,7 +264,7 @@ TEST(CudaStepGraph, EvictionReplaysEqualEagerSteps) {
   // the decode kernel evicts the lowest; the moves, scores and victims equal the eager twin's.
   expect_replays_equal_eager("h2o", 2, DType::bf16, 300, 150);
   expect_replays_equal_eager("h2o", 2, DType::f16, 64, 100);  // the prompt is the budget: nothing evicted before
-  // 2,501 rows a step: each head's observation split across 3 CTAs, re-armed every replay.
+  // 2,501 rows a step: each head's observation split across CTAs, re-armed every replay.
   expect_replays_equal_eager("h2o", 2, DType::bf16, 3000, 60, -1, 32, 2500);
   // streaming keeping 64 rows: every step's new row takes the oldest non-sink row's slot, the
   // same in every head (one kernel whose arguments the replay updates).

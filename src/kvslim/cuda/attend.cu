@@ -16,6 +16,7 @@
 #include "cuda/attend.h"
 #include "cuda/attend_shared.cuh"
 #include "cuda/fragment_maps.h"
+#include "cuda/row_probability.cuh"
 
 namespace kvslim::cuda {
 namespace {
@@ -375,15 +376,7 @@ __global__ void probs_kernel(QueryArgs a, const float* final_ml, float* probs) {
   if (row >= a.rows_total) return;
   const long long n_bhs = static_cast<long long>(a.B) * a.Hkv * a.S;
   for (long long bhs = blockIdx.y; bhs < n_bhs; bhs += gridDim.y) {  // (b * Hkv + h) * S + s
-  const long long bh = bhs / a.S, s = bhs % a.S;
-  float sum = 0.f;
-  for (int j = 0; j < a.G; ++j) {
-    const long long m = s * a.G + j;
-    const float M = final_ml[(bh * a.S * a.G + m) * 2], L = final_ml[(bh * a.S * a.G + m) * 2 + 1];
-    const float lg = a.logits[(bh * a.S * a.G + m) * a.rows_total + row];
-    if (M != -INFINITY && lg != -INFINITY && L > 0.f) sum += exp2f(lg - M) / L;
-  }
-  probs[bhs * a.rows_total + row] = sum;
+    probs[bhs * a.rows_total + row] = summed_probability(a.logits, final_ml, bhs * a.G, a.G, a.rows_total, row);
   }
 }
 

@@ -219,7 +219,9 @@ void DeviceCache::attend(const QueryBlock& queries, std::span<const std::int64_t
   const QueryArgs q = query_args(queries, query_positions);
   if (capture) {
     LaunchScope scope(step_->slots, LaunchSlots::Mode::capture);
-    attend_checked(q, out, probs, stream);
+    // A cache whose captured step must observe (graph_captured refuses one that does not) leaves
+    // the probabilities to the observation's kernel.
+    attend_checked(q, out, probs, stream, probs != nullptr && graph_observes() && q.S == 1);
     step_->queries = queries;
     step_->out = out;
     step_->probs = probs;
@@ -253,8 +255,10 @@ QueryArgs DeviceCache::query_args(const QueryBlock& queries, std::span<const std
   return q;
 }
 
-void DeviceCache::attend_checked(const QueryArgs& q_in, float* out, float* probs, cudaStream_t stream) const {
+void DeviceCache::attend_checked(const QueryArgs& q_in, float* out, float* probs, cudaStream_t stream,
+                                 bool probs_by_observation) const {
   QueryArgs q = q_in;
+  deferred_probs_ = DeferredProbs{};
   const bool capture = capturing();
   const std::size_t BH = batch_ * heads_, vectors = static_cast<std::size_t>(q.S) * static_cast<std::size_t>(q.G);
   if (probs) {
@@ -279,7 +283,22 @@ void DeviceCache::attend_checked(const QueryArgs& q_in, float* out, float* probs
   parts.parts = n_parts;
   launch_segments(q, parts, false, stream);
   launch_combine(q, parts, n_parts, out, probs ? final_ml_.as<float>() : nullptr, stream);
-  if (probs) launch_probs(q, final_ml_.as<float>(), probs, stream);
+  if (probs && probs_by_observation) {
+    deferred_probs_ = DeferredProbs{probs, logits_.as<float>(), final_ml_.as<float>(), q.G, q.rows_total};
+    deferred_query_ = q;
+  } else if (probs) {
+    launch_probs(q, final_ml_.as<float>(), probs, stream);
+  }
+}
+
+DeviceCache::DeferredProbs DeviceCache::take_deferred_probs() const {
+  const DeferredProbs d = deferred_probs_;
+  deferred_probs_ = DeferredProbs{};
+  return d;
+}
+
+void DeviceCache::fill_probs(const DeferredProbs& d, cudaStream_t stream) const {
+  if (d.probs != nullptr) launch_probs(deferred_query_, d.final_ml, d.probs, stream);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -357,7 +376,7 @@ void DeviceCache::graph_arm(cudaGraphExec_t exec, cudaStream_t stream) {
     reject(method_, "StepGraph: the step attends over " + std::to_string(q.rows_total) + " rows, the captured one over " +
                         std::to_string(step_->rows_total) + " (its probabilities' shape); capture again");
   }
-  attend_checked(q, step_->out, step_->probs, stream);
+  attend_checked(q, step_->out, step_->probs, stream, step_->probs != nullptr && graph_observes() && q.S == 1);
   if (step_->observed) {
     AttentionObservation obs = step_->observation;
     obs.query_positions = positions;

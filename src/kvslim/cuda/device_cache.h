@@ -74,6 +74,20 @@ class DeviceCache : public KVCache {
   virtual void add_figures(CacheStats&) const {}
   // Raises the deferred input error of an earlier append, if its kernel found one (no wait).
   void raise_pending_error() const { check_pending_error(false); }
+  // A replayed (or captured) decode step of a cache that observes its attention leaves its
+  // probabilities to the observation kernel, which computes them from the attention's logits and
+  // (max, sum) as attend's probs kernel would and writes them where attend was asked to: one launch
+  // fewer per layer and step. What that kernel needs, taken once (null probs: nothing deferred).
+  struct DeferredProbs {
+    float* probs = nullptr;            // [B * Hkv, rows_total] (one query token)
+    const float* logits = nullptr;     // [B * Hkv, G, rows_total]
+    const float* final_ml = nullptr;   // [B * Hkv, G, 2]
+    int G = 0;
+    long long rows_total = 0;
+  };
+  DeferredProbs take_deferred_probs() const;
+  // Runs attend's own probs kernel for them (an observation that cannot compute them itself).
+  void fill_probs(const DeferredProbs& d, cudaStream_t stream) const;
   // Attention parts the segments would use at the reserved capacity (graph_begin's workspace).
   virtual int parts_at_capacity(const QueryArgs&) const { return 0; }
   // A cache whose step also observes its attention (eviction): graph_begin refuses a cache whose
@@ -110,7 +124,9 @@ class DeviceCache : public KVCache {
   // append / attend after their checks (shared by eager calls and a replayed step's re-arming).
   void absorb_step(const AppendInput& in, const std::vector<std::int64_t>& resolved, cudaStream_t stream);
   QueryArgs query_args(const QueryBlock& queries, std::span<const std::int64_t> query_positions) const;
-  void attend_checked(const QueryArgs& q, float* out, float* probs, cudaStream_t stream) const;
+  // probs_by_observation: the step's observation computes probs (DeferredProbs), attend does not.
+  void attend_checked(const QueryArgs& q, float* out, float* probs, cudaStream_t stream,
+                      bool probs_by_observation = false) const;
 
 
   std::string method_;
@@ -129,6 +145,8 @@ class DeviceCache : public KVCache {
   mutable std::string poison_message_;
   // Attention workspace (grown on demand).
   mutable DeviceBuffer parts_acc_, parts_ml_, final_ml_, logits_, qpos_;
+  mutable DeferredProbs deferred_probs_;
+  mutable QueryArgs deferred_query_;  // the step whose probabilities wait (fill_probs)
   // materialize() scratch.
   mutable std::vector<std::uint16_t> view_keys_, view_values_;
   mutable std::vector<std::int64_t> view_positions_;

@@ -9,6 +9,7 @@
 #include "cuda/append.h"
 #include "cuda/attend.h"
 #include "cuda/kernel_launch.h"
+#include "cuda/row_probability.cuh"
 #include "cuda/step_graph.h"
 #include "kvslim/errors.h"
 
@@ -61,6 +62,12 @@ __global__ void apply_uniform_move_kernel(int from, int to, std::uint16_t* k, st
 struct DecodeObservation {
   const float* probs = nullptr;  // [heads, probs_stride]: the query's attention per row
   long long probs_stride = 0;
+  // A replayed step (DeviceCache::DeferredProbs): probs are not read but computed from logits and
+  // final_ml, and written here ([heads, probs_stride]); null otherwise.
+  float* probs_out = nullptr;
+  const float* logits = nullptr;    // [heads, G, probs_stride]
+  const float* final_ml = nullptr;  // [heads, G, 2]
+  int G = 0;
   std::uint16_t* k = nullptr;  // [heads, stride, D]
   std::uint16_t* v = nullptr;
   std::int64_t* pos = nullptr;  // [heads, stride]
@@ -118,14 +125,21 @@ __global__ void __launch_bounds__(kObserveThreads)
     observe_decode_kernel(DecodeObservation o, Candidate* part_best, unsigned* arrivals) {
   const int head = blockIdx.x, part = blockIdx.y, parts = gridDim.y;
   const long long base = static_cast<long long>(head) * o.stride;
-  const float* p = o.probs + static_cast<long long>(head) * o.probs_stride;
+  const long long probs_base = static_cast<long long>(head) * o.probs_stride;
   const int per = (o.n_rows + parts - 1) / parts, first = part * per, end = min(o.n_rows, first + per);
   Candidate best{0.f, 0, -1};
   for (int i = first + threadIdx.x; i < end; i += blockDim.x) {
     const bool fresh = i >= o.fresh_from;
     float s = fresh ? 0.f : o.scores[base + i];
     if (o.decay != 1.f) s = __fmul_rn(s, o.decay);
-    s = __fadd_rn(s, p[i]);
+    float pi;
+    if (o.probs_out != nullptr) {
+      pi = summed_probability(o.logits, o.final_ml, static_cast<long long>(head) * o.G, o.G, o.probs_stride, i);
+      o.probs_out[probs_base + i] = pi;
+    } else {
+      pi = o.probs[probs_base + i];
+    }
+    s = __fadd_rn(s, pi);
     o.scores[base + i] = s;
     const std::int64_t at = o.pos[base + i];
     float effective = s;
@@ -147,20 +161,28 @@ __global__ void __launch_bounds__(kObserveThreads)
       part_best[head * parts + part] = best;
       __threadfence();  // the candidate and this part's scores before the arrival
       last_part = atomicAdd(&arrivals[head], 1u) == static_cast<unsigned>(parts - 1);
-      if (last_part) {
-        __threadfence();
-        for (int q = 0; q < parts; ++q) {
-          const Candidate* c = part_best + head * parts + q;
-          const Candidate other{__ldcg(&c->score), __ldcg(&c->pos), __ldcg(&c->slot)};
-          if (q == 0 || lower(other, best)) best = other;
-        }
-        arrivals[head] = 0;  // the next step's count (a replayed graph runs this kernel again)
-        part_best[head * parts] = best;
-      }
+      if (last_part) __threadfence();
     }
     __syncthreads();
     if (!last_part) return;
-    best = part_best[head * parts];
+    // The parts' candidates read at once (one load each, past L1), then taken in part order by one
+    // thread: the comparisons a sequential loop over the parts would make.
+    __shared__ Candidate parts_best[kMaxObserveParts];
+    if (threadIdx.x < parts) {
+      const Candidate* c = part_best + head * parts + threadIdx.x;
+      parts_best[threadIdx.x] = Candidate{__ldcg(&c->score), __ldcg(&c->pos), __ldcg(&c->slot)};
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      best = parts_best[0];
+      for (int q = 1; q < parts; ++q) {
+        if (lower(parts_best[q], best)) best = parts_best[q];
+      }
+      parts_best[0] = best;
+      arrivals[head] = 0;  // the next step's count (a replayed graph runs this kernel again)
+    }
+    __syncthreads();
+    best = parts_best[0];
   }
   const int victim = best.slot, last = o.n_rows - 1;
   // No evictable row cannot happen: validate() keeps the budget above the sinks and the window.
@@ -518,11 +540,25 @@ bool DeviceEvictionCache::observe_on_device(const AttentionObservation& obs) {
   // for NaN/Inf here (that would wait for the stream): the cache's own attend writes finite ones,
   // and a non-finite score is never the lowest (it only shields its row).
   const std::size_t limit = this->limit();
-  if (obs.queries != 1 || n > limit + 1 || core_.fell_back()) return false;
+  const auto stream = static_cast<cudaStream_t>(obs.stream);
+  const DeferredProbs deferred = take_deferred_probs();
+  const bool computes_probs = deferred.probs != nullptr && deferred.probs == obs.probs &&
+                              deferred.rows_total == static_cast<long long>(obs.stride);
+  if (obs.queries != 1 || n > limit + 1 || core_.fell_back() || (deferred.probs != nullptr && !computes_probs)) {
+    // The probabilities attend left to this observation are computed now, as attend would have.
+    if (deferred.probs != nullptr) fill_probs(deferred, stream);
+    return false;
+  }
   const EvictionPolicy& policy = core_.policy();
   DecodeObservation o;
   o.probs = obs.probs;
   o.probs_stride = static_cast<long long>(obs.stride);
+  if (computes_probs) {
+    o.probs_out = deferred.probs;
+    o.logits = deferred.logits;
+    o.final_ml = deferred.final_ml;
+    o.G = deferred.G;
+  }
   o.k = slots_->keys();
   o.v = slots_->values();
   o.pos = slots_->positions();
@@ -537,10 +573,10 @@ bool DeviceEvictionCache::observe_on_device(const AttentionObservation& obs) {
   o.qpos = obs.query_positions.empty() ? std::numeric_limits<std::int64_t>::max() : obs.query_positions[0];
   o.threshold = core_.recent_threshold(n > limit ? limit : n);
   o.decay = policy.decay;
-  const auto stream = static_cast<cudaStream_t>(obs.stream);
-  // Parts per head: about two CTAs per SM over the batch's heads, at least 1,024 rows a part.
+  // Parts per head: about two CTAs per SM over the batch's heads, at least 512 rows (2 a thread) a
+  // part: the step's latency is the rows each thread loads one after the other.
   const std::size_t BH = batch_ * heads_;
-  const std::size_t parts = std::clamp<std::size_t>(std::min<std::size_t>((2 * sm_count_ + BH - 1) / BH, (n + 1023) / 1024),
+  const std::size_t parts = std::clamp<std::size_t>(std::min<std::size_t>((2 * sm_count_ + BH - 1) / BH, (n + 511) / 512),
                                                     1, kMaxObserveParts);
   if (parts > 1 && observe_parts_capacity_ < BH * parts) {
     if (capturing()) {
