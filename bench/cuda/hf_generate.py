@@ -311,6 +311,9 @@ def variants():
         ("kvslim kivi4 (cuda)", {"method": "kivi", "kivi_bits": 4, "kivi_group_size": 32, "device": "cuda"}, False),
         # h2o keeping 25 % of the prompt's tokens per head (the budget is set from the prompt).
         ("kvslim h2o 25% (cuda)", {"method": "h2o", "h2o_budget": 0.25, "device": "cuda"}, False),
+        # zipcache (the other seed method) at its defaults: eager steps (no graph: a block's
+        # compression sorts the window's norms on the device every 128 steps).
+        ("kvslim zipcache (cuda)", {"method": "zipcache", "device": "cuda"}, False),
         # The same caches decoded by kvslim.hf.GraphDecoder: one CUDA graph replay per step.
         ("kvslim full (cuda, graph)", {"method": "full", "device": "cuda"}, "graph"),
         ("kvslim kivi2 (cuda, graph)", {"method": "kivi", "kivi_bits": 2, "kivi_group_size": 32, "device": "cuda"}, "graph"),

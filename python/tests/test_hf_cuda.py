@@ -153,6 +153,18 @@ def test_squeeze_on_device_schedules_like_the_cpu_cache():
     assert_logits_close(ref, got, 2e-2, "squeeze")
 
 
+def test_zipcache_on_device_decodes_like_the_cpu_cache():
+    # The other seed method on the GPU: the same salient rows and key codes as the host cache (the
+    # device groups each set's values over that set's rows, the host in token order), so the logits
+    # differ by the values' rounding only. 300-token prompt: a block of 288 rows, then the window.
+    cpu, gpu, ref, got = cpu_and_gpu(dict(method="zipcache"), seed=9)
+    assert gpu.layers[0].state.on_device
+    assert_logits_close(ref, got, 3e-2, "zipcache")
+    for c, d in zip(cpu.stats(), gpu.stats()):
+        assert d["tokens_kept"] == c["tokens_kept"] == 300
+        assert d["figures"]["salient_tokens"] == 58  # ceil(288 * 0.2) rows of each head
+
+
 def test_streaming_on_device_keeps_the_cpu_caches_rows():
     # No scores: the kept rows are the sinks and the newest tokens on both paths, exactly.
     cpu, gpu, ref, got = cpu_and_gpu(dict(method="streaming", streaming_budget=96), seed=6, batch=2)

@@ -14,6 +14,7 @@
 #include "kvslim/cuda.h"
 #include "kvslim/factory.h"
 #include "kvslim/methods.h"
+#include "kvslim/zipcache.h"
 
 namespace kvslim::cli {
 namespace {
@@ -73,6 +74,23 @@ KVCacheConfig config_of(const std::string& name, int device) {
 // + the fp16 window not yet compressed; a position per row or group.
 double storage_bytes(const KVCacheConfig& c, std::size_t B, std::size_t H, std::size_t N, std::size_t D) {
   if (method_info(c.method).kind == MethodKind::dense) return static_cast<double>(B * H * N * D * 2 * 2 + N * 8);
+  if (c.method == "zipcache") {
+    // One block of the prompt's complete groups (DeviceZipCache): each set's 32-row units (the last
+    // part-filled) of keys at its width and values at value_bits, fp16 scale + zero per unit and
+    // channel, the newest position of each unit (the codes kernel reads one per unit unless a row
+    // may be newer than the query); then the window.
+    const std::size_t group = static_cast<std::size_t>(c.zipcache_group_size);
+    const std::size_t staged = N >= static_cast<std::size_t>(c.zipcache_staging) ? N % group : N, rows = N - staged;
+    const std::size_t n_hi = salient_count(rows, c.zipcache_hi_fraction);
+    const std::size_t hi_units = (n_hi + 31) / 32, lo_units = (rows - n_hi + 31) / 32;
+    const std::size_t vb = static_cast<std::size_t>(c.zipcache_value_bits == -1 ? c.zipcache_hi_bits : c.zipcache_value_bits);
+    const double codes = static_cast<double>(B * H * 32 * D) *
+                         static_cast<double>(hi_units * (static_cast<std::size_t>(c.zipcache_hi_bits) + vb) +
+                                             lo_units * (static_cast<std::size_t>(c.zipcache_lo_bits) + vb)) / 8.0;
+    const double params = static_cast<double>(B * H * (hi_units + lo_units) * 2 * D * 2) * 2;
+    const double window = static_cast<double>(B * H * staged * D * 2 * 2);
+    return codes + params + window + static_cast<double>(B * H * (hi_units + lo_units) * 8 + staged * 8);
+  }
   const std::size_t group = static_cast<std::size_t>(c.kivi_group_size);
   const std::size_t bits = static_cast<std::size_t>(c.kivi_keys_at() + c.kivi_values_at());  // keys' + values'
   const std::size_t staged = N >= static_cast<std::size_t>(c.kivi_staging) ? N % group : N;

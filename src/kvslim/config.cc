@@ -233,6 +233,36 @@ void KVCacheConfig::validate() const {
                ": every call compressed alone has no CUDA storage)");
     }
   }
+  // The CUDA zipcache storage (DeviceZipCache) reads 2-, 4- or 8-bit codes in 32-row units, behind
+  // a window, its saliency by key norm (its sets keep a head's rows out of token order: no
+  // attention probabilities to score by).
+  if (device != "cpu" && method == "zipcache") {
+    const int value_bits = zipcache_value_bits == -1 ? zipcache_hi_bits : zipcache_value_bits;
+    for (const auto& [name, v] : {std::pair{"zipcache_hi_bits", zipcache_hi_bits}, std::pair{"zipcache_lo_bits", zipcache_lo_bits},
+                                  std::pair{zipcache_value_bits == -1 ? "zipcache_hi_bits" : "zipcache_value_bits", value_bits}}) {
+      if (v != 2 && v != 4 && v != 8) {
+        fail(name, std::to_string(v),
+             "must be 2, 4 or 8 on a CUDA device (device = " + device + ": its kernels read 2-, 4- or 8-bit codes)");
+      }
+    }
+    if (zipcache_group_size % 32 != 0 || zipcache_group_size > 1024) {
+      fail("zipcache_group_size", std::to_string(zipcache_group_size),
+           "must be a multiple of 32 up to 1024 on a CUDA device (device = " + device + ": its kernels read 32-row units)");
+    }
+    if (zipcache_staging <= 0) {
+      fail("zipcache_staging", std::to_string(zipcache_staging),
+           "must be a window (a multiple of zipcache_group_size, default 128) on a CUDA device (device = " + device +
+               ": every call compressed alone would keep a 32-row unit per decode token)");
+    }
+    if (zipcache_saliency != "key_norm") {
+      fail("zipcache_saliency", "\"" + zipcache_saliency + "\"",
+           "must be key_norm on a CUDA device (device = " + device + ": its sets keep each head's rows out of token order, "
+           "so attend reports no probabilities to score by)");
+    }
+    if (!zipcache_quantize_values) {
+      fail("zipcache_quantize_values", "false", "must be true on a CUDA device (device = " + device + ")");
+    }
+  }
   if (device != "cpu" && !info.cuda) {
     std::string takes;
     for (const MethodInfo& m : method_registry()) {

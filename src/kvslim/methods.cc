@@ -445,6 +445,7 @@ const std::vector<Row>& table() {
                 .summary = "ZipCache-adapted: per-token mixed precision (salient tokens at more bits)",
                 .kind = MethodKind::quantizer,
                 .field_prefix = "zipcache_",
+                .cuda = true,
                 .variants =
                     {
                         {.name = "zipcache_4_2_h20",

@@ -5,7 +5,8 @@
 // every kind, head_dim 64/128, 1-6 query heads per KV head, lengths around group edges, queries
 // before some rows (causal by true position), more queries than fit in the launch; 128k tokens
 // accumulate without drift; batches with their own lengths at the kernel level; bad input is
-// reported.
+// reported. zipcache's device blocks: saliency and key codes equal the CPU cache's bit for bit, each
+// set's values the CPU quantizer over that set's rows, attention float64 over the rows it holds.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -25,6 +26,8 @@
 #include "cuda/attend.h"
 #include "cuda/device_buffer.h"
 #include "cuda/device_cache.h"
+#include "cuda/device_zip_cache.h"
+#include "kvslim/zipcache.h"
 #include "kvslim/cuda.h"
 #include "kvslim/errors.h"
 #include "kvslim/kvslim.h"
@@ -594,8 +597,12 @@ TEST(CudaCache, BadInputIsReportedAndPoisonsUntilReset) {
                             KVBlock{big.get(), DType::f32, 1, 1, 1, 96, MemorySpace::cuda, nullptr}),
                InputError);
   KVCacheConfig h;
-  h.method = "zipcache";  // no device storage yet
+  h.method = "zipcache";
   h.device = "cuda";
+  h.zipcache_lo_bits = 3;  // the device kernels read 2-, 4- or 8-bit codes
+  EXPECT_THROW(KVCacheFactory::create(h), ConfigError);
+  h.zipcache_lo_bits = 2;
+  h.zipcache_saliency = "attention_normalized";  // its sets keep rows out of token order: no probs
   EXPECT_THROW(KVCacheFactory::create(h), ConfigError);
   h.method = "squeeze";
   h.squeeze_signal = "hidden_cosine";  // the hidden states are read on the host
@@ -637,6 +644,323 @@ TEST(CudaCache, StoresGrowByAnEighthNotByDoubling) {
     EXPECT_LE(dev, per_row * std::max(rows * 1.13, rows + 256) + windows) << method;
     EXPECT_GE(dev, per_row * rows * 0.95) << method;
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// zipcache on the device (DeviceZipCache): each block's saliency and key codes equal the CPU
+// cache's bit for bit; each set's values equal the CPU quantizer over that set's rows (the device
+// groups values within a set: zip_flush.h); attention equals float64 over the rows it holds, causal
+// by each head's own positions, and is as close to the unquantized rows as the CPU cache is.
+
+struct ZipWidths {
+  int hi, lo, values, group;
+  double fraction;
+};
+
+KVCacheConfig zip_config(const ZipWidths& w) {
+  KVCacheConfig c;
+  c.method = "zipcache";
+  c.zipcache_hi_bits = w.hi;
+  c.zipcache_lo_bits = w.lo;
+  c.zipcache_value_bits = w.values;
+  c.zipcache_group_size = w.group;
+  c.zipcache_hi_fraction = w.fraction;
+  c.zipcache_staging = std::max(128, w.group);
+  return c;
+}
+
+std::string zip_name(const ZipWidths& w) {
+  return "zipcache " + std::to_string(w.hi) + "/" + std::to_string(w.lo) + " V" + std::to_string(w.values) + " g" +
+         std::to_string(w.group) + " h" + std::to_string(static_cast<int>(w.fraction * 100));
+}
+
+// The same appends to the CPU and the device zipcache; the appended values kept as the caches hold
+// them (fp16 of the input), [B*H][token][D].
+struct ZipPair {
+  Pair p;
+  std::vector<std::vector<float>> values;
+  void append(const Step& st, std::int64_t gap = 0) {
+    p.append(st, gap);
+    values.resize(st.B * st.H);
+    for (std::size_t bh = 0; bh < st.B * st.H; ++bh) {
+      for (std::size_t i = 0; i < st.S * st.D; ++i) {
+        values[bh].push_back(fp16_to_f32(f32_to_fp16(as_input(st.v[bh * st.S * st.D + i], p.dtype))));
+      }
+    }
+  }
+};
+
+ZipPair make_zip_pair(const ZipWidths& w, DType dtype) {
+  KVCacheConfig c = zip_config(w);
+  ZipPair z;
+  z.p.cpu = KVCacheFactory::create(c);
+  c.device = "cuda";
+  z.p.gpu = KVCacheFactory::create(c);
+  z.p.dtype = dtype;
+  return z;
+}
+
+// A set's rows [unit0 * 32, unit0 * 32 + n) of head bh as a GroupQuantized of groups of `group` rows
+// (the device repeats a group's parameters in each of its units: the first unit's are the group's).
+void expect_set_equals(const cuda::DeviceZipCache::SetSnapshot& set, std::size_t bh, int unit0, std::size_t n,
+                       const GroupQuantized& want, bool keys, std::size_t D, int group, const std::string& what) {
+  const auto& codes = keys ? set.k_codes[bh] : set.v_codes[bh];
+  const auto& params = keys ? set.k_params[bh] : set.v_params[bh];
+  const std::size_t RB = static_cast<std::size_t>(keys ? set.k_row_bytes : set.v_row_bytes);
+  ASSERT_EQ(want.codes.size(), n * RB) << what;
+  for (std::size_t i = 0; i < n * RB; ++i) {
+    ASSERT_EQ(codes[static_cast<std::size_t>(unit0) * 32 * RB + i], want.codes[i]) << what << " code byte " << i;
+  }
+  for (std::size_t r = 0; r < n; r += 32) {
+    const std::size_t unit = static_cast<std::size_t>(unit0) + r / 32, g = r / static_cast<std::size_t>(group);
+    for (std::size_t c = 0; c < D; ++c) {
+      ASSERT_EQ(params[unit * 2 * D + c], want.scale[g * D + c]) << what << " scale, unit " << unit << " channel " << c;
+      ASSERT_EQ(params[unit * 2 * D + D + c], want.zero[g * D + c]) << what << " zero, unit " << unit << " channel " << c;
+    }
+  }
+}
+
+void expect_zip_state_equal(ZipPair& z, const ZipWidths& w, const std::string& what) {
+  const auto& cpu = dynamic_cast<const ZipCacheCache&>(*z.p.cpu);
+  const auto snap = dynamic_cast<const cuda::DeviceZipCache&>(*z.p.gpu).snapshot();
+  const CacheStats st = z.p.gpu->stats();
+  const std::size_t D = st.head_dim, BH = st.batch * st.heads;
+  ASSERT_EQ(snap.staged, static_cast<int>(cpu.staged_tokens())) << what;
+  ASSERT_EQ(z.p.gpu->rows(), z.p.cpu->rows()) << what;
+  const CacheView cpu_view = z.p.cpu->materialize();
+  const std::vector<std::int64_t> positions(cpu_view.positions, cpu_view.positions + cpu_view.tokens);
+  for (std::size_t bh = 0; bh < BH; ++bh) {
+    const auto& head = cpu.heads()[bh];
+    ASSERT_EQ(head.blocks.size(), snap.blocks.size()) << what;
+    for (std::size_t b = 0; b < snap.blocks.size(); ++b) {
+      const auto& blk = snap.blocks[b];
+      const ZipCompressed& keys = head.blocks[b].keys;
+      const std::string at = what + " head " + std::to_string(bh) + " block " + std::to_string(b);
+      ASSERT_EQ(static_cast<std::size_t>(blk.tokens), keys.seq_len) << at;
+      ASSERT_EQ(static_cast<std::size_t>(blk.n_hi), keys.n_hi) << at;
+      std::vector<float> hi_values, lo_values;
+      for (std::size_t t = 0; t < keys.seq_len; ++t) {
+        const long long token = blk.first_token + static_cast<long long>(t);
+        const bool dev = (snap.mask[bh][static_cast<std::size_t>(token / 32)] >> (token % 32)) & 1u;
+        ASSERT_EQ(dev, keys.salient(t)) << at << " saliency of token " << token;
+        const float* v = z.values[bh].data() + static_cast<std::size_t>(token) * D;
+        (dev ? hi_values : lo_values).insert((dev ? hi_values : lo_values).end(), v, v + D);
+      }
+      expect_set_equals(snap.hi, bh, blk.hi_unit0, keys.n_hi, keys.hi, true, D, w.group, at + " hi keys");
+      expect_set_equals(snap.lo, bh, blk.lo_unit0, keys.seq_len - keys.n_hi, keys.lo, true, D, w.group, at + " lo keys");
+      const std::size_t n_lo = keys.seq_len - keys.n_hi;
+      if (keys.n_hi > 0) {
+        expect_set_equals(snap.hi, bh, blk.hi_unit0, keys.n_hi, quantize_groups(hi_values, keys.n_hi, D, w.values, w.group),
+                          false, D, w.group, at + " hi values");
+      }
+      if (n_lo > 0) {
+        expect_set_equals(snap.lo, bh, blk.lo_unit0, n_lo, quantize_groups(lo_values, n_lo, D, w.values, w.group), false, D,
+                          w.group, at + " lo values");
+      }
+      // Every slot's position: the set's tokens in order, INT64_MAX in the last unit's empty slots.
+      for (int which = 0; which < 2; ++which) {
+        const auto& set = which ? snap.lo : snap.hi;
+        const std::size_t n = which ? n_lo : keys.n_hi, unit0 = static_cast<std::size_t>(which ? blk.lo_unit0 : blk.hi_unit0);
+        std::size_t r = 0;
+        for (std::size_t t = 0; t < keys.seq_len; ++t) {
+          if (keys.salient(t) == (which == 0)) {
+            ASSERT_EQ(set.pos[bh][unit0 * 32 + r++], positions[static_cast<std::size_t>(blk.first_token) + t])
+                << at << " position of set row " << r;
+          }
+        }
+        for (; r < (n + 31) / 32 * 32; ++r) ASSERT_EQ(set.pos[bh][unit0 * 32 + r], INT64_MAX) << at << " empty slot " << r;
+      }
+    }
+    ASSERT_EQ(snap.stage_k[bh], head.stage_keys) << what << " window keys, head " << bh;
+    ASSERT_EQ(snap.stage_v[bh], head.stage_values) << what << " window values, head " << bh;
+  }
+  // materialize(): the CPU cache's keys and positions to the bit (values: other groups).
+  const CacheView a = z.p.cpu->materialize(), b = z.p.gpu->materialize();
+  ASSERT_EQ(a.tokens, b.tokens) << what;
+  for (std::size_t i = 0; i < BH * a.tokens * D; ++i) ASSERT_EQ(a.keys[i], b.keys[i]) << what << " key element " << i;
+  for (std::size_t i = 0; i < a.tokens; ++i) ASSERT_EQ(a.positions[i], b.positions[i]) << what;
+}
+
+TEST(CudaZipcache, SaliencyAndCodesEqualTheCpuCacheBitForBit) {
+  REQUIRE_GPU();
+  for (const ZipWidths& w : {ZipWidths{4, 2, 4, 32, 0.2}, ZipWidths{8, 4, 2, 64, 0.5}, ZipWidths{4, 2, 2, 128, 0.6},
+                             ZipWidths{2, 2, 8, 32, 0.1}}) {
+    for (std::size_t D : {64, 128}) {
+      for (DType dt : {DType::bf16, DType::f32}) {
+        const std::string what = zip_name(w) + " D " + std::to_string(D) + " " + std::string(dtype_name(dt));
+        ZipPair z = make_zip_pair(w, dt);
+        unsigned seed = 3;
+        z.append(Step(2, 3, 45, D, seed++));
+        for (int i = 0; i < 90; ++i) z.append(Step(2, 3, 1, D, seed++));
+        z.append(Step(2, 3, 64, D, seed++, /*flat*/ true));  // identical rows: ties in the norms
+        z.append(Step(2, 3, 300, D, seed++));
+        for (int i = 0; i < 140; ++i) z.append(Step(2, 3, 1, D, seed++));
+        expect_zip_state_equal(z, w, what);
+      }
+    }
+  }
+}
+
+// float64 attention over the rows the device holds, decoded exactly from its codes, in token order.
+ExactRows zip_exact_rows(const KVCache& gpu) {
+  const auto snap = dynamic_cast<const cuda::DeviceZipCache&>(gpu).snapshot();
+  const CacheView view = gpu.materialize();
+  ExactRows e;
+  e.B = view.batch;
+  e.H = view.heads;
+  e.N = view.tokens;
+  e.D = view.head_dim;
+  const std::size_t D = e.D;
+  e.k.resize(e.B * e.H * e.N * D);
+  e.v.resize(e.k.size());
+  e.pos.assign(view.positions, view.positions + e.N);
+  for (std::size_t i = 0; i < e.k.size(); ++i) {  // the window's rows as stored
+    e.k[i] = fp16_to_f32(view.keys[i]);
+    e.v[i] = fp16_to_f32(view.values[i]);
+  }
+  for (std::size_t bh = 0; bh < e.B * e.H; ++bh) {
+    for (const auto& blk : snap.blocks) {
+      int next[2] = {0, 0};
+      for (int t = 0; t < blk.tokens; ++t) {
+        const long long token = blk.first_token + t;
+        const bool salient = (snap.mask[bh][static_cast<std::size_t>(token / 32)] >> (token % 32)) & 1u;
+        const auto& set = salient ? snap.hi : snap.lo;
+        const std::size_t row = static_cast<std::size_t>((salient ? blk.hi_unit0 : blk.lo_unit0) * 32 + next[salient ? 0 : 1]++);
+        for (int which = 0; which < 2; ++which) {
+          const auto& codes = which ? set.v_codes[bh] : set.k_codes[bh];
+          const auto& params = which ? set.v_params[bh] : set.k_params[bh];
+          const std::size_t RB = static_cast<std::size_t>(which ? set.v_row_bytes : set.k_row_bytes);
+          const int width = static_cast<int>(RB * 8 / D);
+          for (std::size_t c = 0; c < D; ++c) {
+            const std::size_t byte = c % RB, slot = c / RB;
+            const unsigned code = (codes[row * RB + byte] >> (slot * width)) & ((1u << width) - 1u);
+            const double scale = fp16_to_f32(params[row / 32 * 2 * D + c]), zero = fp16_to_f32(params[row / 32 * 2 * D + D + c]);
+            (which ? e.v : e.k)[(bh * e.N + static_cast<std::size_t>(token)) * D + c] = code * scale + zero;
+          }
+        }
+      }
+    }
+  }
+  return e;
+}
+
+// Largest |out - ref| / (1 + |ref|).
+double worst_relative(const std::vector<float>& out, const std::vector<double>& ref) {
+  double w = 0;
+  for (std::size_t i = 0; i < out.size(); ++i) w = std::max(w, std::fabs(out[i] - ref[i]) / (1.0 + std::fabs(ref[i])));
+  return w;
+}
+
+// Squared errors against the attention over the input values, pooled over a configuration's checks.
+struct ValueError {
+  double device = 0, cpu = 0, ref = 0;
+};
+
+void check_zip_attend(ZipPair& z, std::size_t Hq, const std::vector<std::int64_t>& qpos, unsigned seed,
+                      const std::string& what, ValueError& pooled) {
+  const CacheStats st = z.p.gpu->stats();
+  const std::size_t B = st.batch, D = st.head_dim, S = qpos.size();
+  const auto q = normal(B * S * Hq * D, seed);
+  std::vector<float> out, unused;
+  gpu_attend(*z.p.gpu, q, B, S, Hq, D, qpos, out, unused, false);
+  for (std::size_t i = 0; i < out.size(); ++i) ASSERT_TRUE(std::isfinite(out[i])) << what << " out[" << i << "]";
+  std::vector<double> ref, probs;
+  reference(zip_exact_rows(*z.p.gpu), q, S, Hq, qpos, ref, probs);
+  const double exact = worst_relative(out, ref);
+  EXPECT_LE(exact, 2e-4) << what << ": out vs float64 over the device's own rows";
+  // Against the same keys over the input values (the values unquantized): the device's value error
+  // is the CPU cache's kind of error (values grouped otherwise, so not to the bit). Outlier values
+  // (x25) make single elements noisy: the relative L2 is pooled over the configuration's checks.
+  ExactRows plain;
+  {
+    const CacheView v = z.p.cpu->materialize();
+    plain.B = v.batch;
+    plain.H = v.heads;
+    plain.N = v.tokens;
+    plain.D = v.head_dim;
+    plain.pos.assign(v.positions, v.positions + v.tokens);
+    plain.k.assign(v.keys, v.keys + plain.B * plain.H * plain.N * plain.D);
+    for (auto& x : plain.k) x = fp16_to_f32(static_cast<std::uint16_t>(x));
+    plain.v.resize(plain.k.size());
+    for (std::size_t bh = 0; bh < plain.B * plain.H; ++bh) {
+      for (std::size_t i = 0; i < plain.N * plain.D; ++i) plain.v[bh * plain.N * plain.D + i] = z.values[bh][i];
+    }
+  }
+  std::vector<double> ref_plain;
+  reference(plain, q, S, Hq, qpos, ref_plain, probs);
+  std::vector<float> cpu_out(out.size());
+  attend::set_int8_logits_enabled(false);
+  z.p.cpu->attend(QueryBlock{q.data(), B, S, Hq, D}, qpos, cpu_out.data());
+  attend::set_int8_logits_enabled(true);
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    pooled.device += (out[i] - ref_plain[i]) * (out[i] - ref_plain[i]);
+    pooled.cpu += (cpu_out[i] - ref_plain[i]) * (cpu_out[i] - ref_plain[i]);
+    pooled.ref += ref_plain[i] * ref_plain[i];
+  }
+  auto& worst = worst_errors()[what.substr(0, what.find(" D "))];
+  worst[0] = std::max(worst[0], exact);
+}
+
+TEST(CudaZipcache, AttentionMatchesFloat64AndTheCpuCachesTolerance) {
+  REQUIRE_GPU();
+  for (const ZipWidths& w : {ZipWidths{4, 2, 4, 32, 0.2}, ZipWidths{8, 2, 4, 64, 0.5}}) {
+    for (std::size_t D : {64, 128}) {
+      for (std::size_t G : {1, 4, 6}) {
+        const std::string what = zip_name(w) + " D " + std::to_string(D) + " G " + std::to_string(G);
+        ZipPair z = make_zip_pair(w, DType::bf16);
+        const std::size_t B = 2, H = 2, Hq = H * G;
+        unsigned seed = 40;
+        ValueError pooled;
+        for (std::size_t len : {1, 30, 1, 97}) {
+          z.append(Step(B, H, len, D, seed++));
+          check_zip_attend(z, Hq, {z.p.next - 1}, seed++, what + " n " + std::to_string(z.p.gpu->rows()), pooled);
+        }
+        z.append(Step(B, H, 300, D, seed++), /*gap*/ 5);
+        // Prompt-style queries inside the block: each head's sets are masked by their own positions.
+        std::vector<std::int64_t> qpos;
+        for (int i = 0; i < 17; ++i) qpos.push_back(z.p.next - 1 - 13 * (16 - i));
+        check_zip_attend(z, Hq, qpos, seed++, what + " 17 queries", pooled);
+        check_zip_attend(z, Hq, {-1}, seed++, what + " query before every row", pooled);
+        for (int t = 0; t < 150; ++t) {
+          z.append(Step(B, H, 1, D, seed++));
+          if (t % 37 == 0 || t == 149) {
+            check_zip_attend(z, Hq, {z.p.next - 1}, seed++, what + " decode " + std::to_string(t), pooled);
+          }
+        }
+        const double dev = std::sqrt(pooled.device / pooled.ref), cpu = std::sqrt(pooled.cpu / pooled.ref);
+        EXPECT_LE(dev, 1.4 * cpu) << what << ": relative L2 of the value error, device " << dev << ", CPU cache " << cpu;
+        EXPECT_GT(cpu, 0.0) << what << ": the values were quantized";
+        auto& worst = worst_errors()[what.substr(0, what.find(" D "))];
+        worst[1] = std::max(worst[1], dev);
+        worst[2] = std::max(worst[2], cpu);
+      }
+    }
+  }
+  for (const auto& [kind, w] : worst_errors()) {
+    if (kind.rfind("zipcache", 0) == 0) std::printf("worst error %-28s out vs float64 %.2e  value error (relative L2) device %.2e, CPU cache %.2e\n", kind.c_str(), w[0], w[1], w[2]);
+  }
+}
+
+TEST(CudaZipcache, ProbabilitiesAreRefusedAndALongPromptsWindowIsGivenBack) {
+  REQUIRE_GPU();
+  ZipPair z = make_zip_pair(ZipWidths{4, 2, 4, 32, 0.2}, DType::f16);
+  z.append(Step(1, 2, 5000, 64, 7));
+  for (int i = 0; i < 3; ++i) z.append(Step(1, 2, 1, 64, 8 + i));
+  std::vector<float> out, probs;
+  const std::vector<float> q = normal(4 * 64, 1);
+  DeviceBuffer dq = upload(q, DType::f32), dout, dprobs;
+  dout.reserve(4 * 64 * 4);
+  dprobs.reserve(2 * 5003 * 4);
+  EXPECT_THROW(z.p.gpu->attend(QueryBlock{dq.as<float>(), 1, 1, 4, 64, 0.f, MemorySpace::cuda, nullptr},
+                               std::vector<std::int64_t>{5002}, dout.as<float>(), dprobs.as<float>()),
+               InputError);
+  // 5,003 rows of 2 heads x 64: 4-bit keys on 20 % of the rows, 2-bit on the rest, 4-bit values, fp16
+  // parameters per 32-row unit, an int64 position per slot, the saliency bits; the window back at
+  // 128 rows (the prompt's 5,000 fp16 rows are not kept).
+  const CacheStats st = z.p.gpu->stats();
+  const double dev = st.figure("device_bytes"), fp16 = 5003.0 * 2 * 64 * 2 * 2;
+  EXPECT_LT(dev, 0.45 * fp16) << "device bytes " << dev;
+  EXPECT_GT(st.figure("salient_tokens"), 0.19 * 4992);
 }
 
 }  // namespace

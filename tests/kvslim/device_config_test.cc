@@ -43,9 +43,40 @@ TEST(DeviceConfig, AMethodWithoutADeviceStorageIsAConfigErrorNamingTheOnesThatHa
     } catch (const ConfigError& e) {
       const std::string what = e.what();
       EXPECT_NE(what.find("no CUDA storage"), std::string::npos) << what;
-      EXPECT_NE(what.find("full, streaming, h2o, squeeze, pyramidkv, kivi"), std::string::npos) << what;
+      EXPECT_NE(what.find("full, streaming, h2o, squeeze, pyramidkv, zipcache, kivi"), std::string::npos) << what;
     }
   }
+}
+
+// The CUDA zipcache storage's rules, named by validate() on any machine: 2-, 4- or 8-bit codes,
+// groups of whole 32-row units, a window, saliency by key norm.
+TEST(DeviceConfig, ACudaZipcacheNamesTheFieldItCannotHold) {
+  const auto refused = [](void (*set)(KVCacheConfig&), const char* field) {
+    KVCacheConfig c;
+    c.method = "zipcache";
+    c.device = "cuda";
+    set(c);
+    try {
+      c.validate();
+      ADD_FAILURE() << field << " accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+    }
+  };
+  refused([](KVCacheConfig& c) { c.zipcache_lo_bits = 3; }, "zipcache_lo_bits");
+  refused([](KVCacheConfig& c) { c.zipcache_hi_bits = 6; }, "zipcache_hi_bits");
+  refused([](KVCacheConfig& c) { c.zipcache_value_bits = 1; }, "zipcache_value_bits");
+  refused([](KVCacheConfig& c) { c.zipcache_group_size = 48, c.zipcache_staging = 96; }, "zipcache_group_size");
+  refused([](KVCacheConfig& c) { c.zipcache_staging = 0; }, "zipcache_staging");
+  refused([](KVCacheConfig& c) { c.zipcache_saliency = "attention_normalized"; }, "zipcache_saliency");
+  KVCacheConfig ok;
+  ok.method = "zipcache";
+  ok.device = "cuda";
+  ok.zipcache_hi_bits = 8;
+  ok.zipcache_lo_bits = 4;
+  ok.zipcache_value_bits = 2;
+  ok.zipcache_group_size = 64;
+  EXPECT_NO_THROW(ok.validate());
 }
 
 TEST(DeviceConfig, ACudaCacheWithoutAGpuIsAClearConfigError) {

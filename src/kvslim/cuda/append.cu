@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "cuda/append.h"
+#include "cuda/group_quant.cuh"
 #include "cuda/kernel_launch.h"
 
 namespace kvslim::cuda {
@@ -61,24 +62,6 @@ __global__ void dense_append_kernel(AppendInput in, std::uint16_t* k, std::uint1
   }
 }
 
-// The CPU's make_params rule for one channel.
-__device__ void make_params(float mn, float mx, int bits, std::uint16_t& scale_h, std::uint16_t& zero_h,
-                            float& scale_f, float& zero_f) {
-  const float levels = static_cast<float>((1u << bits) - 1u);
-  const __half z = __float2half_rn(mn);
-  const float zf = __half2float(z);
-  const float s = fmaxf(__fdiv_rn(__fsub_rn(mx, zf), levels), 1e-8f);
-  __half sh = __float2half_rn(s);
-  std::uint16_t shb = *reinterpret_cast<const std::uint16_t*>(&sh);
-  if (__half2float(sh) < s) ++shb;
-  if (shb > 0x7bffu) shb = 0x7bffu;
-  zero_h = *reinterpret_cast<const std::uint16_t*>(&z);
-  scale_h = shb;
-  zero_f = zf;
-  const __half sh2 = *reinterpret_cast<const __half*>(&shb);
-  scale_f = __half2float(sh2);
-}
-
 // Row `row` of [window | input] for channel c, as fp16 (the CPU's intake); input rows are checked.
 __device__ __forceinline__ float window_or_input(const AppendInput& in, const StagingWindow& w, const std::uint16_t* stage,
                                                  const void* src, int bh, int row, int c, bool& bad) {
@@ -119,25 +102,16 @@ __global__ void kivi_group_kernel(AppendInput in, KiviStore st, int n_units, Sta
                           (static_cast<long long>(bh) * (st.capacity / GR) + n_units * 32LL / GR + gi) * 2 * D;
   params[c] = scale_h;
   params[D + c] = zero_h;
-  const float levels = static_cast<float>((1u << bits) - 1u);
-  const int per_byte = 8 / bits;
   std::uint8_t* out = (which ? st.v_codes : st.k_codes) + (static_cast<long long>(bh) * st.capacity + n_units * 32LL + row0) * RB;
   for (int u = 0; u < GR / 32; ++u) {
 #pragma unroll 4
     for (int r = 0; r < 32; ++r) {
       bool unused = false;
       const float x = window_or_input(in, w, stage, src, bh, row0 + 32 * u + r, c, unused);
-      const float q = rintf(__fdiv_rn(__fsub_rn(x, zero_f), scale_f));
-      codes[r * D + c] = static_cast<unsigned char>(fminf(fmaxf(q, 0.f), levels));
+      codes[r * D + c] = quantize_code(x, zero_f, scale_f, bits);
     }
     __syncthreads();
-    // Pack: byte i of a row holds channels i, i + RB, ... at bit offsets 0, bits, ...
-    for (int idx = c; idx < 32 * RB; idx += blockDim.x) {
-      const int r = idx / RB, i = idx % RB;
-      unsigned byte = 0;
-      for (int j = 0; j < per_byte; ++j) byte |= static_cast<unsigned>(codes[r * D + i + j * RB]) << (j * bits);
-      out[32LL * u * RB + idx] = static_cast<std::uint8_t>(byte);
-    }
+    pack_unit(codes, D, bits, out + 32LL * u * RB);
     __syncthreads();  // codes is written again
   }
   report_bad(in, bh, bad_row, bad);
@@ -175,6 +149,10 @@ void launch_dense_append(const AppendInput& in, std::uint16_t* k, std::uint16_t*
                          long long capacity, int n, std::int64_t* pos, cudaStream_t stream, bool pos_per_head) {
   launch_kernel(true, false, dense_append_kernel, dim3(in.S, in.BH), dim3(in.D), 0, stream, in, k, v, type, capacity, n,
                 pos, pos_per_head);
+}
+
+void launch_window_append(const AppendInput& in, const StagingWindow& window, int out_row0, cudaStream_t stream) {
+  launch_kernel(in.S > 0, false, kivi_tail_kernel, dim3(in.S, in.BH), dim3(in.D), 0, stream, in, window, 0, out_row0);
 }
 
 void launch_kivi_append(const AppendInput& in, const KiviStore& store, int n_units, int compress,

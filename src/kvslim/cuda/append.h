@@ -57,6 +57,9 @@ struct StagingWindow {
   long long capacity = 0;
   int staged = 0;
 };
+// The whole input into a window's rows [out_row0, out_row0 + S) (window.k_out / v_out / pos_out),
+// checked and rounded to fp16 as every append (zipcache's window takes each call whole).
+void launch_window_append(const AppendInput& in, const StagingWindow& window, int out_row0, cudaStream_t stream);
 void launch_kivi_append(const AppendInput& in, const KiviStore& store, int n_units, int compress,
                         const StagingWindow& window, cudaStream_t stream);
 

@@ -52,7 +52,9 @@ struct PackedRows {
   long long k_codes_stride = 0;            // bytes between heads
   long long v_codes_stride = 0;
   long long params_stride = 0;             // elements between heads
-  const std::int64_t* pos = nullptr;       // [cap] positions of the rows (the same for every head)
+  const std::int64_t* pos = nullptr;       // [cap] positions of the rows (the same for every head), or
+  long long pos_head_stride = 0;           // [B * Hkv, pos_head_stride] when heads keep different rows
+                                           // (zipcache's salient sets); INT64_MAX marks an empty slot
   int n_units = 0;                         // a multiple of group_units
   int group_units = 1;
   int k_bits = 0, v_bits = 0;

@@ -206,7 +206,7 @@ __global__ void __launch_bounds__(kThreads, codes_min_ctas(D, NSUB, GROUPED))
         cp_async16(pdst + PARAM_BYTES + 16 * i, vp_src + 16 * i);
       }
     }
-    cp_async8_if(lane == 0, dst + Shape::POS_OFFSET, rows.pos + static_cast<long long>(u) * kGroupRows + kGroupRows - 1);
+    cp_async8_if(lane == 0, dst + Shape::POS_OFFSET, rows.pos + bh * rows.pos_head_stride + static_cast<long long>(u) * kGroupRows + kGroupRows - 1);
   };
 
   static_assert(kCodeStages == 2, "the loop issues the next unit while it computes the current one");
@@ -315,7 +315,7 @@ __global__ void __launch_bounds__(kThreads, codes_min_ctas(D, NSUB, GROUPED))
 
     // 3. Online softmax of vector t over the group; P's three digits per vector into pbuf.
     const long long row0 = rows.row_offset + static_cast<long long>(u) * kGroupRows;
-    const std::int64_t* upos = rows.pos + static_cast<long long>(u) * kGroupRows;
+    const std::int64_t* upos = rows.pos + bh * rows.pos_head_stride + static_cast<long long>(u) * kGroupRows;
     const std::int64_t newest = *reinterpret_cast<const std::int64_t*>(buf + Shape::POS_OFFSET);
     float psum[NSUB], pq[NSUB];
 #pragma unroll

@@ -177,7 +177,7 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
   // the warp loads (the groups of the units in flight are consecutive: never the same slot).
   const unsigned char* k_next = kc_head + static_cast<long long>(w_begin) * K_CODE_BYTES + 16 * lane;
   const unsigned char* v_next = vc_head + static_cast<long long>(w_begin) * Shape::V_CODE_BYTES + 16 * lane;
-  const std::int64_t* pos_next = rows.pos + static_cast<long long>(w_begin) * kGroupRows + kGroupRows - 1;
+  const std::int64_t* pos_next = rows.pos + bh * rows.pos_head_stride + static_cast<long long>(w_begin) * kGroupRows + kGroupRows - 1;
   const int first_group = GU > 0 ? w_begin / GU : 0;
   const unsigned char* kp_next =
       reinterpret_cast<const unsigned char*>(kp_head + static_cast<long long>(first_group) * 2 * D) + 16 * lane;
@@ -315,7 +315,7 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
       // Rows are checked one by one only in a unit that runs past the sequence's rows or holds a row
       // newer than the query (causal by true position); every other unit is kept whole.
       if (row0 + kGroupRows > seq_limit || newest > qpos) {
-        const std::int64_t* upos = rows.pos + static_cast<long long>(u) * kGroupRows;
+        const std::int64_t* upos = rows.pos + bh * rows.pos_head_stride + static_cast<long long>(u) * kGroupRows;
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll

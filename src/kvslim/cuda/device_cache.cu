@@ -1,5 +1,6 @@
 #include "cuda/device_cache.h"
 #include "cuda/device_eviction_cache.h"
+#include "cuda/device_zip_cache.h"
 
 #include <algorithm>
 #include <climits>
@@ -187,6 +188,10 @@ void DeviceCache::attend(const QueryBlock& queries, std::span<const std::int64_t
   check_device_pointer(method_, queries.data, device_, "queries.data");
   check_device_pointer(method_, out, device_, "out");
   if (probs) check_device_pointer(method_, probs, device_, "probs");
+  if (probs && !gives_probabilities()) {
+    fail("this cache on cuda reports no attention probabilities (it keeps each head's rows out of token order); "
+         "attend with probs = null");
+  }
   const auto stream = static_cast<cudaStream_t>(queries.stream);
   const std::size_t out_elems = queries.batch * queries.tokens * queries.heads * queries.head_dim;
   if (batch_ == 0) {
@@ -829,8 +834,8 @@ std::unique_ptr<KVCache> make_cache(const KVCacheConfig& c, int layer_budget, st
                       " CUDA device(s)");
   }
   // validate() has checked that the registry marks the method `cuda` (config.cc): full (dense),
-  // streaming, h2o, squeeze and pyramidkv (the eviction core over device slots) and kivi (the one
-  // quantizer with a device storage).
+  // streaming, h2o, squeeze and pyramidkv (the eviction core over device slots), zipcache and kivi
+  // (the quantizers' device storages).
   const MethodInfo& info = method_info(c.method);
   if (info.kind == MethodKind::dense) return std::make_unique<DeviceDenseCache>(device);
   if (c.method == "streaming") {
@@ -862,6 +867,12 @@ std::unique_ptr<KVCache> make_cache(const KVCacheConfig& c, int layer_budget, st
     }
     const int budget = layer_budget >= 0 ? layer_budget : c.*info.budget;
     return std::make_unique<DeviceEvictionCache>(c.method, policy, static_cast<std::size_t>(budget), device);
+  }
+  if (c.method == "zipcache") {
+    // Widths, group size, window and saliency were checked by KVCacheConfig::validate() (device rules).
+    const int value_bits = c.zipcache_value_bits == -1 ? c.zipcache_hi_bits : c.zipcache_value_bits;
+    return std::make_unique<DeviceZipCache>(device, c.zipcache_hi_bits, c.zipcache_lo_bits, value_bits,
+                                            c.zipcache_hi_fraction, c.zipcache_group_size, c.zipcache_staging);
   }
   if (info.kind == MethodKind::quantizer && info.cuda) {
     // Widths, group size and window were checked by KVCacheConfig::validate() (device rules).

@@ -42,6 +42,8 @@ class DeviceCache : public KVCache {
   // Decode steps replayed as a CUDA graph (kvslim/cuda.h StepGraph; step_graph.h). Only storages
   // whose step has no host decision the graph could not replay say yes.
   virtual bool graph_replayable() const { return false; }
+  // Whether attend can report probabilities over the rows() in their view order.
+  virtual bool gives_probabilities() const { return true; }
   // The next append + attend are captured (their kernels recorded as nodes); the attention
   // workspace is sized first for the capacity reserved, since a capture cannot allocate.
   void graph_begin(int query_heads, int query_tokens);
