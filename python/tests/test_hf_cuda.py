@@ -203,10 +203,10 @@ def eager_greedy(model, ids, cache, new):
 @pytest.mark.parametrize("fields", [dict(method="full"), dict(method="kivi", kivi_bits=2, kivi_group_size=32),
                                     dict(method="kivi", kivi_bits=4), dict(method="kivi"),  # (default: K4V2, groups of 128)
                                     dict(method="h2o", h2o_budget=64), dict(method="pyramidkv", pyramidkv_budget=64),
-                                    dict(method="streaming", streaming_budget=64)])
+                                    dict(method="streaming", streaming_budget=64), dict(method="zipcache")])
 def test_graph_decoder_replays_the_eager_steps(fields):
     """GraphDecoder's replayed steps produce the eager steps' logits, across kivi's window flushes
-    (staging 128: the 170 steps cross one) and h2o's eviction of a row every step (its prompt cut to
+    and zipcache's blocks (staging 128: the 170 steps cross one) and h2o's eviction of a row every step (its prompt cut to
     64 rows; pyramidkv: a budget per layer, tapered around 64). kvslim's kernels run with the same arguments (bit for bit in tests/cuda); the model's
     GEMMs may pick other cuBLAS kernels inside a capture, so an fp32 model, whose reordered sums
     differ by ~1e-6, keeps the comparison tight."""

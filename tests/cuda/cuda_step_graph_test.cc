@@ -258,6 +258,14 @@ TEST(CudaStepGraph, KiviReplaysEqualEagerStepsAcrossFlushes) {
   expect_replays_equal_eager("kivi", 4, DType::bf16, 200, 300, 2, 128);
 }
 
+TEST(CudaStepGraph, ZipcacheReplaysEqualEagerStepsAcrossBlocks) {
+  REQUIRE_GPU();
+  // zipcache at its defaults (staging 128, groups of 32): a block every 128 steps, its norms,
+  // selection and quantization three nodes switched on in that step; the sets grow by reserve().
+  expect_replays_equal_eager("zipcache", 2, DType::bf16, 300, 300);
+  expect_replays_equal_eager("zipcache", 2, DType::f16, 5, 140);  // the first block during the replays
+}
+
 TEST(CudaStepGraph, EvictionReplaysEqualEagerSteps) {
   REQUIRE_GPU();
   // h2o keeping 64 rows per head: every step appends a row, attends over 65 with probabilities and

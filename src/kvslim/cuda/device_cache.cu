@@ -15,11 +15,12 @@
 #include "quant/quant_kernels.h"
 
 namespace kvslim::cuda {
-namespace {
 
-[[noreturn]] void reject(std::string_view method, const std::string& what) {
+void reject(std::string_view method, const std::string& what) {
   throw InputError(std::string(method) + " cache (cuda): " + what);
 }
+
+namespace {
 
 std::size_t round_up(std::size_t x, std::size_t m) { return (x + m - 1) / m * m; }
 
@@ -373,6 +374,11 @@ void DeviceCache::graph_arm(cudaGraphExec_t exec, cudaStream_t stream) {
   in.positions = nullptr;
   stream_ = stream;
   LaunchScope scope(step_->slots, LaunchSlots::Mode::update, exec);
+  struct Arming {
+    bool& flag;
+    explicit Arming(bool& f) : flag(f) { flag = true; }
+    ~Arming() { flag = false; }
+  } arming(arming_);
   absorb_step(in, positions, stream);
   QueryBlock queries = step_->queries;
   queries.stream = stream;

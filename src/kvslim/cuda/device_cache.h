@@ -114,6 +114,9 @@ class DeviceCache : public KVCache {
   std::unique_ptr<StepRecord> step_;
   // Whether a step is being captured (the storage cannot grow: KVCache::reserve first).
   bool capturing() const;
+  // Whether this step is a replayed graph's (captured now, or re-armed): its kernels are the graph's
+  // nodes, so a plain copy on the stream would run before them, not after.
+  bool in_graph_step() const { return capturing() || arming_; }
 
   std::size_t batch_ = 0, heads_ = 0, dim_ = 0;
   int sm_count_ = 0;
@@ -148,11 +151,15 @@ class DeviceCache : public KVCache {
   // Attention workspace (grown on demand).
   mutable DeviceBuffer parts_acc_, parts_ml_, final_ml_, logits_, qpos_;
   mutable DeferredProbs deferred_probs_;
+  bool arming_ = false;  // graph_arm runs the step's host logic
   mutable QueryArgs deferred_query_;  // the step whose probabilities wait (fill_probs)
   // materialize() scratch.
   mutable std::vector<std::uint16_t> view_keys_, view_values_;
   mutable std::vector<std::int64_t> view_positions_;
 };
+
+// InputError "<method> cache (cuda): <what>".
+[[noreturn]] void reject(std::string_view method, const std::string& what);
 
 // Rows [0, rows) of each of BH heads from a [BH, src_stride, row_bytes] store into a [BH, dst_stride,
 // row_bytes] one, enqueued on `stream`.

@@ -54,8 +54,16 @@ void DeviceZipCache::resize_window(std::size_t rows, cudaStream_t stream) {
   window_capacity_ = cap;
 }
 
+void DeviceZipCache::check_not_capturing(const std::string& what) const {
+  if (capturing()) {
+    reject(method(), "a captured step needs " + what + ": reserve() the run's tokens before StepGraph::begin_capture");
+  }
+}
+
 void DeviceZipCache::grow_set(SetStore& s, std::size_t units, cudaStream_t stream) {
   if (units <= s.unit_capacity) return;
+  check_not_capturing(std::to_string(units) + " units of 32 rows in a set, " + std::to_string(s.unit_capacity) +
+                      " are allocated");
   // By an eighth (at least 8 units), as the other device stores grow.
   const std::size_t cap = std::max(units, s.unit_capacity + std::max(s.unit_capacity / 8, std::size_t{8}));
   const std::size_t BH = batch_ * heads_, D = dim_;
@@ -101,9 +109,53 @@ ZipSet DeviceZipCache::zip_set(SetStore& s) const {
   return z;
 }
 
+void DeviceZipCache::grow_mask(std::size_t words, cudaStream_t stream) {
+  if (words <= mask_words_) return;
+  check_not_capturing(std::to_string(words) + " words of saliency bits per head");
+  const std::size_t BH = batch_ * heads_, cap = std::max(words, mask_words_ + mask_words_ / 2 + 64);
+  DeviceBuffer grown;
+  grown.reserve(BH * cap * 4);
+  if (compressed_ > 0) {
+    KVSLIM_CUDA_CHECK(cudaMemcpy2DAsync(grown.get(), cap * 4, mask_.get(), mask_words_ * 4,
+                                        static_cast<std::size_t>(compressed_) / 32 * 4, BH, cudaMemcpyDeviceToDevice, stream));
+    KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
+  mask_ = std::move(grown);
+  mask_words_ = cap;
+}
+
+void DeviceZipCache::reserve(std::size_t tokens) {
+  if (batch_ == 0 || tokens <= rows()) return;  // the shape is known at the first append
+  DeviceGuard guard(device());
+  const cudaStream_t stream = this->stream();
+  // Decode steps make a block each time the window fills (`staging` rows, whole groups).
+  const std::size_t waiting = static_cast<std::size_t>(staged_) + (tokens - rows());
+  const std::size_t blocks = waiting / static_cast<std::size_t>(staging_) + 1;
+  const int m = staging_ / group_rows_ * group_rows_;
+  const int n_hi = static_cast<int>(salient_count(static_cast<std::size_t>(m), hi_fraction_));
+  grow_set(hi_, static_cast<std::size_t>(hi_.units) + blocks * units_for(n_hi), stream);
+  grow_set(lo_, static_cast<std::size_t>(lo_.units) + blocks * units_for(m - n_hi), stream);
+  grow_mask((static_cast<std::size_t>(compressed_) + waiting) / 32 + 1, stream);
+  const std::size_t scratch = batch_ * heads_ * static_cast<std::size_t>(m);
+  norms_.reserve(scratch * sizeof(double));
+  salient_.reserve(scratch);
+  members_.reserve(scratch * sizeof(int));
+}
+
+int DeviceZipCache::parts_at_capacity(const QueryArgs& q) const {
+  PackedRows hi = packed(hi_), lo = packed(lo_);
+  hi.n_units = static_cast<int>(std::max<std::size_t>(hi_.unit_capacity, 1));
+  lo.n_units = static_cast<int>(std::max<std::size_t>(lo_.unit_capacity, 1));
+  return packed_splits(q, hi, sm_count_) + packed_splits(q, lo, sm_count_) +
+         dense_splits(q, staging_, sm_count_, DenseType::f16);
+}
+
 void DeviceZipCache::absorb(const AppendInput& in, const std::vector<std::int64_t>&, cudaStream_t stream) {
   const std::size_t need = static_cast<std::size_t>(staged_) + static_cast<std::size_t>(in.S);
-  if (need > window_capacity_) resize_window(std::max(need, static_cast<std::size_t>(staging_)), stream);
+  if (need > window_capacity_) {
+    check_not_capturing("a window of " + std::to_string(need) + " rows");
+    resize_window(std::max(need, static_cast<std::size_t>(staging_)), stream);
+  }
   StagingWindow w;
   w.k_out = win_k_.as<std::uint16_t>();
   w.v_out = win_v_.as<std::uint16_t>();
@@ -111,32 +163,23 @@ void DeviceZipCache::absorb(const AppendInput& in, const std::vector<std::int64_
   w.capacity = static_cast<long long>(window_capacity_);
   launch_window_append(in, w, staged_, stream);
   staged_ = static_cast<int>(need);
-  if (staged_ >= staging_) flush(staged_ / group_rows_ * group_rows_, stream);
+  // Every step launches the block's kernels, switched off unless the window is full.
+  flush(staged_ >= staging_ ? staged_ / group_rows_ * group_rows_ : 0, stream);
 }
 
 void DeviceZipCache::flush(int m, cudaStream_t stream) {
   const std::size_t BH = batch_ * heads_, D = dim_;
   const int n_hi = static_cast<int>(salient_count(static_cast<std::size_t>(m), hi_fraction_));
-  grow_set(hi_, static_cast<std::size_t>(hi_.units) + units_for(n_hi), stream);
-  grow_set(lo_, static_cast<std::size_t>(lo_.units) + units_for(m - n_hi), stream);
-  const std::size_t words = static_cast<std::size_t>(compressed_ + m) / 32;
-  if (words > mask_words_) {
-    const std::size_t cap = std::max(words, mask_words_ + mask_words_ / 2 + 64);
-    DeviceBuffer grown;
-    grown.reserve(BH * cap * 4);
-    if (mask_words_ > 0) {
-      KVSLIM_CUDA_CHECK(cudaMemcpy2DAsync(grown.get(), cap * 4, mask_.get(), mask_words_ * 4,
-                                          static_cast<std::size_t>(compressed_) / 32 * 4, BH, cudaMemcpyDeviceToDevice,
-                                          stream));
-      KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream));
-    }
-    mask_ = std::move(grown);
-    mask_words_ = cap;
+  if (m > 0) {
+    grow_set(hi_, static_cast<std::size_t>(hi_.units) + units_for(n_hi), stream);
+    grow_set(lo_, static_cast<std::size_t>(lo_.units) + units_for(m - n_hi), stream);
+    grow_mask(static_cast<std::size_t>(compressed_ + m) / 32, stream);
+    const std::size_t scratch = BH * static_cast<std::size_t>(m);
+    if (norms_.bytes() < scratch * sizeof(double)) check_not_capturing("the block's scratch for " + std::to_string(m) + " rows");
+    norms_.reserve(scratch * sizeof(double));
+    salient_.reserve(scratch);
+    members_.reserve(scratch * sizeof(int));
   }
-  const std::size_t scratch = BH * static_cast<std::size_t>(m);
-  norms_.reserve(scratch * sizeof(double));
-  salient_.reserve(scratch);
-  members_.reserve(scratch * sizeof(int));
 
   ZipFlush f;
   f.k = win_k_.as<std::uint16_t>();
@@ -157,6 +200,7 @@ void DeviceZipCache::flush(int m, cudaStream_t stream) {
   f.hi = zip_set(hi_);
   f.lo = zip_set(lo_);
   launch_zip_flush(f, stream);
+  if (m == 0) return;
   blocks_.push_back(Block{compressed_, m, n_hi, hi_.units, lo_.units});
   hi_.units += static_cast<int>(units_for(n_hi));
   lo_.units += static_cast<int>(units_for(m - n_hi));
@@ -164,6 +208,11 @@ void DeviceZipCache::flush(int m, cudaStream_t stream) {
 
   // The rest (< one group, so it does not overlap the rows it moves to) goes to the window's front.
   const int rest = staged_ - m;
+  if (rest > 0 && in_graph_step()) {
+    // A copy on the stream would run before the graph's kernels that read those rows.
+    reject(method(), "a replayed step compresses its whole window (one token a step, zipcache_staging a multiple of "
+                     "zipcache_group_size); " + std::to_string(rest) + " rows would stay");
+  }
   if (rest > 0) {
     KVSLIM_CUDA_CHECK(cudaMemcpy2DAsync(win_k_.as<std::uint16_t>(), window_capacity_ * D * 2,
                                         win_k_.as<std::uint16_t>() + static_cast<std::size_t>(m) * D, window_capacity_ * D * 2,
@@ -178,7 +227,7 @@ void DeviceZipCache::flush(int m, cudaStream_t stream) {
   staged_ = rest;
   // A long prompt's window and scratch go once it is compressed (as the CPU cache gives back its
   // window's memory): what stays is one window of `staging` rows.
-  if (window_capacity_ > 2 * static_cast<std::size_t>(staging_)) {
+  if (window_capacity_ > 2 * static_cast<std::size_t>(staging_) && !in_graph_step()) {
     resize_window(static_cast<std::size_t>(staging_), stream);  // waits for the flush
     norms_.release();
     salient_.release();
@@ -210,18 +259,18 @@ int DeviceZipCache::launch_segments(const QueryArgs& q, const Partials& parts, b
   const int ls = lo_.units > 0 ? packed_splits(q, lo, sm_count_) : 0;
   const int ds = staged_ > 0 ? dense_splits(q, staged_, sm_count_, DenseType::f16) : 0;
   if (!count_only) {
-    if (hs > 0) launch_packed(q, hi, parts, 0, hs, stream);
-    if (ls > 0) launch_packed(q, lo, parts, hs, ls, stream);
-    if (ds > 0) {
-      DenseRows rows;
-      rows.k = win_k_.as<std::uint16_t>();
-      rows.v = win_v_.as<std::uint16_t>();
-      rows.head_stride = static_cast<long long>(window_capacity_ * dim_);
-      rows.pos = win_pos_.as<std::int64_t>();
-      rows.n_rows = staged_;
-      rows.type = DenseType::f16;
-      launch_dense(q, rows, parts, hs + ls, ds, stream);
-    }
+    // The three segments launch in every step, switched off while empty (a replayed step's graph
+    // holds all three: kernel_launch.h).
+    launch_packed(q, hi, parts, 0, hs, stream);
+    launch_packed(q, lo, parts, hs, ls, stream);
+    DenseRows rows;
+    rows.k = win_k_.as<std::uint16_t>();
+    rows.v = win_v_.as<std::uint16_t>();
+    rows.head_stride = static_cast<long long>(window_capacity_ * dim_);
+    rows.pos = win_pos_.as<std::int64_t>();
+    rows.n_rows = staged_;
+    rows.type = DenseType::f16;
+    launch_dense(q, rows, parts, hs + ls, ds, stream);
   }
   return hs + ls + ds;
 }

@@ -10,7 +10,9 @@
 // the codes kernel (per-head positions: saliency differs per head), then the window's fp16 rows.
 //
 // Not here (named errors): attention probabilities (a salient set holds a head's rows out of token
-// order; saliency by attention needs them), every call compressed alone (staging 0), CUDA graphs.
+// order; saliency by attention needs them), every call compressed alone (staging 0). Decode steps
+// replay as a CUDA graph (StepGraph): a block's three kernels are nodes switched on in the step
+// whose window is full.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -46,6 +48,10 @@ class DeviceZipCache final : public DeviceCache {
     std::vector<std::vector<std::uint16_t>> stage_k, stage_v;
   };
   Snapshot snapshot() const;
+  // The sets, saliency bits and scratch for `tokens` in all (the blocks decode steps make), so that
+  // a captured step allocates nothing.
+  void reserve(std::size_t tokens) override;
+  bool graph_replayable() const override { return true; }
 
  private:
   struct SetStore {
@@ -68,6 +74,10 @@ class DeviceZipCache final : public DeviceCache {
   // The window holds at least `rows` rows per head, its staged rows kept (capacity a multiple of 32).
   void resize_window(std::size_t rows, cudaStream_t stream);
   void grow_set(SetStore& s, std::size_t units, cudaStream_t stream);
+  void grow_mask(std::size_t words, cudaStream_t stream);
+  // Refuses growth inside a captured step (named, with what to reserve).
+  void check_not_capturing(const std::string& what) const;
+  int parts_at_capacity(const QueryArgs& q) const override;
   // The window's m oldest rows become one block (zip_flush.h); the rest move to its front.
   void flush(int m, cudaStream_t stream);
   PackedRows packed(const SetStore& s) const;

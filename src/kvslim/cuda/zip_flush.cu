@@ -172,13 +172,15 @@ __global__ void zip_quantize_kernel(ZipFlush f) {
 }  // namespace
 
 void launch_zip_flush(const ZipFlush& f, cudaStream_t stream) {
-  if (f.m == 0) return;
-  launch_kernel(true, false, zip_norms_kernel, dim3((f.m + kNormThreads / 32 - 1) / (kNormThreads / 32), f.BH),
+  // Launch sites in every step, switched off without a block to make (a replayed step's graph holds
+  // all three: kernel_launch.h).
+  const bool on = f.m > 0;
+  launch_kernel(on, false, zip_norms_kernel, dim3((f.m + kNormThreads / 32 - 1) / (kNormThreads / 32), f.BH),
                 dim3(kNormThreads), 0, stream, f);
-  launch_kernel(true, false, zip_select_kernel, dim3(f.BH), dim3(kSelectThreads), 0, stream, f);
+  launch_kernel(on, false, zip_select_kernel, dim3(f.BH), dim3(kSelectThreads), 0, stream, f);
   const int larger = f.n_hi > f.m - f.n_hi ? f.n_hi : f.m - f.n_hi;
   const int groups = (larger + f.group_rows - 1) / f.group_rows;
-  launch_kernel(true, false, zip_quantize_kernel, dim3(groups, f.BH, 4), dim3(f.D), static_cast<std::size_t>(32 * f.D),
+  launch_kernel(on, false, zip_quantize_kernel, dim3(groups, f.BH, 4), dim3(f.D), static_cast<std::size_t>(32 * f.D),
                 stream, f);
 }
 

@@ -45,7 +45,8 @@ struct ZipFlush {
   ZipSet hi, lo;
 };
 
-// The block's norms, saliency, both sets' codes and parameters and their positions, on `stream`.
+// The block's norms, saliency, both sets' codes and parameters and their positions, on `stream`
+// (m == 0: the three launches switched off).
 void launch_zip_flush(const ZipFlush& f, cudaStream_t stream);
 
 }  // namespace kvslim::cuda
