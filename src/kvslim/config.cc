@@ -213,47 +213,38 @@ void KVCacheConfig::validate() const {
   }
   if (storage != "fp16" && device != "cpu") fail("storage", "\"" + storage + "\"", "must be fp16 on a CUDA device (device = " + device + ")");
   if (device_index() < -1) fail("device", "\"" + device + "\"", "must be \"cpu\", \"cuda\" or \"cuda:N\" (N >= 0)");
-  // The CUDA kivi storage (DeviceKiviCache) reads 2-, 4- or 8-bit codes, keys and values each at
-  // their own width, in groups of whole 32-row units, behind a window.
+  // The CUDA quantizer storages (DeviceKiviCache, DeviceZipCache) read 2-, 4- or 8-bit codes in
+  // groups of whole 32-row units, behind a window; zipcache's saliency is by key norm (its sets keep
+  // a head's rows out of token order: no attention probabilities to score by).
+  const auto device_width = [&](const char* name, int shown, int bits) {
+    if (bits != 2 && bits != 4 && bits != 8) {
+      fail(name, std::to_string(shown),
+           "must be 2, 4 or 8 on a CUDA device (device = " + device + ": its kernels read 2-, 4- or 8-bit codes)");
+    }
+  };
+  const auto device_groups = [&](const char* group_name, int group, const char* staging_name, int staging) {
+    if (group % 32 != 0 || group > 1024) {
+      fail(group_name, std::to_string(group),
+           "must be a multiple of 32 up to 1024 on a CUDA device (device = " + device + ": its kernels read 32-row units)");
+    }
+    if (staging <= 0) {
+      fail(staging_name, std::to_string(staging),
+           "must be a window (a multiple of " + std::string(group_name) + ", default 128) on a CUDA device (device = " +
+               device + ": every call compressed alone has no CUDA storage)");
+    }
+  };
   if (device != "cpu" && method == "kivi") {
-    for (const auto& [name, v, bits] : {std::tuple{"kivi_key_bits", kivi_key_bits, kivi_keys_at()},
-                                        std::tuple{"kivi_value_bits", kivi_value_bits, kivi_values_at()}}) {
-      if (bits != 2 && bits != 4 && bits != 8) {
-        fail(v == -1 ? "kivi_bits" : name, std::to_string(v == -1 ? kivi_bits : v),
-             "must be 2, 4 or 8 on a CUDA device (device = " + device + ": its kernels read 2-, 4- or 8-bit codes)");
-      }
-    }
-    if (kivi_group_size % 32 != 0 || kivi_group_size > 1024) {
-      fail("kivi_group_size", std::to_string(kivi_group_size),
-           "must be a multiple of 32 up to 1024 on a CUDA device (device = " + device + ": its kernels read 32-row units)");
-    }
-    if (kivi_staging <= 0) {
-      fail("kivi_staging", std::to_string(kivi_staging),
-           "must be a window (a multiple of kivi_group_size, default 128) on a CUDA device (device = " + device +
-               ": every call compressed alone has no CUDA storage)");
-    }
+    device_width(kivi_key_bits == -1 ? "kivi_bits" : "kivi_key_bits", kivi_key_bits == -1 ? kivi_bits : kivi_key_bits,
+                 kivi_keys_at());
+    device_width(kivi_value_bits == -1 ? "kivi_bits" : "kivi_value_bits",
+                 kivi_value_bits == -1 ? kivi_bits : kivi_value_bits, kivi_values_at());
+    device_groups("kivi_group_size", kivi_group_size, "kivi_staging", kivi_staging);
   }
-  // The CUDA zipcache storage (DeviceZipCache) reads 2-, 4- or 8-bit codes in 32-row units, behind
-  // a window, its saliency by key norm (its sets keep a head's rows out of token order: no
-  // attention probabilities to score by).
   if (device != "cpu" && method == "zipcache") {
-    const int value_bits = zipcache_value_bits == -1 ? zipcache_hi_bits : zipcache_value_bits;
-    for (const auto& [name, v] : {std::pair{"zipcache_hi_bits", zipcache_hi_bits}, std::pair{"zipcache_lo_bits", zipcache_lo_bits},
-                                  std::pair{zipcache_value_bits == -1 ? "zipcache_hi_bits" : "zipcache_value_bits", value_bits}}) {
-      if (v != 2 && v != 4 && v != 8) {
-        fail(name, std::to_string(v),
-             "must be 2, 4 or 8 on a CUDA device (device = " + device + ": its kernels read 2-, 4- or 8-bit codes)");
-      }
-    }
-    if (zipcache_group_size % 32 != 0 || zipcache_group_size > 1024) {
-      fail("zipcache_group_size", std::to_string(zipcache_group_size),
-           "must be a multiple of 32 up to 1024 on a CUDA device (device = " + device + ": its kernels read 32-row units)");
-    }
-    if (zipcache_staging <= 0) {
-      fail("zipcache_staging", std::to_string(zipcache_staging),
-           "must be a window (a multiple of zipcache_group_size, default 128) on a CUDA device (device = " + device +
-               ": every call compressed alone would keep a 32-row unit per decode token)");
-    }
+    device_width("zipcache_hi_bits", zipcache_hi_bits, zipcache_hi_bits);
+    device_width("zipcache_lo_bits", zipcache_lo_bits, zipcache_lo_bits);
+    if (zipcache_value_bits != -1) device_width("zipcache_value_bits", zipcache_value_bits, zipcache_value_bits);
+    device_groups("zipcache_group_size", zipcache_group_size, "zipcache_staging", zipcache_staging);
     if (zipcache_saliency != "key_norm") {
       fail("zipcache_saliency", "\"" + zipcache_saliency + "\"",
            "must be key_norm on a CUDA device (device = " + device + ": its sets keep each head's rows out of token order, "

@@ -218,8 +218,8 @@ struct ExactRows {
   std::vector<std::int64_t> pos;
 };
 
-ExactRows exact_rows(const KVCache& gpu, int bits) {
-  const CacheView view = gpu.materialize();
+// A view's fp16 rows as doubles (heads packed: head_stride == tokens).
+ExactRows rows_of(const CacheView& view) {
   ExactRows e;
   e.B = view.batch;
   e.H = view.heads;
@@ -232,6 +232,11 @@ ExactRows exact_rows(const KVCache& gpu, int bits) {
     e.k[i] = fp16_to_f32(view.keys[i]);
     e.v[i] = fp16_to_f32(view.values[i]);
   }
+  return e;
+}
+
+ExactRows exact_rows(const KVCache& gpu, int bits) {
+  ExactRows e = rows_of(gpu.materialize());
   if (bits == 0) return e;
   // Packed rows: decode exactly from the codes and parameters (materialize rounds to fp16); keys and
   // values at their own widths, one parameter set per group_rows rows.
@@ -804,20 +809,8 @@ TEST(CudaZipcache, SaliencyAndCodesEqualTheCpuCacheBitForBit) {
 // float64 attention over the rows the device holds, decoded exactly from its codes, in token order.
 ExactRows zip_exact_rows(const KVCache& gpu) {
   const auto snap = dynamic_cast<const cuda::DeviceZipCache&>(gpu).snapshot();
-  const CacheView view = gpu.materialize();
-  ExactRows e;
-  e.B = view.batch;
-  e.H = view.heads;
-  e.N = view.tokens;
-  e.D = view.head_dim;
+  ExactRows e = rows_of(gpu.materialize());  // the window's rows as stored; the blocks' below
   const std::size_t D = e.D;
-  e.k.resize(e.B * e.H * e.N * D);
-  e.v.resize(e.k.size());
-  e.pos.assign(view.positions, view.positions + e.N);
-  for (std::size_t i = 0; i < e.k.size(); ++i) {  // the window's rows as stored
-    e.k[i] = fp16_to_f32(view.keys[i]);
-    e.v[i] = fp16_to_f32(view.values[i]);
-  }
   for (std::size_t bh = 0; bh < e.B * e.H; ++bh) {
     for (const auto& blk : snap.blocks) {
       int next[2] = {0, 0};
@@ -871,20 +864,9 @@ void check_zip_attend(ZipPair& z, std::size_t Hq, const std::vector<std::int64_t
   // Against the same keys over the input values (the values unquantized): the device's value error
   // is the CPU cache's kind of error (values grouped otherwise, so not to the bit). Outlier values
   // (x25) make single elements noisy: the relative L2 is pooled over the configuration's checks.
-  ExactRows plain;
-  {
-    const CacheView v = z.p.cpu->materialize();
-    plain.B = v.batch;
-    plain.H = v.heads;
-    plain.N = v.tokens;
-    plain.D = v.head_dim;
-    plain.pos.assign(v.positions, v.positions + v.tokens);
-    plain.k.assign(v.keys, v.keys + plain.B * plain.H * plain.N * plain.D);
-    for (auto& x : plain.k) x = fp16_to_f32(static_cast<std::uint16_t>(x));
-    plain.v.resize(plain.k.size());
-    for (std::size_t bh = 0; bh < plain.B * plain.H; ++bh) {
-      for (std::size_t i = 0; i < plain.N * plain.D; ++i) plain.v[bh * plain.N * plain.D + i] = z.values[bh][i];
-    }
+  ExactRows plain = rows_of(z.p.cpu->materialize());
+  for (std::size_t bh = 0; bh < plain.B * plain.H; ++bh) {
+    for (std::size_t i = 0; i < plain.N * plain.D; ++i) plain.v[bh * plain.N * plain.D + i] = z.values[bh][i];
   }
   std::vector<double> ref_plain;
   reference(plain, q, S, Hq, qpos, ref_plain, probs);
