@@ -157,7 +157,9 @@ def test_zipcache_on_device_decodes_like_the_cpu_cache():
     # The other seed method on the GPU: the same salient rows and key codes as the host cache (the
     # device groups each set's values over that set's rows, the host in token order), so the logits
     # differ by the values' rounding only. 300-token prompt: a block of 288 rows, then the window.
-    cpu, gpu, ref, got = cpu_and_gpu(dict(method="zipcache"), seed=9)
+    seed_defaults = dict(zipcache_hi_bits=4, zipcache_lo_bits=2, zipcache_value_bits=4, zipcache_hi_fraction=0.2,
+                         zipcache_group_size=32, zipcache_staging=128)  # the seed's split, whatever the defaults
+    cpu, gpu, ref, got = cpu_and_gpu(dict(method="zipcache", **seed_defaults), seed=9)
     assert gpu.layers[0].state.on_device
     assert_logits_close(ref, got, 3e-2, "zipcache")
     for c, d in zip(cpu.stats(), gpu.stats()):
@@ -203,7 +205,8 @@ def eager_greedy(model, ids, cache, new):
 @pytest.mark.parametrize("fields", [dict(method="full"), dict(method="kivi", kivi_bits=2, kivi_group_size=32),
                                     dict(method="kivi", kivi_bits=4), dict(method="kivi"),  # (default: K4V2, groups of 128)
                                     dict(method="h2o", h2o_budget=64), dict(method="pyramidkv", pyramidkv_budget=64),
-                                    dict(method="streaming", streaming_budget=64), dict(method="zipcache")])
+                                    dict(method="streaming", streaming_budget=64),
+                                    dict(method="zipcache", zipcache_group_size=32, zipcache_staging=128)])
 def test_graph_decoder_replays_the_eager_steps(fields):
     """GraphDecoder's replayed steps produce the eager steps' logits, across kivi's window flushes
     and zipcache's blocks (staging 128: the 170 steps cross one) and h2o's eviction of a row every step (its prompt cut to

@@ -83,10 +83,11 @@ struct DenseRows {
 int packed_splits(const QueryArgs& q, const PackedRows& rows, int sm_count);
 int dense_splits(const QueryArgs& q, int n_rows, int sm_count, DenseType type);
 
-// Launch on `stream`; each writes parts [part_base, part_base + splits). A dense segment after
-// another segment of the same call (part_base > 0) launches early (programmatic dependent launch):
-// it reads nothing that segment writes until it waits for it; the first segment of a call never
-// does, since it reads the queries the caller's previous kernel wrote.
+// Launch on `stream`; each writes parts [part_base, part_base + splits). A segment after another
+// segment of the same call (part_base > 0: kivi's window, zipcache's second set and window) launches
+// early (programmatic dependent launch) and runs beside it: it reads nothing that segment writes,
+// and waits for it before it exits; the first segment of a call never does, since it reads the
+// queries the caller's previous kernel wrote.
 void launch_packed(const QueryArgs& q, const PackedRows& rows, const Partials& parts, int part_base, int splits,
                    cudaStream_t stream);
 void launch_dense(const QueryArgs& q, const DenseRows& rows, const Partials& parts, int part_base, int splits,

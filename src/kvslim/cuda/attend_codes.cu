@@ -485,6 +485,7 @@ __global__ void __launch_bounds__(kThreads, codes_min_ctas(D, NSUB, GROUPED))
   }
   __syncthreads();
   merge_warps<D>(a, tile, bh, red, parts, part_base + blockIdx.x);
+  pdl_wait();  // launched early after another codes segment (part_base > 0): finish after it
 }
 
 template <int KB, int VB, int D, int NSUB, bool GROUPED>
@@ -511,7 +512,7 @@ void codes_launch(const QueryArgs& q, const PackedRows& rows, const Partials& pa
   auto kernel = attend_codes_kernel<KB, VB, D, NSUB, GROUPED>;
   static std::atomic<unsigned long long> done{0};
   set_smem(kernel, smem, done);
-  launch_kernel(splits > 0, false, kernel, dim3(splits, q.tiles(), q.B * q.Hkv), dim3(kThreads), smem, stream, q, rows,
+  launch_kernel(splits > 0, part_base > 0, kernel, dim3(splits, q.tiles(), q.B * q.Hkv), dim3(kThreads), smem, stream, q, rows,
                 parts, part_base, split_units(rows, splits));
 }
 
