@@ -41,8 +41,8 @@ def variants(budget: int) -> dict:
         "squeeze+hidden+attention": {"method": "squeeze", "squeeze_budget": budget, "squeeze_signal": "hidden_cosine",
                                      "evict_scoring": "attention_normalized"},
         "pyramidkv": {"method": "pyramidkv", "pyramidkv_budget": budget},
-        "zipcache": {"method": "zipcache", "zipcache_staging": 32},
-        "zipcache+attention": {"method": "zipcache", "zipcache_staging": 32, "zipcache_saliency": "attention_normalized"},
+        "zipcache": {"method": "zipcache", "zipcache_staging": 32, "zipcache_group_size": 32},
+        "zipcache+attention": {"method": "zipcache", "zipcache_staging": 32, "zipcache_group_size": 32, "zipcache_saliency": "attention_normalized"},
         "kivi": {"method": "kivi", "kivi_group_size": 32, "kivi_staging": 32},
     }
 

@@ -84,7 +84,7 @@ class Spy(kvslim.Cache):
 @pytest.mark.parametrize("fields", [
     {"method": "h2o", "h2o_budget": 8, "evict_scoring": "attention"},
     {"method": "squeeze", "squeeze_budget": 8, "evict_scoring": "attention_normalized"},
-    {"method": "zipcache", "zipcache_saliency": "attention_normalized", "zipcache_staging": 32},
+    {"method": "zipcache", "zipcache_saliency": "attention_normalized", "zipcache_staging": 32, "zipcache_group_size": 32},
 ])
 @pytest.mark.parametrize("mode", MODES)
 def test_attention_probabilities_reach_the_cache(fields, mode):

@@ -21,8 +21,8 @@ CONFIGS = {
     "squeeze": {"squeeze_budget": 16},
     "squeeze_attention": {"method": "squeeze", "squeeze_budget": 16, "evict_scoring": "attention_normalized"},
     "pyramidkv": {"pyramidkv_budget": 16},
-    "zipcache": {"zipcache_staging": 32},
-    "zipcache_attention": {"method": "zipcache", "zipcache_staging": 32, "zipcache_saliency": "attention_normalized"},
+    "zipcache": {"zipcache_staging": 32, "zipcache_group_size": 32},
+    "zipcache_attention": {"method": "zipcache", "zipcache_staging": 32, "zipcache_group_size": 32, "zipcache_saliency": "attention_normalized"},
     "kivi": {"kivi_group_size": 32, "kivi_staging": 32},
 }
 

@@ -30,7 +30,7 @@ PROMPT, DECODE = 96, 6
 METHODS = {
     "full": dict(method="full"),
     "kivi": dict(method="kivi", kivi_staging=32, kivi_group_size=32),
-    "zipcache": dict(method="zipcache", zipcache_staging=32, zipcache_saliency="attention_normalized"),
+    "zipcache": dict(method="zipcache", zipcache_staging=32, zipcache_group_size=32, zipcache_saliency="attention_normalized"),
     "streaming": dict(method="streaming", streaming_budget=40, streaming_n_sink=4),
     "h2o": dict(method="h2o", h2o_budget=40),
     "pyramidkv": dict(method="pyramidkv", pyramidkv_budget=40),

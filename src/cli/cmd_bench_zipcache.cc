@@ -150,6 +150,7 @@ int run(const Options& o) {
     c.zipcache_hi_bits = o.hi_bits;
     c.zipcache_lo_bits = o.lo_bits;
     c.zipcache_group_size = o.group;
+    c.zipcache_hi_fraction = 0.2;  // the seed's split (kvslim's default moved in issue 27)
     caches.push_back(KVCacheFactory::create(c));
   }
   const std::size_t H = static_cast<std::size_t>(o.gen_heads);

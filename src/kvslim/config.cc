@@ -186,7 +186,9 @@ void KVCacheConfig::validate() const {
   // The zipcache / kivi caches compress whole groups of their window; as the storage under a policy
   // (storage = zipcache / kivi) a smaller staging compresses decode rows that many at a time, in
   // a group of its own.
-  if (zipcache_staging % zipcache_group_size != 0 && !(storage == "zipcache" && zipcache_staging < zipcache_group_size)) {
+  // (The zipcache fields bind only a zipcache cache or storage.)
+  if ((method == "zipcache" || storage == "zipcache") && zipcache_staging % zipcache_group_size != 0 &&
+      !(storage == "zipcache" && zipcache_staging < zipcache_group_size)) {
     fail("zipcache_staging", std::to_string(zipcache_staging), "must be a multiple of zipcache_group_size = " + std::to_string(zipcache_group_size));
   }
   check_choice("zipcache_saliency", zipcache_saliency, {"key_norm", "attention_normalized"});

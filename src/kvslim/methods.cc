@@ -192,7 +192,7 @@ const std::vector<Row>& table() {
                          .description = "h2o at its default over zipcache 4/2 bits, 20% salient by the policy's normalised "
                                         "attention (storage=zipcache)",
                          .settings = "storage=zipcache,zipcache_saliency=attention_normalized,zipcache_staging=32,"
-                                     "kivi_group_size=32,kivi_staging=32"},
+                                     "zipcache_hi_fraction=0.2,zipcache_group_size=32,kivi_group_size=32,kivi_staging=32"},
                         {.name = "h2o+kivi4_g64",
                          .description = "h2o at its default over uniform 4-bit groups of 64 rows, decode rows 16 at a time "
                                         "(storage=kivi)",
@@ -315,7 +315,8 @@ const std::vector<Row>& table() {
                          .description = "squeeze at its default over zipcache 4/2 bits, 20% salient by the policy's normalised "
                                         "attention (storage=zipcache)",
                          .settings = "squeeze_signal=key_dispersion,storage=zipcache,zipcache_saliency=attention_normalized,"
-                                     "zipcache_staging=32,kivi_group_size=32,kivi_staging=32"},
+                                     "zipcache_staging=32,zipcache_hi_fraction=0.2,zipcache_group_size=32,kivi_group_size=32,"
+                                     "kivi_staging=32"},
                         {.name = "squeeze+kivi4_g64",
                          .description = "squeeze at its default over uniform 4-bit groups of 64 rows, decode rows 16 at a time "
                                         "(storage=kivi)",
@@ -450,23 +451,43 @@ const std::vector<Row>& table() {
                     {
                         {.name = "zipcache_4_2_h20",
                          .description = "ZipCache: 20% salient tokens at 4 bits, the rest at 2 (key-norm saliency)",
-                         .settings = "zipcache_hi_bits=4,zipcache_lo_bits=2,zipcache_hi_fraction=0.2",
+                         .settings = "zipcache_hi_bits=4,zipcache_lo_bits=2,zipcache_hi_fraction=0.2,zipcache_group_size=32",
                          .quick = true},
                         {.name = "zipcache_4_2_h50",
                          .description = "ZipCache: 50% salient tokens at 4 bits, the rest at 2 (key-norm saliency)",
-                         .settings = "zipcache_hi_bits=4,zipcache_lo_bits=2,zipcache_hi_fraction=0.5"},
+                         .settings = "zipcache_hi_bits=4,zipcache_lo_bits=2,zipcache_hi_fraction=0.5,zipcache_group_size=32"},
                         {.name = "zipcache_8_4_h20",
                          .description = "ZipCache: 20% salient tokens at 8 bits, the rest at 4 (key-norm saliency)",
-                         .settings = "zipcache_hi_bits=8,zipcache_lo_bits=4,zipcache_hi_fraction=0.2"},
+                         .settings = "zipcache_hi_bits=8,zipcache_lo_bits=4,zipcache_hi_fraction=0.2,zipcache_group_size=32"},
                         {.name = "zipcache_4_1_h20",
                          .description = "ZipCache: 20% salient tokens at 4 bits, the rest at 1 (key-norm saliency)",
-                         .settings = "zipcache_hi_bits=4,zipcache_lo_bits=1,zipcache_hi_fraction=0.2"},
+                         .settings = "zipcache_hi_bits=4,zipcache_lo_bits=1,zipcache_hi_fraction=0.2,zipcache_group_size=32"},
                         {.name = "zipcache_4_3_h20",
                          .description = "ZipCache: 20% salient tokens at 4 bits, the rest at 3 (key-norm saliency)",
-                         .settings = "zipcache_hi_bits=4,zipcache_lo_bits=3,zipcache_hi_fraction=0.2"},
+                         .settings = "zipcache_hi_bits=4,zipcache_lo_bits=3,zipcache_hi_fraction=0.2,zipcache_group_size=32"},
+                        // Issue 27 (stop 40): zipcache's split re-chosen with kvlist in view, at widths a GPU
+                        // storage holds (2/4/8 bits, groups of whole 32-row units).
+                        {.name = "zipcache_4_2_h20_v2_g128",
+                         .description = "ZipCache keys: 20% salient rows at 4 bits, the rest at 2; values at 2 bits; groups of 128 rows",
+                         .settings = "zipcache_hi_bits=4,zipcache_lo_bits=2,zipcache_hi_fraction=0.2,zipcache_value_bits=2,"
+                                     "zipcache_group_size=128,zipcache_staging=128"},
+                        {.name = "zipcache_4_2_h50_v2_g128",
+                         .description = "ZipCache keys: 50% salient rows at 4 bits, the rest at 2; values at 2 bits; groups of 128 rows",
+                         .settings = "zipcache_hi_bits=4,zipcache_lo_bits=2,zipcache_hi_fraction=0.5,zipcache_value_bits=2,"
+                                     "zipcache_group_size=128,zipcache_staging=128"},
+                        {.name = "zipcache_4_2_h50_v4_g128",
+                         .description = "ZipCache keys: 50% salient rows at 4 bits, the rest at 2; values at 4 bits; groups of 128 "
+                                        "rows (zipcache's default since stop 40)",
+                         .settings = "zipcache_hi_bits=4,zipcache_lo_bits=2,zipcache_hi_fraction=0.5,zipcache_value_bits=4,"
+                                     "zipcache_group_size=128,zipcache_staging=128",
+                         .quick = true},
+                        {.name = "zipcache_8_4_h20_v2_g128",
+                         .description = "ZipCache keys: 20% salient rows at 8 bits, the rest at 4; values at 2 bits; groups of 128 rows",
+                         .settings = "zipcache_hi_bits=8,zipcache_lo_bits=4,zipcache_hi_fraction=0.2,zipcache_value_bits=2,"
+                                     "zipcache_group_size=128,zipcache_staging=128"},
                         {.name = "zipcache_4_2_h20_attn",
                          .description = "ZipCache 4/2 bits, 20% salient by normalised attention (the paper's)",
-                         .settings = "zipcache_saliency=attention_normalized",
+                         .settings = "zipcache_hi_fraction=0.2,zipcache_group_size=32,zipcache_saliency=attention_normalized",
                          .compares_to = "zipcache_4_2_h20"},
                         // Issue 27, 12.5 % of the bytes with every token: keys between 2 and 3 bits,
                         // values at 1 bit (kvslim's kivi_k3v1_g512 sits at 13.4 %).

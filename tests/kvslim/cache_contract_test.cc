@@ -251,6 +251,7 @@ std::vector<KVCacheConfig> threading_configs() {
       c.evict_scoring = scoring;
       c.kivi_group_size = 32;
       c.kivi_staging = c.zipcache_staging = 32;
+      c.zipcache_group_size = 32;
       if (scoring == "attention") c.zipcache_saliency = "attention_normalized";
       out.push_back(c);
     }

@@ -18,8 +18,10 @@ TEST(Config, OriginalDefaults) {
   EXPECT_EQ(c.h2o_n_sink, 4);
   EXPECT_EQ(c.zipcache_hi_bits, 4);
   EXPECT_EQ(c.zipcache_lo_bits, 2);
-  EXPECT_EQ(c.zipcache_hi_fraction, 0.20);
-  EXPECT_EQ(c.zipcache_group_size, 32);
+  // zipcache's split was re-chosen with the later question in view (issue 27: the seed's 0.2 / 32
+  // kept kvlist after the context at 0.78, this 0.88 at 10 % fewer bytes; docs/results.md).
+  EXPECT_EQ(c.zipcache_hi_fraction, 0.5);
+  EXPECT_EQ(c.zipcache_group_size, 128);
   EXPECT_TRUE(c.zipcache_quantize_values);
   EXPECT_NO_THROW(c.validate());
 }
@@ -57,7 +59,6 @@ TEST(Config, EveryInvalidFieldIsRejectedByName) {
       {"zipcache_lo_bits", "5"},  // > hi_bits
       {"zipcache_hi_fraction", "1.01"},
       {"zipcache_group_size", "0"},
-      {"zipcache_staging", "48"},  // not a multiple of 32
       {"zipcache_staging", "-32"},
       {"zipcache_saliency", "attention"},
       {"kivi_bits", "0"},
@@ -74,6 +75,16 @@ TEST(Config, EveryInvalidFieldIsRejectedByName) {
       EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
     }
   }
+  // A zipcache window of whole groups (the zipcache fields bind a zipcache cache or storage only).
+  KVCacheConfig z;
+  z.method = "zipcache";
+  z.zipcache_group_size = 32;
+  z.zipcache_staging = 48;
+  EXPECT_THROW(z.validate(), ConfigError);
+  z.method = "h2o";
+  EXPECT_NO_THROW(z.validate());
+  z.storage = "zipcache";
+  EXPECT_THROW(z.validate(), ConfigError);
 }
 
 TEST(Config, RecentWindowMustLeaveRoomToEvict) {
