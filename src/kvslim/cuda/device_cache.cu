@@ -227,7 +227,7 @@ void DeviceCache::attend(const QueryBlock& queries, std::span<const std::int64_t
     LaunchScope scope(step_->slots, LaunchSlots::Mode::capture);
     // A cache whose captured step must observe (graph_captured refuses one that does not) leaves
     // the probabilities to the observation's kernel.
-    attend_checked(q, out, probs, stream, probs != nullptr && graph_observes() && q.S == 1);
+    attend_checked(q, out, probs, stream, probs_by_observation(probs, q.S));
     step_->queries = queries;
     step_->out = out;
     step_->probs = probs;
@@ -290,8 +290,7 @@ void DeviceCache::attend_checked(const QueryArgs& q_in, float* out, float* probs
   launch_segments(q, parts, false, stream);
   launch_combine(q, parts, n_parts, out, probs ? final_ml_.as<float>() : nullptr, stream);
   if (probs && probs_by_observation) {
-    deferred_probs_ = DeferredProbs{probs, logits_.as<float>(), final_ml_.as<float>(), q.G, q.rows_total};
-    deferred_query_ = q;
+    deferred_probs_ = DeferredProbs{probs, q, final_ml_.as<float>()};
   } else if (probs) {
     launch_probs(q, final_ml_.as<float>(), probs, stream);
   }
@@ -304,7 +303,7 @@ DeviceCache::DeferredProbs DeviceCache::take_deferred_probs() const {
 }
 
 void DeviceCache::fill_probs(const DeferredProbs& d, cudaStream_t stream) const {
-  if (d.probs != nullptr) launch_probs(deferred_query_, d.final_ml, d.probs, stream);
+  if (d.probs != nullptr) launch_probs(d.query, d.final_ml, d.probs, stream);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -387,7 +386,7 @@ void DeviceCache::graph_arm(cudaGraphExec_t exec, cudaStream_t stream) {
     reject(method_, "StepGraph: the step attends over " + std::to_string(q.rows_total) + " rows, the captured one over " +
                         std::to_string(step_->rows_total) + " (its probabilities' shape); capture again");
   }
-  attend_checked(q, step_->out, step_->probs, stream, step_->probs != nullptr && graph_observes() && q.S == 1);
+  attend_checked(q, step_->out, step_->probs, stream, probs_by_observation(step_->probs, q.S));
   if (step_->observed) {
     AttentionObservation obs = step_->observation;
     obs.query_positions = positions;

@@ -81,11 +81,9 @@ class DeviceCache : public KVCache {
   // (max, sum) as attend's probs kernel would and writes them where attend was asked to: one launch
   // fewer per layer and step. What that kernel needs, taken once (null probs: nothing deferred).
   struct DeferredProbs {
-    float* probs = nullptr;            // [B * Hkv, rows_total] (one query token)
-    const float* logits = nullptr;     // [B * Hkv, G, rows_total]
-    const float* final_ml = nullptr;   // [B * Hkv, G, 2]
-    int G = 0;
-    long long rows_total = 0;
+    float* probs = nullptr;          // [B * Hkv, rows_total] (one query token); null: nothing deferred
+    QueryArgs query;                 // the step: logits [B * Hkv, G, rows_total], G, rows_total
+    const float* final_ml = nullptr;  // [B * Hkv, G, 2]
   };
   DeferredProbs take_deferred_probs() const;
   // Runs attend's own probs kernel for them (an observation that cannot compute them itself).
@@ -130,6 +128,10 @@ class DeviceCache : public KVCache {
   void absorb_step(const AppendInput& in, const std::vector<std::int64_t>& resolved, cudaStream_t stream);
   QueryArgs query_args(const QueryBlock& queries, std::span<const std::int64_t> query_positions) const;
   // probs_by_observation: the step's observation computes probs (DeferredProbs), attend does not.
+  // True for a captured or re-armed one-token step of a cache that observes every step.
+  bool probs_by_observation(const float* probs, int query_tokens) const {
+    return probs != nullptr && graph_observes() && query_tokens == 1;
+  }
   void attend_checked(const QueryArgs& q, float* out, float* probs, cudaStream_t stream,
                       bool probs_by_observation = false) const;
 
@@ -152,7 +154,6 @@ class DeviceCache : public KVCache {
   mutable DeviceBuffer parts_acc_, parts_ml_, final_ml_, logits_, qpos_;
   mutable DeferredProbs deferred_probs_;
   bool arming_ = false;  // graph_arm runs the step's host logic
-  mutable QueryArgs deferred_query_;  // the step whose probabilities wait (fill_probs)
   // materialize() scratch.
   mutable std::vector<std::uint16_t> view_keys_, view_values_;
   mutable std::vector<std::int64_t> view_positions_;

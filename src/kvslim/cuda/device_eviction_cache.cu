@@ -543,7 +543,7 @@ bool DeviceEvictionCache::observe_on_device(const AttentionObservation& obs) {
   const auto stream = static_cast<cudaStream_t>(obs.stream);
   const DeferredProbs deferred = take_deferred_probs();
   const bool computes_probs = deferred.probs != nullptr && deferred.probs == obs.probs &&
-                              deferred.rows_total == static_cast<long long>(obs.stride);
+                              deferred.query.rows_total == static_cast<long long>(obs.stride);
   if (obs.queries != 1 || n > limit + 1 || core_.fell_back() || (deferred.probs != nullptr && !computes_probs)) {
     // The probabilities attend left to this observation are computed now, as attend would have.
     if (deferred.probs != nullptr) fill_probs(deferred, stream);
@@ -555,9 +555,9 @@ bool DeviceEvictionCache::observe_on_device(const AttentionObservation& obs) {
   o.probs_stride = static_cast<long long>(obs.stride);
   if (computes_probs) {
     o.probs_out = deferred.probs;
-    o.logits = deferred.logits;
+    o.logits = deferred.query.logits;
     o.final_ml = deferred.final_ml;
-    o.G = deferred.G;
+    o.G = deferred.query.G;
   }
   o.k = slots_->keys();
   o.v = slots_->values();

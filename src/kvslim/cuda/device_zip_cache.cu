@@ -275,35 +275,36 @@ int DeviceZipCache::launch_segments(const QueryArgs& q, const Partials& parts, b
   return hs + ls + ds;
 }
 
-DeviceZipCache::SetSnapshot DeviceZipCache::set_snapshot(const SetStore& s) const {
+DeviceZipCache::SetSnapshot DeviceZipCache::set_snapshot(const SetStore& s, std::size_t first, std::size_t count) const {
   SetSnapshot out;
-  const std::size_t BH = batch_ * heads_, D = dim_, U = static_cast<std::size_t>(s.units);
+  const std::size_t D = dim_, U = static_cast<std::size_t>(s.units);
   out.units = s.units;
   out.k_row_bytes = static_cast<int>(D) * s.k_bits / 8;
   out.v_row_bytes = static_cast<int>(D) * s.v_bits / 8;
   const std::size_t KRB = static_cast<std::size_t>(out.k_row_bytes), VRB = static_cast<std::size_t>(out.v_row_bytes);
-  out.k_codes.resize(BH);
-  out.v_codes.resize(BH);
-  out.k_params.resize(BH);
-  out.v_params.resize(BH);
-  out.pos.resize(BH);
-  for (std::size_t bh = 0; bh < BH; ++bh) {
-    out.k_codes[bh].resize(U * 32 * KRB);
-    out.v_codes[bh].resize(U * 32 * VRB);
-    out.k_params[bh].resize(U * 2 * D);
-    out.v_params[bh].resize(U * 2 * D);
-    out.pos[bh].resize(U * 32);
+  out.k_codes.resize(count);
+  out.v_codes.resize(count);
+  out.k_params.resize(count);
+  out.v_params.resize(count);
+  out.pos.resize(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    const std::size_t bh = first + i;
+    out.k_codes[i].resize(U * 32 * KRB);
+    out.v_codes[i].resize(U * 32 * VRB);
+    out.k_params[i].resize(U * 2 * D);
+    out.v_params[i].resize(U * 2 * D);
+    out.pos[i].resize(U * 32);
     if (U == 0) continue;
     const std::size_t cap = s.unit_capacity;
-    KVSLIM_CUDA_CHECK(cudaMemcpy(out.k_codes[bh].data(), s.k_codes.as<std::uint8_t>() + bh * cap * 32 * KRB, U * 32 * KRB,
+    KVSLIM_CUDA_CHECK(cudaMemcpy(out.k_codes[i].data(), s.k_codes.as<std::uint8_t>() + bh * cap * 32 * KRB, U * 32 * KRB,
                                  cudaMemcpyDeviceToHost));
-    KVSLIM_CUDA_CHECK(cudaMemcpy(out.v_codes[bh].data(), s.v_codes.as<std::uint8_t>() + bh * cap * 32 * VRB, U * 32 * VRB,
+    KVSLIM_CUDA_CHECK(cudaMemcpy(out.v_codes[i].data(), s.v_codes.as<std::uint8_t>() + bh * cap * 32 * VRB, U * 32 * VRB,
                                  cudaMemcpyDeviceToHost));
-    KVSLIM_CUDA_CHECK(cudaMemcpy(out.k_params[bh].data(), s.k_params.as<std::uint16_t>() + bh * cap * 2 * D, U * 4 * D,
+    KVSLIM_CUDA_CHECK(cudaMemcpy(out.k_params[i].data(), s.k_params.as<std::uint16_t>() + bh * cap * 2 * D, U * 4 * D,
                                  cudaMemcpyDeviceToHost));
-    KVSLIM_CUDA_CHECK(cudaMemcpy(out.v_params[bh].data(), s.v_params.as<std::uint16_t>() + bh * cap * 2 * D, U * 4 * D,
+    KVSLIM_CUDA_CHECK(cudaMemcpy(out.v_params[i].data(), s.v_params.as<std::uint16_t>() + bh * cap * 2 * D, U * 4 * D,
                                  cudaMemcpyDeviceToHost));
-    KVSLIM_CUDA_CHECK(cudaMemcpy(out.pos[bh].data(), s.pos.as<std::int64_t>() + bh * cap * 32, U * 32 * 8,
+    KVSLIM_CUDA_CHECK(cudaMemcpy(out.pos[i].data(), s.pos.as<std::int64_t>() + bh * cap * 32, U * 32 * 8,
                                  cudaMemcpyDeviceToHost));
   }
   return out;
@@ -311,28 +312,33 @@ DeviceZipCache::SetSnapshot DeviceZipCache::set_snapshot(const SetStore& s) cons
 
 DeviceZipCache::Snapshot DeviceZipCache::snapshot() const {
   synchronize();
+  return snapshot_heads(0, batch_ * heads_);
+}
+
+DeviceZipCache::Snapshot DeviceZipCache::snapshot_heads(std::size_t first, std::size_t count) const {
   Snapshot s;
-  s.hi = set_snapshot(hi_);
-  s.lo = set_snapshot(lo_);
+  s.hi = set_snapshot(hi_, first, count);
+  s.lo = set_snapshot(lo_, first, count);
   s.blocks = blocks_;
   s.staged = staged_;
-  const std::size_t BH = batch_ * heads_, D = dim_, words = static_cast<std::size_t>(compressed_) / 32;
-  s.mask.resize(BH);
-  s.stage_k.resize(BH);
-  s.stage_v.resize(BH);
-  for (std::size_t bh = 0; bh < BH; ++bh) {
-    s.mask[bh].resize(words);
+  const std::size_t D = dim_, words = static_cast<std::size_t>(compressed_) / 32;
+  s.mask.resize(count);
+  s.stage_k.resize(count);
+  s.stage_v.resize(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    const std::size_t bh = first + i;
+    s.mask[i].resize(words);
     if (words > 0) {
-      KVSLIM_CUDA_CHECK(cudaMemcpy(s.mask[bh].data(), mask_.as<std::uint32_t>() + bh * mask_words_, words * 4,
+      KVSLIM_CUDA_CHECK(cudaMemcpy(s.mask[i].data(), mask_.as<std::uint32_t>() + bh * mask_words_, words * 4,
                                    cudaMemcpyDeviceToHost));
     }
-    s.stage_k[bh].resize(static_cast<std::size_t>(staged_) * D);
-    s.stage_v[bh].resize(static_cast<std::size_t>(staged_) * D);
+    s.stage_k[i].resize(static_cast<std::size_t>(staged_) * D);
+    s.stage_v[i].resize(static_cast<std::size_t>(staged_) * D);
     if (staged_ > 0) {
-      KVSLIM_CUDA_CHECK(cudaMemcpy(s.stage_k[bh].data(), win_k_.as<std::uint16_t>() + bh * window_capacity_ * D,
-                                   s.stage_k[bh].size() * 2, cudaMemcpyDeviceToHost));
-      KVSLIM_CUDA_CHECK(cudaMemcpy(s.stage_v[bh].data(), win_v_.as<std::uint16_t>() + bh * window_capacity_ * D,
-                                   s.stage_v[bh].size() * 2, cudaMemcpyDeviceToHost));
+      KVSLIM_CUDA_CHECK(cudaMemcpy(s.stage_k[i].data(), win_k_.as<std::uint16_t>() + bh * window_capacity_ * D,
+                                   s.stage_k[i].size() * 2, cudaMemcpyDeviceToHost));
+      KVSLIM_CUDA_CHECK(cudaMemcpy(s.stage_v[i].data(), win_v_.as<std::uint16_t>() + bh * window_capacity_ * D,
+                                   s.stage_v[i].size() * 2, cudaMemcpyDeviceToHost));
     }
   }
   return s;
@@ -341,7 +347,7 @@ DeviceZipCache::Snapshot DeviceZipCache::snapshot() const {
 void DeviceZipCache::download_rows(std::size_t bh, std::uint16_t* keys, std::uint16_t* values) const {
   // Token order, as the CPU cache's view: each block's rows decoded from their set's units (the
   // saliency bits say which set, in token order), then the window.
-  const Snapshot s = snapshot();
+  const Snapshot s = snapshot_heads(bh, 1);  // materialize() has synchronized
   const std::size_t D = dim_;
   const auto& k = quant::simd_kernels();
   std::vector<float> scale(D), zero(D);
@@ -349,22 +355,22 @@ void DeviceZipCache::download_rows(std::size_t bh, std::uint16_t* keys, std::uin
     int next_hi = 0, next_lo = 0;
     for (int t = 0; t < b.tokens; ++t) {
       const long long token = b.first_token + t;
-      const bool salient = (s.mask[bh][static_cast<std::size_t>(token / 32)] >> (token % 32)) & 1u;
+      const bool salient = (s.mask[0][static_cast<std::size_t>(token / 32)] >> (token % 32)) & 1u;
       const SetSnapshot& set = salient ? s.hi : s.lo;
       const int row = (salient ? b.hi_unit0 : b.lo_unit0) * 32 + (salient ? next_hi++ : next_lo++);
       const std::size_t unit = static_cast<std::size_t>(row / 32);
       for (int which = 0; which < 2; ++which) {
-        const std::uint16_t* p = (which ? set.v_params : set.k_params)[bh].data() + unit * 2 * D;
+        const std::uint16_t* p = (which ? set.v_params : set.k_params)[0].data() + unit * 2 * D;
         k.params_to_f32(p, p + D, D, scale.data(), zero.data());
         const std::size_t RB = static_cast<std::size_t>(which ? set.v_row_bytes : set.k_row_bytes);
         std::uint16_t* out = (which ? values : keys) + static_cast<std::size_t>(token) * D;
-        k.decode_rows_f16((which ? set.v_codes : set.k_codes)[bh].data() + static_cast<std::size_t>(row) * RB, 1, D,
+        k.decode_rows_f16((which ? set.v_codes : set.k_codes)[0].data() + static_cast<std::size_t>(row) * RB, 1, D,
                           scale.data(), zero.data(), static_cast<int>(RB * 8 / D), &out);
       }
     }
   }
-  std::copy(s.stage_k[bh].begin(), s.stage_k[bh].end(), keys + static_cast<std::size_t>(compressed_) * D);
-  std::copy(s.stage_v[bh].begin(), s.stage_v[bh].end(), values + static_cast<std::size_t>(compressed_) * D);
+  std::copy(s.stage_k[0].begin(), s.stage_k[0].end(), keys + static_cast<std::size_t>(compressed_) * D);
+  std::copy(s.stage_v[0].begin(), s.stage_v[0].end(), values + static_cast<std::size_t>(compressed_) * D);
 }
 
 void DeviceZipCache::clear() {

@@ -82,7 +82,9 @@ class DeviceZipCache final : public DeviceCache {
   void flush(int m, cudaStream_t stream);
   PackedRows packed(const SetStore& s) const;
   ZipSet zip_set(SetStore& s) const;
-  SetSnapshot set_snapshot(const SetStore& s) const;
+  // Heads [first, first + count) only (download_rows reads one head).
+  Snapshot snapshot_heads(std::size_t first, std::size_t count) const;
+  SetSnapshot set_snapshot(const SetStore& s, std::size_t first, std::size_t count) const;
 
   int value_bits_, group_rows_, staging_;
   double hi_fraction_;
