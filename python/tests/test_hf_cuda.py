@@ -139,6 +139,26 @@ def test_h2o_on_device_evicts_like_the_cpu_cache():
     assert sum(s["figures"]["device_bytes"] for s in stats) <= 3 * 2 * 144 * (64 * 2 * 2 + 8 + 4 + 4)
 
 
+def test_h2o_over_kivi_codes_on_device_evicts_like_the_cpu_cache():
+    # A policy over a compressed storage on the GPU (DevicePackedRows): h2o's rows held as kivi codes
+    # (keys 4 bits, values 2, groups of 32), decided by the CPU's eviction core from the device's
+    # probabilities. Rows agree with the CPU cache's but for near-ties; the logits follow.
+    cfg = dict(method="h2o", h2o_budget=128, storage="kivi", kivi_bits=4, kivi_value_bits=2, kivi_group_size=32,
+               kivi_staging=32)
+    cpu, gpu, ref, got = cpu_and_gpu(cfg, seed=5)
+    assert gpu.layers[0].state.on_device
+    for c, d in zip(kept_positions(cpu), kept_positions(gpu)):
+        assert len(d) == 2 * 128
+        assert len(c & d) >= 0.97 * len(c)
+    assert_logits_close(ref, got, 3e-2, "h2o over kivi")
+    for s in gpu.stats():
+        assert s["tokens_kept"] == 128
+        assert (s["figures"]["hi_bits"], s["figures"]["value_bits"]) == (4, 2)
+        # Codes, not slots: well under the fp16 slots' bound of test_h2o_on_device_evicts_like_the_cpu_cache
+        # (its window of up to 32 fp16 rows a head included).
+        assert s["figures"]["device_bytes"] < 0.6 * 2 * 144 * (64 * 2 * 2 + 8 + 4 + 4)
+
+
 def test_squeeze_on_device_schedules_like_the_cpu_cache():
     # The seed method on the GPU: the same shared schedule as the host cache, its key signal
     # measured by a device kernel; per-layer budgets equal, rows as h2o's (rounding near-ties).

@@ -213,7 +213,20 @@ void KVCacheConfig::validate() const {
          "applies to the eviction methods (" + policies + "); method " + method +
              " is a storage itself (method=full storage=" + method + " is the same rows under the eviction core)");
   }
-  if (storage != "fp16" && device != "cpu") fail("storage", "\"" + storage + "\"", "must be fp16 on a CUDA device (device = " + device + ")");
+  // On a CUDA device a policy keeps its rows as fp16 slots or as kivi codes (DevicePackedRows); the
+  // zipcache storage's sets have no device form under a policy yet.
+  if (storage == "zipcache" && device != "cpu") {
+    fail("storage", "\"" + storage + "\"", "must be fp16 or kivi on a CUDA device (device = " + device + ")");
+  }
+  if (storage == "kivi" && device != "cpu" && method == "full") {
+    fail("storage", "\"" + storage + "\"",
+         "must be fp16 for full on a CUDA device (device = " + device + "): method=kivi is the same rows without a policy");
+  }
+  if (storage == "kivi" && device != "cpu" && method == "streaming") {
+    fail("storage", "\"" + storage + "\"",
+         "must be fp16 for streaming on a CUDA device (device = " + device +
+             "): streaming admits rows into slots as they arrive; kivi codes take the attention-scored methods");
+  }
   if (device_index() < -1) fail("device", "\"" + device + "\"", "must be \"cpu\", \"cuda\" or \"cuda:N\" (N >= 0)");
   // The CUDA quantizer storages (DeviceKiviCache, DeviceZipCache) read 2-, 4- or 8-bit codes in
   // groups of whole 32-row units, behind a window; zipcache's saliency is by key norm (its sets keep
@@ -235,7 +248,7 @@ void KVCacheConfig::validate() const {
                device + ": every call compressed alone has no CUDA storage)");
     }
   };
-  if (device != "cpu" && method == "kivi") {
+  if (device != "cpu" && (method == "kivi" || storage == "kivi")) {
     device_width(kivi_key_bits == -1 ? "kivi_bits" : "kivi_key_bits", kivi_key_bits == -1 ? kivi_bits : kivi_key_bits,
                  kivi_keys_at());
     device_width(kivi_value_bits == -1 ? "kivi_bits" : "kivi_value_bits",

@@ -9,11 +9,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "cuda/device_buffer.h"
+#include "cuda/device_eviction_cache.h"
+#include "cuda/device_packed_rows.h"
 #include "kvslim/cuda.h"
 #include "kvslim/errors.h"
 #include "kvslim/kvslim.h"
@@ -166,6 +169,94 @@ TEST(CudaEviction, KeepsTheCpuCachesRowsStepAfterStep) {
   }
 }
 
+// A policy over kivi codes on the device (DevicePackedRows): h2o decides on the host from the
+// device's probabilities, the rows live as the CPU's PackedRows blocks -- one quantization group a
+// block, evicted rows leaving their group, the prompt's survivors compressed whole, decode rows
+// once `staging` wait (whole groups, or one short group when staging < group). Given the same
+// observations the device keeps the CPU cache's rows with the same decoded fp16 bits (so the same
+// codes and parameters), and its attend over the codes reports the CPU's probabilities, in slot
+// order (the store keeps padding inside its groups), within the CPU's own tolerance: the CPU's
+// integer kernels over codes are within 2e-3 of float64 on probabilities (tests/kvslim/attend_test),
+// the device's within 2e-5 (CudaCache tests).
+constexpr double kCodesProbsTolerance = 2e-3;
+TEST(CudaEviction, KiviCodesUnderH2oKeepTheCpuCachesRowsAndCodes) {
+  REQUIRE_GPU();
+  struct Split {
+    int key_bits, value_bits, group, staging;
+  };
+  for (const std::size_t D : {64, 128}) {
+    for (const Split sp : {Split{4, 2, 32, 32}, Split{2, 2, 64, 64}, Split{4, 4, 128, 128}, Split{2, 4, 32, 16},
+                           Split{8, 2, 32, 64}}) {
+      const std::string what = "D=" + std::to_string(D) + " K" + std::to_string(sp.key_bits) + "V" +
+                               std::to_string(sp.value_bits) + " g" + std::to_string(sp.group) + " staging " +
+                               std::to_string(sp.staging);
+      KVCacheConfig c;
+      c.method = "h2o";
+      c.h2o_budget = 96;
+      c.storage = "kivi";
+      c.kivi_key_bits = sp.key_bits;
+      c.kivi_value_bits = sp.value_bits;
+      c.kivi_group_size = sp.group;
+      c.kivi_staging = sp.staging;
+      Twin t(c, 2, 2, 2, 3, D);
+      t.prompt_decode_question(what);
+      EXPECT_LE(t.worst_probs, kCodesProbsTolerance) << what;
+      EXPECT_EQ(t.gpu.at(0).rows(), 96u) << what;
+      // The decode steps were decided by the device kernel (the prompt's and the question's
+      // windows by the host core): 40 steps in each of the 2 layers.
+      EXPECT_EQ(t.gpu.at(0).stats().figure("decode_steps_on_device"), 40.0) << what;
+    }
+  }
+}
+
+// A long generation thins the groups (h2o evicts from old blocks, new ones keep forming): once a
+// head's blocks hold under a quarter of the rows they were made with, it is re-packed -- decoded
+// and quantized again in full groups, on the device as on the CPU -- and the rows stay the CPU's.
+TEST(CudaEviction, KiviCodesAreRepackedAsTheCpuRepacksThem) {
+  REQUIRE_GPU();
+  KVCacheConfig c;
+  c.method = "h2o";
+  c.h2o_budget = 64;
+  c.evict_recent_window = 8;
+  // Decayed scores: old rows lose their standing, so evictions reach back into old groups (without
+  // decay h2o evicts the newest rows, which mostly leave from the window).
+  c.evict_decay = 0.8;
+  c.storage = "kivi";
+  c.kivi_key_bits = 4;
+  c.kivi_value_bits = 2;
+  c.kivi_group_size = 32;
+  c.kivi_staging = 32;
+  Twin t(c, 1, 1, 2, 2, 64);
+  t.step(200);
+  std::size_t repacks = 0;
+  for (int s = 0; s < 600; ++s) {
+    t.step(1);
+    if (s % 100 == 99) t.expect_same_rows("h2o over kivi after " + std::to_string(s + 1) + " decode steps");
+  }
+  const auto& cache = dynamic_cast<const cuda::DeviceEvictionCache&>(t.gpu.at(0));
+  const auto& store = dynamic_cast<const cuda::DevicePackedRows&>(cache.store());
+  for (const auto& h : store.heads()) repacks += h.repacks;
+  EXPECT_GT(repacks, 0u) << "no head was re-packed: the test no longer reaches the re-pack";
+  EXPECT_EQ(t.gpu.at(0).stats().figure("decode_steps_on_device"), 600.0);
+  EXPECT_LE(t.worst_probs, kCodesProbsTolerance);
+}
+
+// squeeze over kivi codes: the schedule's budgets (device key signal) and the CPU's rows.
+TEST(CudaEviction, SqueezeOverKiviCodesKeepsTheCpuRows) {
+  REQUIRE_GPU();
+  KVCacheConfig c;
+  c.method = "squeeze";
+  c.squeeze_budget = 96;
+  c.storage = "kivi";
+  Twin t(c, 4, 2, 2, 3, 128);
+  t.key_offset = {0.f, 0.3f, 1.f, 3.f};
+  t.step(300);
+  for (int s = 0; s < 30; ++s) t.step(1);
+  t.expect_same_rows("squeeze over kivi after the prompt and 30 steps");
+  EXPECT_GT(t.gpu.at(0).rows(), t.gpu.at(3).rows());
+  EXPECT_LE(t.worst_probs, kCodesProbsTolerance);
+}
+
 // A decode step over thousands of rows per head splits each head's observation across CTAs (the
 // last part to finish picks the victim among the parts' candidates): the same rows as the CPU cache.
 TEST(CudaEviction, KeepsTheCpuCachesRowsWhenAStepSplitsEachHead) {
@@ -309,6 +400,65 @@ TEST(CudaEviction, ThePrefillsEvictionGivesTheMemoryBack) {
     EXPECT_EQ(std::adjacent_find(kept.begin(), kept.end()), kept.end());
     EXPECT_EQ(kept.back(), static_cast<std::int64_t>(prompt + 199));
   }
+}
+
+// h2o keeping 1,024 of 8,192 rows per head, over fp16 slots and over kivi codes (keys 4 bits, values
+// 2, groups of 128): the device bytes after the prompt's eviction and after 200 decode steps (one
+// row in, one out). Codes + parameters + positions are ~112 bytes a row against the slots' 528; the
+// kivi window (up to `staging` fp16 rows a head, the CPU's too) adds the rest.
+TEST(CudaEviction, KiviCodesHoldAFractionOfTheSlotsBytes) {
+  REQUIRE_GPU();
+  const std::size_t B = 1, H = 8, D = 128, G = 4, prompt = 8192, budget = 1024;
+  std::mt19937 rng(3);
+  const std::vector<float> k = normal(B * H * prompt * D, rng), v = normal(B * H * prompt * D, rng);
+  const std::vector<float> q = normal(B * 16 * H * G * D, rng);
+  double bytes[2][2] = {};  // [fp16, kivi][after the prompt, after the decode steps]
+  for (int kivi = 0; kivi < 2; ++kivi) {
+    KVCacheConfig c;
+    c.method = "h2o";
+    c.h2o_budget = static_cast<int>(budget);
+    c.device = "cuda";
+    if (kivi) {
+      c.storage = "kivi";
+      c.kivi_key_bits = 4;
+      c.kivi_value_bits = 2;
+      c.kivi_group_size = 128;
+      c.kivi_staging = 128;
+    }
+    auto gpu = KVCacheFactory::create(c);
+    DeviceBuffer dk = upload_f32(k), dv = upload_f32(v), dq = upload_f32(q), out, probs;
+    std::vector<std::int64_t> pos(prompt);
+    for (std::size_t i = 0; i < prompt; ++i) pos[i] = static_cast<std::int64_t>(i);
+    gpu->append(KVBlock{dk.get(), DType::f32, B, H, prompt, D, MemorySpace::cuda, nullptr},
+                KVBlock{dv.get(), DType::f32, B, H, prompt, D, MemorySpace::cuda, nullptr}, pos);
+    out.reserve(q.size() * 4);
+    probs.reserve(B * H * 16 * prompt * 4);
+    const std::vector<std::int64_t> qpos(pos.end() - 16, pos.end());
+    gpu->attend(QueryBlock{dq.as<float>(), B, 16, H * G, D, 0.f, MemorySpace::cuda, nullptr}, qpos, out.as<float>(),
+                probs.as<float>());
+    gpu->observe_attention(AttentionObservation{probs.as<float>(), B, H, 16, prompt, prompt, qpos, MemorySpace::cuda, nullptr});
+    bytes[kivi][0] = gpu->stats().figure("device_bytes");
+    for (std::size_t s = 0; s < 200; ++s) {
+      const std::int64_t p = static_cast<std::int64_t>(prompt + s);
+      gpu->append(KVBlock{dk.get(), DType::f32, B, H, 1, D, MemorySpace::cuda, nullptr},
+                  KVBlock{dv.get(), DType::f32, B, H, 1, D, MemorySpace::cuda, nullptr}, std::vector<std::int64_t>{p});
+      gpu->attend(QueryBlock{dq.as<float>(), B, 1, H * G, D, 0.f, MemorySpace::cuda, nullptr}, std::vector<std::int64_t>{p},
+                  out.as<float>(), probs.as<float>());
+      gpu->observe_attention(AttentionObservation{probs.as<float>(), B, H, 1, budget + 1, budget + 1,
+                                                  std::vector<std::int64_t>{p}, MemorySpace::cuda, nullptr});
+    }
+    EXPECT_EQ(gpu->rows(), budget) << (kivi ? "kivi" : "fp16");
+    // Every decode step decided on the device, from the probabilities attend left over the rows it
+    // spanned (the cache's own: no reorder).
+    EXPECT_EQ(gpu->stats().figure("decode_steps_on_device"), 200.0) << (kivi ? "kivi" : "fp16");
+    bytes[kivi][1] = gpu->stats().figure("device_bytes");
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
+  std::printf("h2o 1024 of 8192 rows, device bytes: fp16 slots %.0f / %.0f, kivi K4V2 g128 %.0f / %.0f (after the prompt / "
+              "200 decode steps): %.3f / %.3f of the slots\n",
+              bytes[0][0], bytes[0][1], bytes[1][0], bytes[1][1], bytes[1][0] / bytes[0][0], bytes[1][1] / bytes[0][1]);
+  EXPECT_LT(bytes[1][0], 0.35 * bytes[0][0]);
+  EXPECT_LT(bytes[1][1], 0.40 * bytes[0][1]);
 }
 
 TEST(CudaEviction, AnUnobservedAppendIsAClearError) {

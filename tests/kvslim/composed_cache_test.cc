@@ -568,12 +568,12 @@ TEST(ComposedCache, ConfigNamesTheStorage) {
   c.method = "h2o";
   c.set("storage", "kivi");
   EXPECT_NO_THROW(c.validate());
-  auto expect_error = [](KVCacheConfig bad, const std::string& what) {
+  auto expect_error = [](KVCacheConfig bad, const std::string& what, const std::string& field = "storage") {
     try {
       bad.validate();
       ADD_FAILURE() << what << " accepted";
     } catch (const ConfigError& e) {
-      EXPECT_NE(std::string(e.what()).find("storage"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
     }
   };
   c.storage = "int3";
@@ -581,9 +581,21 @@ TEST(ComposedCache, ConfigNamesTheStorage) {
   c.storage = "kivi";
   c.method = "kivi";
   expect_error(c, "a storage under the kivi method");
+  // On a GPU: kivi codes under the attention-scored policies (device rules on the kivi fields);
+  // zipcache sets, streaming's slot admission and full (method kivi is that) are refused.
   c.method = "h2o";
   c.device = "cuda";
-  expect_error(c, "a compressed storage on a GPU");
+  EXPECT_NO_THROW(c.validate());
+  c.kivi_key_bits = 3;
+  expect_error(c, "3-bit kivi keys on a GPU", "kivi_key_bits");
+  c.kivi_key_bits = -1;
+  c.method = "streaming";
+  expect_error(c, "kivi storage under streaming on a GPU");
+  c.method = "full";
+  expect_error(c, "kivi storage under full on a GPU");
+  c.method = "h2o";
+  c.storage = "zipcache";
+  expect_error(c, "a zipcache storage on a GPU");
   c.device = "cpu";
   c.storage = "zipcache";
   EXPECT_EQ(KVCacheFactory::create(c)->method(), "h2o");

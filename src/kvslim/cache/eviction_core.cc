@@ -164,10 +164,12 @@ void EvictionCore::absorb(std::size_t batch, std::size_t heads, std::size_t dim,
     storage_->begin(batch * heads, dim);
   }
   const bool placed = keys16 == nullptr && values16 == nullptr;  // absorb_placed
+  // Placed rows: an attention scoring appends them at the end of every head (any storage); scoring
+  // none admits them into slots (slot storages only).
   if (placed && (scoring() == Scoring::key_proxy || awaiting_observation_ || policy_.row_weight != nullptr ||
-                 !storage_->slot_writes())) {
-    throw std::logic_error("eviction core: placed rows need slot writes and an attention scoring (every update "
-                           "observed) or none, without a row score");
+                 (!storage_->slot_writes() && !scores_by_attention(scoring())))) {
+    throw std::logic_error("eviction core: placed rows need an attention scoring (every update observed), or scoring "
+                           "none over slot writes, without a row score");
   }
   if (scores_by_attention(scoring()) && awaiting_observation_) {
     // The last update's attention never came: this integrator does not report attention. Score by

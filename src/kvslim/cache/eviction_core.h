@@ -85,7 +85,7 @@ class EvictionCore {
   // calls once it has made room for them: the core takes their metadata only. Attention scorings
   // append them; scoring none (streaming) admits them in arrival order as absorb() does, each
   // admitted row moved (RowStorage::move) from where it arrived to the slot it takes, and gives
-  // back the room above the limit afterwards. Slot storages only, no registered row score, no key
+  // back the room above the limit afterwards (slot storages only). No registered row score, no key
   // proxy (it reads the rows), and never after an unobserved update (the fallback reads rows).
   void absorb_placed(std::size_t batch, std::size_t heads, std::size_t dim, const std::int64_t* positions,
                      std::size_t S, std::size_t limit);

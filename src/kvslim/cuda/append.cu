@@ -139,7 +139,11 @@ __global__ void kivi_tail_kernel(AppendInput in, StagingWindow w, int first_inpu
   bad = __syncthreads_or(bad);
   if (c == 0) {
     report_bad(in, bh, s, bad);
-    if (bh == 0) w.pos_out[out_row0 + i] = input_position(in, s);
+    if (w.pos_head_stride != 0) {
+      w.pos_out[bh * w.pos_head_stride + out_row0 + i] = input_position(in, s);
+    } else if (bh == 0) {
+      w.pos_out[out_row0 + i] = input_position(in, s);
+    }
   }
 }
 

@@ -56,6 +56,7 @@ struct StagingWindow {
   std::int64_t* pos_out = nullptr;
   long long capacity = 0;
   int staged = 0;
+  long long pos_head_stride = 0;  // 0: pos_out [capacity], one table; else [BH, pos_head_stride] (heads keep their own rows)
 };
 // The whole input into a window's rows [out_row0, out_row0 + S) (window.k_out / v_out / pos_out),
 // checked and rounded to fp16 as every append (zipcache's window takes each call whole).

@@ -1,5 +1,6 @@
 #include "cuda/device_cache.h"
 #include "cuda/device_eviction_cache.h"
+#include "cuda/device_packed_rows.h"
 #include "cuda/device_zip_cache.h"
 
 #include <algorithm>
@@ -249,7 +250,7 @@ QueryArgs DeviceCache::query_args(const QueryBlock& queries, std::span<const std
   q.D = static_cast<int>(dim_);
   const float scale = queries.scale == 0.f ? 1.f / std::sqrt(static_cast<float>(dim_)) : queries.scale;
   q.scale_log2 = scale * 1.4426950408889634f;
-  q.rows_total = static_cast<long long>(rows());
+  q.rows_total = attention_rows();
   if (queries.tokens <= static_cast<std::size_t>(kInlinePositions)) {
     std::copy(query_positions.begin(), query_positions.end(), q.qpos_inline);
   } else {
@@ -265,14 +266,16 @@ void DeviceCache::attend_checked(const QueryArgs& q_in, float* out, float* probs
                                  bool probs_by_observation) const {
   QueryArgs q = q_in;
   deferred_probs_ = DeferredProbs{};
+  spanned_probs_ = SpannedProbs{};
   const bool capture = capturing();
   const std::size_t BH = batch_ * heads_, vectors = static_cast<std::size_t>(q.S) * static_cast<std::size_t>(q.G);
   if (probs) {
-    if (capture && (logits_.bytes() < BH * vectors * rows() * sizeof(float) ||
+    const std::size_t spanned = static_cast<std::size_t>(q.rows_total);
+    if (capture && (logits_.bytes() < BH * vectors * spanned * sizeof(float) ||
                     final_ml_.bytes() < BH * vectors * 2 * sizeof(float))) {
       reject(method_, "attend: the captured step needs more logits workspace than graph_begin reserved (StepGraph)");
     }
-    logits_.reserve(BH * vectors * rows() * sizeof(float));
+    logits_.reserve(BH * vectors * spanned * sizeof(float));
     final_ml_.reserve(BH * vectors * 2 * sizeof(float));
     q.logits = logits_.as<float>();
   }
@@ -291,6 +294,12 @@ void DeviceCache::attend_checked(const QueryArgs& q_in, float* out, float* probs
   launch_combine(q, parts, n_parts, out, probs ? final_ml_.as<float>() : nullptr, stream);
   if (probs && probs_by_observation) {
     deferred_probs_ = DeferredProbs{probs, q, final_ml_.as<float>()};
+  } else if (probs && q.rows_total != static_cast<long long>(rows())) {
+    // Probabilities over the rows the kernels span, then in row order.
+    probs_spanned_.reserve(BH * static_cast<std::size_t>(q.S) * static_cast<std::size_t>(q.rows_total) * sizeof(float));
+    launch_probs(q, final_ml_.as<float>(), probs_spanned_.as<float>(), stream);
+    order_probs(probs_spanned_.as<float>(), probs, q.S, stream);
+    spanned_probs_ = SpannedProbs{probs, probs_spanned_.as<float>(), q.rows_total};
   } else if (probs) {
     launch_probs(q, final_ml_.as<float>(), probs, stream);
   }
@@ -444,6 +453,7 @@ CacheStats DeviceCache::stats() const {
   const std::size_t dev = device_bytes();
   st.resident_bytes = dev + host_bytes();
   st.view_bytes = parts_acc_.bytes() + parts_ml_.bytes() + final_ml_.bytes() + logits_.bytes() + qpos_.bytes() +
+                  probs_spanned_.bytes() +
                   (view_keys_.capacity() + view_values_.capacity()) * sizeof(std::uint16_t);
   st.kept_fp16_bytes = 2 * BH * N * dim_ * 2;
   st.seen_fp16_bytes = static_cast<std::size_t>(tokens_seen_) * BH * dim_ * 2 * 2;
@@ -829,6 +839,19 @@ std::string device_description(int device) {
          std::to_string(driver % 1000 / 10);
 }
 
+namespace {
+// The rows of an eviction method on the device (KVCacheConfig::storage): null for fp16 slots, or
+// kivi codes (validate() applied the device rules to the kivi fields).
+std::unique_ptr<DeviceRowStore> device_store(const KVCacheConfig& c) {
+  if (c.storage == "kivi") {
+    const bool normalized = make_eviction_policy(c, c.*method_info(c.method).n_sink).scoring == Scoring::attention_normalized;
+    return std::make_unique<DevicePackedRows>(c.kivi_keys_at(), c.kivi_values_at(), c.kivi_group_size, c.kivi_staging,
+                                              normalized);
+  }
+  return nullptr;
+}
+}  // namespace
+
 std::unique_ptr<KVCache> make_cache(const KVCacheConfig& c, int layer_budget, std::shared_ptr<SqueezeCoordinator> coordinator,
                                     int layer_id) {
   const int device = c.device_index();
@@ -868,10 +891,12 @@ std::unique_ptr<KVCache> make_cache(const KVCacheConfig& c, int layer_budget, st
       // The host SqueezeCache's budget and schedule (cache/squeeze_schedule.h).
       const int budget = c.squeeze_resolved_budget.value_or(c.squeeze_budget);
       return std::make_unique<DeviceEvictionCache>(c.method, policy, static_cast<std::size_t>(budget), device,
-                                                   std::make_unique<SqueezeSchedule>(c, std::move(coordinator), layer_id));
+                                                   std::make_unique<SqueezeSchedule>(c, std::move(coordinator), layer_id),
+                                                   device_store(c));
     }
     const int budget = layer_budget >= 0 ? layer_budget : c.*info.budget;
-    return std::make_unique<DeviceEvictionCache>(c.method, policy, static_cast<std::size_t>(budget), device);
+    return std::make_unique<DeviceEvictionCache>(c.method, policy, static_cast<std::size_t>(budget), device, nullptr,
+                                                 device_store(c));
   }
   if (c.method == "zipcache") {
     // Widths, group size, window and saliency were checked by KVCacheConfig::validate() (device rules).

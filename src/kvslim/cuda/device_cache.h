@@ -88,6 +88,21 @@ class DeviceCache : public KVCache {
   DeferredProbs take_deferred_probs() const;
   // Runs attend's own probs kernel for them (an observation that cannot compute them itself).
   void fill_probs(const DeferredProbs& d, cudaStream_t stream) const;
+  // Rows the attention kernels span per head (their logits' row count): rows() unless the storage
+  // keeps gaps (padding inside its groups); then order_probs puts probabilities over them
+  // ([B*Hkv, S, attention_rows()]) into row order ([B*Hkv, S, rows()]).
+  virtual long long attention_rows() const { return static_cast<long long>(rows()); }
+  virtual void order_probs(const float* spanned, float* probs, int S, cudaStream_t stream) const {
+    (void)spanned, (void)probs, (void)S, (void)stream;
+  }
+  // The last attend's probabilities when it computed them over attention_rows() first: where the
+  // caller got them (probs) and the spanned ones they were reordered from (valid until the next attend).
+  struct SpannedProbs {
+    const float* probs = nullptr;
+    const float* spanned = nullptr;
+    long long rows_total = 0;
+  };
+  SpannedProbs last_spanned_probs() const { return spanned_probs_; }
   // Attention parts the segments would use at the reserved capacity (graph_begin's workspace).
   virtual int parts_at_capacity(const QueryArgs&) const { return 0; }
   // A cache whose step also observes its attention (eviction): graph_begin refuses a cache whose
@@ -152,6 +167,8 @@ class DeviceCache : public KVCache {
   mutable std::string poison_message_;
   // Attention workspace (grown on demand).
   mutable DeviceBuffer parts_acc_, parts_ml_, final_ml_, logits_, qpos_;
+  mutable DeviceBuffer probs_spanned_;  // [B*Hkv, S, attention_rows()] when that is not rows()
+  mutable SpannedProbs spanned_probs_;
   mutable DeferredProbs deferred_probs_;
   bool arming_ = false;  // graph_arm runs the step's host logic
   // materialize() scratch.

@@ -7,8 +7,10 @@
 #include <vector>
 
 #include "cuda/append.h"
+#include "cuda/device_packed_rows.h"
 #include "cuda/attend.h"
 #include "cuda/kernel_launch.h"
+#include "cuda/lowest_candidate.cuh"
 #include "cuda/row_probability.cuh"
 #include "cuda/step_graph.h"
 #include "kvslim/errors.h"
@@ -79,43 +81,6 @@ struct DecodeObservation {
   float decay = 1.f;
 };
 
-struct Candidate {
-  float score;
-  std::int64_t pos;
-  int slot;  // -1: none
-};
-
-__device__ bool lower(const Candidate& a, const Candidate& b) {
-  if (a.slot < 0) return false;
-  if (b.slot < 0) return true;
-  return a.score < b.score || (a.score == b.score && a.pos < b.pos);
-}
-
-constexpr int kObserveThreads = 256;
-constexpr std::size_t kMaxObserveParts = 16;
-
-// The block's lowest candidate (every thread gets it).
-__device__ Candidate block_lowest(Candidate best) {
-  for (int off = 16; off > 0; off /= 2) {
-    Candidate other;
-    other.score = __shfl_down_sync(0xffffffffu, best.score, off);
-    other.pos = __shfl_down_sync(0xffffffffu, best.pos, off);
-    other.slot = __shfl_down_sync(0xffffffffu, best.slot, off);
-    if (lower(other, best)) best = other;
-  }
-  __shared__ Candidate warps[kObserveThreads / 32];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) warps[warp] = best;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < kObserveThreads / 32; ++w) {
-      if (lower(warps[w], warps[0])) warps[0] = warps[w];
-    }
-  }
-  __syncthreads();
-  return warps[0];
-}
-
 // One decode step's observation of every head: grid (heads, parts), each CTA scores its part of the
 // head's rows (observe()) and finds its lowest candidate; with several parts the last CTA of a head
 // to finish (a counter per head, reset by it) takes the lowest of the parts' candidates. Then that
@@ -154,36 +119,7 @@ __global__ void __launch_bounds__(kObserveThreads)
     if (i >= o.n_sink && at < o.threshold && lower(c, best)) best = c;
   }
   if (o.n_rows <= o.limit) return;
-  best = block_lowest(best);
-  if (parts > 1) {
-    __shared__ bool last_part;
-    if (threadIdx.x == 0) {
-      part_best[head * parts + part] = best;
-      __threadfence();  // the candidate and this part's scores before the arrival
-      last_part = atomicAdd(&arrivals[head], 1u) == static_cast<unsigned>(parts - 1);
-      if (last_part) __threadfence();
-    }
-    __syncthreads();
-    if (!last_part) return;
-    // The parts' candidates read at once (one load each, past L1), then taken in part order by one
-    // thread: the comparisons a sequential loop over the parts would make.
-    __shared__ Candidate parts_best[kMaxObserveParts];
-    if (threadIdx.x < parts) {
-      const Candidate* c = part_best + head * parts + threadIdx.x;
-      parts_best[threadIdx.x] = Candidate{__ldcg(&c->score), __ldcg(&c->pos), __ldcg(&c->slot)};
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      best = parts_best[0];
-      for (int q = 1; q < parts; ++q) {
-        if (lower(parts_best[q], best)) best = parts_best[q];
-      }
-      parts_best[0] = best;
-      arrivals[head] = 0;  // the next step's count (a replayed graph runs this kernel again)
-    }
-    __syncthreads();
-    best = parts_best[0];
-  }
+  if (!head_lowest(best, part_best, arrivals, head, part, parts)) return;
   const int victim = best.slot, last = o.n_rows - 1;
   // No evictable row cannot happen: validate() keeps the budget above the sinks and the window.
   if (victim < 0 || victim == last) return;
@@ -258,11 +194,61 @@ void DeviceSlots::begin(std::size_t heads_total, std::size_t dim) {
   dim_ = dim;
 }
 
-void DeviceSlots::prepare(std::size_t) {
-  if (!arrival_) return;
-  const auto launch = std::move(arrival_);
-  arrival_ = nullptr;
-  launch();
+void DeviceSlots::place(const AppendInput& in, std::size_t rows, cudaStream_t stream) {
+  launch_dense_append(in, keys(), values(), type_, static_cast<long long>(stride_), static_cast<int>(rows), positions(),
+                      stream, /*pos_per_head=*/true);
+}
+
+int DeviceSlots::launch_segments(const QueryArgs& q, const Partials& parts, bool count_only, std::size_t rows,
+                                 bool attention_scoring, int sm_count, cudaStream_t stream) const {
+  const int n = static_cast<int>(rows);
+  const int splits = dense_splits(q, n, sm_count, type_);
+  if (!count_only) {
+    DenseRows d;
+    d.k = keys();
+    d.v = values();
+    d.head_stride = static_cast<long long>(stride_ * dim_);
+    d.pos = positions();
+    d.pos_head_stride = static_cast<long long>(stride_);
+    d.n_rows = n;
+    d.type = type_;
+    // Attention scorings evict after the attend, refilling a slot with the head's newest row: a
+    // later call's queries see every moved row. streaming evicts as rows arrive, before its attend.
+    d.unordered = !attention_scoring;
+    launch_dense(q, d, parts, 0, splits, stream);
+  }
+  return splits;
+}
+
+void DeviceSlots::download_head(std::size_t bh, std::size_t rows, std::uint16_t* keys, std::uint16_t* values) const {
+  download_dense_head(this->keys(), this->values(), type_, stride_, dim_, bh, rows, keys, values);
+}
+
+void DeviceSlots::download_metadata(const EvictionCore::Metadata& m, std::size_t rows, std::size_t seen) const {
+  const std::size_t ds = stride_;
+  KVSLIM_CUDA_CHECK(cudaMemcpy2D(m.positions, m.stride * 8, positions(), ds * 8, rows * 8, heads_total_, cudaMemcpyDeviceToHost));
+  if (seen > 0) {
+    KVSLIM_CUDA_CHECK(cudaMemcpy2D(m.scores, m.stride * 4, scores(), ds * 4, seen * 4, heads_total_, cudaMemcpyDeviceToHost));
+    if (m.exposure != nullptr) {
+      KVSLIM_CUDA_CHECK(
+          cudaMemcpy2D(m.exposure, m.stride * 4, exposure(), ds * 4, seen * 4, heads_total_, cudaMemcpyDeviceToHost));
+    }
+  }
+}
+
+void DeviceSlots::upload_metadata(const EvictionCore::Metadata& m, std::size_t rows, std::size_t) {
+  const std::size_t ds = stride_;
+  // Synchronous copies from pageable memory: the core may change its arrays right after.
+  KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  KVSLIM_CUDA_CHECK(cudaMemcpy2D(scores(), ds * 4, m.scores, m.stride * 4, rows * 4, heads_total_, cudaMemcpyHostToDevice));
+  if (m.exposure != nullptr) {
+    KVSLIM_CUDA_CHECK(cudaMemcpy2D(exposure(), ds * 4, m.exposure, m.stride * 4, rows * 4, heads_total_, cudaMemcpyHostToDevice));
+  }
+}
+
+void DeviceSlots::head_positions(std::size_t bh, std::size_t rows, std::int64_t* out) const {
+  // From the device: the decode kernel may have moved rows since the core last saw them.
+  KVSLIM_CUDA_CHECK(cudaMemcpy(out, positions() + bh * stride_, rows * sizeof(std::int64_t), cudaMemcpyDeviceToHost));
 }
 
 void DeviceSlots::relayout(std::size_t capacity, std::size_t keep) {
@@ -386,10 +372,11 @@ void DeviceSlots::reset() {
 // DeviceEvictionCache
 
 DeviceEvictionCache::DeviceEvictionCache(std::string method, EvictionPolicy policy, std::size_t budget, int device,
-                                         std::unique_ptr<SqueezeSchedule> squeeze)
+                                         std::unique_ptr<SqueezeSchedule> squeeze, std::unique_ptr<DeviceRowStore> store)
     : DeviceCache(std::move(method), device),
-      slots_(new DeviceSlots(policy.scoring == Scoring::attention_normalized)),
-      core_(policy, std::unique_ptr<RowStorage>(slots_)),
+      store_(store ? store.release() : new DeviceSlots(policy.scoring == Scoring::attention_normalized)),
+      slots_(dynamic_cast<DeviceSlots*>(store_)),
+      core_(policy, std::unique_ptr<RowStorage>(store_)),
       budget_(budget),
       squeeze_(std::move(squeeze)) {
   mirror_positions_ = false;
@@ -401,15 +388,23 @@ ObservationNeeds DeviceEvictionCache::needs() const {
   return n;
 }
 
+void DeviceEvictionCache::hold_while_uncertain() {
+  // As the host cache (EvictionCache::hold_while_uncertain): while squeeze's deferred schedule
+  // keeps more than the budget, a compressed store waits before it compresses the rows that may
+  // still be cut (fp16 slots compress nothing).
+  core_.hold_compression_above(limit() > budget_ ? budget_ : EvictionPolicy::kUnbounded);
+}
+
 void DeviceEvictionCache::adopt(std::optional<std::size_t> budget, cudaStream_t stream) {
   if (!budget) return;
   budget_ = *budget;
   // The host core trims (it may have been behind the decode kernel's mirror), the device store
   // follows: moves, then a smaller store when the trim freed enough.
-  slots_->set_stream(stream);
+  store_->set_stream(stream);
   pull_metadata();
+  hold_while_uncertain();
   core_.trim(budget_);
-  slots_->flush();
+  store_->flush();
   push_metadata(stream);
   fresh_from_ = core_.rows();
 }
@@ -442,25 +437,23 @@ void DeviceEvictionCache::absorb(const AppendInput& in, const std::vector<std::i
   }
   if (squeeze_) adopt(squeeze_->before_absorb([&] { return key_dispersion(in, stream); }), stream);
   const std::size_t n0 = core_.rows();
-  if (n0 == 0) slots_->set_type(in.dtype == DType::bf16 ? DenseType::bf16 : DenseType::f16);
+  if (n0 == 0 && slots_) slots_->set_type(in.dtype == DType::bf16 ? DenseType::bf16 : DenseType::f16);
   fresh_from_ = n0;
-  slots_->set_stream(stream);
-  slots_->set_capturing(capturing());
+  store_->set_stream(stream);
+  store_->set_capturing(capturing());
   struct Release {
-    DeviceSlots* s;
+    DeviceRowStore* s;
     ~Release() {
       s->set_capturing(false);
       s->set_arrival(nullptr);
     }
-  } release{slots_};
-  // The rows land after the kept ones once the core has made room (DeviceSlots::prepare), before
-  // it admits them (streaming moves them to their slots; attention scorings keep them there).
-  slots_->set_arrival([&] {
-    launch_dense_append(in, slots_->keys(), slots_->values(), slots_->type(), static_cast<long long>(slots_->stride()),
-                        static_cast<int>(n0), slots_->positions(), stream, /*pos_per_head=*/true);
-  });
+  } release{store_};
+  // The rows land after the kept ones once the core has made room (DeviceRowStore::prepare),
+  // before it admits them (streaming moves them to their slots; attention scorings keep them there).
+  store_->set_arrival([&] { store_->place(in, n0, stream); });
+  hold_while_uncertain();
   core_.absorb_placed(batch_, heads_, dim_, positions.data(), static_cast<std::size_t>(in.S), limit());
-  slots_->flush();  // streaming's moves of this step, before the next append lands where they read
+  store_->flush();  // streaming's moves of this step, before the next append lands where they read
 }
 
 void DeviceEvictionCache::observe_attention(const AttentionObservation& obs) {
@@ -517,11 +510,12 @@ void DeviceEvictionCache::observe_attention(const AttentionObservation& obs) {
     host.stride = obs.tokens;
     host.space = MemorySpace::host;
   }
-  slots_->set_stream(stream);
+  store_->set_stream(stream);
   pull_metadata();
   if (squeeze_) squeeze_->observe_attention(host, core_, who);  // its signal reads the rows before they go
+  hold_while_uncertain();
   core_.observe(host, limit(), who);
-  slots_->flush();
+  store_->flush();
   push_metadata(stream);
   fresh_from_ = core_.rows();
   if (squeeze_) adopt(squeeze_->after_step(core_), stream);
@@ -549,6 +543,7 @@ bool DeviceEvictionCache::observe_on_device(const AttentionObservation& obs) {
     if (deferred.probs != nullptr) fill_probs(deferred, stream);
     return false;
   }
+  if (slots_ == nullptr) return observe_codes_on_device(obs);
   const EvictionPolicy& policy = core_.policy();
   DecodeObservation o;
   o.probs = obs.probs;
@@ -573,26 +568,61 @@ bool DeviceEvictionCache::observe_on_device(const AttentionObservation& obs) {
   o.qpos = obs.query_positions.empty() ? std::numeric_limits<std::int64_t>::max() : obs.query_positions[0];
   o.threshold = core_.recent_threshold(n > limit ? limit : n);
   o.decay = policy.decay;
-  // Parts per head: about two CTAs per SM over the batch's heads, at least 512 rows (2 a thread) a
-  // part: the step's latency is the rows each thread loads one after the other.
   const std::size_t BH = batch_ * heads_;
-  const std::size_t parts = std::clamp<std::size_t>(std::min<std::size_t>((2 * sm_count_ + BH - 1) / BH, (n + 511) / 512),
-                                                    1, kMaxObserveParts);
-  if (parts > 1 && observe_parts_capacity_ < BH * parts) {
-    if (capturing()) {
-      throw InputError(std::string(method()) + " cache (cuda): StepGraph: a captured step needs the decode observation's "
-                       "scratch for " + std::to_string(parts) + " parts per head: run one eager decode step before capturing");
-    }
-    observe_best_.reserve(BH * parts * sizeof(Candidate));
-    observe_arrivals_.reserve(BH * sizeof(unsigned));
-    KVSLIM_CUDA_CHECK(cudaMemsetAsync(observe_arrivals_.get(), 0, BH * sizeof(unsigned), stream));
-    observe_parts_capacity_ = BH * parts;
-  }
+  const std::size_t parts = observe_parts(BH, n, sm_count_);
+  reserve_observe_parts(parts, stream);
   launch_kernel(true, false, observe_decode_kernel, dim3(static_cast<unsigned>(BH), static_cast<unsigned>(parts)),
                 dim3(kObserveThreads), 0, stream, o, observe_best_.as<Candidate>(), observe_arrivals_.as<unsigned>());
   core_.observed_by_owner(std::min(n, limit), limit);
   fresh_from_ = core_.rows();
   host_stale_ = true;
+  ++decode_steps_on_device_;
+  return true;
+}
+
+void DeviceEvictionCache::reserve_observe_parts(std::size_t parts, cudaStream_t stream) {
+  const std::size_t BH = batch_ * heads_;
+  if (parts <= 1 || observe_parts_capacity_ >= BH * parts) return;
+  if (capturing()) {
+    throw InputError(std::string(method()) + " cache (cuda): StepGraph: a captured step needs the decode observation's "
+                     "scratch for " + std::to_string(parts) + " parts per head: run one eager decode step before capturing");
+  }
+  observe_best_.reserve(BH * parts * sizeof(Candidate));
+  observe_arrivals_.reserve(BH * sizeof(unsigned));
+  KVSLIM_CUDA_CHECK(cudaMemsetAsync(observe_arrivals_.get(), 0, BH * sizeof(unsigned), stream));
+  observe_parts_capacity_ = BH * parts;
+}
+
+bool DeviceEvictionCache::observe_codes_on_device(const AttentionObservation& obs) {
+  auto* codes = static_cast<DevicePackedRows*>(store_);
+  const std::size_t n = core_.rows(), limit = this->limit();
+  const auto stream = static_cast<cudaStream_t>(obs.stream);
+  DevicePackedRows::DecodeStep step;
+  // This cache's own attend left its probabilities over the rows it spanned too: read those.
+  const SpannedProbs spanned = last_spanned_probs();
+  if (spanned.probs == obs.probs && spanned.spanned != nullptr) {
+    step.probs = spanned.spanned;
+    step.probs_stride = spanned.rows_total;
+  } else {
+    step.probs = obs.probs;
+    step.probs_stride = static_cast<long long>(obs.stride);
+    step.slot_order = true;
+  }
+  step.rows = n;
+  step.limit = limit;
+  step.qpos = obs.query_positions.empty() ? std::numeric_limits<std::int64_t>::max() : obs.query_positions[0];
+  step.threshold = core_.recent_threshold(n > limit ? limit : n);
+  step.decay = core_.policy().decay;
+  const std::size_t parts = observe_parts(batch_ * heads_, n, sm_count_);
+  reserve_observe_parts(parts, stream);
+  codes->observe_decode(step, observe_best_.get(), observe_arrivals_.as<unsigned>(), parts, stream);
+  core_.observed_by_owner(std::min(n, limit), limit);
+  fresh_from_ = core_.rows();
+  host_stale_ = true;
+  ++decode_steps_on_device_;
+  // What the host core's observe() ends with: the rows that waited may be compressed now (held while
+  // squeeze's deferred schedule may still cut rows, as the core holds them).
+  if (!(limit > budget_ && core_.rows() > budget_)) codes->settle(core_.rows(), {});
   return true;
 }
 
@@ -617,69 +647,36 @@ void DeviceEvictionCache::graph_observe(const AttentionObservation& obs) {
 
 void DeviceEvictionCache::pull_metadata() {
   if (!host_stale_) return;
-  const EvictionCore::Metadata m = core_.metadata();
-  const std::size_t BH = batch_ * heads_, ds = slots_->stride();
   // Positions of every row; scores and exposure of the rows observed (the later ones are the
   // core's fresh zeros: the mirror holds nothing for them yet).
-  const std::size_t rows = core_.rows(), seen = std::min(fresh_from_, rows);
+  const std::size_t rows = core_.rows();
   KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream()));  // the decode kernels ran on the caller's stream
-  KVSLIM_CUDA_CHECK(cudaMemcpy2D(m.positions, m.stride * 8, slots_->positions(), ds * 8, rows * 8, BH, cudaMemcpyDeviceToHost));
-  if (seen > 0) {
-    KVSLIM_CUDA_CHECK(cudaMemcpy2D(m.scores, m.stride * 4, slots_->scores(), ds * 4, seen * 4, BH, cudaMemcpyDeviceToHost));
-    if (m.exposure != nullptr) {
-      KVSLIM_CUDA_CHECK(
-          cudaMemcpy2D(m.exposure, m.stride * 4, slots_->exposure(), ds * 4, seen * 4, BH, cudaMemcpyDeviceToHost));
-    }
-  }
+  store_->download_metadata(core_.metadata(), rows, std::min(fresh_from_, rows));
   host_stale_ = false;
 }
 
 void DeviceEvictionCache::push_metadata(cudaStream_t stream) {
-  EvictionCore::Metadata m = core_.metadata();
-  const std::size_t BH = batch_ * heads_, ds = slots_->stride(), rows = core_.rows();
-  if (rows == 0) return;
-  // Synchronous copies from pageable memory: the core may change its arrays right after.
-  KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream));
-  KVSLIM_CUDA_CHECK(cudaMemcpy2D(slots_->scores(), ds * 4, m.scores, m.stride * 4, rows * 4, BH, cudaMemcpyHostToDevice));
-  if (m.exposure != nullptr) {
-    KVSLIM_CUDA_CHECK(cudaMemcpy2D(slots_->exposure(), ds * 4, m.exposure, m.stride * 4, rows * 4, BH, cudaMemcpyHostToDevice));
-  }
+  if (core_.rows() == 0) return;
+  store_->set_stream(stream);
+  store_->upload_metadata(core_.metadata(), core_.rows(), core_.policy().n_sink);
 }
 
 int DeviceEvictionCache::launch_segments(const QueryArgs& q, const Partials& parts, bool count_only,
                                          cudaStream_t stream) const {
-  const int n = static_cast<int>(core_.rows());
-  const int splits = dense_splits(q, n, sm_count_, slots_->type());
-  if (!count_only) {
-    DenseRows rows;
-    rows.k = slots_->keys();
-    rows.v = slots_->values();
-    rows.head_stride = static_cast<long long>(slots_->stride() * dim_);
-    rows.pos = slots_->positions();
-    rows.pos_head_stride = static_cast<long long>(slots_->stride());
-    rows.n_rows = n;
-    rows.type = slots_->type();
-    // Attention scorings evict after the attend, refilling a slot with the head's newest row: a
-    // later call's queries see every moved row. streaming evicts as rows arrive, before its attend.
-    rows.unordered = !scores_by_attention(core_.policy().scoring);
-    launch_dense(q, rows, parts, 0, splits, stream);
-  }
-  return splits;
+  return store_->launch_segments(q, parts, count_only, core_.rows(), scores_by_attention(core_.policy().scoring),
+                                 sm_count_, stream);
 }
 
 void DeviceEvictionCache::download_rows(std::size_t bh, std::uint16_t* keys, std::uint16_t* values) const {
-  download_dense_head(slots_->keys(), slots_->values(), slots_->type(), slots_->stride(), dim_, bh, core_.rows(), keys,
-                      values);
+  store_->download_head(bh, core_.rows(), keys, values);
 }
 
 void DeviceEvictionCache::head_positions(std::size_t bh, std::int64_t* out) const {
-  // From the device: the decode kernel may have moved rows since the core last saw them.
-  KVSLIM_CUDA_CHECK(cudaMemcpy(out, slots_->positions() + bh * slots_->stride(), core_.rows() * sizeof(std::int64_t),
-                               cudaMemcpyDeviceToHost));
+  store_->head_positions(bh, core_.rows(), out);
 }
 
 std::size_t DeviceEvictionCache::host_bytes() const {
-  return core_.resident_bytes() - slots_->resident_bytes() + slots_->host_bytes() + probs_host_floats_ * sizeof(float);
+  return core_.resident_bytes() - store_->resident_bytes() + store_->host_bytes() + probs_host_floats_ * sizeof(float);
 }
 
 void DeviceEvictionCache::clear() {
@@ -687,6 +684,7 @@ void DeviceEvictionCache::clear() {
   observe_best_.release();
   observe_arrivals_.release();
   observe_parts_capacity_ = 0;
+  decode_steps_on_device_ = 0;
   fresh_from_ = 0;
   host_stale_ = false;
   if (squeeze_) budget_ = squeeze_->reset(budget_);
@@ -694,6 +692,8 @@ void DeviceEvictionCache::clear() {
 
 void DeviceEvictionCache::add_figures(CacheStats& st) const {
   st.figures.emplace_back("layer_budget", static_cast<double>(budget_));
+  st.figures.emplace_back("decode_steps_on_device", static_cast<double>(decode_steps_on_device_));
+  if (slots_ == nullptr) store_->add_figures(st);
   if (squeeze_) squeeze_->add_figures(st, limit());
 }
 

@@ -25,23 +25,20 @@
 #include "cache/eviction_core.h"
 #include "cache/squeeze_schedule.h"
 #include "cuda/device_cache.h"
-#include "storage/row_storage.h"
+#include "cuda/device_row_store.h"
 
 namespace kvslim::cuda {
 
 // The eviction core's rows in GPU memory: slots [heads_total, stride, D] (fp16 or bf16, the first
 // append's element type), positions [heads_total, stride]; stride = the core's capacity rounded up
 // to 16 rows (the dense kernel reads whole units of 16).
-class DeviceSlots final : public RowStorage {
+class DeviceSlots final : public DeviceRowStore {
  public:
   // with_exposure: the policy normalises by exposure (attention_normalized), mirrored too.
   explicit DeviceSlots(bool with_exposure) : with_exposure_(with_exposure) {}
   std::string_view kind() const override { return "fp16"; }
   bool slot_writes() const override { return true; }
   void begin(std::size_t heads_total, std::size_t dim) override;
-  // The core has made room for `incoming` rows after the kept ones: the owner's append kernel
-  // (set_arrival) writes them there now, before the core moves any of them.
-  void prepare(std::size_t incoming) override;
   // Applies the recorded moves, then reallocates to `capacity` rows per head keeping the first
   // `keep` (waits for the copy before the old store goes).
   void relayout(std::size_t capacity, std::size_t keep) override;
@@ -59,19 +56,22 @@ class DeviceSlots final : public RowStorage {
   }
   void reset() override;
 
-  // The stream the next operations are ordered on (the caller's, set before each core call).
-  void set_stream(cudaStream_t stream) { stream_ = stream; }
   void set_type(DenseType type) { type_ = type; }
-  // What prepare() launches for the next absorb (the append kernel; cleared once run or dropped).
-  void set_arrival(std::function<void()> launch) { arrival_ = std::move(launch); }
   DenseType type() const { return type_; }
+  // The step's rows after the kept ones (the core has made room; prepare() runs this before the
+  // core moves any of them).
+  void place(const AppendInput& in, std::size_t rows, cudaStream_t stream) override;
   // Enqueues the moves recorded since the last flush: one move per head, the same in every head
   // (streaming's decode step), as kernel arguments; any other list copied from the host (refused
-  // while a replayed step is armed).
-  void flush();
-  // While a decode step is captured: a relayout (a copy on the stream, an allocation) would enter
-  // the graph; refused instead.
-  void set_capturing(bool on) { capturing_ = on; }
+  // while a replayed step is armed). (While a decode step is captured a relayout -- a copy on the
+  // stream, an allocation -- would enter the graph: refused.)
+  void flush() override;
+  int launch_segments(const QueryArgs& q, const Partials& parts, bool count_only, std::size_t rows,
+                      bool attention_scoring, int sm_count, cudaStream_t stream) const override;
+  void download_head(std::size_t bh, std::size_t rows, std::uint16_t* keys, std::uint16_t* values) const override;
+  void head_positions(std::size_t bh, std::size_t rows, std::int64_t* out) const override;
+  void download_metadata(const EvictionCore::Metadata& m, std::size_t rows, std::size_t seen) const override;
+  void upload_metadata(const EvictionCore::Metadata& m, std::size_t rows, std::size_t n_sink) override;
   std::uint16_t* keys() const { return k_.as<std::uint16_t>(); }
   std::uint16_t* values() const { return v_.as<std::uint16_t>(); }
   std::int64_t* positions() const { return pos_.as<std::int64_t>(); }
@@ -81,7 +81,7 @@ class DeviceSlots final : public RowStorage {
   float* exposure() const { return with_exposure_ ? exposure_.as<float>() : nullptr; }
   std::size_t stride() const { return stride_; }
   // Host memory of the move bookkeeping (the epoch marks, the recorded moves).
-  std::size_t host_bytes() const {
+  std::size_t host_bytes() const override {
     return (read_in_.capacity() + written_in_.capacity()) * sizeof(std::uint32_t) + moves_.capacity() * sizeof(int);
   }
 
@@ -90,9 +90,6 @@ class DeviceSlots final : public RowStorage {
   DeviceBuffer k_, v_, pos_, scores_, exposure_;
   std::size_t heads_total_ = 0, dim_ = 0, stride_ = 0;
   DenseType type_ = DenseType::f16;
-  cudaStream_t stream_ = nullptr;
-  bool capturing_ = false;
-  std::function<void()> arrival_;
   // Moves since the last flush: (head, from, to) triplets. One kernel applies them all at once,
   // which is the core's sequential order only while no move reads a slot another one writes:
   // move() flushes first when a new move would. read_in_ / written_in_ [heads_total * stride]: the
@@ -124,9 +121,10 @@ class DeviceSlots final : public RowStorage {
 // its metadata is read back from the mirror before it next decides on the host.
 class DeviceEvictionCache final : public DeviceCache, public SharesImportance {
  public:
-  // squeeze: the layer's schedule (null for the fixed-budget methods).
+  // squeeze: the layer's schedule (null for the fixed-budget methods). store: where the rows live
+  // (null: fp16 / bf16 slots; DevicePackedRows: kivi codes, every decision on the host).
   DeviceEvictionCache(std::string method, EvictionPolicy policy, std::size_t budget, int device,
-                      std::unique_ptr<SqueezeSchedule> squeeze = nullptr);
+                      std::unique_ptr<SqueezeSchedule> squeeze = nullptr, std::unique_ptr<DeviceRowStore> store = nullptr);
   ~DeviceEvictionCache() override;
 
   std::size_t rows() const override { return core_.rows(); }
@@ -144,16 +142,22 @@ class DeviceEvictionCache final : public DeviceCache, public SharesImportance {
   const SqueezeSchedule* squeeze() const { return squeeze_.get(); }
   // A decode step replays once the cache holds its budget: append one row, attend with
   // probabilities over budget + 1 rows, the decode kernel's observation and eviction.
-  bool graph_replayable() const override { return true; }
+  // (fp16 slots only: a step over codes is decided on the host.)
+  bool graph_replayable() const override { return slots_ != nullptr; }
+  const DeviceRowStore& store() const { return *store_; }
 
  private:
+  long long attention_rows() const override { return store_->attention_rows(core_.rows()); }
+  void order_probs(const float* spanned, float* probs, int S, cudaStream_t stream) const override {
+    store_->order_probs(spanned, probs, S, core_.rows(), stream);
+  }
   bool graph_observes() const override { return scores_by_attention(core_.policy().scoring); }
   void graph_check_capturable() const override;
   void graph_observe(const AttentionObservation& obs) override;
   void absorb(const AppendInput& in, const std::vector<std::int64_t>& positions, cudaStream_t stream) override;
   int launch_segments(const QueryArgs& q, const Partials& parts, bool count_only, cudaStream_t stream) const override;
   void download_rows(std::size_t bh, std::uint16_t* keys, std::uint16_t* values) const override;
-  std::size_t device_bytes() const override { return slots_->resident_bytes(); }
+  std::size_t device_bytes() const override { return store_->resident_bytes(); }
   std::size_t host_bytes() const override;
   void head_positions(std::size_t bh, std::int64_t* out) const override;
   void clear() override;
@@ -161,18 +165,25 @@ class DeviceEvictionCache final : public DeviceCache, public SharesImportance {
 
   // Runs a one-query device observation in the decode kernel; false: the host must decide.
   bool observe_on_device(const AttentionObservation& obs);
+  // The same over kivi codes (DevicePackedRows::observe_decode), then the host's compression.
+  bool observe_codes_on_device(const AttentionObservation& obs);
+  // The decode observation's per-part scratch for `parts` parts a head.
+  void reserve_observe_parts(std::size_t parts, cudaStream_t stream);
   // The mirror's metadata (rows' positions; scores and exposure of the rows observed so far) into
   // the core, when the decode kernel changed it since.
   void pull_metadata();
   // The core's metadata of every row into the mirror (after a host decision).
   void push_metadata(cudaStream_t stream);
+  // The core's compression held while squeeze's deferred schedule may still cut rows.
+  void hold_while_uncertain();
   // squeeze: a budget the schedule resolved, adopted (the store trimmed to it on the device).
   void adopt(std::optional<std::size_t> budget, cudaStream_t stream);
   // squeeze's key signal of a call's keys (the append's input [BH, S, D]): the mean over heads (or
   // head 0, squeeze_concentration_heads = first) of the mean off-diagonal key cosine.
   HeadTerms key_dispersion(const AppendInput& in, cudaStream_t stream) const;
 
-  DeviceSlots* slots_;  // owned by core_
+  DeviceRowStore* store_;  // owned by core_
+  DeviceSlots* slots_;     // store_ when it is the fp16 slots (decode steps decided on the device), else null
   EvictionCore core_;
   std::size_t budget_;
   std::unique_ptr<SqueezeSchedule> squeeze_;
@@ -184,6 +195,7 @@ class DeviceEvictionCache final : public DeviceCache, public SharesImportance {
   // [heads_total, parts] and each head's count of parts done [heads_total] (zero between steps).
   DeviceBuffer observe_best_, observe_arrivals_;
   std::size_t observe_parts_capacity_ = 0;
+  std::size_t decode_steps_on_device_ = 0;  // observations decided by a device kernel (a figure)
 };
 
 }  // namespace kvslim::cuda

@@ -1,0 +1,1081 @@
+#include "cuda/device_packed_rows.h"
+
+#include <algorithm>
+#include <climits>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include "cuda/group_quant.cuh"
+#include "cuda/kernel_launch.h"
+#include "cuda/lowest_candidate.cuh"
+#include "kvslim/errors.h"
+#include "quant/quant_kernels.h"
+
+namespace kvslim::cuda {
+namespace packed_jobs {
+
+// The regions as the kernels write them.
+struct RegionStore {
+  std::uint8_t* k_codes = nullptr;  // [H, cap * G, k_rb]
+  std::uint8_t* v_codes = nullptr;  // [H, cap * G, v_rb]
+  std::uint16_t* k_params = nullptr;  // [H, cap, 2, D]
+  std::uint16_t* v_params = nullptr;
+  std::int64_t* pos = nullptr;        // [H, cap * G]
+  float* score = nullptr;             // [H, cap * G] the policy's score mirror
+  float* expo = nullptr;              // [H, cap * G] its exposure mirror, or null
+  int capacity = 0, G = 0, D = 0, k_bits = 0, v_bits = 0;
+  KVSLIM_HD long long region(int head, int r) const { return static_cast<long long>(head) * capacity + r; }
+};
+
+// A window buffer: fp16 rows [H, capacity, D] with positions and the policy's mirrors [H, capacity].
+struct WindowRows {
+  std::uint16_t* k = nullptr;
+  std::uint16_t* v = nullptr;
+  std::int64_t* pos = nullptr;
+  float* score = nullptr;
+  float* expo = nullptr;  // or null
+  long long capacity = 0;
+};
+
+}  // namespace packed_jobs
+
+namespace {
+
+using packed_jobs::RegionStore;
+using packed_jobs::WindowRows;
+
+constexpr std::int64_t kEmpty = INT64_MAX;  // a padding row's position: every query masks it
+
+// Where a compression reads its rows: fp16 [*, D] keys and values with their positions; row i of
+// a job is (head * head_stride + list[i]) (head_stride 0: the list holds absolute rows).
+struct RowSource {
+  const std::uint16_t* k = nullptr;
+  const std::uint16_t* v = nullptr;
+  const std::int64_t* pos = nullptr;
+  const float* score = nullptr;  // the policy's mirrors, travelling with the rows
+  const float* expo = nullptr;   // (null: not kept)
+  long long head_stride = 0;
+};
+
+
+
+using packed_jobs::CloseJob;
+using packed_jobs::CompressJob;
+
+// One group per (job, keys/values): D threads, one channel each -- the CPU quantizer's min / max
+// over the group's m rows, its fp16 parameters, the codes 32 rows at a time through shared memory
+// into the CPU's plane layout (rows m.. of the region: code 0, position INT64_MAX).
+__global__ void compress_kernel(const CompressJob* jobs, const int* list, RowSource src, RegionStore st) {
+  extern __shared__ unsigned char codes[];  // [32][D]
+  const CompressJob j = jobs[blockIdx.x];
+  const int which = blockIdx.y, c = threadIdx.x, D = st.D, G = st.G;
+  const int bits = which ? st.v_bits : st.k_bits, RB = D * bits / 8;
+  const std::uint16_t* rows = which ? src.v : src.k;
+  const long long base = static_cast<long long>(j.head) * src.head_stride;
+  auto load = [&](int i) {
+    const std::uint16_t h = rows[(base + list[j.list_at + i]) * D + c];
+    return __half2float(*reinterpret_cast<const __half*>(&h));
+  };
+  float mn = INFINITY, mx = -INFINITY;
+  for (int i = 0; i < j.m; ++i) {
+    const float x = load(i);
+    mn = fminf(mn, x);
+    mx = fmaxf(mx, x);
+  }
+  std::uint16_t scale_h, zero_h;
+  float scale_f, zero_f;
+  make_params(mn, mx, bits, scale_h, zero_h, scale_f, zero_f);
+  const long long region = st.region(j.head, j.region);
+  std::uint16_t* params = (which ? st.v_params : st.k_params) + region * 2 * D;
+  params[c] = scale_h;
+  params[D + c] = zero_h;
+  std::uint8_t* out = (which ? st.v_codes : st.k_codes) + region * G * RB;
+  for (int u = 0; u < G / 32; ++u) {
+    for (int r = 0; r < 32; ++r) {
+      const int i = 32 * u + r;
+      codes[r * D + c] = quantize_code(i < j.m ? load(i) : zero_f, zero_f, scale_f, bits);
+    }
+    __syncthreads();
+    pack_unit(codes, D, bits, out + 32LL * u * RB);
+    __syncthreads();
+  }
+  if (which == 0) {
+    for (int r = c; r < G; r += blockDim.x) {
+      const long long from = r < j.m ? base + list[j.list_at + r] : -1;
+      st.pos[region * G + r] = from >= 0 ? src.pos[from] : kEmpty;
+      st.score[region * G + r] = from >= 0 ? src.score[from] : 0.f;
+      if (st.expo != nullptr) st.expo[region * G + r] = from >= 0 ? src.expo[from] : 0.f;
+    }
+  }
+}
+
+// One region per job, one CTA: its rows n_new taken from old offsets list[..] in order (each
+// moves down or stays: a row at a time, so no copy reads a row an earlier one wrote), then rows
+// n_new.. of the n_old become padding. Parameters stay: they are valid for every row that stays.
+__global__ void close_region_kernel(const CloseJob* jobs, const int* list, RegionStore st) {
+  const CloseJob j = jobs[blockIdx.x];
+  const long long row0 = st.region(j.head, j.region) * st.G;
+  const int k_rb = st.D * st.k_bits / 8, v_rb = st.D * st.v_bits / 8;
+  for (int i = 0; i < j.n_new; ++i) {
+    const int from = list[j.list_at + i];
+    if (from == i) continue;
+    for (int b = threadIdx.x; b < k_rb; b += blockDim.x) st.k_codes[(row0 + i) * k_rb + b] = st.k_codes[(row0 + from) * k_rb + b];
+    for (int b = threadIdx.x; b < v_rb; b += blockDim.x) st.v_codes[(row0 + i) * v_rb + b] = st.v_codes[(row0 + from) * v_rb + b];
+    if (threadIdx.x == 0) {
+      st.pos[row0 + i] = st.pos[row0 + from];
+      st.score[row0 + i] = st.score[row0 + from];
+      if (st.expo != nullptr) st.expo[row0 + i] = st.expo[row0 + from];
+    }
+    __syncthreads();
+  }
+  for (int r = j.n_new + threadIdx.x; r < j.n_old; r += blockDim.x) st.pos[row0 + r] = kEmpty;
+}
+
+// Region r of head h of a new store from region map[h * cap_new + r] of the old one (-1: an empty
+// region: zero codes and parameters, padding positions). 16-byte words: every part's size and
+// offset is a multiple of 16 bytes.
+__global__ void copy_regions_kernel(const int* map, RegionStore from, RegionStore to) {
+  const int r = blockIdx.x, h = blockIdx.y, src = map[h * to.capacity + r];
+  const long long dst_region = to.region(h, r), src_region = src < 0 ? 0 : from.region(h, src);
+  auto copy = [&](const void* s, void* d, long long bytes) {
+    const uint4* s4 = static_cast<const uint4*>(s);
+    uint4* d4 = static_cast<uint4*>(d);
+    for (long long i = threadIdx.x; i < bytes / 16; i += blockDim.x) d4[i] = src < 0 ? make_uint4(0, 0, 0, 0) : s4[i];
+  };
+  const int G = to.G, D = to.D, k_rb = D * to.k_bits / 8, v_rb = D * to.v_bits / 8;
+  copy(from.k_codes + src_region * G * k_rb, to.k_codes + dst_region * G * k_rb, static_cast<long long>(G) * k_rb);
+  copy(from.v_codes + src_region * G * v_rb, to.v_codes + dst_region * G * v_rb, static_cast<long long>(G) * v_rb);
+  copy(from.k_params + src_region * 2 * D, to.k_params + dst_region * 2 * D, 4LL * D);
+  copy(from.v_params + src_region * 2 * D, to.v_params + dst_region * 2 * D, 4LL * D);
+  for (int i = threadIdx.x; i < G; i += blockDim.x) {
+    to.pos[dst_region * G + i] = src < 0 ? kEmpty : from.pos[src_region * G + i];
+    to.score[dst_region * G + i] = src < 0 ? 0.f : from.score[src_region * G + i];
+    if (to.expo != nullptr) to.expo[dst_region * G + i] = src < 0 ? 0.f : from.expo[src_region * G + i];
+  }
+}
+
+// A re-pack's first half: row i of the output = the stored row rows[i] (a flat row of the regions)
+// decoded as the CPU decodes (fp16(code * scale + zero), no contraction), with its position.
+__global__ void decode_rows_kernel(const long long* rows, RegionStore st, std::uint16_t* k_out, std::uint16_t* v_out,
+                                   std::int64_t* pos_out, float* score_out, float* expo_out) {
+  const int i = blockIdx.x, c = threadIdx.x, D = st.D;
+  const long long row = rows[i], region = row / st.G;
+  for (int which = 0; which < 2; ++which) {
+    const int bits = which ? st.v_bits : st.k_bits, RB = D * bits / 8;
+    const std::uint8_t byte = (which ? st.v_codes : st.k_codes)[row * RB + c % RB];
+    const unsigned code = (byte >> ((c / RB) * bits)) & ((1u << bits) - 1u);
+    const std::uint16_t* p = (which ? st.v_params : st.k_params) + region * 2 * D;
+    const float scale = __half2float(*reinterpret_cast<const __half*>(p + c));
+    const float zero = __half2float(*reinterpret_cast<const __half*>(p + D + c));
+    const __half h = __float2half_rn(__fadd_rn(__fmul_rn(static_cast<float>(code), scale), zero));
+    (which ? v_out : k_out)[static_cast<long long>(i) * D + c] = *reinterpret_cast<const std::uint16_t*>(&h);
+  }
+  if (c == 0) {
+    pos_out[i] = st.pos[row];
+    score_out[i] = st.score[row];
+    if (expo_out != nullptr) expo_out[i] = st.expo[row];
+  }
+}
+
+__global__ void mask_rows_kernel(const long long* rows, int n, std::int64_t* pos) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) pos[rows[i]] = kEmpty;
+}
+
+
+
+// Window row r of head h of the new buffer from row map[h * n + r] of the old one (-1: empty).
+__global__ void close_window_kernel(const int* map, int n, WindowRows in, WindowRows out, int D) {
+  const int r = blockIdx.x, h = blockIdx.y, c = threadIdx.x, src = map[h * n + r];
+  const long long dst = h * out.capacity + r, s = h * in.capacity + src;
+  out.k[dst * D + c] = src < 0 ? 0 : in.k[s * D + c];
+  out.v[dst * D + c] = src < 0 ? 0 : in.v[s * D + c];
+  if (c == 0) {
+    out.pos[dst] = src < 0 ? kEmpty : in.pos[s];
+    out.score[dst] = src < 0 ? 0.f : in.score[s];
+    if (out.expo != nullptr) out.expo[dst] = src < 0 ? 0.f : in.expo[s];
+  }
+}
+
+// One decode step's observation over the codes (the eviction core's observe() for one query, then
+// drop_lowest(1), as observe_decode_kernel over fp16 slots): grid (heads, parts) over the rows the
+// attention spanned [regions | window]; padding and masked rows are skipped. Slot order is
+// position order here (blocks and the window keep their rows in token order), so the sinks are the
+// rows at or below the n_sink-th position. The victim leaves its group (the later rows move down,
+// the group's parameters stay) or is masked in the window; victims[head] = its row (-1: none).
+struct PackedObservation {
+  const float* probs = nullptr;  // [H, probs_stride]: attention per spanned row
+  long long probs_stride = 0;
+  RegionStore st;
+  int* tokens = nullptr;  // [H, cap] rows of each region
+  WindowRows w;
+  int regions = 0, window_rows = 0, fresh_w = 0;  // spanned regions; window rows; first window row not yet observed
+  const std::int64_t* sink_pos = nullptr;         // [H]
+  int n_rows = 0, limit = 0;
+  std::int64_t qpos = 0, threshold = 0;
+  float decay = 1.f;
+  int* victims = nullptr;  // [H]
+};
+
+__global__ void __launch_bounds__(kObserveThreads)
+    observe_packed_kernel(PackedObservation o, Candidate* part_best, unsigned* arrivals) {
+  const int head = blockIdx.x, part = blockIdx.y, parts = gridDim.y, G = o.st.G;
+  const long long span = static_cast<long long>(o.regions) * G + o.window_rows;
+  const long long per = (span + parts - 1) / parts, first = part * per, end = min(span, first + per);
+  const std::int64_t sink = o.sink_pos[head];
+  Candidate best{0.f, 0, -1};
+  for (long long i = first + threadIdx.x; i < end; i += blockDim.x) {
+    std::int64_t* pos;
+    float *score, *expo;
+    long long at;
+    bool fresh = false;
+    if (i < static_cast<long long>(o.regions) * G) {
+      const int r = static_cast<int>(i / G), off = static_cast<int>(i % G);
+      if (off >= o.tokens[static_cast<long long>(head) * o.st.capacity + r]) continue;
+      at = (static_cast<long long>(head) * o.st.capacity + r) * G + off;
+      pos = o.st.pos, score = o.st.score, expo = o.st.expo;
+    } else {
+      const long long wr = i - static_cast<long long>(o.regions) * G;
+      at = head * o.w.capacity + wr;
+      if (o.w.pos[at] == kEmpty) continue;
+      fresh = wr >= o.fresh_w;
+      pos = o.w.pos, score = o.w.score, expo = o.w.expo;
+    }
+    float s = fresh ? 0.f : score[at];
+    if (o.decay != 1.f) s = __fmul_rn(s, o.decay);
+    s = __fadd_rn(s, o.probs[head * o.probs_stride + i]);
+    score[at] = s;
+    const std::int64_t p = pos[at];
+    float effective = s;
+    if (expo != nullptr) {
+      float e = fresh ? 0.f : expo[at];
+      if (o.decay != 1.f) e = __fmul_rn(e, o.decay);
+      e = __fadd_rn(e, p <= o.qpos ? 1.f : 0.f);
+      expo[at] = e;
+      effective = e > 0.f ? __fdiv_rn(s, e) : 0.f;
+    }
+    const Candidate c{effective, p, static_cast<int>(i)};
+    if (p > sink && p < o.threshold && lower(c, best)) best = c;
+  }
+  if (o.n_rows <= o.limit) return;
+  if (!head_lowest(best, part_best, arrivals, head, part, parts)) return;
+  const int victim = best.slot;
+  if (victim < 0) return;  // validate() keeps the budget above the sinks and the window
+  if (threadIdx.x == 0) o.victims[head] = victim;
+  if (victim >= o.regions * G) {  // a window row: masked where it lies
+    if (threadIdx.x == 0) o.w.pos[head * o.w.capacity + (victim - static_cast<long long>(o.regions) * G)] = kEmpty;
+    return;
+  }
+  // A group's row: the later rows of its region move down one (a row at a time; their mirrors were
+  // written by other parts this step: read past L1), the last becomes padding.
+  const int r = victim / G, off = victim % G;
+  int* tokens = o.tokens + static_cast<long long>(head) * o.st.capacity + r;
+  const int n = *tokens;
+  const long long row0 = (static_cast<long long>(head) * o.st.capacity + r) * G;
+  const int k_rb = o.st.D * o.st.k_bits / 8, v_rb = o.st.D * o.st.v_bits / 8;
+  for (int i = off; i + 1 < n; ++i) {
+    for (int b = threadIdx.x; b < k_rb; b += blockDim.x) o.st.k_codes[(row0 + i) * k_rb + b] = o.st.k_codes[(row0 + i + 1) * k_rb + b];
+    for (int b = threadIdx.x; b < v_rb; b += blockDim.x) o.st.v_codes[(row0 + i) * v_rb + b] = o.st.v_codes[(row0 + i + 1) * v_rb + b];
+    if (threadIdx.x == 0) {
+      o.st.pos[row0 + i] = o.st.pos[row0 + i + 1];
+      o.st.score[row0 + i] = __ldcg(o.st.score + row0 + i + 1);
+      if (o.st.expo != nullptr) o.st.expo[row0 + i] = __ldcg(o.st.expo + row0 + i + 1);
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    o.st.pos[row0 + n - 1] = kEmpty;
+    *tokens = n - 1;
+  }
+}
+
+// probs [H, S, rows] (slot order) from spanned [H, S, span] through map [H, rows].
+__global__ void order_probs_kernel(const int* map, const float* spanned, float* probs, long long n_hs, int S, int rows,
+                                   long long span) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= rows) return;
+  for (long long hs = blockIdx.y; hs < n_hs; hs += gridDim.y) {
+    const long long h = hs / S;
+    probs[hs * rows + i] = spanned[hs * span + map[h * rows + i]];
+  }
+}
+
+// spanned [H, span] from probs in slot order [H, probs_stride] through map [H, rows] (the rows the
+// map does not name stay as they were: zero).
+__global__ void scatter_probs_kernel(const int* map, const float* probs, long long probs_stride, float* spanned,
+                                     long long span, int rows) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x, h = blockIdx.y;
+  if (i < rows) spanned[h * span + map[static_cast<long long>(h) * rows + i]] = probs[h * probs_stride + i];
+}
+
+int round_up16(int x) { return (x + 15) / 16 * 16; }
+
+template <typename T>
+void upload(DeviceBuffer& buf, const std::vector<T>& host, cudaStream_t stream) {
+  const std::size_t bytes = host.size() * sizeof(T);
+  if (bytes == 0) return;
+  if (buf.bytes() < bytes) buf.reserve(bytes);
+  // From pageable memory: the call returns once `host` is staged (it may change right after).
+  KVSLIM_CUDA_CHECK(cudaMemcpyAsync(buf.get(), host.data(), bytes, cudaMemcpyHostToDevice, stream));
+}
+
+[[noreturn]] void not_on_device(const char* what) { throw std::logic_error(std::string("DevicePackedRows: ") + what); }
+
+}  // namespace
+
+DevicePackedRows::DevicePackedRows(int key_bits, int value_bits, int group_rows, int staging, bool with_exposure)
+    : key_bits_(key_bits),
+      value_bits_(value_bits),
+      group_rows_(group_rows),
+      staging_(std::max(staging, 1)),
+      with_exposure_(with_exposure) {
+  // KVCacheConfig::validate() has applied the device rules (widths 2/4/8, groups of 32-row units).
+  if (group_rows_ % 32 != 0 || group_rows_ <= 0) throw std::logic_error("DevicePackedRows: group_rows must be a multiple of 32");
+}
+
+DevicePackedRows::~DevicePackedRows() {
+  if (victims_host_ != nullptr) cudaFreeHost(victims_host_);
+}
+
+void DevicePackedRows::begin(std::size_t heads_total, std::size_t dim) {
+  heads_total_ = heads_total;
+  dim_ = dim;
+  k_rb_ = static_cast<int>(dim) * key_bits_ / 8;
+  v_rb_ = static_cast<int>(dim) * value_bits_ / 8;
+  heads_.assign(heads_total, Head{});
+}
+
+RegionStore DevicePackedRows::regions() const {
+  return RegionStore{k_codes_.as<std::uint8_t>(), v_codes_.as<std::uint8_t>(), k_params_.as<std::uint16_t>(),
+                     v_params_.as<std::uint16_t>(), pos_.as<std::int64_t>(), score_.as<float>(),
+                     with_exposure_ ? expo_.as<float>() : nullptr, region_capacity_, group_rows_,
+                     static_cast<int>(dim_), key_bits_, value_bits_};
+}
+
+WindowRows DevicePackedRows::window(int which) const {
+  return WindowRows{wk_[which].as<std::uint16_t>(), wv_[which].as<std::uint16_t>(), wpos_[which].as<std::int64_t>(),
+                    wscore_[which].as<float>(), with_exposure_ ? wexpo_[which].as<float>() : nullptr, window_capacity_};
+}
+
+void DevicePackedRows::reserve_window(int which, int capacity) {
+  const std::size_t rows = heads_total_ * static_cast<std::size_t>(capacity);
+  wk_[which].reserve(rows * dim_ * 2);
+  wv_[which].reserve(rows * dim_ * 2);
+  wpos_[which].reserve(rows * sizeof(std::int64_t));
+  wscore_[which].reserve(rows * sizeof(float));
+  if (with_exposure_) wexpo_[which].reserve(rows * sizeof(float));
+}
+
+void DevicePackedRows::release_window(int which) {
+  for (DeviceBuffer* b : {&wk_[which], &wv_[which], &wpos_[which], &wscore_[which], &wexpo_[which]}) b->release();
+}
+
+int DevicePackedRows::regions_used() const {
+  int used = 0;
+  for (const Head& h : heads_) {
+    for (const Block& b : h.blocks) used = std::max(used, b.region + 1);
+  }
+  return used;
+}
+
+void DevicePackedRows::relayout(std::size_t, std::size_t keep) {
+  for (const Head& h : heads_) {
+    if (h.packed + h.window.size() > keep) throw std::logic_error("DevicePackedRows: relayout below the rows held");
+  }
+}
+
+void DevicePackedRows::prepare(std::size_t incoming) {
+  if (incoming > 1) flush_ = true;
+  ensure_window(window_rows_ + static_cast<int>(incoming));
+  DeviceRowStore::prepare(incoming);
+}
+
+void DevicePackedRows::place(const AppendInput& in, std::size_t, cudaStream_t stream) {
+  StagingWindow w;
+  w.k_out = wk_[cur_].as<std::uint16_t>();
+  w.v_out = wv_[cur_].as<std::uint16_t>();
+  w.pos_out = wpos_[cur_].as<std::int64_t>();
+  w.capacity = window_capacity_;
+  w.pos_head_stride = window_capacity_;
+  launch_window_append(in, w, window_rows_, stream);
+  for (Head& h : heads_) {
+    for (int s = 0; s < in.S; ++s) h.window.push_back(window_rows_ + s);
+  }
+  fresh_w_ = window_rows_;
+  window_rows_ += in.S;
+  order_dirty_ = true;
+}
+
+void DevicePackedRows::write(std::size_t, std::size_t, const std::uint16_t*, const std::uint16_t*) {
+  not_on_device("rows reach the device window through the append kernel, never one by one from the host");
+}
+
+void DevicePackedRows::move(std::size_t, std::size_t, std::size_t) {
+  not_on_device("rows cannot move between slots (the core erases instead)");
+}
+
+void DevicePackedRows::erase(std::size_t head, std::span<const std::size_t> slots) {
+  Head& h = heads_[head];
+  // A group already rewritten by a recorded erasure is rewritten again from its new order.
+  for (const CloseJob& j : closes_) {
+    if (j.head == static_cast<int>(head)) {
+      flush();
+      break;
+    }
+  }
+  std::size_t next = 0, first = 0;  // next slot to erase; the block's first slot
+  bool dropped = false;
+  for (Block& b : h.blocks) {
+    const std::size_t end = first + static_cast<std::size_t>(b.tokens);
+    if (next < slots.size() && slots[next] < end) {
+      const int list_at = static_cast<int>(close_list_.size());
+      int kept = 0;
+      for (std::size_t s = first; s < end; ++s) {
+        if (next < slots.size() && slots[next] == s) {
+          ++next;
+          continue;
+        }
+        close_list_.push_back(static_cast<int>(s - first));
+        ++kept;
+      }
+      closes_.push_back(CloseJob{static_cast<int>(head), b.region, b.tokens, kept, list_at});
+      h.packed -= static_cast<std::size_t>(b.tokens - kept);
+      b.tokens = kept;
+      dropped = dropped || kept == 0;
+    }
+    first = end;
+  }
+  // Window rows: masked where they lie (the window is closed up after the next compression).
+  std::vector<int> window;
+  window.reserve(h.window.size());
+  for (std::size_t i = 0; i < h.window.size(); ++i) {
+    const std::size_t slot = first + i;
+    if (next < slots.size() && slots[next] == slot) {
+      ++next;
+      masked_.push_back(static_cast<long long>(head) * window_capacity_ + h.window[i]);
+      continue;
+    }
+    window.push_back(h.window[i]);
+  }
+  if (next != slots.size()) throw std::logic_error("DevicePackedRows: erase past the rows held");
+  h.window = std::move(window);
+  if (dropped) {
+    for (const Block& b : h.blocks) h.made -= b.tokens == 0 ? static_cast<std::size_t>(b.made) : 0;
+    std::erase_if(h.blocks, [](const Block& b) { return b.tokens == 0; });
+  }
+  order_dirty_ = true;
+}
+
+void DevicePackedRows::flush() {
+  if (!masked_.empty()) {
+    upload(masked_dev_, masked_, stream_);
+    const int n = static_cast<int>(masked_.size());
+    launch_kernel(true, false, mask_rows_kernel, dim3((n + 255) / 256), dim3(256), 0, stream_,
+                  masked_dev_.as<long long>(), n, wpos_[cur_].as<std::int64_t>());
+    masked_.clear();
+  }
+  if (!closes_.empty()) {
+    launch_closes();
+    upload_tokens();
+  }
+}
+
+void DevicePackedRows::launch_closes() {
+  if (closes_.empty()) return;
+  upload(jobs_dev_, closes_, stream_);
+  upload(list_dev_, close_list_.empty() ? std::vector<int>{0} : close_list_, stream_);
+  launch_kernel(true, false, close_region_kernel, dim3(static_cast<unsigned>(closes_.size())), dim3(128), 0, stream_,
+                jobs_dev_.as<CloseJob>(), list_dev_.as<int>(), regions());
+  closes_.clear();
+  close_list_.clear();
+}
+
+void DevicePackedRows::upload_tokens() {
+  std::vector<int> tokens(heads_total_ * static_cast<std::size_t>(std::max(region_capacity_, 1)), 0);
+  for (std::size_t head = 0; head < heads_.size(); ++head) {
+    for (const Block& b : heads_[head].blocks) tokens[head * static_cast<std::size_t>(region_capacity_) + b.region] = b.tokens;
+  }
+  upload(tokens_, tokens, stream_);
+}
+
+void DevicePackedRows::settle(std::size_t rows, const Saliency&) {
+  flush();
+  const int G = group_rows_;
+  const std::size_t H = heads_.size();
+  for (const Head& h : heads_) {
+    if (h.packed + h.window.size() != rows) throw std::logic_error("DevicePackedRows: the policy and the storage disagree on the rows held");
+  }
+  // Re-packs first (the CPU's order): heads whose groups fell under a quarter of the rows they were
+  // made with.
+  bool changed = false;
+  for (std::size_t head = 0; head < H; ++head) {
+    const Head& h = heads_[head];
+    if (h.blocks.size() >= 4 && 4 * h.packed < h.made) {
+      repack(head);
+      changed = true;
+    }
+  }
+  // New blocks per head (a prompt's survivors whole; decode rows once `staging` wait).
+  std::vector<int> count(H, 0);
+  int needed = 0;
+  bool gapped = false;
+  for (std::size_t head = 0; head < H; ++head) {
+    const Head& h = heads_[head];
+    const int waiting = static_cast<int>(h.window.size());
+    if (flush_ && waiting > 0) {
+      count[head] = waiting;
+    } else if (waiting >= staging_) {
+      count[head] = staging_ >= G ? waiting / G * G : waiting;
+    }
+    needed = std::max(needed, static_cast<int>(h.blocks.size()) + (count[head] + G - 1) / G);
+    for (std::size_t i = 0; i < h.blocks.size(); ++i) gapped = gapped || h.blocks[i].region != static_cast<int>(i);
+  }
+  flush_ = false;
+  // Room for one more group a head: a decode step's growth re-lays out the store (a copy) once per
+  // group_rows steps at most; a store a quarter too large (evictions emptied groups) shrinks.
+  const bool resize = needed > region_capacity_ || region_capacity_ > needed + needed / 4 + 1;
+  if (gapped || resize) {
+    relayout_regions(resize ? needed + 1 : region_capacity_);
+    changed = true;
+  }
+  std::vector<CompressJob> jobs;
+  std::vector<int> list;
+  for (std::size_t head = 0; head < H; ++head) {
+    Head& h = heads_[head];
+    if (count[head] == 0) continue;
+    for (int first = 0; first < count[head]; first += G) {
+      const int m = std::min(G, count[head] - first);
+      jobs.push_back(CompressJob{static_cast<int>(head), static_cast<int>(h.blocks.size()), m, static_cast<int>(list.size())});
+      list.insert(list.end(), h.window.begin() + first, h.window.begin() + first + m);
+      h.blocks.push_back(Block{static_cast<int>(h.blocks.size()), m, m});
+      h.made += static_cast<std::size_t>(m);
+    }
+    h.packed += static_cast<std::size_t>(count[head]);
+    // The compressed rows leave the window (masked after the compression has read them; the window
+    // is closed up below unless another head still holds as many rows).
+    for (int i = 0; i < count[head]; ++i) {
+      masked_.push_back(static_cast<long long>(head) * window_capacity_ + h.window[static_cast<std::size_t>(i)]);
+    }
+    h.window.erase(h.window.begin(), h.window.begin() + count[head]);
+  }
+  if (!jobs.empty()) {
+    upload(jobs_dev_, jobs, stream_);
+    upload(list_dev_, list, stream_);
+    const WindowRows w = window(cur_);
+    const RowSource src{w.k, w.v, w.pos, w.score, w.expo, window_capacity_};
+    launch_kernel(true, false, compress_kernel, dim3(static_cast<unsigned>(jobs.size()), 2), dim3(static_cast<unsigned>(dim_)),
+                  32 * dim_, stream_, jobs_dev_.as<CompressJob>(), list_dev_.as<int>(), src, regions());
+    close_window();
+    changed = true;
+  }
+  if (changed) upload_tokens();
+  order_dirty_ = true;
+}
+
+void DevicePackedRows::repack(std::size_t head) {
+  Head& h = heads_[head];
+  const int G = group_rows_, n = static_cast<int>(h.packed);
+  // The head's rows decoded (fp16, as the CPU's decode_head) into scratch, then quantized again in
+  // full groups into regions 0..; its other regions become empty.
+  std::vector<long long> rows;
+  rows.reserve(static_cast<std::size_t>(n));
+  int old_top = 0;
+  for (const Block& b : h.blocks) {
+    for (int r = 0; r < b.tokens; ++r) rows.push_back((static_cast<long long>(head) * region_capacity_ + b.region) * G + r);
+    old_top = std::max(old_top, b.region + 1);
+  }
+  const std::size_t N = static_cast<std::size_t>(std::max(n, 1));
+  scratch_k_.reserve(N * dim_ * 2);
+  scratch_v_.reserve(N * dim_ * 2);
+  scratch_pos_.reserve(N * sizeof(std::int64_t));
+  scratch_score_.reserve(N * sizeof(float));
+  if (with_exposure_) scratch_expo_.reserve(N * sizeof(float));
+  float* scratch_expo = with_exposure_ ? scratch_expo_.as<float>() : nullptr;
+  upload(order_dev_, rows, stream_);
+  launch_kernel(n > 0, false, decode_rows_kernel, dim3(static_cast<unsigned>(n)), dim3(static_cast<unsigned>(dim_)), 0,
+                stream_, order_dev_.as<long long>(), regions(), scratch_k_.as<std::uint16_t>(), scratch_v_.as<std::uint16_t>(),
+                scratch_pos_.as<std::int64_t>(), scratch_score_.as<float>(), scratch_expo);
+  std::vector<CompressJob> jobs;
+  std::vector<int> list(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) list[static_cast<std::size_t>(i)] = i;
+  std::vector<Block> blocks;
+  for (int first = 0; first < n; first += G) {
+    const int m = std::min(G, n - first);
+    jobs.push_back(CompressJob{static_cast<int>(head), static_cast<int>(blocks.size()), m, first});
+    blocks.push_back(Block{static_cast<int>(blocks.size()), m, m});
+  }
+  if (!jobs.empty()) {
+    upload(jobs_dev_, jobs, stream_);
+    upload(list_dev_, list, stream_);
+    const RowSource src{scratch_k_.as<std::uint16_t>(), scratch_v_.as<std::uint16_t>(), scratch_pos_.as<std::int64_t>(),
+                        scratch_score_.as<float>(), scratch_expo, 0};
+    launch_kernel(true, false, compress_kernel, dim3(static_cast<unsigned>(jobs.size()), 2), dim3(static_cast<unsigned>(dim_)),
+                  32 * dim_, stream_, jobs_dev_.as<CompressJob>(), list_dev_.as<int>(), src, regions());
+  }
+  for (int r = static_cast<int>(blocks.size()); r < old_top; ++r) closes_.push_back(CloseJob{static_cast<int>(head), r, G, 0, 0});
+  launch_closes();
+  h.blocks = std::move(blocks);
+  h.made = h.packed;
+  ++h.repacks;
+  // The scratch stays until the stream has used it (it goes with the next re-layout).
+}
+
+void DevicePackedRows::relayout_regions(int capacity) {
+  if (capturing_) throw InputError("kivi storage (cuda): a captured step would re-lay out the store (decode eagerly)");
+  const std::size_t H = heads_total_, G = static_cast<std::size_t>(group_rows_), D = dim_;
+  const std::size_t cap = static_cast<std::size_t>(std::max(capacity, 1));
+  std::vector<int> map(H * cap, -1);
+  for (std::size_t head = 0; head < H; ++head) {
+    std::vector<Block>& blocks = heads_[head].blocks;
+    for (std::size_t i = 0; i < blocks.size(); ++i) {
+      map[head * cap + i] = blocks[i].region;
+      blocks[i].region = static_cast<int>(i);
+    }
+  }
+  DeviceBuffer kc, vc, kp, vp, pos, score, expo, map_dev;
+  kc.reserve(H * cap * G * static_cast<std::size_t>(k_rb_));
+  vc.reserve(H * cap * G * static_cast<std::size_t>(v_rb_));
+  kp.reserve(H * cap * 2 * D * 2);
+  vp.reserve(H * cap * 2 * D * 2);
+  pos.reserve(H * cap * G * sizeof(std::int64_t));
+  score.reserve(H * cap * G * sizeof(float));
+  if (with_exposure_) expo.reserve(H * cap * G * sizeof(float));
+  upload(map_dev, map, stream_);
+  const RegionStore to{kc.as<std::uint8_t>(), vc.as<std::uint8_t>(), kp.as<std::uint16_t>(), vp.as<std::uint16_t>(),
+                       pos.as<std::int64_t>(), score.as<float>(), with_exposure_ ? expo.as<float>() : nullptr,
+                       static_cast<int>(cap), group_rows_, static_cast<int>(D), key_bits_, value_bits_};
+  launch_kernel(true, false, copy_regions_kernel, dim3(static_cast<unsigned>(cap), static_cast<unsigned>(H)), dim3(256), 0,
+                stream_, map_dev.as<int>(), regions(), to);
+  KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream_));  // before the old store (and the map) go
+  k_codes_ = std::move(kc);
+  v_codes_ = std::move(vc);
+  k_params_ = std::move(kp);
+  v_params_ = std::move(vp);
+  pos_ = std::move(pos);
+  score_ = std::move(score);
+  expo_ = std::move(expo);
+  region_capacity_ = static_cast<int>(cap);
+  for (DeviceBuffer* b : {&scratch_k_, &scratch_v_, &scratch_pos_, &scratch_score_, &scratch_expo_}) b->release();
+  upload_tokens();
+}
+
+void DevicePackedRows::ensure_window(int needed) {
+  if (needed <= window_capacity_) return;
+  if (capturing_) throw InputError("kivi storage (cuda): a captured step would grow the window (decode eagerly)");
+  // Rows masked since the window was last closed up may make room; the window grows only past them.
+  close_window();
+  if (needed <= window_capacity_) return;
+  const int cap = round_up16(needed + 16);
+  const std::size_t H = heads_total_, D = dim_;
+  const int other = 1 - cur_;
+  reserve_window(other, cap);
+  if (window_rows_ > 0) {
+    const std::size_t old = static_cast<std::size_t>(window_capacity_), n = static_cast<std::size_t>(window_rows_);
+    const auto copy = [&](DeviceBuffer* to, const DeviceBuffer* from, std::size_t elem) {
+      KVSLIM_CUDA_CHECK(cudaMemcpy2DAsync(to->get(), cap * elem, from->get(), old * elem, n * elem, H,
+                                          cudaMemcpyDeviceToDevice, stream_));
+    };
+    copy(&wk_[other], &wk_[cur_], D * 2);
+    copy(&wv_[other], &wv_[cur_], D * 2);
+    copy(&wpos_[other], &wpos_[cur_], 8);
+    copy(&wscore_[other], &wscore_[cur_], 4);
+    if (with_exposure_) copy(&wexpo_[other], &wexpo_[cur_], 4);
+    KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream_));  // before the old window goes
+  }
+  release_window(cur_);
+  cur_ = other;
+  window_capacity_ = cap;
+}
+
+void DevicePackedRows::close_window() {
+  flush();  // masked rows are indices into the current buffer
+  int live = 0;
+  for (const Head& h : heads_) live = std::max(live, static_cast<int>(h.window.size()));
+  if (live == window_rows_) return;  // nothing to close up
+  const std::size_t H = heads_total_, D = dim_;
+  // The window's room: what is live plus 16 rows (a prompt's room is given back; arrivals past it
+  // grow the window 16 rows at a time).
+  const int cap = round_up16(live + 16);
+  const int other = 1 - cur_;  // allocated for this close only: one window is resident between closes
+  reserve_window(other, cap);
+  std::vector<int> map(H * static_cast<std::size_t>(std::max(live, 1)), -1);
+  for (std::size_t head = 0; head < H; ++head) {
+    std::vector<int>& w = heads_[head].window;
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      map[head * static_cast<std::size_t>(live) + i] = w[i];
+      w[i] = static_cast<int>(i);
+    }
+  }
+  DeviceBuffer map_dev;
+  upload(map_dev, map, stream_);
+  const WindowRows in = window(cur_);
+  WindowRows out = window(other);
+  out.capacity = cap;
+  launch_kernel(live > 0, false, close_window_kernel, dim3(static_cast<unsigned>(live), static_cast<unsigned>(H)),
+                dim3(static_cast<unsigned>(D)), 0, stream_, map_dev.as<int>(), live, in, out, static_cast<int>(D));
+  KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream_));  // before the map and the old window go
+  release_window(cur_);
+  cur_ = other;
+  window_capacity_ = cap;
+  window_rows_ = live;
+  fresh_w_ = live;  // (closed up only after an observation: no row is unobserved)
+  order_dirty_ = true;
+}
+
+int DevicePackedRows::launch_segments(const QueryArgs& q, const Partials& parts, bool count_only, std::size_t,
+                                      bool, int sm_count, cudaStream_t stream) const {
+  int total = 0;
+  const int R = regions_used(), G = group_rows_;
+  if (R > 0) {
+    PackedRows rows;
+    rows.k_codes = k_codes_.as<std::uint8_t>();
+    rows.v_codes = v_codes_.as<std::uint8_t>();
+    rows.k_params = k_params_.as<std::uint16_t>();
+    rows.v_params = v_params_.as<std::uint16_t>();
+    rows.k_codes_stride = static_cast<long long>(region_capacity_) * G * k_rb_;
+    rows.v_codes_stride = static_cast<long long>(region_capacity_) * G * v_rb_;
+    rows.params_stride = static_cast<long long>(region_capacity_) * 2 * static_cast<long long>(dim_);
+    rows.pos = pos_.as<std::int64_t>();
+    rows.pos_head_stride = static_cast<long long>(region_capacity_) * G;
+    rows.n_units = R * G / 32;
+    rows.group_units = G / 32;
+    rows.k_bits = key_bits_;
+    rows.v_bits = value_bits_;
+    const int splits = packed_splits(q, rows, sm_count);
+    if (!count_only) launch_packed(q, rows, parts, 0, splits, stream);
+    total += splits;
+  }
+  if (window_rows_ > 0) {
+    DenseRows rows;
+    rows.k = wk_[cur_].as<std::uint16_t>();
+    rows.v = wv_[cur_].as<std::uint16_t>();
+    rows.head_stride = static_cast<long long>(window_capacity_) * static_cast<long long>(dim_);
+    rows.pos = wpos_[cur_].as<std::int64_t>();
+    rows.pos_head_stride = window_capacity_;
+    rows.n_rows = window_rows_;
+    rows.type = DenseType::f16;
+    rows.row_offset = R * G;
+    rows.unordered = true;  // masked rows may sit before live ones
+    const int splits = dense_splits(q, window_rows_, sm_count, DenseType::f16);
+    if (!count_only) launch_dense(q, rows, parts, total, splits, stream);
+    total += splits;
+  }
+  return total;
+}
+
+long long DevicePackedRows::attention_rows(std::size_t) const {
+  return static_cast<long long>(regions_used()) * group_rows_ + window_rows_;
+}
+
+void DevicePackedRows::build_order_map() const {
+  if (!order_dirty_) return;
+  const int R = regions_used(), G = group_rows_;
+  std::vector<int> map;
+  for (const Head& h : heads_) {
+    for (const Block& b : h.blocks) {
+      for (int r = 0; r < b.tokens; ++r) map.push_back(b.region * G + r);
+    }
+    for (const int w : h.window) map.push_back(R * G + w);
+  }
+  if (map.empty()) map.push_back(0);
+  upload(order_map_, map, stream_);
+  order_dirty_ = false;
+}
+
+void DevicePackedRows::order_probs(const float* spanned, float* probs, int S, std::size_t rows, cudaStream_t stream) const {
+  const std::size_t H = heads_total_;
+  if (rows == 0 || S == 0) return;
+  for (const Head& h : heads_) {
+    if (h.packed + h.window.size() != rows) throw std::logic_error("DevicePackedRows: the slot map disagrees with the rows held");
+  }
+  build_order_map();
+  const long long n_hs = static_cast<long long>(H) * S;
+  launch_kernel(true, false, order_probs_kernel,
+                dim3(static_cast<unsigned>((rows + 255) / 256), static_cast<unsigned>(std::min(n_hs, 65535LL))), dim3(256),
+                0, stream, order_map_.as<int>(), spanned, probs, n_hs, S, static_cast<int>(rows), attention_rows(rows));
+}
+
+void DevicePackedRows::observe_decode(const DecodeStep& step, void* part_best, unsigned* arrivals, std::size_t parts,
+                                      cudaStream_t stream) {
+  stream_ = stream;
+  const std::size_t H = heads_total_;
+  const int R = regions_used(), G = group_rows_;
+  const long long span = static_cast<long long>(R) * G + window_rows_;
+  const float* probs = step.probs;
+  long long stride = step.probs_stride;
+  if (step.slot_order && span != static_cast<long long>(step.rows)) {
+    // Probabilities in slot order (not this store's attend's): into the spanned order first.
+    build_order_map();
+    spanned_.reserve(H * static_cast<std::size_t>(span) * sizeof(float));
+    KVSLIM_CUDA_CHECK(cudaMemsetAsync(spanned_.get(), 0, H * static_cast<std::size_t>(span) * sizeof(float), stream));
+    launch_kernel(true, false, scatter_probs_kernel,
+                  dim3(static_cast<unsigned>((step.rows + 255) / 256), static_cast<unsigned>(H)), dim3(256), 0, stream,
+                  order_map_.as<int>(), step.probs, stride, spanned_.as<float>(), span, static_cast<int>(step.rows));
+    probs = spanned_.as<float>();
+    stride = span;
+  }
+  if (victims_host_ == nullptr) {
+    KVSLIM_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&victims_host_), std::max<std::size_t>(H, 1) * sizeof(int),
+                                    cudaHostAllocDefault));
+  }
+  if (victims_.bytes() < H * sizeof(int)) victims_.reserve(H * sizeof(int));
+  KVSLIM_CUDA_CHECK(cudaMemsetAsync(victims_.get(), 0xff, H * sizeof(int), stream));  // -1: none
+  PackedObservation o;
+  o.probs = probs;
+  o.probs_stride = stride;
+  o.st = regions();
+  o.tokens = tokens_.as<int>();
+  o.w = window(cur_);
+  o.regions = R;
+  o.window_rows = window_rows_;
+  o.fresh_w = fresh_w_;
+  o.sink_pos = sink_pos_.as<std::int64_t>();
+  o.n_rows = static_cast<int>(step.rows);
+  o.limit = static_cast<int>(step.limit);
+  o.qpos = step.qpos;
+  o.threshold = step.threshold;
+  o.decay = step.decay;
+  o.victims = victims_.as<int>();
+  launch_kernel(span > 0, false, observe_packed_kernel, dim3(static_cast<unsigned>(H), static_cast<unsigned>(parts)),
+                dim3(kObserveThreads), 0, stream, o, static_cast<Candidate*>(part_best), arrivals);
+  if (step.rows <= step.limit) return;
+  // The host keeps its block lists: one int a head.
+  KVSLIM_CUDA_CHECK(cudaMemcpyAsync(victims_host_, victims_.get(), H * sizeof(int), cudaMemcpyDeviceToHost, stream));
+  KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  for (std::size_t head = 0; head < H; ++head) {
+    const int v = victims_host_[head];
+    if (v < 0) throw std::logic_error("DevicePackedRows: a decode step over the limit found no evictable row");
+    Head& h = heads_[head];
+    if (v < R * G) {
+      const auto b = std::find_if(h.blocks.begin(), h.blocks.end(), [&](const Block& x) { return x.region == v / G; });
+      if (b == h.blocks.end() || v % G >= b->tokens) throw std::logic_error("DevicePackedRows: a victim outside the groups held");
+      --b->tokens;
+      --h.packed;
+      if (b->tokens == 0) {  // its region is all padding now (the device's count is 0 too)
+        h.made -= static_cast<std::size_t>(b->made);
+        h.blocks.erase(b);
+      }
+    } else {
+      const auto w = std::find(h.window.begin(), h.window.end(), v - R * G);
+      if (w == h.window.end()) throw std::logic_error("DevicePackedRows: a victim outside the window rows held");
+      h.window.erase(w);
+    }
+  }
+  order_dirty_ = true;
+}
+
+void DevicePackedRows::download_metadata(const EvictionCore::Metadata& m, std::size_t rows, std::size_t seen) const {
+  KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  const std::size_t H = heads_total_, G = static_cast<std::size_t>(group_rows_);
+  const std::size_t region_rows = H * static_cast<std::size_t>(region_capacity_) * G;
+  const std::size_t window_rows = H * static_cast<std::size_t>(window_capacity_);
+  std::vector<std::int64_t> pos(region_rows), wpos(window_rows);
+  std::vector<float> score(region_rows), wscore(window_rows), expo(with_exposure_ ? region_rows : 0),
+      wexpo(with_exposure_ ? window_rows : 0);
+  const auto get = [](auto& host, const DeviceBuffer& dev) {
+    if (!host.empty()) {
+      KVSLIM_CUDA_CHECK(cudaMemcpy(host.data(), dev.get(), host.size() * sizeof(host[0]), cudaMemcpyDeviceToHost));
+    }
+  };
+  get(pos, pos_);
+  get(score, score_);
+  get(expo, expo_);
+  get(wpos, wpos_[cur_]);
+  get(wscore, wscore_[cur_]);
+  get(wexpo, wexpo_[cur_]);
+  for (std::size_t head = 0; head < H; ++head) {
+    std::size_t i = 0;
+    const auto take = [&](std::int64_t p, float s, float e) {
+      const std::size_t at = head * m.stride + i;
+      m.positions[at] = p;
+      if (i < seen) {
+        m.scores[at] = s;
+        if (m.exposure != nullptr) m.exposure[at] = e;
+      }
+      ++i;
+    };
+    for (const Block& b : heads_[head].blocks) {
+      const std::size_t row0 = (head * static_cast<std::size_t>(region_capacity_) + static_cast<std::size_t>(b.region)) * G;
+      for (int r = 0; r < b.tokens; ++r) take(pos[row0 + r], score[row0 + r], with_exposure_ ? expo[row0 + r] : 0.f);
+    }
+    for (const int w : heads_[head].window) {
+      const std::size_t at = head * static_cast<std::size_t>(window_capacity_) + static_cast<std::size_t>(w);
+      take(wpos[at], wscore[at], with_exposure_ ? wexpo[at] : 0.f);
+    }
+    if (i != rows) throw std::logic_error("DevicePackedRows: the core and the store disagree on the rows held");
+  }
+}
+
+void DevicePackedRows::upload_metadata(const EvictionCore::Metadata& m, std::size_t rows, std::size_t n_sink) {
+  const std::size_t H = heads_total_, G = static_cast<std::size_t>(group_rows_);
+  if (H == 0) return;
+  const std::size_t region_rows = H * static_cast<std::size_t>(region_capacity_) * G;
+  const std::size_t window_rows = H * static_cast<std::size_t>(window_capacity_);
+  std::vector<float> score(region_rows, 0.f), wscore(window_rows, 0.f), expo(with_exposure_ ? region_rows : 0, 0.f),
+      wexpo(with_exposure_ ? window_rows : 0, 0.f);
+  std::vector<std::int64_t> sinks(H, std::numeric_limits<std::int64_t>::min());
+  for (std::size_t head = 0; head < H; ++head) {
+    if (n_sink > 0 && rows >= n_sink) sinks[head] = m.positions[head * m.stride + n_sink - 1];
+    std::size_t i = 0;
+    const auto put = [&](float* s, float* e, std::size_t at) {
+      s[at] = m.scores[head * m.stride + i];
+      if (e != nullptr) e[at] = m.exposure[head * m.stride + i];
+      ++i;
+    };
+    for (const Block& b : heads_[head].blocks) {
+      const std::size_t row0 = (head * static_cast<std::size_t>(region_capacity_) + static_cast<std::size_t>(b.region)) * G;
+      for (int r = 0; r < b.tokens; ++r) put(score.data(), with_exposure_ ? expo.data() : nullptr, row0 + r);
+    }
+    for (const int w : heads_[head].window) {
+      put(wscore.data(), with_exposure_ ? wexpo.data() : nullptr,
+          head * static_cast<std::size_t>(window_capacity_) + static_cast<std::size_t>(w));
+    }
+    if (i != rows) throw std::logic_error("DevicePackedRows: the core and the store disagree on the rows held");
+  }
+  KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  const auto put_all = [](DeviceBuffer& dev, const auto& host) {
+    if (!host.empty()) {
+      KVSLIM_CUDA_CHECK(cudaMemcpy(dev.get(), host.data(), host.size() * sizeof(host[0]), cudaMemcpyHostToDevice));
+    }
+  };
+  put_all(score_, score);
+  put_all(expo_, expo);
+  put_all(wscore_[cur_], wscore);
+  put_all(wexpo_[cur_], wexpo);
+  if (sink_pos_.bytes() < H * sizeof(std::int64_t)) sink_pos_.reserve(H * sizeof(std::int64_t));
+  put_all(sink_pos_, sinks);
+}
+
+std::vector<DevicePackedRows::BlockCodes> DevicePackedRows::block_codes(std::size_t bh) const {
+  KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  const std::size_t G = static_cast<std::size_t>(group_rows_), D = dim_, cap = static_cast<std::size_t>(region_capacity_);
+  std::vector<BlockCodes> out;
+  for (const Block& b : heads_[bh].blocks) {
+    BlockCodes c;
+    const std::size_t region = bh * cap + static_cast<std::size_t>(b.region), n = static_cast<std::size_t>(b.tokens);
+    c.k_codes.resize(n * static_cast<std::size_t>(k_rb_));
+    c.v_codes.resize(n * static_cast<std::size_t>(v_rb_));
+    c.k_params.resize(2 * D);
+    c.v_params.resize(2 * D);
+    KVSLIM_CUDA_CHECK(cudaMemcpy(c.k_codes.data(), k_codes_.as<std::uint8_t>() + region * G * k_rb_, c.k_codes.size(),
+                                 cudaMemcpyDeviceToHost));
+    KVSLIM_CUDA_CHECK(cudaMemcpy(c.v_codes.data(), v_codes_.as<std::uint8_t>() + region * G * v_rb_, c.v_codes.size(),
+                                 cudaMemcpyDeviceToHost));
+    KVSLIM_CUDA_CHECK(cudaMemcpy(c.k_params.data(), k_params_.as<std::uint16_t>() + region * 2 * D, 4 * D, cudaMemcpyDeviceToHost));
+    KVSLIM_CUDA_CHECK(cudaMemcpy(c.v_params.data(), v_params_.as<std::uint16_t>() + region * 2 * D, 4 * D, cudaMemcpyDeviceToHost));
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+void DevicePackedRows::download_head(std::size_t bh, std::size_t rows, std::uint16_t* keys, std::uint16_t* values) const {
+  const std::size_t D = dim_;
+  const auto& k = quant::simd_kernels();
+  std::vector<float> scale(D), zero(D);
+  std::vector<std::uint16_t*> out_rows;
+  std::size_t row = 0;
+  for (const BlockCodes& c : block_codes(bh)) {
+    const std::size_t n = c.k_codes.size() / static_cast<std::size_t>(k_rb_);
+    out_rows.resize(n);
+    for (int which = 0; which < 2; ++which) {
+      const std::uint16_t* p = (which ? c.v_params : c.k_params).data();
+      k.params_to_f32(p, p + D, D, scale.data(), zero.data());
+      for (std::size_t r = 0; r < n; ++r) out_rows[r] = (which ? values : keys) + (row + r) * D;
+      k.decode_rows_f16((which ? c.v_codes : c.k_codes).data(), n, D, scale.data(), zero.data(),
+                        which ? value_bits_ : key_bits_, out_rows.data());
+    }
+    row += n;
+  }
+  const std::vector<int>& w = heads_[bh].window;
+  if (row + w.size() != rows) throw std::logic_error("DevicePackedRows: download of a row count it does not hold");
+  if (w.empty()) return;
+  std::vector<std::uint16_t> wk(static_cast<std::size_t>(window_rows_) * D), wv(wk.size());
+  const std::size_t at = bh * static_cast<std::size_t>(window_capacity_) * D;
+  KVSLIM_CUDA_CHECK(cudaMemcpy(wk.data(), wk_[cur_].as<std::uint16_t>() + at, wk.size() * 2, cudaMemcpyDeviceToHost));
+  KVSLIM_CUDA_CHECK(cudaMemcpy(wv.data(), wv_[cur_].as<std::uint16_t>() + at, wv.size() * 2, cudaMemcpyDeviceToHost));
+  for (std::size_t i = 0; i < w.size(); ++i) {
+    std::copy_n(wk.data() + static_cast<std::size_t>(w[i]) * D, D, keys + (row + i) * D);
+    std::copy_n(wv.data() + static_cast<std::size_t>(w[i]) * D, D, values + (row + i) * D);
+  }
+}
+
+void DevicePackedRows::head_positions(std::size_t bh, std::size_t rows, std::int64_t* out) const {
+  KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  const std::size_t G = static_cast<std::size_t>(group_rows_), cap = static_cast<std::size_t>(region_capacity_);
+  std::size_t row = 0;
+  for (const Block& b : heads_[bh].blocks) {
+    KVSLIM_CUDA_CHECK(cudaMemcpy(out + row, pos_.as<std::int64_t>() + (bh * cap + static_cast<std::size_t>(b.region)) * G,
+                                 static_cast<std::size_t>(b.tokens) * 8, cudaMemcpyDeviceToHost));
+    row += static_cast<std::size_t>(b.tokens);
+  }
+  const std::vector<int>& w = heads_[bh].window;
+  if (row + w.size() != rows) throw std::logic_error("DevicePackedRows: positions of a row count it does not hold");
+  if (w.empty()) return;
+  std::vector<std::int64_t> wp(static_cast<std::size_t>(window_rows_));
+  KVSLIM_CUDA_CHECK(cudaMemcpy(wp.data(), wpos_[cur_].as<std::int64_t>() + bh * static_cast<std::size_t>(window_capacity_),
+                               wp.size() * 8, cudaMemcpyDeviceToHost));
+  for (std::size_t i = 0; i < w.size(); ++i) out[row + i] = wp[static_cast<std::size_t>(w[i])];
+}
+
+void DevicePackedRows::key_logits(std::size_t, std::size_t, const float*, float*) const {
+  not_on_device("the key proxy reads stored keys on the host; device eviction is scored by attention");
+}
+
+void DevicePackedRows::feed(attend::HeadAttention&, std::size_t, const std::int64_t*, std::size_t) const {
+  not_on_device("the device kernels attend over the codes (DeviceEvictionCache::attend)");
+}
+
+CacheView DevicePackedRows::view(std::size_t, std::size_t, std::size_t, const std::int64_t*, std::size_t) const {
+  not_on_device("DeviceEvictionCache::materialize downloads and decodes the rows");
+}
+
+std::size_t DevicePackedRows::resident_bytes() const {
+  std::size_t bytes = 0;
+  for (const DeviceBuffer* b : std::initializer_list<const DeviceBuffer*>{&k_codes_, &v_codes_, &k_params_, &v_params_, &pos_,
+                                                                          &score_, &expo_, &tokens_, &order_map_}) {
+    bytes += b->bytes();
+  }
+  for (int i = 0; i < 2; ++i) bytes += wk_[i].bytes() + wv_[i].bytes() + wpos_[i].bytes() + wscore_[i].bytes() + wexpo_[i].bytes();
+  return bytes;
+}
+
+std::size_t DevicePackedRows::host_bytes() const {
+  std::size_t bytes = heads_.capacity() * sizeof(Head);
+  for (const Head& h : heads_) bytes += h.blocks.capacity() * sizeof(Block) + h.window.capacity() * sizeof(int);
+  return bytes;
+}
+
+void DevicePackedRows::reset() {
+  for (DeviceBuffer* b : {&k_codes_, &v_codes_, &k_params_, &v_params_, &pos_, &score_, &expo_, &tokens_, &list_dev_,
+                          &jobs_dev_, &masked_dev_, &order_dev_, &scratch_k_, &scratch_v_, &scratch_pos_, &scratch_score_,
+                          &scratch_expo_, &order_map_, &spanned_, &sink_pos_, &victims_}) {
+    b->release();
+  }
+  release_window(0);
+  release_window(1);
+  heads_.clear();
+  heads_total_ = dim_ = 0;
+  region_capacity_ = window_capacity_ = window_rows_ = cur_ = fresh_w_ = 0;
+  masked_.clear();
+  closes_.clear();
+  close_list_.clear();
+  flush_ = false;
+  order_dirty_ = true;
+}
+
+void DevicePackedRows::add_figures(CacheStats& stats) const {
+  std::size_t rows = 0, waiting = 0;
+  for (const Head& h : heads_) {
+    rows += h.packed + h.window.size();
+    waiting += h.window.size();
+  }
+  const double elements = 2.0 * static_cast<double>(rows) * static_cast<double>(dim_);
+  stats.figures.emplace_back("storage_bits_per_element", elements == 0 ? 0.0 : 8.0 * static_cast<double>(resident_bytes()) / elements);
+  stats.figures.emplace_back("storage_staged_rows", heads_.empty() ? 0.0 : static_cast<double>(waiting) / static_cast<double>(heads_.size()));
+  stats.figures.emplace_back("hi_bits", key_bits_);
+  stats.figures.emplace_back("lo_bits", key_bits_);
+  stats.figures.emplace_back("value_bits", value_bits_);
+}
+
+}  // namespace kvslim::cuda

@@ -1,0 +1,172 @@
+// The CPU's compressed row storage (storage/packed_rows.h, kind kivi) in GPU memory: an eviction
+// policy over kivi codes on the device. Same blocks, same rounding, same rules as the CPU:
+// - per head, a list of blocks, each ONE quantization group of at most group_rows rows (keys and
+//   values per channel at their own widths, fp16 scale and zero rows), then an fp16 window;
+// - an evicted row leaves its group without re-quantizing anyone (the group's parameters stay
+//   valid for the rows that stay); a group emptied leaves the list; a head whose groups fell under
+//   a quarter of the rows they were made with is re-packed (decoded and quantized again in full
+//   groups, its rows keeping their order);
+// - a prompt's survivors are compressed whole (full groups and one short group); decode rows once
+//   `staging` wait (whole groups, or all of them as one short group when staging < group_rows).
+// So a device cache's codes, parameters and positions equal the CPU cache's bit for bit when the two
+// evict the same rows (tests/cuda).
+//
+// Layout (every head the same shape, so one launch of the codes kernel reads a layer):
+// - regions [B*H, region_capacity, group_rows rows]: block i of a head lies in a region, its rows
+//   at the front in slot order, the rest of the region padding (position INT64_MAX, masked by every
+//   query). An erasure moves the later rows of that group down (the codes kernel takes a unit's last
+//   row as its newest: no gap may sit before a live row). Regions follow the block list after
+//   settle (a dropped block's region is closed up by a re-layout of the store).
+// - the window [B*H, window_capacity, D] fp16 with every head's positions: a step's rows land at the
+//   same row of every head; a row evicted from the window only has its position masked (the dense
+//   kernel checks every row of an unordered window); the window is closed up after a compression.
+// Who decides: a multi-query observation (a prompt's window, a later question), a trim, squeeze's
+// adoption run the eviction core on the host (its metadata pulled from and pushed to the device
+// mirrors around it); a decode step's observation runs on the device in one kernel
+// (observe_decode: the core's observe() for one query, then drop_lowest(1), bit for bit), and the
+// host learns its victims (one int a head) to keep its block lists, then compresses as the CPU does.
+// The policy's per-row mirrors (score, exposure) travel with their rows through every kernel that
+// moves rows. attend reports probabilities in slot order (order_probs).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "cuda/device_buffer.h"
+#include "cuda/device_row_store.h"
+#include "cache/eviction_core.h"
+
+namespace kvslim::cuda {
+
+namespace packed_jobs {
+// One group to quantize: `m` source rows (list[list_at..]) into region `region` of `head`.
+struct CompressJob {
+  int head, region, m, list_at;
+};
+// One region rewritten: its rows 0..n_new taken from old offsets list[list_at..] in order, rows
+// n_new..n_old padding (n_new 0: the region emptied).
+struct CloseJob {
+  int head, region, n_old, n_new, list_at;
+};
+struct RegionStore;  // the regions as the kernels see them (device_packed_rows.cu)
+struct WindowRows;   // a window buffer as the kernels see it
+}  // namespace packed_jobs
+
+class DevicePackedRows final : public DeviceRowStore {
+ public:
+  ~DevicePackedRows() override;
+  // with_exposure: the policy normalises by exposure (attention_normalized), mirrored too.
+  DevicePackedRows(int key_bits, int value_bits, int group_rows, int staging, bool with_exposure);
+
+  std::string_view kind() const override { return "kivi"; }
+  bool slot_writes() const override { return false; }
+  void begin(std::size_t heads_total, std::size_t dim) override;
+  void relayout(std::size_t capacity, std::size_t keep) override;
+  void prepare(std::size_t incoming) override;
+  void write(std::size_t head, std::size_t slot, const std::uint16_t* key, const std::uint16_t* value) override;
+  void move(std::size_t head, std::size_t from, std::size_t to) override;
+  void erase(std::size_t head, std::span<const std::size_t> slots) override;
+  void settle(std::size_t rows, const Saliency& saliency) override;
+  void key_logits(std::size_t head, std::size_t n, const float* query, float* logits) const override;
+  void feed(attend::HeadAttention& ha, std::size_t head, const std::int64_t* pos, std::size_t n) const override;
+  CacheView view(std::size_t batch, std::size_t heads, std::size_t rows, const std::int64_t* positions,
+                 std::size_t pos_stride) const override;
+  std::size_t resident_bytes() const override;
+  void reset() override;
+  void add_figures(CacheStats& stats) const override;
+
+  void place(const AppendInput& in, std::size_t rows, cudaStream_t stream) override;
+  void flush() override;
+  int launch_segments(const QueryArgs& q, const Partials& parts, bool count_only, std::size_t rows,
+                      bool attention_scoring, int sm_count, cudaStream_t stream) const override;
+  long long attention_rows(std::size_t rows) const override;
+  void order_probs(const float* spanned, float* probs, int S, std::size_t rows, cudaStream_t stream) const override;
+  void download_head(std::size_t bh, std::size_t rows, std::uint16_t* keys, std::uint16_t* values) const override;
+  void head_positions(std::size_t bh, std::size_t rows, std::int64_t* out) const override;
+  std::size_t host_bytes() const override;
+  void download_metadata(const EvictionCore::Metadata& m, std::size_t rows, std::size_t seen) const override;
+  void upload_metadata(const EvictionCore::Metadata& m, std::size_t rows, std::size_t n_sink) override;
+
+  // A decode step's observation and eviction on the device (see the file comment): probs over the
+  // rows the last attend spanned ([H, probs_stride], attention_rows() of them), or in slot order
+  // ([H, probs_stride] over `rows`) when `slot_order`. Waits for the victims (one int a head).
+  struct DecodeStep {
+    const float* probs = nullptr;
+    long long probs_stride = 0;
+    bool slot_order = false;
+    std::size_t rows = 0, limit = 0;
+    std::int64_t qpos = 0, threshold = 0;
+    float decay = 1.f;
+  };
+  void observe_decode(const DecodeStep& step, void* part_best, unsigned* arrivals, std::size_t parts, cudaStream_t stream);
+
+  // The host's picture of one head, for tests: blocks (rows now, rows when made) and window rows.
+  struct Block {
+    int region = 0;  // where its rows lie
+    int tokens = 0;  // rows it holds
+    int made = 0;    // rows when it was compressed
+  };
+  struct Head {
+    std::vector<Block> blocks;
+    std::size_t packed = 0, made = 0, repacks = 0;
+    std::vector<int> window;  // the window rows it holds, ascending (slot order)
+  };
+  const std::vector<Head>& heads() const { return heads_; }
+  // Host copies of head bh's blocks as the CPU's PackedRows::Block holds them: codes [tokens, row
+  // bytes], parameters [2, D] (scale row, zero row), for keys and values.
+  struct BlockCodes {
+    std::vector<std::uint8_t> k_codes, v_codes;
+    std::vector<std::uint16_t> k_params, v_params;
+  };
+  std::vector<BlockCodes> block_codes(std::size_t bh) const;
+
+ private:
+  using CompressJob = packed_jobs::CompressJob;
+  using CloseJob = packed_jobs::CloseJob;
+  int regions_used() const;            // regions the attention spans (the highest used + 1, over heads)
+  void ensure_regions(int needed);     // region capacity >= needed (the store re-laid out, kept)
+  void relayout_regions(int capacity); // every head's blocks into regions 0.. of a store that size
+  void ensure_window(int needed);      // window capacity >= needed rows
+  void close_window();                 // every head's window rows to the front
+  void repack(std::size_t head);  // the head's groups decoded and quantized again in full groups
+  void launch_closes();
+  void upload_tokens();  // the host's rows per region into tokens_ (after the lists changed)
+  packed_jobs::RegionStore regions() const;
+  packed_jobs::WindowRows window(int which) const;
+  void reserve_window(int which, int capacity);  // window buffer `which` for `capacity` rows a head
+  void release_window(int which);
+  void build_order_map() const;  // order_map_ from the lists, when they changed
+
+  int key_bits_, value_bits_, group_rows_, staging_;
+  bool with_exposure_;
+  int k_rb_ = 0, v_rb_ = 0;  // row bytes of keys / values
+  std::size_t heads_total_ = 0, dim_ = 0;
+  std::vector<Head> heads_;
+  bool flush_ = false;  // a multi-row append came: its survivors are compressed whole
+
+  // Regions: codes [H, cap * G, rb], params fp16 [H, cap, 2, D], positions, score and exposure
+  // mirrors [H, cap * G], rows per region [H, cap] (the device's count: a decode step lowers it).
+  DeviceBuffer k_codes_, v_codes_, k_params_, v_params_, pos_, score_, expo_, tokens_;
+  int region_capacity_ = 0;
+  // Window: fp16 [H, window_capacity, D], positions [H, window_capacity]; [cur_] is the live one,
+  // the other allocated only while close_window / ensure_window copy into it.
+  DeviceBuffer wk_[2], wv_[2], wpos_[2], wscore_[2], wexpo_[2];
+  int cur_ = 0, window_capacity_ = 0, window_rows_ = 0;  // window_rows_: rows written since it was last closed up
+  int fresh_w_ = 0;  // the window row of the last append's first row (unobserved rows score from 0)
+  // Decode steps: positions at or below which rows are sinks [H]; victims [H] (device, pinned host).
+  DeviceBuffer sink_pos_, victims_;
+  int* victims_host_ = nullptr;
+  // Recorded erasures, enqueued by flush(): window rows masked [flat index], groups closed up.
+  std::vector<long long> masked_;
+  std::vector<CloseJob> closes_;
+  std::vector<int> close_list_;
+  // Device copies of the job lists (reused; a list's copy is ordered before its kernel).
+  DeviceBuffer list_dev_, jobs_dev_, masked_dev_, order_dev_;
+  DeviceBuffer scratch_k_, scratch_v_, scratch_pos_, scratch_score_, scratch_expo_;  // a re-pack's decoded rows
+  mutable DeviceBuffer order_map_;  // [H, rows] int: each slot's row in the spanned order
+  mutable bool order_dirty_ = true;
+  DeviceBuffer spanned_;  // a decode step's probabilities in slot order, put in spanned order
+};
+
+}  // namespace kvslim::cuda

@@ -1,0 +1,95 @@
+// A decode step's victim on the device, shared by the eviction kernels over fp16 slots
+// (device_eviction_cache.cu) and over kivi codes (device_packed_rows.cu): each CTA of a head's
+// parts finds its lowest candidate, the last part to finish takes the lowest of the parts'. The
+// order is the eviction core's pick_victim: the lowest effective score, ties to the lower position.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+namespace kvslim::cuda {
+
+struct Candidate {
+  float score;
+  std::int64_t pos;
+  int slot;  // the row's index in the kernel's row space; -1: none
+};
+
+__device__ inline bool lower(const Candidate& a, const Candidate& b) {
+  if (a.slot < 0) return false;
+  if (b.slot < 0) return true;
+  return a.score < b.score || (a.score == b.score && a.pos < b.pos);
+}
+
+constexpr int kObserveThreads = 256;
+constexpr std::size_t kMaxObserveParts = 16;
+
+// The block's lowest candidate (every thread gets it). Blocks of kObserveThreads threads.
+__device__ inline Candidate block_lowest(Candidate best) {
+  for (int off = 16; off > 0; off /= 2) {
+    Candidate other;
+    other.score = __shfl_down_sync(0xffffffffu, best.score, off);
+    other.pos = __shfl_down_sync(0xffffffffu, best.pos, off);
+    other.slot = __shfl_down_sync(0xffffffffu, best.slot, off);
+    if (lower(other, best)) best = other;
+  }
+  __shared__ Candidate warps[kObserveThreads / 32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) warps[warp] = best;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kObserveThreads / 32; ++w) {
+      if (lower(warps[w], warps[0])) warps[0] = warps[w];
+    }
+  }
+  __syncthreads();
+  return warps[0];
+}
+
+// With several parts per head (grid (heads, parts)): every CTA posts its candidate; the last CTA of
+// `head` to arrive (a counter per head, which it resets for the next step or replay) gets the lowest
+// of the parts' in `best` and true; the others get false and return. One part: true at once.
+__device__ inline bool head_lowest(Candidate& best, Candidate* part_best, unsigned* arrivals, int head, int part,
+                                   int parts) {
+  best = block_lowest(best);
+  if (parts == 1) return true;
+  __shared__ bool last_part;
+  if (threadIdx.x == 0) {
+    part_best[head * parts + part] = best;
+    __threadfence();  // the candidate and this part's writes before the arrival
+    last_part = atomicAdd(&arrivals[head], 1u) == static_cast<unsigned>(parts - 1);
+    if (last_part) __threadfence();
+  }
+  __syncthreads();
+  if (!last_part) return false;
+  // The parts' candidates read at once (one load each, past L1), then taken in part order by one
+  // thread: the comparisons a sequential loop over the parts would make.
+  __shared__ Candidate parts_best[kMaxObserveParts];
+  if (threadIdx.x < parts) {
+    const Candidate* c = part_best + head * parts + threadIdx.x;
+    parts_best[threadIdx.x] = Candidate{__ldcg(&c->score), __ldcg(&c->pos), __ldcg(&c->slot)};
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    Candidate b = parts_best[0];
+    for (int q = 1; q < parts; ++q) {
+      if (lower(parts_best[q], b)) b = parts_best[q];
+    }
+    parts_best[0] = b;
+    arrivals[head] = 0;  // the next step's count (a replayed graph runs the kernel again)
+  }
+  __syncthreads();
+  best = parts_best[0];
+  return true;
+}
+
+// Parts per head for a step over n rows: about two CTAs per SM over the batch's heads, at least 512
+// rows (2 a thread) a part: the step's latency is the rows each thread loads one after the other.
+inline std::size_t observe_parts(std::size_t heads, std::size_t n, int sm_count) {
+  std::size_t p = std::min<std::size_t>((2 * static_cast<std::size_t>(sm_count) + heads - 1) / heads, (n + 511) / 512);
+  return p < 1 ? 1 : (p > kMaxObserveParts ? kMaxObserveParts : p);
+}
+
+}  // namespace kvslim::cuda
