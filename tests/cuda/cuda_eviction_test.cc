@@ -458,7 +458,7 @@ TEST(CudaEviction, KiviCodesHoldAFractionOfTheSlotsBytes) {
               "200 decode steps): %.3f / %.3f of the slots\n",
               bytes[0][0], bytes[0][1], bytes[1][0], bytes[1][1], bytes[1][0] / bytes[0][0], bytes[1][1] / bytes[0][1]);
   EXPECT_LT(bytes[1][0], 0.35 * bytes[0][0]);
-  EXPECT_LT(bytes[1][1], 0.40 * bytes[0][1]);
+  EXPECT_LT(bytes[1][1], 0.45 * bytes[0][1]);  // the window then holds up to 128 fp16 rows a head
 }
 
 TEST(CudaEviction, AnUnobservedAppendIsAClearError) {

@@ -622,7 +622,7 @@ bool DeviceEvictionCache::observe_codes_on_device(const AttentionObservation& ob
   ++decode_steps_on_device_;
   // What the host core's observe() ends with: the rows that waited may be compressed now (held while
   // squeeze's deferred schedule may still cut rows, as the core holds them).
-  if (!(limit > budget_ && core_.rows() > budget_)) codes->settle(core_.rows(), {});
+  if (!(limit > budget_ && core_.rows() > budget_) && codes->settle_would_act()) codes->settle(core_.rows(), {});
   return true;
 }
 

@@ -185,16 +185,26 @@ __global__ void mask_rows_kernel(const long long* rows, int n, std::int64_t* pos
 
 
 
-// Window row r of head h of the new buffer from row map[h * n + r] of the old one (-1: empty).
-__global__ void close_window_kernel(const int* map, int n, WindowRows in, WindowRows out, int D) {
-  const int r = blockIdx.x, h = blockIdx.y, c = threadIdx.x, src = map[h * n + r];
-  const long long dst = h * out.capacity + r, s = h * in.capacity + src;
-  out.k[dst * D + c] = src < 0 ? 0 : in.k[s * D + c];
-  out.v[dst * D + c] = src < 0 ? 0 : in.v[s * D + c];
-  if (c == 0) {
-    out.pos[dst] = src < 0 ? kEmpty : in.pos[s];
-    out.score[dst] = src < 0 ? 0.f : in.score[s];
-    if (out.expo != nullptr) out.expo[dst] = src < 0 ? 0.f : in.expo[s];
+// Window rows 0..n of head h (one CTA, D threads) from rows map[h * n + i] of the same buffer, in
+// place: the sources ascend and never lie below their destination, so moving one row at a time in
+// order never reads a row already overwritten. -1: padding (masked).
+__global__ void close_window_kernel(const int* map, int n, WindowRows w, int D) {
+  const int h = blockIdx.x, c = threadIdx.x;
+  const long long base = h * w.capacity;
+  for (int i = 0; i < n; ++i) {
+    const int src = map[h * n + i];
+    if (src == i) continue;
+    const long long dst = base + i, s = base + src;
+    if (src >= 0) {
+      w.k[dst * D + c] = w.k[s * D + c];
+      w.v[dst * D + c] = w.v[s * D + c];
+    }
+    if (c == 0) {
+      w.pos[dst] = src < 0 ? kEmpty : w.pos[s];
+      w.score[dst] = src < 0 ? 0.f : w.score[s];
+      if (w.expo != nullptr) w.expo[dst] = src < 0 ? 0.f : w.expo[s];
+    }
+    __syncthreads();
   }
 }
 
@@ -290,23 +300,61 @@ __global__ void __launch_bounds__(kObserveThreads)
   }
 }
 
-// probs [H, S, rows] (slot order) from spanned [H, S, span] through map [H, rows].
-__global__ void order_probs_kernel(const int* map, const float* spanned, float* probs, long long n_hs, int S, int rows,
-                                   long long span) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= rows) return;
-  for (long long hs = blockIdx.y; hs < n_hs; hs += gridDim.y) {
-    const long long h = hs / S;
-    probs[hs * rows + i] = spanned[hs * span + map[h * rows + i]];
+// Each spanned row's slot (its index in slot order, -1: padding or masked) per head, from the
+// device's own counts: slot order is region order then window order, so a row's slot is the number
+// of live rows before it. slot_of [H, span]; one CTA (kObserveThreads) a head.
+__global__ void __launch_bounds__(kObserveThreads)
+    slot_order_kernel(const int* tokens, int capacity, int regions, int G, const std::int64_t* wpos,
+                      long long window_capacity, int window_rows, int* slot_of) {
+  const int h = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const long long span = static_cast<long long>(regions) * G + window_rows;
+  int* out = slot_of + h * span;
+  int base = 0;
+  for (int r = 0; r < regions; ++r) {
+    const int t = tokens[static_cast<long long>(h) * capacity + r];
+    for (int off = tid; off < G; off += blockDim.x) out[static_cast<long long>(r) * G + off] = off < t ? base + off : -1;
+    base += t;
+  }
+  __shared__ int warp_count[kObserveThreads / 32];
+  __shared__ int warp_first[kObserveThreads / 32 + 1];
+  for (int c = 0; c < window_rows; c += blockDim.x) {
+    const int w = c + tid;
+    const bool live = w < window_rows && wpos[h * window_capacity + w] != kEmpty;
+    const unsigned mask = __ballot_sync(0xffffffffu, live);
+    if (lane == 0) warp_count[warp] = __popc(mask);
+    __syncthreads();
+    if (tid == 0) {
+      warp_first[0] = 0;
+      for (int q = 0; q < kObserveThreads / 32; ++q) warp_first[q + 1] = warp_first[q] + warp_count[q];
+    }
+    __syncthreads();
+    if (w < window_rows) {
+      out[static_cast<long long>(regions) * G + w] = live ? base + warp_first[warp] + __popc(mask & ((1u << lane) - 1u)) : -1;
+    }
+    base += warp_first[kObserveThreads / 32];
+    __syncthreads();  // warp_first is written again
   }
 }
 
-// spanned [H, span] from probs in slot order [H, probs_stride] through map [H, rows] (the rows the
-// map does not name stay as they were: zero).
-__global__ void scatter_probs_kernel(const int* map, const float* probs, long long probs_stride, float* spanned,
-                                     long long span, int rows) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x, h = blockIdx.y;
-  if (i < rows) spanned[h * span + map[static_cast<long long>(h) * rows + i]] = probs[h * probs_stride + i];
+// probs [H, S, rows] (slot order) from spanned [H, S, span] through slot_of [H, span].
+__global__ void order_probs_kernel(const int* slot_of, const float* spanned, float* probs, long long n_hs, int S, int rows,
+                                   long long span) {
+  const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= span) return;
+  for (long long hs = blockIdx.y; hs < n_hs; hs += gridDim.y) {
+    const int slot = slot_of[(hs / S) * span + i];
+    if (slot >= 0) probs[hs * rows + slot] = spanned[hs * span + i];
+  }
+}
+
+// spanned [H, span] from probs in slot order [H, probs_stride] (padding and masked rows: 0).
+__global__ void spread_probs_kernel(const int* slot_of, const float* probs, long long probs_stride, float* spanned,
+                                    long long span) {
+  const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int h = blockIdx.y;
+  if (i >= span) return;
+  const int slot = slot_of[h * span + i];
+  spanned[h * span + i] = slot >= 0 ? probs[h * probs_stride + slot] : 0.f;
 }
 
 int round_up16(int x) { return (x + 15) / 16 * 16; }
@@ -336,6 +384,7 @@ DevicePackedRows::DevicePackedRows(int key_bits, int value_bits, int group_rows,
 
 DevicePackedRows::~DevicePackedRows() {
   if (victims_host_ != nullptr) cudaFreeHost(victims_host_);
+  if (victims_event_ != nullptr) cudaEventDestroy(victims_event_);
 }
 
 void DevicePackedRows::begin(std::size_t heads_total, std::size_t dim) {
@@ -380,18 +429,21 @@ int DevicePackedRows::regions_used() const {
 }
 
 void DevicePackedRows::relayout(std::size_t, std::size_t keep) {
+  apply_victims();
   for (const Head& h : heads_) {
     if (h.packed + h.window.size() > keep) throw std::logic_error("DevicePackedRows: relayout below the rows held");
   }
 }
 
 void DevicePackedRows::prepare(std::size_t incoming) {
+  apply_victims();
   if (incoming > 1) flush_ = true;
   ensure_window(window_rows_ + static_cast<int>(incoming));
   DeviceRowStore::prepare(incoming);
 }
 
 void DevicePackedRows::place(const AppendInput& in, std::size_t, cudaStream_t stream) {
+  apply_victims();
   StagingWindow w;
   w.k_out = wk_[cur_].as<std::uint16_t>();
   w.v_out = wv_[cur_].as<std::uint16_t>();
@@ -404,7 +456,6 @@ void DevicePackedRows::place(const AppendInput& in, std::size_t, cudaStream_t st
   }
   fresh_w_ = window_rows_;
   window_rows_ += in.S;
-  order_dirty_ = true;
 }
 
 void DevicePackedRows::write(std::size_t, std::size_t, const std::uint16_t*, const std::uint16_t*) {
@@ -416,6 +467,7 @@ void DevicePackedRows::move(std::size_t, std::size_t, std::size_t) {
 }
 
 void DevicePackedRows::erase(std::size_t head, std::span<const std::size_t> slots) {
+  apply_victims();
   Head& h = heads_[head];
   // A group already rewritten by a recorded erasure is rewritten again from its new order.
   for (const CloseJob& j : closes_) {
@@ -464,7 +516,6 @@ void DevicePackedRows::erase(std::size_t head, std::span<const std::size_t> slot
     for (const Block& b : h.blocks) h.made -= b.tokens == 0 ? static_cast<std::size_t>(b.made) : 0;
     std::erase_if(h.blocks, [](const Block& b) { return b.tokens == 0; });
   }
-  order_dirty_ = true;
 }
 
 void DevicePackedRows::flush() {
@@ -500,6 +551,7 @@ void DevicePackedRows::upload_tokens() {
 }
 
 void DevicePackedRows::settle(std::size_t rows, const Saliency&) {
+  apply_victims();
   flush();
   const int G = group_rows_;
   const std::size_t H = heads_.size();
@@ -532,11 +584,11 @@ void DevicePackedRows::settle(std::size_t rows, const Saliency&) {
     for (std::size_t i = 0; i < h.blocks.size(); ++i) gapped = gapped || h.blocks[i].region != static_cast<int>(i);
   }
   flush_ = false;
-  // Room for one more group a head: a decode step's growth re-lays out the store (a copy) once per
-  // group_rows steps at most; a store a quarter too large (evictions emptied groups) shrinks.
+  // Room for an eighth more groups (a re-layout is a copy of the store: the heads' block counts grow
+  // at different steps); a store a quarter too large (evictions emptied groups) shrinks.
   const bool resize = needed > region_capacity_ || region_capacity_ > needed + needed / 4 + 1;
   if (gapped || resize) {
-    relayout_regions(resize ? needed + 1 : region_capacity_);
+    relayout_regions(resize ? needed + needed / 8 + 1 : region_capacity_);
     changed = true;
   }
   std::vector<CompressJob> jobs;
@@ -570,7 +622,6 @@ void DevicePackedRows::settle(std::size_t rows, const Saliency&) {
     changed = true;
   }
   if (changed) upload_tokens();
-  order_dirty_ = true;
 }
 
 void DevicePackedRows::repack(std::size_t head) {
@@ -660,16 +711,11 @@ void DevicePackedRows::relayout_regions(int capacity) {
   upload_tokens();
 }
 
-void DevicePackedRows::ensure_window(int needed) {
-  if (needed <= window_capacity_) return;
-  if (capturing_) throw InputError("kivi storage (cuda): a captured step would grow the window (decode eagerly)");
-  // Rows masked since the window was last closed up may make room; the window grows only past them.
-  close_window();
-  if (needed <= window_capacity_) return;
-  const int cap = round_up16(needed + 16);
-  const std::size_t H = heads_total_, D = dim_;
+void DevicePackedRows::resize_window(int capacity) {
+  if (capturing_) throw InputError("kivi storage (cuda): a captured step would re-allocate the window (decode eagerly)");
+  const std::size_t H = heads_total_, D = dim_, cap = static_cast<std::size_t>(capacity);
   const int other = 1 - cur_;
-  reserve_window(other, cap);
+  reserve_window(other, capacity);
   if (window_rows_ > 0) {
     const std::size_t old = static_cast<std::size_t>(window_capacity_), n = static_cast<std::size_t>(window_rows_);
     const auto copy = [&](DeviceBuffer* to, const DeviceBuffer* from, std::size_t elem) {
@@ -685,7 +731,15 @@ void DevicePackedRows::ensure_window(int needed) {
   }
   release_window(cur_);
   cur_ = other;
-  window_capacity_ = cap;
+  window_capacity_ = capacity;
+}
+
+void DevicePackedRows::ensure_window(int needed) {
+  if (needed <= window_capacity_) return;
+  // Rows masked since the window was last closed up may make room; it grows only past them (32
+  // rows of room at a time: a decode step's window grows by one row).
+  close_window();
+  if (needed > window_capacity_) resize_window(round_up16(needed + 32));
 }
 
 void DevicePackedRows::close_window() {
@@ -694,11 +748,6 @@ void DevicePackedRows::close_window() {
   for (const Head& h : heads_) live = std::max(live, static_cast<int>(h.window.size()));
   if (live == window_rows_) return;  // nothing to close up
   const std::size_t H = heads_total_, D = dim_;
-  // The window's room: what is live plus 16 rows (a prompt's room is given back; arrivals past it
-  // grow the window 16 rows at a time).
-  const int cap = round_up16(live + 16);
-  const int other = 1 - cur_;  // allocated for this close only: one window is resident between closes
-  reserve_window(other, cap);
   std::vector<int> map(H * static_cast<std::size_t>(std::max(live, 1)), -1);
   for (std::size_t head = 0; head < H; ++head) {
     std::vector<int>& w = heads_[head].window;
@@ -707,20 +756,15 @@ void DevicePackedRows::close_window() {
       w[i] = static_cast<int>(i);
     }
   }
-  DeviceBuffer map_dev;
-  upload(map_dev, map, stream_);
-  const WindowRows in = window(cur_);
-  WindowRows out = window(other);
-  out.capacity = cap;
-  launch_kernel(live > 0, false, close_window_kernel, dim3(static_cast<unsigned>(live), static_cast<unsigned>(H)),
-                dim3(static_cast<unsigned>(D)), 0, stream_, map_dev.as<int>(), live, in, out, static_cast<int>(D));
-  KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream_));  // before the map and the old window go
-  release_window(cur_);
-  cur_ = other;
-  window_capacity_ = cap;
+  // In place (each row moves down, in order): no second buffer, no wait.
+  upload(window_map_, map, stream_);
+  launch_kernel(live > 0, false, close_window_kernel, dim3(static_cast<unsigned>(H)), dim3(static_cast<unsigned>(D)), 0,
+                stream_, window_map_.as<int>(), live, window(cur_), static_cast<int>(D));
   window_rows_ = live;
   fresh_w_ = live;  // (closed up only after an observation: no row is unobserved)
-  order_dirty_ = true;
+  // A prompt's room is given back (a copy, once).
+  const int room = round_up16(live + 32);
+  if (window_capacity_ > 2 * room) resize_window(room);
 }
 
 int DevicePackedRows::launch_segments(const QueryArgs& q, const Partials& parts, bool count_only, std::size_t,
@@ -768,37 +812,30 @@ long long DevicePackedRows::attention_rows(std::size_t) const {
   return static_cast<long long>(regions_used()) * group_rows_ + window_rows_;
 }
 
-void DevicePackedRows::build_order_map() const {
-  if (!order_dirty_) return;
-  const int R = regions_used(), G = group_rows_;
-  std::vector<int> map;
-  for (const Head& h : heads_) {
-    for (const Block& b : h.blocks) {
-      for (int r = 0; r < b.tokens; ++r) map.push_back(b.region * G + r);
-    }
-    for (const int w : h.window) map.push_back(R * G + w);
-  }
-  if (map.empty()) map.push_back(0);
-  upload(order_map_, map, stream_);
-  order_dirty_ = false;
+void DevicePackedRows::launch_slot_order(cudaStream_t stream) const {
+  const std::size_t H = heads_total_;
+  const int R = regions_used();
+  const long long span = static_cast<long long>(R) * group_rows_ + window_rows_;
+  if (slot_of_.bytes() < H * static_cast<std::size_t>(span) * sizeof(int)) slot_of_.reserve(H * static_cast<std::size_t>(span) * sizeof(int));
+  launch_kernel(span > 0, false, slot_order_kernel, dim3(static_cast<unsigned>(H)), dim3(kObserveThreads), 0, stream,
+                tokens_.as<int>(), region_capacity_, R, group_rows_, wpos_[cur_].as<std::int64_t>(),
+                static_cast<long long>(window_capacity_), window_rows_, slot_of_.as<int>());
 }
 
 void DevicePackedRows::order_probs(const float* spanned, float* probs, int S, std::size_t rows, cudaStream_t stream) const {
   const std::size_t H = heads_total_;
   if (rows == 0 || S == 0) return;
-  for (const Head& h : heads_) {
-    if (h.packed + h.window.size() != rows) throw std::logic_error("DevicePackedRows: the slot map disagrees with the rows held");
-  }
-  build_order_map();
-  const long long n_hs = static_cast<long long>(H) * S;
+  launch_slot_order(stream);
+  const long long n_hs = static_cast<long long>(H) * S, span = attention_rows(rows);
   launch_kernel(true, false, order_probs_kernel,
-                dim3(static_cast<unsigned>((rows + 255) / 256), static_cast<unsigned>(std::min(n_hs, 65535LL))), dim3(256),
-                0, stream, order_map_.as<int>(), spanned, probs, n_hs, S, static_cast<int>(rows), attention_rows(rows));
+                dim3(static_cast<unsigned>((span + 255) / 256), static_cast<unsigned>(std::min(n_hs, 65535LL))), dim3(256),
+                0, stream, slot_of_.as<int>(), spanned, probs, n_hs, S, static_cast<int>(rows), span);
 }
 
 void DevicePackedRows::observe_decode(const DecodeStep& step, void* part_best, unsigned* arrivals, std::size_t parts,
                                       cudaStream_t stream) {
   stream_ = stream;
+  apply_victims();  // the last step's, before its buffer is written again
   const std::size_t H = heads_total_;
   const int R = regions_used(), G = group_rows_;
   const long long span = static_cast<long long>(R) * G + window_rows_;
@@ -806,12 +843,10 @@ void DevicePackedRows::observe_decode(const DecodeStep& step, void* part_best, u
   long long stride = step.probs_stride;
   if (step.slot_order && span != static_cast<long long>(step.rows)) {
     // Probabilities in slot order (not this store's attend's): into the spanned order first.
-    build_order_map();
-    spanned_.reserve(H * static_cast<std::size_t>(span) * sizeof(float));
-    KVSLIM_CUDA_CHECK(cudaMemsetAsync(spanned_.get(), 0, H * static_cast<std::size_t>(span) * sizeof(float), stream));
-    launch_kernel(true, false, scatter_probs_kernel,
-                  dim3(static_cast<unsigned>((step.rows + 255) / 256), static_cast<unsigned>(H)), dim3(256), 0, stream,
-                  order_map_.as<int>(), step.probs, stride, spanned_.as<float>(), span, static_cast<int>(step.rows));
+    launch_slot_order(stream);
+    if (spanned_.bytes() < H * static_cast<std::size_t>(span) * sizeof(float)) spanned_.reserve(H * static_cast<std::size_t>(span) * sizeof(float));
+    launch_kernel(true, false, spread_probs_kernel, dim3(static_cast<unsigned>((span + 255) / 256), static_cast<unsigned>(H)),
+                  dim3(256), 0, stream, slot_of_.as<int>(), step.probs, stride, spanned_.as<float>(), span);
     probs = spanned_.as<float>();
     stride = span;
   }
@@ -840,10 +875,21 @@ void DevicePackedRows::observe_decode(const DecodeStep& step, void* part_best, u
   launch_kernel(span > 0, false, observe_packed_kernel, dim3(static_cast<unsigned>(H), static_cast<unsigned>(parts)),
                 dim3(kObserveThreads), 0, stream, o, static_cast<Candidate*>(part_best), arrivals);
   if (step.rows <= step.limit) return;
-  // The host keeps its block lists: one int a head.
+  // The host's block lists learn the victims (one int a head) once the copy is done: read when the
+  // lists are next needed (apply_victims), by then long arrived -- a step does not wait for it.
   KVSLIM_CUDA_CHECK(cudaMemcpyAsync(victims_host_, victims_.get(), H * sizeof(int), cudaMemcpyDeviceToHost, stream));
-  KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream));
-  for (std::size_t head = 0; head < H; ++head) {
+  if (victims_event_ == nullptr) KVSLIM_CUDA_CHECK(cudaEventCreateWithFlags(&victims_event_, cudaEventDisableTiming));
+  KVSLIM_CUDA_CHECK(cudaEventRecord(victims_event_, stream));
+  victims_pending_ = true;
+  victims_regions_ = R;
+}
+
+void DevicePackedRows::apply_victims() const {
+  if (!victims_pending_) return;
+  victims_pending_ = false;
+  KVSLIM_CUDA_CHECK(cudaEventSynchronize(victims_event_));
+  const int R = victims_regions_, G = group_rows_;
+  for (std::size_t head = 0; head < heads_total_; ++head) {
     const int v = victims_host_[head];
     if (v < 0) throw std::logic_error("DevicePackedRows: a decode step over the limit found no evictable row");
     Head& h = heads_[head];
@@ -862,10 +908,24 @@ void DevicePackedRows::observe_decode(const DecodeStep& step, void* part_best, u
       h.window.erase(w);
     }
   }
-  order_dirty_ = true;
+}
+
+bool DevicePackedRows::settle_would_act() const {
+  if (flush_) return true;
+  const std::size_t pending = victims_pending_ ? 1 : 0;
+  for (const Head& h : heads_) {
+    // (before the pending victims: each head loses one row, from its window or one of its groups)
+    if (static_cast<int>(h.window.size()) >= staging_) return true;
+    if (h.blocks.size() >= 4 && 4 * (h.packed - std::min(pending, h.packed)) < h.made) return true;
+    for (const Block& b : h.blocks) {
+      if (pending != 0 && b.tokens == 1) return true;  // a group that may empty (the store re-laid out)
+    }
+  }
+  return false;
 }
 
 void DevicePackedRows::download_metadata(const EvictionCore::Metadata& m, std::size_t rows, std::size_t seen) const {
+  apply_victims();
   KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream_));
   const std::size_t H = heads_total_, G = static_cast<std::size_t>(group_rows_);
   const std::size_t region_rows = H * static_cast<std::size_t>(region_capacity_) * G;
@@ -908,6 +968,7 @@ void DevicePackedRows::download_metadata(const EvictionCore::Metadata& m, std::s
 }
 
 void DevicePackedRows::upload_metadata(const EvictionCore::Metadata& m, std::size_t rows, std::size_t n_sink) {
+  apply_victims();
   const std::size_t H = heads_total_, G = static_cast<std::size_t>(group_rows_);
   if (H == 0) return;
   const std::size_t region_rows = H * static_cast<std::size_t>(region_capacity_) * G;
@@ -948,6 +1009,7 @@ void DevicePackedRows::upload_metadata(const EvictionCore::Metadata& m, std::siz
 }
 
 std::vector<DevicePackedRows::BlockCodes> DevicePackedRows::block_codes(std::size_t bh) const {
+  apply_victims();
   KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream_));
   const std::size_t G = static_cast<std::size_t>(group_rows_), D = dim_, cap = static_cast<std::size_t>(region_capacity_);
   std::vector<BlockCodes> out;
@@ -1001,6 +1063,7 @@ void DevicePackedRows::download_head(std::size_t bh, std::size_t rows, std::uint
 }
 
 void DevicePackedRows::head_positions(std::size_t bh, std::size_t rows, std::int64_t* out) const {
+  apply_victims();
   KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream_));
   const std::size_t G = static_cast<std::size_t>(group_rows_), cap = static_cast<std::size_t>(region_capacity_);
   std::size_t row = 0;
@@ -1033,7 +1096,7 @@ CacheView DevicePackedRows::view(std::size_t, std::size_t, std::size_t, const st
 std::size_t DevicePackedRows::resident_bytes() const {
   std::size_t bytes = 0;
   for (const DeviceBuffer* b : std::initializer_list<const DeviceBuffer*>{&k_codes_, &v_codes_, &k_params_, &v_params_, &pos_,
-                                                                          &score_, &expo_, &tokens_, &order_map_}) {
+                                                                          &score_, &expo_, &tokens_, &slot_of_}) {
     bytes += b->bytes();
   }
   for (int i = 0; i < 2; ++i) bytes += wk_[i].bytes() + wv_[i].bytes() + wpos_[i].bytes() + wscore_[i].bytes() + wexpo_[i].bytes();
@@ -1049,11 +1112,12 @@ std::size_t DevicePackedRows::host_bytes() const {
 void DevicePackedRows::reset() {
   for (DeviceBuffer* b : {&k_codes_, &v_codes_, &k_params_, &v_params_, &pos_, &score_, &expo_, &tokens_, &list_dev_,
                           &jobs_dev_, &masked_dev_, &order_dev_, &scratch_k_, &scratch_v_, &scratch_pos_, &scratch_score_,
-                          &scratch_expo_, &order_map_, &spanned_, &sink_pos_, &victims_}) {
+                          &scratch_expo_, &slot_of_, &spanned_, &window_map_, &sink_pos_, &victims_}) {
     b->release();
   }
   release_window(0);
   release_window(1);
+  apply_victims();
   heads_.clear();
   heads_total_ = dim_ = 0;
   region_capacity_ = window_capacity_ = window_rows_ = cur_ = fresh_w_ = 0;
@@ -1061,10 +1125,10 @@ void DevicePackedRows::reset() {
   closes_.clear();
   close_list_.clear();
   flush_ = false;
-  order_dirty_ = true;
 }
 
 void DevicePackedRows::add_figures(CacheStats& stats) const {
+  apply_victims();
   std::size_t rows = 0, waiting = 0;
   for (const Head& h : heads_) {
     rows += h.packed + h.window.size();

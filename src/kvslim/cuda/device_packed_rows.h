@@ -90,7 +90,7 @@ class DevicePackedRows final : public DeviceRowStore {
 
   // A decode step's observation and eviction on the device (see the file comment): probs over the
   // rows the last attend spanned ([H, probs_stride], attention_rows() of them), or in slot order
-  // ([H, probs_stride] over `rows`) when `slot_order`. Waits for the victims (one int a head).
+  // ([H, probs_stride] over `rows`) when `slot_order`. The host's lists learn its victims (one int a head) lazily: the step does not wait.
   struct DecodeStep {
     const float* probs = nullptr;
     long long probs_stride = 0;
@@ -100,6 +100,9 @@ class DevicePackedRows final : public DeviceRowStore {
     float decay = 1.f;
   };
   void observe_decode(const DecodeStep& step, void* part_best, unsigned* arrivals, std::size_t parts, cudaStream_t stream);
+  // Whether settle() would change anything after the last decode step (a window at `staging`, a
+  // head to re-pack, a group that may have emptied): when not, the step needs no host work at all.
+  bool settle_would_act() const;
 
   // The host's picture of one head, for tests: blocks (rows now, rows when made) and window rows.
   struct Block {
@@ -112,7 +115,10 @@ class DevicePackedRows final : public DeviceRowStore {
     std::size_t packed = 0, made = 0, repacks = 0;
     std::vector<int> window;  // the window rows it holds, ascending (slot order)
   };
-  const std::vector<Head>& heads() const { return heads_; }
+  const std::vector<Head>& heads() const {
+    apply_victims();
+    return heads_;
+  }
   // Host copies of head bh's blocks as the CPU's PackedRows::Block holds them: codes [tokens, row
   // bytes], parameters [2, D] (scale row, zero row), for keys and values.
   struct BlockCodes {
@@ -128,6 +134,7 @@ class DevicePackedRows final : public DeviceRowStore {
   void ensure_regions(int needed);     // region capacity >= needed (the store re-laid out, kept)
   void relayout_regions(int capacity); // every head's blocks into regions 0.. of a store that size
   void ensure_window(int needed);      // window capacity >= needed rows
+  void resize_window(int capacity);    // the window re-allocated, its rows kept
   void close_window();                 // every head's window rows to the front
   void repack(std::size_t head);  // the head's groups decoded and quantized again in full groups
   void launch_closes();
@@ -136,36 +143,43 @@ class DevicePackedRows final : public DeviceRowStore {
   packed_jobs::WindowRows window(int which) const;
   void reserve_window(int which, int capacity);  // window buffer `which` for `capacity` rows a head
   void release_window(int which);
-  void build_order_map() const;  // order_map_ from the lists, when they changed
+  // slot_of_ [H, span]: each spanned row's slot, from the device's counts (no host list read).
+  void launch_slot_order(cudaStream_t stream) const;
 
   int key_bits_, value_bits_, group_rows_, staging_;
   bool with_exposure_;
   int k_rb_ = 0, v_rb_ = 0;  // row bytes of keys / values
   std::size_t heads_total_ = 0, dim_ = 0;
-  std::vector<Head> heads_;
+  // The host's lists lag a decode step's victims until apply_victims() reads them (every reader of
+  // the lists calls it first): mutable, as that lag is not the store's state.
+  mutable std::vector<Head> heads_;
   bool flush_ = false;  // a multi-row append came: its survivors are compressed whole
 
   // Regions: codes [H, cap * G, rb], params fp16 [H, cap, 2, D], positions, score and exposure
   // mirrors [H, cap * G], rows per region [H, cap] (the device's count: a decode step lowers it).
   DeviceBuffer k_codes_, v_codes_, k_params_, v_params_, pos_, score_, expo_, tokens_;
   int region_capacity_ = 0;
-  // Window: fp16 [H, window_capacity, D], positions [H, window_capacity]; [cur_] is the live one,
-  // the other allocated only while close_window / ensure_window copy into it.
+  // Window: fp16 [H, window_capacity, D], positions and mirrors [H, window_capacity]; [cur_] is the
+  // live one, the other allocated only while resize_window copies into it (close_window works in
+  // place, through window_map_).
   DeviceBuffer wk_[2], wv_[2], wpos_[2], wscore_[2], wexpo_[2];
   int cur_ = 0, window_capacity_ = 0, window_rows_ = 0;  // window_rows_: rows written since it was last closed up
   int fresh_w_ = 0;  // the window row of the last append's first row (unobserved rows score from 0)
   // Decode steps: positions at or below which rows are sinks [H]; victims [H] (device, pinned host).
   DeviceBuffer sink_pos_, victims_;
   int* victims_host_ = nullptr;
+  cudaEvent_t victims_event_ = nullptr;  // the victims' copy done
+  mutable bool victims_pending_ = false;
+  int victims_regions_ = 0;  // the regions that step spanned
+  void apply_victims() const;
   // Recorded erasures, enqueued by flush(): window rows masked [flat index], groups closed up.
   std::vector<long long> masked_;
   std::vector<CloseJob> closes_;
   std::vector<int> close_list_;
   // Device copies of the job lists (reused; a list's copy is ordered before its kernel).
-  DeviceBuffer list_dev_, jobs_dev_, masked_dev_, order_dev_;
+  DeviceBuffer list_dev_, jobs_dev_, masked_dev_, order_dev_, window_map_;
   DeviceBuffer scratch_k_, scratch_v_, scratch_pos_, scratch_score_, scratch_expo_;  // a re-pack's decoded rows
-  mutable DeviceBuffer order_map_;  // [H, rows] int: each slot's row in the spanned order
-  mutable bool order_dirty_ = true;
+  mutable DeviceBuffer slot_of_;  // [H, span] int: each spanned row's slot (-1: padding / masked)
   DeviceBuffer spanned_;  // a decode step's probabilities in slot order, put in spanned order
 };
 
