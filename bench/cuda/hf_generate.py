@@ -326,14 +326,22 @@ def variants():
         # layers by its schedule.
         ("kvslim squeeze 25% (cuda, graph)", {"method": "squeeze", "squeeze_budget": 0.25, "device": "cuda"}, "graph"),
         # Policies over compressed storage (the two seed axes composed): h2o / squeeze keeping 25 % of
-        # the prompt's tokens, their rows as kivi codes (keys 4 bits, values 2, groups of 128),
-        # decided on the host every step.
+        # the prompt's tokens, their rows as kivi codes (keys 4 bits, values 2, groups of 128); a
+        # decode step decided by the device kernel, eager or replayed as a graph (the compression
+        # between two replays).
         ("kvslim h2o 25% over kivi K4V2 g128 (cuda)", {"method": "h2o", "h2o_budget": 0.25, "storage": "kivi",
                                                        "kivi_bits": 4, "kivi_value_bits": 2, "kivi_group_size": 128,
                                                        "device": "cuda"}, False),
         ("kvslim squeeze 25% over kivi K4V2 g128 (cuda)", {"method": "squeeze", "squeeze_budget": 0.25,
                                                            "storage": "kivi", "kivi_bits": 4, "kivi_value_bits": 2,
                                                            "kivi_group_size": 128, "device": "cuda"}, False),
+        ("kvslim h2o 25% over kivi K4V2 g128 (cuda graph)", {"method": "h2o", "h2o_budget": 0.25, "storage": "kivi",
+                                                             "kivi_bits": 4, "kivi_value_bits": 2,
+                                                             "kivi_group_size": 128, "device": "cuda"}, "graph"),
+        ("kvslim squeeze 25% over kivi K4V2 g128 (cuda graph)", {"method": "squeeze", "squeeze_budget": 0.25,
+                                                                 "storage": "kivi", "kivi_bits": 4,
+                                                                 "kivi_value_bits": 2, "kivi_group_size": 128,
+                                                                 "device": "cuda"}, "graph"),
     ]
 
 

@@ -26,7 +26,8 @@ What goes where:
     kernels over the packed codes on torch's current stream, and the prompt's first call attends in
     torch's SDPA before the cache compresses it. A CPU cache under a GPU model works too, with the
     step's keys/values copied to the host and the attention output back every step.
-  * GraphDecoder(model, cache, max_tokens) decodes a GPU cache (full, kivi, h2o, pyramidkv) with one CUDA graph
+  * GraphDecoder(model, cache, max_tokens) decodes a GPU cache (full, kivi, zipcache, h2o, pyramidkv, squeeze,
+    streaming, and eviction over kivi codes) with one CUDA graph
     replay per step instead of transformers' eager forward (host-bound on the GPU): the step is
     captured once, kvslim's kernels re-armed from the caches' state before each replay.
 Limits: batches without padding (one sequence, or equal lengths), no beam search (reorder), no

@@ -226,7 +226,11 @@ def eager_greedy(model, ids, cache, new):
                                     dict(method="kivi", kivi_bits=4), dict(method="kivi"),  # (default: K4V2, groups of 128)
                                     dict(method="h2o", h2o_budget=64), dict(method="pyramidkv", pyramidkv_budget=64),
                                     dict(method="streaming", streaming_budget=64),
-                                    dict(method="zipcache", zipcache_group_size=32, zipcache_staging=128)])
+                                    dict(method="zipcache", zipcache_group_size=32, zipcache_staging=128),
+                                    # eviction over kivi codes: compressions (and re-packs) between replays
+                                    dict(method="h2o", h2o_budget=64, storage="kivi", kivi_bits=4, kivi_value_bits=2,
+                                         kivi_group_size=32, kivi_staging=32),
+                                    dict(method="h2o", h2o_budget=96, storage="kivi")])
 def test_graph_decoder_replays_the_eager_steps(fields):
     """GraphDecoder's replayed steps produce the eager steps' logits, across kivi's window flushes
     and zipcache's blocks (staging 128: the 170 steps cross one) and h2o's eviction of a row every step (its prompt cut to

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <csignal>
 #include <cstring>
+#include <functional>
 #include <execinfo.h>
 #include <unistd.h>
 #include <memory>
@@ -19,6 +20,8 @@
 #include <vector>
 
 #include "cuda/device_buffer.h"
+#include "cuda/device_eviction_cache.h"
+#include "cuda/device_packed_rows.h"
 #include "kvslim/cuda.h"
 #include "kvslim/errors.h"
 #include "kvslim/kvslim.h"
@@ -168,15 +171,32 @@ void prefill(KVCache& a, KVCache& b, const Shape& s, DType t, std::size_t rows, 
   ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
 }
 
+// Replays of `config`'s cache against its eager twin; `after` inspects the replayed cache at the end.
+void expect_replays_equal_eager(const KVCacheConfig& config, const std::string& name, DType t, std::size_t prompt,
+                                int steps, const std::function<void(const KVCache&)>& after = {});
+
 void expect_replays_equal_eager(const std::string& method, int bits, DType t, std::size_t prompt, int steps,
                                 int value_bits = -1, int group = 32, int budget = 64) {
-  const std::string what = method + (method == "kivi" ? std::to_string(bits) + "/" + std::to_string(value_bits) + " g" + std::to_string(group) : "") +
-                           " " + std::string(dtype_name(t)) + " prompt " + std::to_string(prompt);
+  KVCacheConfig c;
+  c.method = method;
+  c.kivi_bits = bits;
+  c.kivi_value_bits = value_bits;
+  c.kivi_group_size = group;
+  c.kivi_staging = std::max(128, group);
+  c.h2o_budget = budget;
+  c.streaming_budget = budget;
+  c.device = "cuda";
+  expect_replays_equal_eager(c, method + (method == "kivi" ? std::to_string(bits) + "/" + std::to_string(value_bits) + " g" + std::to_string(group) : ""),
+                             t, prompt, steps);
+}
+
+void expect_replays_equal_eager(const KVCacheConfig& config, const std::string& name, DType t, std::size_t prompt,
+                                int steps, const std::function<void(const KVCache&)>& after) {
+  const std::string what = name + " " + std::string(dtype_name(t)) + " prompt " + std::to_string(prompt);
   const Shape s;
   OwnStream stream;
   cudaStream_t st = stream.s;
-  auto graphed = device_cache(method, bits, value_bits, group, budget),
-       eager = device_cache(method, bits, value_bits, group, budget);
+  auto graphed = KVCacheFactory::create(config), eager = KVCacheFactory::create(config);
   std::mt19937 rng(7 + prompt);
   prefill(*graphed, *eager, s, t, prompt, rng, st);
   const std::size_t first = prompt + (graphed->needs().attention ? 1 : 0);  // the eviction cache's eager step
@@ -240,6 +260,7 @@ void expect_replays_equal_eager(const std::string& method, int bits, DType t, st
     EXPECT_EQ(std::memcmp(va.positions + bh * va.head_stride, vb.positions + bh * vb.head_stride, va.tokens * 8), 0)
         << what << " positions of head " << bh;
   }
+  if (after) after(*graphed);
 }
 
 TEST(CudaStepGraph, FullReplaysEqualEagerSteps) {
@@ -277,6 +298,61 @@ TEST(CudaStepGraph, EvictionReplaysEqualEagerSteps) {
   // streaming keeping 64 rows: every step's new row takes the oldest non-sink row's slot, the
   // same in every head (one kernel whose arguments the replay updates).
   expect_replays_equal_eager("streaming", 2, DType::bf16, 300, 150);
+}
+
+// h2o over kivi codes (DevicePackedRows): each replayed step appends to the fp16 window, attends
+// over the groups' codes and the window, and the decode kernel evicts one row a head, from a group
+// (the later rows move down) or from the window (masked). What an eager step's observation settles
+// -- the window compressed once `staging` rows wait, heads whose groups thinned re-packed, a store
+// re-laid out -- runs between two replays, on the stream ahead of the next; the victims are read
+// when the host next needs them. The replays equal the eager twin to the bit: outputs,
+// probabilities, the rows' decoded keys and values and their positions.
+KVCacheConfig codes_config(int key_bits, int value_bits, int group, int staging, std::size_t budget) {
+  KVCacheConfig c;
+  c.method = "h2o";
+  c.h2o_budget = static_cast<int>(budget);
+  c.storage = "kivi";
+  c.kivi_key_bits = key_bits;
+  c.kivi_value_bits = value_bits;
+  c.kivi_group_size = group;
+  c.kivi_staging = staging;
+  c.device = "cuda";
+  return c;
+}
+
+TEST(CudaStepGraph, EvictionOverKiviCodesReplaysEqualEagerSteps) {
+  REQUIRE_GPU();
+  const auto store_of = [](const KVCache& c) -> const cuda::DevicePackedRows& {
+    return dynamic_cast<const cuda::DevicePackedRows&>(dynamic_cast<const cuda::DeviceEvictionCache&>(c).store());
+  };
+  // Keys at 4 bits, values at 2, groups of 32, a window compressed every 32 rows; decayed scores
+  // reach back into old groups, so heads are re-packed during the replays.
+  {
+    KVCacheConfig c = codes_config(4, 2, 32, 32, 64);
+    c.evict_recent_window = 8;
+    c.evict_decay = 0.8;
+    expect_replays_equal_eager(c, "h2o over kivi K4V2 g32 (decayed)", DType::bf16, 300, 500, [&](const KVCache& cache) {
+      std::size_t repacks = 0, blocks = 0;
+      for (const auto& h : store_of(cache).heads()) {
+        repacks += h.repacks;
+        blocks += h.blocks.size();
+      }
+      EXPECT_GT(repacks, 0u) << "no head was re-packed during the replays";
+      EXPECT_GT(blocks, 0u);
+      EXPECT_EQ(cache.stats().figure("decode_steps_on_device"), 501.0);  // the eager step and 500 replays
+    });
+  }
+  // A window shorter than a group (one short group per compression), 2-bit keys and values.
+  expect_replays_equal_eager(codes_config(2, 2, 64, 16, 96), "h2o over kivi K2V2 g64 staging 16", DType::bf16, 200, 200);
+}
+
+TEST(CudaStepGraph, EvictionOverKiviCodesReplaysLargerStores) {
+  REQUIRE_GPU();
+  // kivi's default widths and group (K4V2 g128, staging 128) over 512 kept rows: whole groups.
+  expect_replays_equal_eager(codes_config(4, 2, 128, 128, 512), "h2o over kivi K4V2 g128", DType::f16, 1000, 300);
+  // 2,501 rows a step: each head's observation split across CTAs.
+  expect_replays_equal_eager(codes_config(4, 2, 128, 128, 2500), "h2o over kivi K4V2 g128, 2,500 rows", DType::bf16,
+                             3000, 80);
 }
 
 TEST(CudaStepGraph, RefusesWhatItCannotReplay) {

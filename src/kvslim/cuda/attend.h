@@ -78,6 +78,24 @@ struct DenseRows {
   bool unordered = false;
 };
 
+// An fp16 staging window [B * Hkv, capacity, D] read after `row_offset` rows of codes (kivi's
+// window, the window of eviction over codes): positions [n_rows], or per head when
+// pos_head_stride > 0 (rows masked per head, so every row is checked: unordered).
+inline DenseRows staging_window_rows(const std::uint16_t* k, const std::uint16_t* v, const std::int64_t* pos,
+                                     int capacity, int dim, int n_rows, int row_offset, long long pos_head_stride = 0) {
+  DenseRows rows;
+  rows.k = k;
+  rows.v = v;
+  rows.head_stride = static_cast<long long>(capacity) * dim;
+  rows.pos = pos;
+  rows.pos_head_stride = pos_head_stride;
+  rows.n_rows = n_rows;
+  rows.type = DenseType::f16;
+  rows.row_offset = row_offset;
+  rows.unordered = pos_head_stride > 0;
+  return rows;
+}
+
 // Splits each kernel would use for this much work (at least 1 when there are rows).
 // (One full wave of resident CTAs: the kernel's occupancy decides.)
 int packed_splits(const QueryArgs& q, const PackedRows& rows, int sm_count);

@@ -20,6 +20,12 @@ void DeviceBuffer::reserve(std::size_t bytes) {
   KVSLIM_CUDA_CHECK(cudaMemset(ptr_, 0, bytes));
 }
 
+void DeviceBuffer::upload(const void* host, std::size_t bytes, cudaStream_t stream) {
+  if (bytes == 0) return;
+  reserve(bytes);
+  KVSLIM_CUDA_CHECK(cudaMemcpyAsync(ptr_, host, bytes, cudaMemcpyHostToDevice, stream));
+}
+
 void DeviceBuffer::release() {
   if (ptr_ != nullptr) cudaFree(ptr_);  // cannot fail on a pointer cudaMalloc gave (errors are sticky context errors)
   ptr_ = nullptr;

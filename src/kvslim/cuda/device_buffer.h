@@ -33,6 +33,10 @@ class DeviceBuffer {
   template <typename T>
   T* as() const { return static_cast<T*>(ptr_); }
   std::size_t bytes() const { return bytes_; }
+  // `bytes` from host memory at the front of the buffer, grown to fit (contents not kept), on
+  // `stream`. From pageable memory the call returns once the data is staged: the caller may reuse
+  // it at once (a job list recorded on the host, copied ahead of the kernel that reads it).
+  void upload(const void* host, std::size_t bytes, cudaStream_t stream);
 
  private:
   void* ptr_ = nullptr;

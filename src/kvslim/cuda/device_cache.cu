@@ -232,7 +232,7 @@ void DeviceCache::attend(const QueryBlock& queries, std::span<const std::int64_t
     step_->queries = queries;
     step_->out = out;
     step_->probs = probs;
-    step_->rows_total = q.rows_total;
+    step_->probs_rows = orders_probs() ? static_cast<long long>(rows()) : q.rows_total;
     step_->attended = true;
     return;
   }
@@ -294,9 +294,13 @@ void DeviceCache::attend_checked(const QueryArgs& q_in, float* out, float* probs
   launch_combine(q, parts, n_parts, out, probs ? final_ml_.as<float>() : nullptr, stream);
   if (probs && probs_by_observation) {
     deferred_probs_ = DeferredProbs{probs, q, final_ml_.as<float>()};
-  } else if (probs && q.rows_total != static_cast<long long>(rows())) {
+  } else if (probs && (q.rows_total != static_cast<long long>(rows()) || orders_probs())) {
     // Probabilities over the rows the kernels span, then in row order.
-    probs_spanned_.reserve(BH * static_cast<std::size_t>(q.S) * static_cast<std::size_t>(q.rows_total) * sizeof(float));
+    const std::size_t spanned_bytes = BH * static_cast<std::size_t>(q.S) * static_cast<std::size_t>(q.rows_total) * sizeof(float);
+    if (capture && probs_spanned_.bytes() < spanned_bytes) {
+      reject(method_, "attend: the captured step needs more probability workspace than graph_begin reserved (StepGraph)");
+    }
+    probs_spanned_.reserve(spanned_bytes);
     launch_probs(q, final_ml_.as<float>(), probs_spanned_.as<float>(), stream);
     order_probs(probs_spanned_.as<float>(), probs, q.S, stream);
     spanned_probs_ = SpannedProbs{probs, probs_spanned_.as<float>(), q.rows_total};
@@ -336,6 +340,7 @@ void DeviceCache::graph_begin(int query_heads, int query_tokens) {
                         " KV heads (a multiple is needed)");
   }
   graph_check_capturable();
+  graph_reserve_step();
   step_ = std::make_unique<StepRecord>();
   QueryArgs q;
   q.B = static_cast<int>(batch_);
@@ -349,12 +354,21 @@ void DeviceCache::graph_begin(int query_heads, int query_tokens) {
       static_cast<std::size_t>(std::max(parts_at_capacity(q), 1)) * q.tiles() * BH * kTileRows;
   parts_acc_.reserve(slots * dim_ * sizeof(float));
   parts_ml_.reserve(slots * 2 * sizeof(float));
-  if (graph_observes()) {  // the step's probabilities over rows() + query_tokens rows
-    const std::size_t vectors = static_cast<std::size_t>(q.S) * static_cast<std::size_t>(q.G);
-    logits_.reserve(BH * vectors * (rows() + static_cast<std::size_t>(query_tokens)) * sizeof(float));
-    final_ml_.reserve(BH * vectors * 2 * sizeof(float));
-  }
+  reserve_step_workspace(q.S, q.G);
   step_->capturing = true;
+}
+
+void DeviceCache::reserve_step_workspace(int query_tokens, int query_groups) {
+  if (!graph_observes()) return;
+  // The step's probabilities over the rows after its append: rows() + query_tokens, spanned by the
+  // kernels over at most attention_rows_capacity() (a store with gaps).
+  const std::size_t BH = batch_ * heads_, S = static_cast<std::size_t>(query_tokens);
+  const std::size_t vectors = S * static_cast<std::size_t>(query_groups);
+  const std::size_t span =
+      std::max(rows() + S, static_cast<std::size_t>(std::max(attention_rows_capacity(), attention_rows() + static_cast<long long>(S))));
+  logits_.reserve(BH * vectors * span * sizeof(float));
+  final_ml_.reserve(BH * vectors * 2 * sizeof(float));
+  if (orders_probs()) probs_spanned_.reserve(BH * S * span * sizeof(float));
 }
 
 void DeviceCache::graph_captured() {
@@ -381,6 +395,8 @@ void DeviceCache::graph_arm(cudaGraphExec_t exec, cudaStream_t stream) {
   in.first_position = positions[0];
   in.positions = nullptr;
   stream_ = stream;
+  graph_between_steps(stream);  // on the stream, ahead of this step's replay
+  reserve_step_workspace(S, static_cast<int>(step_->queries.heads / heads_));
   LaunchScope scope(step_->slots, LaunchSlots::Mode::update, exec);
   struct Arming {
     bool& flag;
@@ -391,9 +407,10 @@ void DeviceCache::graph_arm(cudaGraphExec_t exec, cudaStream_t stream) {
   QueryBlock queries = step_->queries;
   queries.stream = stream;
   const QueryArgs q = query_args(queries, positions);
-  if (step_->probs && q.rows_total != step_->rows_total) {
-    reject(method_, "StepGraph: the step attends over " + std::to_string(q.rows_total) + " rows, the captured one over " +
-                        std::to_string(step_->rows_total) + " (its probabilities' shape); capture again");
+  const long long probs_rows = orders_probs() ? static_cast<long long>(rows()) : q.rows_total;
+  if (step_->probs && probs_rows != step_->probs_rows) {
+    reject(method_, "StepGraph: the step attends over " + std::to_string(probs_rows) + " rows, the captured one over " +
+                        std::to_string(step_->probs_rows) + " (its probabilities' shape); capture again");
   }
   attend_checked(q, step_->out, step_->probs, stream, probs_by_observation(step_->probs, q.S));
   if (step_->observed) {
@@ -696,15 +713,11 @@ int DeviceKiviCache::launch_segments(const QueryArgs& q, const Partials& parts, 
     // Both segments launch in every step, switched off while empty (a replayed step's graph holds
     // both: kernel_launch.h).
     launch_packed(q, packed, parts, 0, ps, stream);
-    DenseRows rows;
-    rows.k = stage_k_[cur_].as<std::uint16_t>();
-    rows.v = stage_v_[cur_].as<std::uint16_t>();
-    rows.head_stride = static_cast<long long>(staging_) * static_cast<long long>(dim_);
-    rows.pos = stage_pos_[cur_].as<std::int64_t>();
-    rows.n_rows = staged_;
-    rows.type = DenseType::f16;
-    rows.row_offset = units_ * 32;
-    launch_dense(q, rows, parts, ps, ds, stream);
+    launch_dense(q,
+                 staging_window_rows(stage_k_[cur_].as<std::uint16_t>(), stage_v_[cur_].as<std::uint16_t>(),
+                                     stage_pos_[cur_].as<std::int64_t>(), staging_, static_cast<int>(dim_), staged_,
+                                     units_ * 32),
+                 parts, ps, ds, stream);
   }
   return ps + ds;
 }

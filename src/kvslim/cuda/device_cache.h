@@ -103,6 +103,12 @@ class DeviceCache : public KVCache {
     long long rows_total = 0;
   };
   SpannedProbs last_spanned_probs() const { return spanned_probs_; }
+  // Whether attend always reorders its probabilities (order_probs), even when attention_rows()
+  // happens to equal rows(): a store whose rows lie out of slot order (eviction over codes), so
+  // a replayed step's kernels are the same every step.
+  virtual bool orders_probs() const { return false; }
+  // The most rows the attention may span before the storage next grows (graph workspaces).
+  virtual long long attention_rows_capacity() const { return attention_rows(); }
   // Attention parts the segments would use at the reserved capacity (graph_begin's workspace).
   virtual int parts_at_capacity(const QueryArgs&) const { return 0; }
   // A cache whose step also observes its attention (eviction): graph_begin refuses a cache whose
@@ -111,6 +117,11 @@ class DeviceCache : public KVCache {
   virtual bool graph_observes() const { return false; }
   virtual void graph_check_capturable() const {}
   virtual void graph_observe(const AttentionObservation&) {}
+  // Host work between two replays, before the next step is armed: it reaches the stream ahead of
+  // the next replay, not the graph (what an eager step would have done after its observation).
+  virtual void graph_between_steps(cudaStream_t) {}
+  // Room for the captured step, made before the capture (which may not allocate).
+  virtual void graph_reserve_step() {}
 
   // A captured decode step: the calls' device addresses (fixed while the graph is replayed) and
   // the nodes their kernels made.
@@ -119,8 +130,8 @@ class DeviceCache : public KVCache {
     AppendInput append;      // positions: first_position + i, set per step
     QueryBlock queries;      // data, shape, scale
     float* out = nullptr;
-    float* probs = nullptr;  // [B, Hkv, S, rows_total] when the step observes its attention
-    long long rows_total = 0;
+    float* probs = nullptr;  // [B, Hkv, S, probs_rows] when the step observes its attention
+    long long probs_rows = 0;  // rows_total, or rows() when the cache orders its probabilities
     AttentionObservation observation;  // query_positions set per step
     LaunchSlots slots;
   };
@@ -145,8 +156,11 @@ class DeviceCache : public KVCache {
   // probs_by_observation: the step's observation computes probs (DeferredProbs), attend does not.
   // True for a captured or re-armed one-token step of a cache that observes every step.
   bool probs_by_observation(const float* probs, int query_tokens) const {
-    return probs != nullptr && graph_observes() && query_tokens == 1;
+    return probs != nullptr && graph_observes() && query_tokens == 1 && !orders_probs();
   }
+  // The replayed step's logits and spanned-probability workspaces at attention_rows_capacity()
+  // (a capture cannot allocate them; a re-armed step would re-allocate them as the rows grow).
+  void reserve_step_workspace(int query_tokens, int query_groups);
   void attend_checked(const QueryArgs& q, float* out, float* probs, cudaStream_t stream,
                       bool probs_by_observation = false) const;
 

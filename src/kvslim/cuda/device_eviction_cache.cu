@@ -318,10 +318,7 @@ void DeviceSlots::flush() {
     throw InputError("device eviction cache: a replayed decode step moved different slots in different heads (a "
                      "list copied from the host, which a graph cannot replay); decode this cache eagerly");
   }
-  const std::size_t bytes = moves_.size() * sizeof(int);
-  if (moves_dev_.bytes() < bytes) moves_dev_.reserve(bytes);
-  // From pageable memory: the call returns once moves_ is staged, so it may be reused at once.
-  KVSLIM_CUDA_CHECK(cudaMemcpyAsync(moves_dev_.get(), moves_.data(), bytes, cudaMemcpyHostToDevice, stream_));
+  moves_dev_.upload(moves_.data(), moves_.size() * sizeof(int), stream_);  // moves_ may be reused at once
   const unsigned n = static_cast<unsigned>(moves_.size() / 3);
   launch_kernel(true, false, apply_moves_kernel, dim3(n), dim3(32), 0, stream_, moves_dev_.as<int>(), keys(), values(),
                 positions(), static_cast<long long>(stride_), static_cast<int>(dim_));
@@ -621,9 +618,20 @@ bool DeviceEvictionCache::observe_codes_on_device(const AttentionObservation& ob
   host_stale_ = true;
   ++decode_steps_on_device_;
   // What the host core's observe() ends with: the rows that waited may be compressed now (held while
-  // squeeze's deferred schedule may still cut rows, as the core holds them).
-  if (!(limit > budget_ && core_.rows() > budget_) && codes->settle_would_act()) codes->settle(core_.rows(), {});
+  // squeeze's deferred schedule may still cut rows, as the core holds them). A replayed step's
+  // graph cannot hold that work: it runs between this replay and the next (graph_between_steps).
+  if (!in_graph_step() && !compression_held() && codes->settle_would_act()) codes->settle(core_.rows(), {});
   return true;
+}
+
+void DeviceEvictionCache::graph_between_steps(cudaStream_t stream) {
+  if (slots_ != nullptr) return;
+  store_->set_stream(stream);
+  static_cast<DevicePackedRows*>(store_)->between_replays(core_.rows(), !compression_held(), stream);
+}
+
+void DeviceEvictionCache::graph_reserve_step() {
+  if (slots_ == nullptr) static_cast<DevicePackedRows*>(store_)->reserve_next_step();
 }
 
 void DeviceEvictionCache::graph_check_capturable() const {

@@ -141,9 +141,10 @@ class DeviceEvictionCache final : public DeviceCache, public SharesImportance {
   std::size_t limit() const { return squeeze_ ? squeeze_->eviction_limit(budget_) : budget_; }
   const SqueezeSchedule* squeeze() const { return squeeze_.get(); }
   // A decode step replays once the cache holds its budget: append one row, attend with
-  // probabilities over budget + 1 rows, the decode kernel's observation and eviction.
-  // (fp16 slots only: a step over codes is decided on the host.)
-  bool graph_replayable() const override { return slots_ != nullptr; }
+  // probabilities over budget + 1 rows, the decode kernel's observation and eviction. Over kivi
+  // codes the compression an eager step's observation would run (a full window, a re-pack) runs
+  // between two replays, on the stream ahead of the next (graph_between_steps).
+  bool graph_replayable() const override { return true; }
   const DeviceRowStore& store() const { return *store_; }
 
  private:
@@ -151,6 +152,11 @@ class DeviceEvictionCache final : public DeviceCache, public SharesImportance {
   void order_probs(const float* spanned, float* probs, int S, cudaStream_t stream) const override {
     store_->order_probs(spanned, probs, S, core_.rows(), stream);
   }
+  bool orders_probs() const override { return slots_ == nullptr; }
+  int parts_at_capacity(const QueryArgs& q) const override { return store_->parts_at_capacity(q, sm_count_); }
+  long long attention_rows_capacity() const override { return store_->attention_rows_capacity(core_.rows()); }
+  void graph_between_steps(cudaStream_t stream) override;
+  void graph_reserve_step() override;
   bool graph_observes() const override { return scores_by_attention(core_.policy().scoring); }
   void graph_check_capturable() const override;
   void graph_observe(const AttentionObservation& obs) override;
@@ -176,6 +182,8 @@ class DeviceEvictionCache final : public DeviceCache, public SharesImportance {
   void push_metadata(cudaStream_t stream);
   // The core's compression held while squeeze's deferred schedule may still cut rows.
   void hold_while_uncertain();
+  // Whether that hold is on now (the rows above the budget may still be cut).
+  bool compression_held() const { return limit() > budget_ && core_.rows() > budget_; }
   // squeeze: a budget the schedule resolved, adopted (the store trimmed to it on the device).
   void adopt(std::optional<std::size_t> budget, cudaStream_t stream);
   // squeeze's key signal of a call's keys (the append's input [BH, S, D]): the mean over heads (or

@@ -228,6 +228,28 @@ struct PackedObservation {
   int* victims = nullptr;  // [H]
 };
 
+// dst[i] = dst[i + shift] for i in [0, count): an overlapping move down by the whole CTA, in
+// ascending chunks of 4 words a thread (each chunk read into registers, then written: a chunk's
+// writes reach only words an earlier or the same chunk has read).
+__device__ void move_words_down(std::uint32_t* dst, long long count, int shift) {
+  const long long T = blockDim.x;
+  for (long long c = 0; c < count; c += 4 * T) {
+    std::uint32_t w[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const long long i = c + j * T + threadIdx.x;
+      if (i < count) w[j] = __ldcg(dst + i + shift);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const long long i = c + j * T + threadIdx.x;
+      if (i < count) dst[i] = w[j];
+    }
+    __syncthreads();
+  }
+}
+
 __global__ void __launch_bounds__(kObserveThreads)
     observe_packed_kernel(PackedObservation o, Candidate* part_best, unsigned* arrivals) {
   const int head = blockIdx.x, part = blockIdx.y, parts = gridDim.y, G = o.st.G;
@@ -271,68 +293,95 @@ __global__ void __launch_bounds__(kObserveThreads)
   if (o.n_rows <= o.limit) return;
   if (!head_lowest(best, part_best, arrivals, head, part, parts)) return;
   const int victim = best.slot;
+  if (threadIdx.x == 0) o.victims[head] = victim;  // -1: none (the host names the logic error)
   if (victim < 0) return;  // validate() keeps the budget above the sinks and the window
-  if (threadIdx.x == 0) o.victims[head] = victim;
   if (victim >= o.regions * G) {  // a window row: masked where it lies
     if (threadIdx.x == 0) o.w.pos[head * o.w.capacity + (victim - static_cast<long long>(o.regions) * G)] = kEmpty;
     return;
   }
-  // A group's row: the later rows of its region move down one (a row at a time; their mirrors were
-  // written by other parts this step: read past L1), the last becomes padding.
+  // A group's row: the later rows of its region move down one, the last becomes padding. Each
+  // per-row array of the region (codes, positions, the mirrors) is contiguous there, so this is a
+  // move of words by the whole CTA (the mirrors were written by other parts this step: read past L1).
   const int r = victim / G, off = victim % G;
   int* tokens = o.tokens + static_cast<long long>(head) * o.st.capacity + r;
   const int n = *tokens;
   const long long row0 = (static_cast<long long>(head) * o.st.capacity + r) * G;
-  const int k_rb = o.st.D * o.st.k_bits / 8, v_rb = o.st.D * o.st.v_bits / 8;
-  for (int i = off; i + 1 < n; ++i) {
-    for (int b = threadIdx.x; b < k_rb; b += blockDim.x) o.st.k_codes[(row0 + i) * k_rb + b] = o.st.k_codes[(row0 + i + 1) * k_rb + b];
-    for (int b = threadIdx.x; b < v_rb; b += blockDim.x) o.st.v_codes[(row0 + i) * v_rb + b] = o.st.v_codes[(row0 + i + 1) * v_rb + b];
-    if (threadIdx.x == 0) {
-      o.st.pos[row0 + i] = o.st.pos[row0 + i + 1];
-      o.st.score[row0 + i] = __ldcg(o.st.score + row0 + i + 1);
-      if (o.st.expo != nullptr) o.st.expo[row0 + i] = __ldcg(o.st.expo + row0 + i + 1);
-    }
-    __syncthreads();
-  }
+  const int k_rb = o.st.D * o.st.k_bits / 8, v_rb = o.st.D * o.st.v_bits / 8;  // (multiples of 4 bytes)
+  const long long later = n - 1 - off;  // rows that move
+  const auto words = [](auto* row) { return reinterpret_cast<std::uint32_t*>(row); };
+  move_words_down(words(o.st.k_codes + (row0 + off) * k_rb), later * k_rb / 4, k_rb / 4);
+  move_words_down(words(o.st.v_codes + (row0 + off) * v_rb), later * v_rb / 4, v_rb / 4);
+  move_words_down(words(o.st.pos + row0 + off), later * 2, 2);
+  move_words_down(words(o.st.score + row0 + off), later, 1);
+  if (o.st.expo != nullptr) move_words_down(words(o.st.expo + row0 + off), later, 1);
   if (threadIdx.x == 0) {
     o.st.pos[row0 + n - 1] = kEmpty;
     *tokens = n - 1;
   }
 }
 
+// Exclusive prefix sum of `value` over the CTA's kObserveThreads threads; *total: their sum.
+__device__ int cta_exclusive_sum(int value, int* total) {
+  __shared__ int warp_sum[kObserveThreads / 32 + 1];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  int inclusive = value;
+  for (int d = 1; d < 32; d *= 2) {
+    const int n = __shfl_up_sync(0xffffffffu, inclusive, d);
+    if (lane >= d) inclusive += n;
+  }
+  if (lane == 31) warp_sum[warp] = inclusive;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int run = 0;
+    for (int w = 0; w < kObserveThreads / 32; ++w) {
+      const int sum = warp_sum[w];
+      warp_sum[w] = run;
+      run += sum;
+    }
+    warp_sum[kObserveThreads / 32] = run;
+  }
+  __syncthreads();
+  const int exclusive = warp_sum[warp] + inclusive - value;
+  *total = warp_sum[kObserveThreads / 32];
+  __syncthreads();  // warp_sum is written again by the next call
+  return exclusive;
+}
+
 // Each spanned row's slot (its index in slot order, -1: padding or masked) per head, from the
 // device's own counts: slot order is region order then window order, so a row's slot is the number
-// of live rows before it. slot_of [H, span]; one CTA (kObserveThreads) a head.
+// of live rows before it (prefix sums over the regions' counts, then over the window's live rows,
+// kObserveThreads at a time). slot_of [H, span]; one CTA (kObserveThreads) a head.
 __global__ void __launch_bounds__(kObserveThreads)
     slot_order_kernel(const int* tokens, int capacity, int regions, int G, const std::int64_t* wpos,
                       long long window_capacity, int window_rows, int* slot_of) {
-  const int h = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int h = blockIdx.x, tid = threadIdx.x;
   const long long span = static_cast<long long>(regions) * G + window_rows;
   int* out = slot_of + h * span;
+  __shared__ int region_rows[kObserveThreads], region_base[kObserveThreads];
   int base = 0;
-  for (int r = 0; r < regions; ++r) {
-    const int t = tokens[static_cast<long long>(h) * capacity + r];
-    for (int off = tid; off < G; off += blockDim.x) out[static_cast<long long>(r) * G + off] = off < t ? base + off : -1;
-    base += t;
+  for (int r0 = 0; r0 < regions; r0 += kObserveThreads) {
+    const int r = r0 + tid;
+    const int t = r < regions ? tokens[static_cast<long long>(h) * capacity + r] : 0;
+    int chunk = 0;
+    const int before = cta_exclusive_sum(t, &chunk);
+    region_rows[tid] = t;
+    region_base[tid] = base + before;
+    __syncthreads();
+    const long long n = static_cast<long long>(min(regions - r0, kObserveThreads)) * G;
+    for (long long i = tid; i < n; i += kObserveThreads) {
+      const int rr = static_cast<int>(i / G), off = static_cast<int>(i % G);
+      out[static_cast<long long>(r0) * G + i] = off < region_rows[rr] ? region_base[rr] + off : -1;
+    }
+    base += chunk;
+    __syncthreads();  // region_rows / region_base are written again
   }
-  __shared__ int warp_count[kObserveThreads / 32];
-  __shared__ int warp_first[kObserveThreads / 32 + 1];
-  for (int c = 0; c < window_rows; c += blockDim.x) {
+  for (int c = 0; c < window_rows; c += kObserveThreads) {
     const int w = c + tid;
     const bool live = w < window_rows && wpos[h * window_capacity + w] != kEmpty;
-    const unsigned mask = __ballot_sync(0xffffffffu, live);
-    if (lane == 0) warp_count[warp] = __popc(mask);
-    __syncthreads();
-    if (tid == 0) {
-      warp_first[0] = 0;
-      for (int q = 0; q < kObserveThreads / 32; ++q) warp_first[q + 1] = warp_first[q] + warp_count[q];
-    }
-    __syncthreads();
-    if (w < window_rows) {
-      out[static_cast<long long>(regions) * G + w] = live ? base + warp_first[warp] + __popc(mask & ((1u << lane) - 1u)) : -1;
-    }
-    base += warp_first[kObserveThreads / 32];
-    __syncthreads();  // warp_first is written again
+    int chunk = 0;
+    const int before = cta_exclusive_sum(live ? 1 : 0, &chunk);
+    if (w < window_rows) out[static_cast<long long>(regions) * G + w] = live ? base + before : -1;
+    base += chunk;
   }
 }
 
@@ -361,11 +410,7 @@ int round_up16(int x) { return (x + 15) / 16 * 16; }
 
 template <typename T>
 void upload(DeviceBuffer& buf, const std::vector<T>& host, cudaStream_t stream) {
-  const std::size_t bytes = host.size() * sizeof(T);
-  if (bytes == 0) return;
-  if (buf.bytes() < bytes) buf.reserve(bytes);
-  // From pageable memory: the call returns once `host` is staged (it may change right after).
-  KVSLIM_CUDA_CHECK(cudaMemcpyAsync(buf.get(), host.data(), bytes, cudaMemcpyHostToDevice, stream));
+  buf.upload(host.data(), host.size() * sizeof(T), stream);
 }
 
 [[noreturn]] void not_on_device(const char* what) { throw std::logic_error(std::string("DevicePackedRows: ") + what); }
@@ -384,7 +429,6 @@ DevicePackedRows::DevicePackedRows(int key_bits, int value_bits, int group_rows,
 
 DevicePackedRows::~DevicePackedRows() {
   if (victims_host_ != nullptr) cudaFreeHost(victims_host_);
-  if (victims_event_ != nullptr) cudaEventDestroy(victims_event_);
 }
 
 void DevicePackedRows::begin(std::size_t heads_total, std::size_t dim) {
@@ -436,14 +480,15 @@ void DevicePackedRows::relayout(std::size_t, std::size_t keep) {
 }
 
 void DevicePackedRows::prepare(std::size_t incoming) {
-  apply_victims();
+  // (The window's rows are the host's to count: no victim is needed to place a row. A full ring is
+  // read at the start of a step, eager or replayed alike, so both attend over the same regions.)
+  if (static_cast<int>(pending_.size()) == kVictimRing) apply_victims();
   if (incoming > 1) flush_ = true;
   ensure_window(window_rows_ + static_cast<int>(incoming));
   DeviceRowStore::prepare(incoming);
 }
 
 void DevicePackedRows::place(const AppendInput& in, std::size_t, cudaStream_t stream) {
-  apply_victims();
   StagingWindow w;
   w.k_out = wk_[cur_].as<std::uint16_t>();
   w.v_out = wv_[cur_].as<std::uint16_t>();
@@ -583,6 +628,7 @@ void DevicePackedRows::settle(std::size_t rows, const Saliency&) {
     needed = std::max(needed, static_cast<int>(h.blocks.size()) + (count[head] + G - 1) / G);
     for (std::size_t i = 0; i < h.blocks.size(); ++i) gapped = gapped || h.blocks[i].region != static_cast<int>(i);
   }
+  const bool whole_call = flush_;
   flush_ = false;
   // Room for an eighth more groups (a re-layout is a copy of the store: the heads' block counts grow
   // at different steps); a store a quarter too large (evictions emptied groups) shrinks.
@@ -622,6 +668,7 @@ void DevicePackedRows::settle(std::size_t rows, const Saliency&) {
     changed = true;
   }
   if (changed) upload_tokens();
+  if (whole_call) release_span_scratch();
 }
 
 void DevicePackedRows::repack(std::size_t head) {
@@ -643,9 +690,9 @@ void DevicePackedRows::repack(std::size_t head) {
   scratch_score_.reserve(N * sizeof(float));
   if (with_exposure_) scratch_expo_.reserve(N * sizeof(float));
   float* scratch_expo = with_exposure_ ? scratch_expo_.as<float>() : nullptr;
-  upload(order_dev_, rows, stream_);
+  upload(repack_rows_dev_, rows, stream_);
   launch_kernel(n > 0, false, decode_rows_kernel, dim3(static_cast<unsigned>(n)), dim3(static_cast<unsigned>(dim_)), 0,
-                stream_, order_dev_.as<long long>(), regions(), scratch_k_.as<std::uint16_t>(), scratch_v_.as<std::uint16_t>(),
+                stream_, repack_rows_dev_.as<long long>(), regions(), scratch_k_.as<std::uint16_t>(), scratch_v_.as<std::uint16_t>(),
                 scratch_pos_.as<std::int64_t>(), scratch_score_.as<float>(), scratch_expo);
   std::vector<CompressJob> jobs;
   std::vector<int> list(static_cast<std::size_t>(n));
@@ -743,6 +790,7 @@ void DevicePackedRows::ensure_window(int needed) {
 }
 
 void DevicePackedRows::close_window() {
+  apply_victims();  // a pending victim is an index into the window as it is now
   flush();  // masked rows are indices into the current buffer
   int live = 0;
   for (const Head& h : heads_) live = std::max(live, static_cast<int>(h.window.size()));
@@ -769,43 +817,45 @@ void DevicePackedRows::close_window() {
 
 int DevicePackedRows::launch_segments(const QueryArgs& q, const Partials& parts, bool count_only, std::size_t,
                                       bool, int sm_count, cudaStream_t stream) const {
-  int total = 0;
   const int R = regions_used(), G = group_rows_;
-  if (R > 0) {
-    PackedRows rows;
-    rows.k_codes = k_codes_.as<std::uint8_t>();
-    rows.v_codes = v_codes_.as<std::uint8_t>();
-    rows.k_params = k_params_.as<std::uint16_t>();
-    rows.v_params = v_params_.as<std::uint16_t>();
-    rows.k_codes_stride = static_cast<long long>(region_capacity_) * G * k_rb_;
-    rows.v_codes_stride = static_cast<long long>(region_capacity_) * G * v_rb_;
-    rows.params_stride = static_cast<long long>(region_capacity_) * 2 * static_cast<long long>(dim_);
-    rows.pos = pos_.as<std::int64_t>();
-    rows.pos_head_stride = static_cast<long long>(region_capacity_) * G;
-    rows.n_units = R * G / 32;
-    rows.group_units = G / 32;
-    rows.k_bits = key_bits_;
-    rows.v_bits = value_bits_;
-    const int splits = packed_splits(q, rows, sm_count);
-    if (!count_only) launch_packed(q, rows, parts, 0, splits, stream);
-    total += splits;
+  const PackedRows rows = packed_rows(R);
+  const int ps = R > 0 ? packed_splits(q, rows, sm_count) : 0;
+  const int ds = window_rows_ > 0 ? dense_splits(q, window_rows_, sm_count, DenseType::f16) : 0;
+  if (!count_only) {
+    // Both segments launch in every step, switched off while empty (a replayed step's graph holds
+    // both: kernel_launch.h). The window's masked rows may sit before live ones (unordered).
+    launch_packed(q, rows, parts, 0, ps, stream);
+    launch_dense(q,
+                 staging_window_rows(wk_[cur_].as<std::uint16_t>(), wv_[cur_].as<std::uint16_t>(),
+                                     wpos_[cur_].as<std::int64_t>(), window_capacity_, static_cast<int>(dim_),
+                                     window_rows_, R * G, window_capacity_),
+                 parts, ps, ds, stream);
   }
-  if (window_rows_ > 0) {
-    DenseRows rows;
-    rows.k = wk_[cur_].as<std::uint16_t>();
-    rows.v = wv_[cur_].as<std::uint16_t>();
-    rows.head_stride = static_cast<long long>(window_capacity_) * static_cast<long long>(dim_);
-    rows.pos = wpos_[cur_].as<std::int64_t>();
-    rows.pos_head_stride = window_capacity_;
-    rows.n_rows = window_rows_;
-    rows.type = DenseType::f16;
-    rows.row_offset = R * G;
-    rows.unordered = true;  // masked rows may sit before live ones
-    const int splits = dense_splits(q, window_rows_, sm_count, DenseType::f16);
-    if (!count_only) launch_dense(q, rows, parts, total, splits, stream);
-    total += splits;
-  }
-  return total;
+  return ps + ds;
+}
+
+int DevicePackedRows::parts_at_capacity(const QueryArgs& q, int sm_count) const {
+  return (region_capacity_ > 0 ? packed_splits(q, packed_rows(region_capacity_), sm_count) : 0) +
+         dense_splits(q, std::max(window_capacity_, 1), sm_count, DenseType::f16);
+}
+
+PackedRows DevicePackedRows::packed_rows(int regions) const {
+  const int G = group_rows_;
+  PackedRows rows;
+  rows.k_codes = k_codes_.as<std::uint8_t>();
+  rows.v_codes = v_codes_.as<std::uint8_t>();
+  rows.k_params = k_params_.as<std::uint16_t>();
+  rows.v_params = v_params_.as<std::uint16_t>();
+  rows.k_codes_stride = static_cast<long long>(region_capacity_) * G * k_rb_;
+  rows.v_codes_stride = static_cast<long long>(region_capacity_) * G * v_rb_;
+  rows.params_stride = static_cast<long long>(region_capacity_) * 2 * static_cast<long long>(dim_);
+  rows.pos = pos_.as<std::int64_t>();
+  rows.pos_head_stride = static_cast<long long>(region_capacity_) * G;
+  rows.n_units = regions * G / 32;
+  rows.group_units = G / 32;
+  rows.k_bits = key_bits_;
+  rows.v_bits = value_bits_;
+  return rows;
 }
 
 long long DevicePackedRows::attention_rows(std::size_t) const {
@@ -835,7 +885,8 @@ void DevicePackedRows::order_probs(const float* spanned, float* probs, int S, st
 void DevicePackedRows::observe_decode(const DecodeStep& step, void* part_best, unsigned* arrivals, std::size_t parts,
                                       cudaStream_t stream) {
   stream_ = stream;
-  apply_victims();  // the last step's, before its buffer is written again
+  // (prepare read a full ring at the start of the step: the slot written now is free.)
+  if (static_cast<int>(pending_.size()) == kVictimRing) throw std::logic_error("DevicePackedRows: the victims' ring is full");
   const std::size_t H = heads_total_;
   const int R = regions_used(), G = group_rows_;
   const long long span = static_cast<long long>(R) * G + window_rows_;
@@ -850,12 +901,11 @@ void DevicePackedRows::observe_decode(const DecodeStep& step, void* part_best, u
     probs = spanned_.as<float>();
     stride = span;
   }
-  if (victims_host_ == nullptr) {
-    KVSLIM_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&victims_host_), std::max<std::size_t>(H, 1) * sizeof(int),
-                                    cudaHostAllocDefault));
+  if (victims_.bytes() < kVictimRing * H * sizeof(int)) {
+    if (capturing_) throw InputError("kivi storage (cuda): a captured step would allocate its victims' ring (decode one step eagerly first)");
+    victims_.reserve(kVictimRing * H * sizeof(int));
   }
-  if (victims_.bytes() < H * sizeof(int)) victims_.reserve(H * sizeof(int));
-  KVSLIM_CUDA_CHECK(cudaMemsetAsync(victims_.get(), 0xff, H * sizeof(int), stream));  // -1: none
+  const bool evicts = step.rows > step.limit;
   PackedObservation o;
   o.probs = probs;
   o.probs_stride = stride;
@@ -871,26 +921,36 @@ void DevicePackedRows::observe_decode(const DecodeStep& step, void* part_best, u
   o.qpos = step.qpos;
   o.threshold = step.threshold;
   o.decay = step.decay;
-  o.victims = victims_.as<int>();
+  o.victims = victims_.as<int>() + static_cast<std::size_t>(ring_next_) * H;
   launch_kernel(span > 0, false, observe_packed_kernel, dim3(static_cast<unsigned>(H), static_cast<unsigned>(parts)),
                 dim3(kObserveThreads), 0, stream, o, static_cast<Candidate*>(part_best), arrivals);
-  if (step.rows <= step.limit) return;
-  // The host's block lists learn the victims (one int a head) once the copy is done: read when the
-  // lists are next needed (apply_victims), by then long arrived -- a step does not wait for it.
-  KVSLIM_CUDA_CHECK(cudaMemcpyAsync(victims_host_, victims_.get(), H * sizeof(int), cudaMemcpyDeviceToHost, stream));
-  if (victims_event_ == nullptr) KVSLIM_CUDA_CHECK(cudaEventCreateWithFlags(&victims_event_, cudaEventDisableTiming));
-  KVSLIM_CUDA_CHECK(cudaEventRecord(victims_event_, stream));
-  victims_pending_ = true;
-  victims_regions_ = R;
+  if (!evicts) return;
+  // The host's block lists learn the victims (one int a head) when they are next needed
+  // (apply_victims): a step does not wait for them.
+  pending_.push_back(PendingStep{ring_next_, R});
+  ring_next_ = (ring_next_ + 1) % kVictimRing;
 }
 
 void DevicePackedRows::apply_victims() const {
-  if (!victims_pending_) return;
-  victims_pending_ = false;
-  KVSLIM_CUDA_CHECK(cudaEventSynchronize(victims_event_));
-  const int R = victims_regions_, G = group_rows_;
+  if (pending_.empty()) return;
+  const std::size_t H = heads_total_;
+  if (victims_host_ == nullptr) {
+    KVSLIM_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&victims_host_),
+                                    kVictimRing * std::max<std::size_t>(H, 1) * sizeof(int), cudaHostAllocDefault));
+  }
+  // The whole ring (at most 64 x H ints), once the steps that wrote it are done.
+  KVSLIM_CUDA_CHECK(cudaMemcpyAsync(victims_host_, victims_.get(), kVictimRing * H * sizeof(int), cudaMemcpyDeviceToHost,
+                                    stream_));
+  KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  const std::vector<PendingStep> steps = std::move(pending_);
+  pending_.clear();
+  for (const PendingStep& step : steps) apply_step_victims(victims_host_ + static_cast<std::size_t>(step.slot) * H, step.regions);
+}
+
+void DevicePackedRows::apply_step_victims(const int* victims, int regions) const {
+  const int R = regions, G = group_rows_;
   for (std::size_t head = 0; head < heads_total_; ++head) {
-    const int v = victims_host_[head];
+    const int v = victims[head];
     if (v < 0) throw std::logic_error("DevicePackedRows: a decode step over the limit found no evictable row");
     Head& h = heads_[head];
     if (v < R * G) {
@@ -912,16 +972,40 @@ void DevicePackedRows::apply_victims() const {
 
 bool DevicePackedRows::settle_would_act() const {
   if (flush_) return true;
-  const std::size_t pending = victims_pending_ ? 1 : 0;
+  // Before the pending victims are read: each pending step took one row of each head, from its
+  // window or one of its groups (so the window may hold fewer rows, the groups fewer packed ones).
+  const std::size_t pending = pending_.size();
   for (const Head& h : heads_) {
-    // (before the pending victims: each head loses one row, from its window or one of its groups)
     if (static_cast<int>(h.window.size()) >= staging_) return true;
     if (h.blocks.size() >= 4 && 4 * (h.packed - std::min(pending, h.packed)) < h.made) return true;
-    for (const Block& b : h.blocks) {
-      if (pending != 0 && b.tokens == 1) return true;  // a group that may empty (the store re-laid out)
-    }
   }
   return false;
+}
+
+void DevicePackedRows::between_replays(std::size_t rows, bool settle_now, cudaStream_t stream) {
+  stream_ = stream;
+  if (settle_now && settle_would_act()) settle(rows, {});
+  reserve_next_step();
+}
+
+long long DevicePackedRows::attention_rows_capacity(std::size_t) const {
+  return static_cast<long long>(region_capacity_) * group_rows_ + window_capacity_;
+}
+
+void DevicePackedRows::reserve_next_step() {
+  if (static_cast<int>(pending_.size()) == kVictimRing) apply_victims();  // (a captured step cannot wait)
+  ensure_window(window_rows_ + 1);
+  const std::size_t bytes = heads_total_ * static_cast<std::size_t>(attention_rows_capacity()) * sizeof(int);
+  if (slot_of_.bytes() < bytes) slot_of_.reserve(bytes);
+  if (victims_.bytes() < kVictimRing * heads_total_ * sizeof(int)) victims_.reserve(kVictimRing * heads_total_ * sizeof(int));
+}
+
+void DevicePackedRows::release_span_scratch() {
+  // After a prompt or a question the scratch spans that call's rows (every prompt row of every
+  // head: 17 MB a layer at 16 x 32k); decode steps span the store's capacity at most.
+  const std::size_t keep = heads_total_ * static_cast<std::size_t>(attention_rows_capacity()) * sizeof(int);
+  if (slot_of_.bytes() > 2 * keep) slot_of_.release();
+  if (spanned_.bytes() > 2 * keep) spanned_.release();
 }
 
 void DevicePackedRows::download_metadata(const EvictionCore::Metadata& m, std::size_t rows, std::size_t seen) const {
@@ -1110,14 +1194,17 @@ std::size_t DevicePackedRows::host_bytes() const {
 }
 
 void DevicePackedRows::reset() {
+  pending_.clear();  // the ring's victims belong to rows that go now
+  ring_next_ = 0;
+  if (victims_host_ != nullptr) cudaFreeHost(victims_host_);  // sized by this shape's heads
+  victims_host_ = nullptr;
   for (DeviceBuffer* b : {&k_codes_, &v_codes_, &k_params_, &v_params_, &pos_, &score_, &expo_, &tokens_, &list_dev_,
-                          &jobs_dev_, &masked_dev_, &order_dev_, &scratch_k_, &scratch_v_, &scratch_pos_, &scratch_score_,
+                          &jobs_dev_, &masked_dev_, &repack_rows_dev_, &scratch_k_, &scratch_v_, &scratch_pos_, &scratch_score_,
                           &scratch_expo_, &slot_of_, &spanned_, &window_map_, &sink_pos_, &victims_}) {
     b->release();
   }
   release_window(0);
   release_window(1);
-  apply_victims();
   heads_.clear();
   heads_total_ = dim_ = 0;
   region_capacity_ = window_capacity_ = window_rows_ = cur_ = fresh_w_ = 0;

@@ -100,9 +100,22 @@ class DevicePackedRows final : public DeviceRowStore {
     float decay = 1.f;
   };
   void observe_decode(const DecodeStep& step, void* part_best, unsigned* arrivals, std::size_t parts, cudaStream_t stream);
-  // Whether settle() would change anything after the last decode step (a window at `staging`, a
-  // head to re-pack, a group that may have emptied): when not, the step needs no host work at all.
+  // Whether settle() may change anything after the decode steps so far (a window at `staging`, a
+  // head that may fall under a quarter, counted with the victims not yet read): when not, the step
+  // needs no host work at all. A group emptied by a victim needs none either: its region is all
+  // padding on the device, and the next settle that acts re-lays the store out.
   bool settle_would_act() const;
+  // Between two replayed decode steps (StepGraph), on the stream ahead of the next replay: what an
+  // eager step's observation would have settled (compression, re-packs), room in the window for the
+  // next row, and the victims read once the ring of unread steps is full. `settle` false: squeeze's
+  // deferred schedule holds the compression. Every launch here reaches the stream, not the graph.
+  void between_replays(std::size_t rows, bool settle, cudaStream_t stream);
+  // Room for a decode step without allocating (a captured step may not): the window one row more,
+  // the slot-order scratch for every row the store can span.
+  void reserve_next_step();
+  // Rows the attention may span before the store next grows (its regions and window at capacity).
+  long long attention_rows_capacity(std::size_t rows = 0) const override;
+  int parts_at_capacity(const QueryArgs& q, int sm_count) const override;
 
   // The host's picture of one head, for tests: blocks (rows now, rows when made) and window rows.
   struct Block {
@@ -131,7 +144,7 @@ class DevicePackedRows final : public DeviceRowStore {
   using CompressJob = packed_jobs::CompressJob;
   using CloseJob = packed_jobs::CloseJob;
   int regions_used() const;            // regions the attention spans (the highest used + 1, over heads)
-  void ensure_regions(int needed);     // region capacity >= needed (the store re-laid out, kept)
+  PackedRows packed_rows(int regions) const;  // the first `regions` regions as the codes kernels read them
   void relayout_regions(int capacity); // every head's blocks into regions 0.. of a store that size
   void ensure_window(int needed);      // window capacity >= needed rows
   void resize_window(int capacity);    // the window re-allocated, its rows kept
@@ -165,22 +178,33 @@ class DevicePackedRows final : public DeviceRowStore {
   DeviceBuffer wk_[2], wv_[2], wpos_[2], wscore_[2], wexpo_[2];
   int cur_ = 0, window_capacity_ = 0, window_rows_ = 0;  // window_rows_: rows written since it was last closed up
   int fresh_w_ = 0;  // the window row of the last append's first row (unobserved rows score from 0)
-  // Decode steps: positions at or below which rows are sinks [H]; victims [H] (device, pinned host).
+  // Decode steps: positions at or below which rows are sinks [H]. Each step's victims (one spanned
+  // index a head) go to the next slot of a ring [kVictimRing, H] on the device; the host reads the
+  // ring when it next needs its lists (or the ring is full), so neither an eager nor a replayed step
+  // waits for its own victims.
+  static constexpr int kVictimRing = 64;
+  struct PendingStep {
+    int slot;     // ring slot of its victims
+    int regions;  // the regions that step spanned (a victim below regions * G lies in a group)
+  };
   DeviceBuffer sink_pos_, victims_;
-  int* victims_host_ = nullptr;
-  cudaEvent_t victims_event_ = nullptr;  // the victims' copy done
-  mutable bool victims_pending_ = false;
-  int victims_regions_ = 0;  // the regions that step spanned
+  mutable int* victims_host_ = nullptr;  // pinned [kVictimRing, H] (allocated by the first read)
+  mutable std::vector<PendingStep> pending_;
+  int ring_next_ = 0;
   void apply_victims() const;
+  void apply_step_victims(const int* victims, int regions) const;  // one step's [H], in step order
   // Recorded erasures, enqueued by flush(): window rows masked [flat index], groups closed up.
   std::vector<long long> masked_;
   std::vector<CloseJob> closes_;
   std::vector<int> close_list_;
   // Device copies of the job lists (reused; a list's copy is ordered before its kernel).
-  DeviceBuffer list_dev_, jobs_dev_, masked_dev_, order_dev_, window_map_;
+  DeviceBuffer list_dev_, jobs_dev_, masked_dev_, repack_rows_dev_, window_map_;
   DeviceBuffer scratch_k_, scratch_v_, scratch_pos_, scratch_score_, scratch_expo_;  // a re-pack's decoded rows
+  // Scratch sized by the rows spanned: given back after a prompt or question (release_span_scratch)
+  // once its span is more than twice what the store can span now.
   mutable DeviceBuffer slot_of_;  // [H, span] int: each spanned row's slot (-1: padding / masked)
   DeviceBuffer spanned_;  // a decode step's probabilities in slot order, put in spanned order
+  void release_span_scratch();
 };
 
 }  // namespace kvslim::cuda

@@ -47,6 +47,10 @@ class DeviceRowStore : public RowStorage {
   // Rows the kernels' logits span per head (>= rows when the store keeps gaps), and the reorder of
   // probabilities over them ([B*Hkv, S, attention_rows]) into the core's slot order [B*Hkv, S, rows].
   virtual long long attention_rows(std::size_t rows) const { return static_cast<long long>(rows); }
+  // The most rows the kernels may span before the store next grows, and the attention parts a
+  // one-token step would write then (0: as many as the last eager step's; graph workspaces).
+  virtual long long attention_rows_capacity(std::size_t rows) const { return attention_rows(rows); }
+  virtual int parts_at_capacity(const QueryArgs&, int /*sm_count*/) const { return 0; }
   virtual void order_probs(const float* spanned, float* probs, int S, std::size_t rows, cudaStream_t stream) const {
     (void)spanned, (void)probs, (void)S, (void)rows, (void)stream;
   }
