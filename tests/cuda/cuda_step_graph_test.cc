@@ -245,7 +245,9 @@ void expect_replays_equal_eager(const KVCacheConfig& config, const std::string& 
     ASSERT_EQ(cudaMemcpyAsync(pb.data(), probs_eager.get(), probs_n * 4, cudaMemcpyDeviceToHost, st), cudaSuccess);
     ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess) << what;
     ASSERT_EQ(std::memcmp(a.data(), b.data(), out_n * 4), 0) << what << ": step " << step << " differs from eager";
-    if (observes) ASSERT_EQ(std::memcmp(pa.data(), pb.data(), probs_n * 4), 0) << what << ": probs of step " << step;
+    if (observes) {
+      ASSERT_EQ(std::memcmp(pa.data(), pb.data(), probs_n * 4), 0) << what << ": probs of step " << step;
+    }
     ASSERT_EQ(graphed->rows(), eager->rows()) << what << " step " << step;
   }
   EXPECT_EQ(graph.steps(), static_cast<std::size_t>(steps));

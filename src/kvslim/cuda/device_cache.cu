@@ -368,7 +368,6 @@ void DeviceCache::reserve_step_workspace(int query_tokens, int query_groups) {
       std::max(rows() + S, static_cast<std::size_t>(std::max(attention_rows_capacity(), attention_rows() + static_cast<long long>(S))));
   logits_.reserve(BH * vectors * span * sizeof(float));
   final_ml_.reserve(BH * vectors * 2 * sizeof(float));
-  if (orders_probs()) probs_spanned_.reserve(BH * S * span * sizeof(float));
 }
 
 void DeviceCache::graph_captured() {

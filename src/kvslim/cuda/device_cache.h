@@ -104,8 +104,9 @@ class DeviceCache : public KVCache {
   };
   SpannedProbs last_spanned_probs() const { return spanned_probs_; }
   // Whether attend always reorders its probabilities (order_probs), even when attention_rows()
-  // happens to equal rows(): a store whose rows lie out of slot order (eviction over codes), so
-  // a replayed step's kernels are the same every step.
+  // happens to equal rows(): a store whose rows lie out of slot order (eviction over codes). Its
+  // probabilities have rows() columns whatever the kernels span; a replayed step's observation
+  // writes them in slot order itself (DeferredProbs).
   virtual bool orders_probs() const { return false; }
   // The most rows the attention may span before the storage next grows (graph workspaces).
   virtual long long attention_rows_capacity() const { return attention_rows(); }
@@ -156,7 +157,7 @@ class DeviceCache : public KVCache {
   // probs_by_observation: the step's observation computes probs (DeferredProbs), attend does not.
   // True for a captured or re-armed one-token step of a cache that observes every step.
   bool probs_by_observation(const float* probs, int query_tokens) const {
-    return probs != nullptr && graph_observes() && query_tokens == 1 && !orders_probs();
+    return probs != nullptr && graph_observes() && query_tokens == 1;
   }
   // The replayed step's logits and spanned-probability workspaces at attention_rows_capacity()
   // (a capture cannot allocate them; a re-armed step would re-allocate them as the rows grow).

@@ -533,14 +533,15 @@ bool DeviceEvictionCache::observe_on_device(const AttentionObservation& obs) {
   const std::size_t limit = this->limit();
   const auto stream = static_cast<cudaStream_t>(obs.stream);
   const DeferredProbs deferred = take_deferred_probs();
+  // (Over codes the logits span the store's padding too: the observation writes slot order.)
   const bool computes_probs = deferred.probs != nullptr && deferred.probs == obs.probs &&
-                              deferred.query.rows_total == static_cast<long long>(obs.stride);
+                              (slots_ == nullptr || deferred.query.rows_total == static_cast<long long>(obs.stride));
   if (obs.queries != 1 || n > limit + 1 || core_.fell_back() || (deferred.probs != nullptr && !computes_probs)) {
     // The probabilities attend left to this observation are computed now, as attend would have.
     if (deferred.probs != nullptr) fill_probs(deferred, stream);
     return false;
   }
-  if (slots_ == nullptr) return observe_codes_on_device(obs);
+  if (slots_ == nullptr) return observe_codes_on_device(obs, computes_probs ? &deferred : nullptr);
   const EvictionPolicy& policy = core_.policy();
   DecodeObservation o;
   o.probs = obs.probs;
@@ -590,14 +591,21 @@ void DeviceEvictionCache::reserve_observe_parts(std::size_t parts, cudaStream_t 
   observe_parts_capacity_ = BH * parts;
 }
 
-bool DeviceEvictionCache::observe_codes_on_device(const AttentionObservation& obs) {
+bool DeviceEvictionCache::observe_codes_on_device(const AttentionObservation& obs, const DeferredProbs* deferred) {
   auto* codes = static_cast<DevicePackedRows*>(store_);
   const std::size_t n = core_.rows(), limit = this->limit();
   const auto stream = static_cast<cudaStream_t>(obs.stream);
   DevicePackedRows::DecodeStep step;
-  // This cache's own attend left its probabilities over the rows it spanned too: read those.
+  // This cache's own attend left its probabilities over the rows it spanned too: read those (or,
+  // in a replayed step, compute them from its logits and write them in slot order).
   const SpannedProbs spanned = last_spanned_probs();
-  if (spanned.probs == obs.probs && spanned.spanned != nullptr) {
+  if (deferred != nullptr) {
+    step.probs_out = deferred->probs;
+    step.logits = deferred->query.logits;
+    step.final_ml = deferred->final_ml;
+    step.G = deferred->query.G;
+    step.out_stride = static_cast<long long>(obs.stride);
+  } else if (spanned.probs == obs.probs && spanned.spanned != nullptr) {
     step.probs = spanned.spanned;
     step.probs_stride = spanned.rows_total;
   } else {

@@ -172,7 +172,7 @@ class DeviceEvictionCache final : public DeviceCache, public SharesImportance {
   // Runs a one-query device observation in the decode kernel; false: the host must decide.
   bool observe_on_device(const AttentionObservation& obs);
   // The same over kivi codes (DevicePackedRows::observe_decode), then the host's compression.
-  bool observe_codes_on_device(const AttentionObservation& obs);
+  bool observe_codes_on_device(const AttentionObservation& obs, const DeferredProbs* deferred);
   // The decode observation's per-part scratch for `parts` parts a head.
   void reserve_observe_parts(std::size_t parts, cudaStream_t stream);
   // The mirror's metadata (rows' positions; scores and exposure of the rows observed so far) into

@@ -9,6 +9,7 @@
 #include "cuda/group_quant.cuh"
 #include "cuda/kernel_launch.h"
 #include "cuda/lowest_candidate.cuh"
+#include "cuda/row_probability.cuh"
 #include "kvslim/errors.h"
 #include "quant/quant_kernels.h"
 
@@ -208,6 +209,33 @@ __global__ void close_window_kernel(const int* map, int n, WindowRows w, int D) 
   }
 }
 
+// Exclusive prefix sum of `value` over the CTA's kObserveThreads threads; *total: their sum.
+__device__ int cta_exclusive_sum(int value, int* total) {
+  __shared__ int warp_sum[kObserveThreads / 32 + 1];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  int inclusive = value;
+  for (int d = 1; d < 32; d *= 2) {
+    const int n = __shfl_up_sync(0xffffffffu, inclusive, d);
+    if (lane >= d) inclusive += n;
+  }
+  if (lane == 31) warp_sum[warp] = inclusive;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int run = 0;
+    for (int w = 0; w < kObserveThreads / 32; ++w) {
+      const int sum = warp_sum[w];
+      warp_sum[w] = run;
+      run += sum;
+    }
+    warp_sum[kObserveThreads / 32] = run;
+  }
+  __syncthreads();
+  const int exclusive = warp_sum[warp] + inclusive - value;
+  *total = warp_sum[kObserveThreads / 32];
+  __syncthreads();  // warp_sum is written again by the next call
+  return exclusive;
+}
+
 // One decode step's observation over the codes (the eviction core's observe() for one query, then
 // drop_lowest(1), as observe_decode_kernel over fp16 slots): grid (heads, parts) over the rows the
 // attention spanned [regions | window]; padding and masked rows are skipped. Slot order is
@@ -215,8 +243,16 @@ __global__ void close_window_kernel(const int* map, int n, WindowRows w, int D) 
 // rows at or below the n_sink-th position. The victim leaves its group (the later rows move down,
 // the group's parameters stay) or is masked in the window; victims[head] = its row (-1: none).
 struct PackedObservation {
-  const float* probs = nullptr;  // [H, probs_stride]: attention per spanned row
+  const float* probs = nullptr;  // [H, probs_stride]: attention per spanned row (null: computed, below)
   long long probs_stride = 0;
+  // A replayed step (DeviceCache::DeferredProbs): each spanned row's probability computed from the
+  // attention's logits [H, G, probs_stride] and (max, sum) [H, G, 2] as attend's probs kernel would
+  // (row_probability.cuh: the same bits), and written in slot order to probs_out [H, out_stride].
+  float* probs_out = nullptr;
+  const float* logits = nullptr;
+  const float* final_ml = nullptr;
+  int G = 1;
+  long long out_stride = 0;
   RegionStore st;
   int* tokens = nullptr;  // [H, cap] rows of each region
   WindowRows w;
@@ -256,27 +292,57 @@ __global__ void __launch_bounds__(kObserveThreads)
   const long long span = static_cast<long long>(o.regions) * G + o.window_rows;
   const long long per = (span + parts - 1) / parts, first = part * per, end = min(span, first + per);
   const std::int64_t sink = o.sink_pos[head];
+  const long long region_rows = static_cast<long long>(o.regions) * G;
+  const int* tokens_of_head = o.tokens + static_cast<long long>(head) * o.st.capacity;
+  const std::int64_t* wpos_of_head = o.w.pos + head * o.w.capacity;
+  // Writing probabilities in slot order: a row's slot is the live rows before it, counted for this
+  // part's first row here, then chunk by chunk (every thread runs the same chunks).
+  const bool writes = o.probs_out != nullptr;
+  int slot_base = 0;
+  if (writes) {
+    int before = 0;
+    const int whole = static_cast<int>(min(static_cast<long long>(o.regions), first / G));
+    for (int r = threadIdx.x; r < whole; r += blockDim.x) before += tokens_of_head[r];
+    if (threadIdx.x == 0 && first < region_rows) before += min(static_cast<int>(first % G), tokens_of_head[first / G]);
+    for (long long wr = threadIdx.x; wr < first - region_rows; wr += blockDim.x) before += wpos_of_head[wr] != kEmpty ? 1 : 0;
+    cta_exclusive_sum(before, &slot_base);
+  }
   Candidate best{0.f, 0, -1};
-  for (long long i = first + threadIdx.x; i < end; i += blockDim.x) {
-    std::int64_t* pos;
-    float *score, *expo;
-    long long at;
-    bool fresh = false;
-    if (i < static_cast<long long>(o.regions) * G) {
+  for (long long chunk_first = first; chunk_first < end; chunk_first += blockDim.x) {
+    const long long i = chunk_first + threadIdx.x;
+    std::int64_t* pos = nullptr;
+    float *score = nullptr, *expo = nullptr;
+    long long at = 0;
+    bool fresh = false, live = false;
+    if (i < end && i < region_rows) {
       const int r = static_cast<int>(i / G), off = static_cast<int>(i % G);
-      if (off >= o.tokens[static_cast<long long>(head) * o.st.capacity + r]) continue;
+      live = off < tokens_of_head[r];
       at = (static_cast<long long>(head) * o.st.capacity + r) * G + off;
       pos = o.st.pos, score = o.st.score, expo = o.st.expo;
-    } else {
-      const long long wr = i - static_cast<long long>(o.regions) * G;
+    } else if (i < end) {
+      const long long wr = i - region_rows;
       at = head * o.w.capacity + wr;
-      if (o.w.pos[at] == kEmpty) continue;
+      live = o.w.pos[at] != kEmpty;
       fresh = wr >= o.fresh_w;
       pos = o.w.pos, score = o.w.score, expo = o.w.expo;
     }
+    int slot = 0;
+    if (writes) {
+      int chunk = 0;
+      slot = slot_base + cta_exclusive_sum(live ? 1 : 0, &chunk);
+      slot_base += chunk;
+    }
+    if (!live) continue;
+    float prob;
+    if (writes) {
+      prob = summed_probability(o.logits, o.final_ml, static_cast<long long>(head) * o.G, o.G, o.probs_stride, i);
+      o.probs_out[head * o.out_stride + slot] = prob;
+    } else {
+      prob = o.probs[head * o.probs_stride + i];
+    }
     float s = fresh ? 0.f : score[at];
     if (o.decay != 1.f) s = __fmul_rn(s, o.decay);
-    s = __fadd_rn(s, o.probs[head * o.probs_stride + i]);
+    s = __fadd_rn(s, prob);
     score[at] = s;
     const std::int64_t p = pos[at];
     float effective = s;
@@ -318,33 +384,6 @@ __global__ void __launch_bounds__(kObserveThreads)
     o.st.pos[row0 + n - 1] = kEmpty;
     *tokens = n - 1;
   }
-}
-
-// Exclusive prefix sum of `value` over the CTA's kObserveThreads threads; *total: their sum.
-__device__ int cta_exclusive_sum(int value, int* total) {
-  __shared__ int warp_sum[kObserveThreads / 32 + 1];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  int inclusive = value;
-  for (int d = 1; d < 32; d *= 2) {
-    const int n = __shfl_up_sync(0xffffffffu, inclusive, d);
-    if (lane >= d) inclusive += n;
-  }
-  if (lane == 31) warp_sum[warp] = inclusive;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int run = 0;
-    for (int w = 0; w < kObserveThreads / 32; ++w) {
-      const int sum = warp_sum[w];
-      warp_sum[w] = run;
-      run += sum;
-    }
-    warp_sum[kObserveThreads / 32] = run;
-  }
-  __syncthreads();
-  const int exclusive = warp_sum[warp] + inclusive - value;
-  *total = warp_sum[kObserveThreads / 32];
-  __syncthreads();  // warp_sum is written again by the next call
-  return exclusive;
 }
 
 // Each spanned row's slot (its index in slot order, -1: padding or masked) per head, from the
@@ -892,7 +931,10 @@ void DevicePackedRows::observe_decode(const DecodeStep& step, void* part_best, u
   const long long span = static_cast<long long>(R) * G + window_rows_;
   const float* probs = step.probs;
   long long stride = step.probs_stride;
-  if (step.slot_order && span != static_cast<long long>(step.rows)) {
+  if (step.probs_out != nullptr) {
+    probs = nullptr;
+    stride = span;  // the logits' rows
+  } else if (step.slot_order && span != static_cast<long long>(step.rows)) {
     // Probabilities in slot order (not this store's attend's): into the spanned order first.
     launch_slot_order(stream);
     if (spanned_.bytes() < H * static_cast<std::size_t>(span) * sizeof(float)) spanned_.reserve(H * static_cast<std::size_t>(span) * sizeof(float));
@@ -909,6 +951,11 @@ void DevicePackedRows::observe_decode(const DecodeStep& step, void* part_best, u
   PackedObservation o;
   o.probs = probs;
   o.probs_stride = stride;
+  o.probs_out = step.probs_out;
+  o.logits = step.logits;
+  o.final_ml = step.final_ml;
+  o.G = step.G;
+  o.out_stride = step.out_stride;
   o.st = regions();
   o.tokens = tokens_.as<int>();
   o.w = window(cur_);

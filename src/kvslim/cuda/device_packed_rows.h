@@ -95,6 +95,14 @@ class DevicePackedRows final : public DeviceRowStore {
     const float* probs = nullptr;
     long long probs_stride = 0;
     bool slot_order = false;
+    // A replayed step's probabilities, computed by the observation from attend's logits
+    // [H, G, attention_rows()] and (max, sum) [H, G, 2] and written in slot order to probs_out
+    // [H, out_stride] (probs unused).
+    float* probs_out = nullptr;
+    const float* logits = nullptr;
+    const float* final_ml = nullptr;
+    int G = 1;
+    long long out_stride = 0;
     std::size_t rows = 0, limit = 0;
     std::int64_t qpos = 0, threshold = 0;
     float decay = 1.f;
