@@ -64,8 +64,8 @@ std::vector<float> random_float(std::size_t n, std::mt19937& rng) {
   return x;
 }
 
-std::unique_ptr<KVCache> device_cache(const std::string& method, int bits = 2, int value_bits = -1, int group = 32,
-                                     int budget = 64) {
+KVCacheConfig device_config(const std::string& method, int bits = 2, int value_bits = -1, int group = 32,
+                            int budget = 64) {
   KVCacheConfig c;
   c.method = method;
   c.kivi_bits = bits;
@@ -75,7 +75,12 @@ std::unique_ptr<KVCache> device_cache(const std::string& method, int bits = 2, i
   c.h2o_budget = budget;
   c.streaming_budget = budget;
   c.device = "cuda";
-  return KVCacheFactory::create(c);
+  return c;
+}
+
+std::unique_ptr<KVCache> device_cache(const std::string& method, int bits = 2, int value_bits = -1, int group = 32,
+                                     int budget = 64) {
+  return KVCacheFactory::create(device_config(method, bits, value_bits, group, budget));
 }
 
 // A stream that outlives the caches using it (a cache waits for its stream when it is destroyed):
@@ -177,16 +182,7 @@ void expect_replays_equal_eager(const KVCacheConfig& config, const std::string& 
 
 void expect_replays_equal_eager(const std::string& method, int bits, DType t, std::size_t prompt, int steps,
                                 int value_bits = -1, int group = 32, int budget = 64) {
-  KVCacheConfig c;
-  c.method = method;
-  c.kivi_bits = bits;
-  c.kivi_value_bits = value_bits;
-  c.kivi_group_size = group;
-  c.kivi_staging = std::max(128, group);
-  c.h2o_budget = budget;
-  c.streaming_budget = budget;
-  c.device = "cuda";
-  expect_replays_equal_eager(c, method + (method == "kivi" ? std::to_string(bits) + "/" + std::to_string(value_bits) + " g" + std::to_string(group) : ""),
+  expect_replays_equal_eager(device_config(method, bits, value_bits, group, budget), method + (method == "kivi" ? std::to_string(bits) + "/" + std::to_string(value_bits) + " g" + std::to_string(group) : ""),
                              t, prompt, steps);
 }
 

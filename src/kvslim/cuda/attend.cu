@@ -416,6 +416,17 @@ int dense_splits(const QueryArgs& q, int n_rows, int sm_count, DenseType type) {
   return splits_for(q, (n_rows + 15) / 16, sm_count, resident);
 }
 
+int launch_codes_and_window(const QueryArgs& q, const PackedRows& codes, const DenseRows& window,
+                            const Partials& parts, bool count_only, int sm_count, cudaStream_t stream) {
+  const int ps = codes.n_units > 0 ? packed_splits(q, codes, sm_count) : 0;
+  const int ds = window.n_rows > 0 ? dense_splits(q, window.n_rows, sm_count, window.type) : 0;
+  if (!count_only) {
+    launch_packed(q, codes, parts, 0, ps, stream);
+    launch_dense(q, window, parts, ps, ds, stream);
+  }
+  return ps + ds;
+}
+
 void launch_dense(const QueryArgs& q, const DenseRows& rows, const Partials& parts, int part_base, int splits,
                   cudaStream_t stream) {
   splits = std::max(splits, 0);

@@ -96,6 +96,13 @@ inline DenseRows staging_window_rows(const std::uint16_t* k, const std::uint16_t
   return rows;
 }
 
+// The attention over a store of codes then an fp16 staging window (kivi, eviction over codes):
+// both segments launch in every call, switched off while empty (a replayed step's graph holds
+// both: kernel_launch.h); the window's parts follow the codes'. Returns the parts written
+// (count_only: just counts them).
+int launch_codes_and_window(const QueryArgs& q, const PackedRows& codes, const DenseRows& window,
+                            const Partials& parts, bool count_only, int sm_count, cudaStream_t stream);
+
 // Splits each kernel would use for this much work (at least 1 when there are rows).
 // (One full wave of resident CTAs: the kernel's occupancy decides.)
 int packed_splits(const QueryArgs& q, const PackedRows& rows, int sm_count);

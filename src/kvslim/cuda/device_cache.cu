@@ -705,20 +705,12 @@ void DeviceKiviCache::absorb(const AppendInput& in, const std::vector<std::int64
 
 int DeviceKiviCache::launch_segments(const QueryArgs& q, const Partials& parts, bool count_only,
                                      cudaStream_t stream) const {
-  const PackedRows packed = packed_rows(units_);
-  const int ps = units_ > 0 ? packed_splits(q, packed, sm_count_) : 0;
-  const int ds = staged_ > 0 ? dense_splits(q, staged_, sm_count_, DenseType::f16) : 0;
-  if (!count_only) {
-    // Both segments launch in every step, switched off while empty (a replayed step's graph holds
-    // both: kernel_launch.h).
-    launch_packed(q, packed, parts, 0, ps, stream);
-    launch_dense(q,
-                 staging_window_rows(stage_k_[cur_].as<std::uint16_t>(), stage_v_[cur_].as<std::uint16_t>(),
-                                     stage_pos_[cur_].as<std::int64_t>(), staging_, static_cast<int>(dim_), staged_,
-                                     units_ * 32),
-                 parts, ps, ds, stream);
-  }
-  return ps + ds;
+  return launch_codes_and_window(q, packed_rows(units_),
+                                 staging_window_rows(stage_k_[cur_].as<std::uint16_t>(),
+                                                     stage_v_[cur_].as<std::uint16_t>(),
+                                                     stage_pos_[cur_].as<std::int64_t>(), staging_,
+                                                     static_cast<int>(dim_), staged_, units_ * 32),
+                                 parts, count_only, sm_count_, stream);
 }
 
 DeviceKiviCache::Snapshot DeviceKiviCache::snapshot() const {

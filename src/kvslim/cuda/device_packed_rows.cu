@@ -856,21 +856,14 @@ void DevicePackedRows::close_window() {
 
 int DevicePackedRows::launch_segments(const QueryArgs& q, const Partials& parts, bool count_only, std::size_t,
                                       bool, int sm_count, cudaStream_t stream) const {
-  const int R = regions_used(), G = group_rows_;
-  const PackedRows rows = packed_rows(R);
-  const int ps = R > 0 ? packed_splits(q, rows, sm_count) : 0;
-  const int ds = window_rows_ > 0 ? dense_splits(q, window_rows_, sm_count, DenseType::f16) : 0;
-  if (!count_only) {
-    // Both segments launch in every step, switched off while empty (a replayed step's graph holds
-    // both: kernel_launch.h). The window's masked rows may sit before live ones (unordered).
-    launch_packed(q, rows, parts, 0, ps, stream);
-    launch_dense(q,
-                 staging_window_rows(wk_[cur_].as<std::uint16_t>(), wv_[cur_].as<std::uint16_t>(),
-                                     wpos_[cur_].as<std::int64_t>(), window_capacity_, static_cast<int>(dim_),
-                                     window_rows_, R * G, window_capacity_),
-                 parts, ps, ds, stream);
-  }
-  return ps + ds;
+  const int R = regions_used();
+  // The window's masked rows may sit before live ones (positions per head: unordered).
+  return launch_codes_and_window(q, packed_rows(R),
+                                 staging_window_rows(wk_[cur_].as<std::uint16_t>(), wv_[cur_].as<std::uint16_t>(),
+                                                     wpos_[cur_].as<std::int64_t>(), window_capacity_,
+                                                     static_cast<int>(dim_), window_rows_, R * group_rows_,
+                                                     window_capacity_),
+                                 parts, count_only, sm_count, stream);
 }
 
 int DevicePackedRows::parts_at_capacity(const QueryArgs& q, int sm_count) const {
