@@ -316,7 +316,22 @@ DeviceCache::DeferredProbs DeviceCache::take_deferred_probs() const {
 }
 
 void DeviceCache::fill_probs(const DeferredProbs& d, cudaStream_t stream) const {
-  if (d.probs != nullptr) launch_probs(d.query, d.final_ml, d.probs, stream);
+  if (d.probs == nullptr) return;
+  if (d.query.rows_total == static_cast<long long>(rows()) && !orders_probs()) {
+    launch_probs(d.query, d.final_ml, d.probs, stream);
+    return;
+  }
+  // A store whose kernels span other rows than its slots (eviction over codes): over the spanned
+  // rows first, then into slot order, as attend does.
+  const std::size_t bytes = batch_ * heads_ * static_cast<std::size_t>(d.query.S) *
+                            static_cast<std::size_t>(d.query.rows_total) * sizeof(float);
+  if (capturing() && probs_spanned_.bytes() < bytes) {
+    reject(method_, "attend: the captured step needs more probability workspace than graph_begin reserved (StepGraph)");
+  }
+  probs_spanned_.reserve(bytes);
+  launch_probs(d.query, d.final_ml, probs_spanned_.as<float>(), stream);
+  order_probs(probs_spanned_.as<float>(), d.probs, d.query.S, stream);
+  spanned_probs_ = SpannedProbs{d.probs, probs_spanned_.as<float>(), d.query.rows_total};
 }
 
 // ---------------------------------------------------------------------------------------------

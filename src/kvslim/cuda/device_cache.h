@@ -86,7 +86,8 @@ class DeviceCache : public KVCache {
     const float* final_ml = nullptr;  // [B * Hkv, G, 2]
   };
   DeferredProbs take_deferred_probs() const;
-  // Runs attend's own probs kernel for them (an observation that cannot compute them itself).
+  // Runs attend's own probs kernel for them (an observation that cannot compute them itself),
+  // and the reorder into slot order where the store spans other rows.
   void fill_probs(const DeferredProbs& d, cudaStream_t stream) const;
   // Rows the attention kernels span per head (their logits' row count): rows() unless the storage
   // keeps gaps (padding inside its groups); then order_probs puts probabilities over them
