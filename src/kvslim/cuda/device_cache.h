@@ -160,8 +160,8 @@ class DeviceCache : public KVCache {
   bool probs_by_observation(const float* probs, int query_tokens) const {
     return probs != nullptr && graph_observes() && query_tokens == 1;
   }
-  // The replayed step's logits and spanned-probability workspaces at attention_rows_capacity()
-  // (a capture cannot allocate them; a re-armed step would re-allocate them as the rows grow).
+  // The replayed step's logits workspace (and its (max, sum)) at attention_rows_capacity() (a
+  // capture cannot allocate it; a re-armed step would re-allocate it as the rows grow).
   void reserve_step_workspace(int query_tokens, int query_groups);
   void attend_checked(const QueryArgs& q, float* out, float* probs, cudaStream_t stream,
                       bool probs_by_observation = false) const;
