@@ -62,7 +62,14 @@ def cache_figures(rec, cache, seq, reference):
     own = hasattr(cache, "resident_bytes")  # kvslim: its K/V are its own device allocations, not torch's
     rec["kv_bytes"] = int(cache.resident_bytes()) if own else kv_tensor_bytes(cache)
     if own:  # of which in GPU memory (the rest: host-side metadata, e.g. an eviction core's scores)
-        rec["kv_device_bytes"] = int(sum(s["figures"].get("device_bytes", 0) for s in cache.stats() if s is not None))
+        stats = [s for s in cache.stats() if s is not None]
+        rec["kv_device_bytes"] = int(sum(s["figures"].get("device_bytes", 0) for s in stats))
+        # The decisions the host core still makes (a prompt's window, squeeze's adopted budgets):
+        # host wall ms by phase, summed over layers (wait: the model's queued kernels).
+        phases = ("wait", "probs", "pull", "core", "flush_push")
+        if any("host_decisions" in s["figures"] for s in stats):
+            rec["host_decision_ms"] = {p: round(sum(s["figures"].get(f"host_decision_{p}_ms", 0.0) for s in stats), 1)
+                                       for p in phases}
     # Peak device memory of the run: torch's peak, plus kvslim's own allocations (at their largest
     # at the end of generate: the caches only grow).
     rec["peak_gb"] = round(rec["torch_peak_gb"] + (rec["kv_device_bytes"] / 1e9 if own else 0.0), 3)
@@ -81,6 +88,9 @@ def report(rec, label, log, line):
     else:
         agree = f"  agree {rec['agreement_with_dynamic']:.2f}" if "agreement_with_dynamic" in rec else ""
         log(f"  {label:28s} {line(agree)}")
+        if rec.get("host_decision_ms"):
+            log(f"  {'':28s} host decisions, ms summed over layers: " +
+                ", ".join(f"{k} {v}" for k, v in rec["host_decision_ms"].items()))
     return rec
 
 

@@ -273,6 +273,30 @@ TEST(CudaEviction, KeepsTheCpuCachesRowsWhenAStepSplitsEachHead) {
   EXPECT_LE(t.worst_probs, 2e-5);
 }
 
+// The same over kivi codes with parts of several chunks: 20,001 rows a step over 2 heads make 16
+// parts of ~1,250 rows, each scored in two chunks of 1,024 (observe_packed_kernel), the last part's
+// second chunk reaching the window.
+TEST(CudaEviction, KiviCodesKeepTheCpuRowsWhenEachPartScoresSeveralChunks) {
+  REQUIRE_GPU();
+  KVCacheConfig c;
+  c.method = "h2o";
+  c.h2o_budget = 20000;
+  c.evict_decay = 0.9;  // old rows lose standing: victims come from the groups, not only the window
+  c.storage = "kivi";
+  c.kivi_key_bits = 4;
+  c.kivi_value_bits = 2;
+  c.kivi_group_size = 128;
+  c.kivi_staging = 128;
+  Twin t(c, 1, 1, 2, 3, 128);
+  t.step(20500);
+  t.expect_same_rows("h2o 20000 over kivi after the prompt");
+  for (int s = 0; s < 40; ++s) t.step(1);
+  t.expect_same_rows("h2o 20000 over kivi after 40 decode steps");
+  EXPECT_EQ(t.gpu.at(0).rows(), 20000u);
+  EXPECT_EQ(t.gpu.at(0).stats().figure("decode_steps_on_device"), 40.0);
+  EXPECT_LE(t.worst_probs, kCodesProbsTolerance);
+}
+
 // streaming: the core admits each appended row on the host (sinks, then the newest), and the rows
 // move on the device to the slots it gives them: the CPU cache's rows, in its slot order.
 TEST(CudaEviction, StreamingKeepsTheCpuCachesRows) {

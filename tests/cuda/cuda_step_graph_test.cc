@@ -351,6 +351,9 @@ TEST(CudaStepGraph, EvictionOverKiviCodesReplaysLargerStores) {
   // 2,501 rows a step: each head's observation split across CTAs.
   expect_replays_equal_eager(codes_config(4, 2, 128, 128, 2500), "h2o over kivi K4V2 g128, 2,500 rows", DType::bf16,
                              3000, 80);
+  // 20,001 rows over 4 heads: 16 parts a head of ~1,250 rows, each scored in two chunks.
+  expect_replays_equal_eager(codes_config(4, 2, 128, 128, 20000), "h2o over kivi K4V2 g128, 20,000 rows", DType::bf16,
+                             20500, 30);
 }
 
 TEST(CudaStepGraph, RefusesWhatItCannotReplay) {

@@ -17,6 +17,7 @@
 #include "cuda/attend_shared.cuh"
 #include "cuda/fragment_maps.h"
 #include "cuda/row_probability.cuh"
+#include "cuda/step_graph.h"
 
 namespace kvslim::cuda {
 namespace {
@@ -421,8 +422,9 @@ int launch_codes_and_window(const QueryArgs& q, const PackedRows& codes, const D
   const int ps = codes.n_units > 0 ? packed_splits(q, codes, sm_count) : 0;
   const int ds = window.n_rows > 0 ? dense_splits(q, window.n_rows, sm_count, window.type) : 0;
   if (!count_only) {
-    launch_packed(q, codes, parts, 0, ps, stream);
-    launch_dense(q, window, parts, ps, ds, stream);
+    launch_side_by_side(
+        stream, [&](cudaStream_t s) { launch_packed(q, codes, parts, 0, ps, s); },
+        [&](cudaStream_t s) { launch_dense(q, window, parts, ps, ds, s); });
   }
   return ps + ds;
 }

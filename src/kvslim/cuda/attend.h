@@ -98,8 +98,9 @@ inline DenseRows staging_window_rows(const std::uint16_t* k, const std::uint16_t
 
 // The attention over a store of codes then an fp16 staging window (kivi, eviction over codes):
 // both segments launch in every call, switched off while empty (a replayed step's graph holds
-// both: kernel_launch.h); the window's parts follow the codes'. Returns the parts written
-// (count_only: just counts them).
+// both: kernel_launch.h); the window's parts follow the codes'. A captured step's graph runs the
+// two side by side (step_graph.h: launch_side_by_side). Returns the parts written (count_only:
+// just counts them).
 int launch_codes_and_window(const QueryArgs& q, const PackedRows& codes, const DenseRows& window,
                             const Partials& parts, bool count_only, int sm_count, cudaStream_t stream);
 

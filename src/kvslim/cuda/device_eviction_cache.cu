@@ -1,6 +1,7 @@
 #include "cuda/device_eviction_cache.h"
 
 #include <algorithm>
+#include <chrono>
 #include <limits>
 #include <optional>
 #include <stdexcept>
@@ -17,6 +18,20 @@
 
 namespace kvslim::cuda {
 namespace {
+
+// Milliseconds since the last lap (host wall time).
+class HostClock {
+ public:
+  double lap() {
+    const auto now = std::chrono::steady_clock::now();
+    const double ms = std::chrono::duration<double, std::milli>(now - last_).count();
+    last_ = now;
+    return ms;
+  }
+
+ private:
+  std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
+};
 
 std::size_t round_up16(std::size_t x) { return (x + 15) / 16 * 16; }
 
@@ -397,12 +412,19 @@ void DeviceEvictionCache::adopt(std::optional<std::size_t> budget, cudaStream_t 
   budget_ = *budget;
   // The host core trims (it may have been behind the decode kernel's mirror), the device store
   // follows: moves, then a smaller store when the trim freed enough.
+  HostClock clock;
   store_->set_stream(stream);
+  KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  host_times_.wait_ms += clock.lap();
   pull_metadata();
+  host_times_.pull_ms += clock.lap();
   hold_while_uncertain();
   core_.trim(budget_);
+  host_times_.core_ms += clock.lap();
   store_->flush();
   push_metadata(stream);
+  host_times_.flush_push_ms += clock.lap();
+  ++host_times_.calls;
   fresh_from_ = core_.rows();
 }
 
@@ -475,6 +497,7 @@ void DeviceEvictionCache::observe_attention(const AttentionObservation& obs) {
     return;
   }
   raise_pending_error();
+  HostClock clock;
   AttentionObservation host = obs;
   const auto stream = static_cast<cudaStream_t>(obs.stream);
   if (obs.space == MemorySpace::cuda) {
@@ -491,6 +514,8 @@ void DeviceEvictionCache::observe_attention(const AttentionObservation& obs) {
       if (squeeze_) adopt(squeeze_->after_step(core_), stream);
       return;
     }
+    KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream));
+    host_times_.wait_ms += clock.lap();
     const std::size_t rows = obs.batch * obs.heads * obs.queries, floats = rows * obs.tokens;
     if (floats > probs_host_floats_) {
       if (probs_host_) KVSLIM_CUDA_CHECK(cudaFreeHost(probs_host_));
@@ -506,14 +531,19 @@ void DeviceEvictionCache::observe_attention(const AttentionObservation& obs) {
     host.probs = probs_host_;
     host.stride = obs.tokens;
     host.space = MemorySpace::host;
+    host_times_.probs_ms += clock.lap();
   }
   store_->set_stream(stream);
   pull_metadata();
+  host_times_.pull_ms += clock.lap();
   if (squeeze_) squeeze_->observe_attention(host, core_, who);  // its signal reads the rows before they go
   hold_while_uncertain();
   core_.observe(host, limit(), who);
+  host_times_.core_ms += clock.lap();
   store_->flush();
   push_metadata(stream);
+  host_times_.flush_push_ms += clock.lap();
+  ++host_times_.calls;
   fresh_from_ = core_.rows();
   if (squeeze_) adopt(squeeze_->after_step(core_), stream);
   // A prompt's window of probabilities is large (16 queries x every row of every head) and needed
@@ -634,7 +664,6 @@ bool DeviceEvictionCache::observe_codes_on_device(const AttentionObservation& ob
 
 void DeviceEvictionCache::graph_between_steps(cudaStream_t stream) {
   if (slots_ != nullptr) return;
-  store_->set_stream(stream);
   static_cast<DevicePackedRows*>(store_)->between_replays(core_.rows(), !compression_held(), stream);
 }
 
@@ -701,6 +730,7 @@ void DeviceEvictionCache::clear() {
   observe_arrivals_.release();
   observe_parts_capacity_ = 0;
   decode_steps_on_device_ = 0;
+  host_times_ = {};
   fresh_from_ = 0;
   host_stale_ = false;
   if (squeeze_) budget_ = squeeze_->reset(budget_);
@@ -709,6 +739,12 @@ void DeviceEvictionCache::clear() {
 void DeviceEvictionCache::add_figures(CacheStats& st) const {
   st.figures.emplace_back("layer_budget", static_cast<double>(budget_));
   st.figures.emplace_back("decode_steps_on_device", static_cast<double>(decode_steps_on_device_));
+  st.figures.emplace_back("host_decisions", static_cast<double>(host_times_.calls));
+  st.figures.emplace_back("host_decision_wait_ms", host_times_.wait_ms);
+  st.figures.emplace_back("host_decision_probs_ms", host_times_.probs_ms);
+  st.figures.emplace_back("host_decision_pull_ms", host_times_.pull_ms);
+  st.figures.emplace_back("host_decision_core_ms", host_times_.core_ms);
+  st.figures.emplace_back("host_decision_flush_push_ms", host_times_.flush_push_ms);
   if (slots_ == nullptr) store_->add_figures(st);
   if (squeeze_) squeeze_->add_figures(st, limit());
 }

@@ -204,6 +204,14 @@ class DeviceEvictionCache final : public DeviceCache, public SharesImportance {
   DeviceBuffer observe_best_, observe_arrivals_;
   std::size_t observe_parts_capacity_ = 0;
   std::size_t decode_steps_on_device_ = 0;  // observations decided by a device kernel (a figure)
+  // Host wall time of the decisions the host core still makes (a prompt's window, squeeze's
+  // adopted budget), by phase, summed over calls (figures host_decision_*_ms): what moving them
+  // to the device would save. wait: the stream's queued work (the model's, not the decision's).
+  struct HostDecisionTimes {
+    double wait_ms = 0, probs_ms = 0, pull_ms = 0, core_ms = 0, flush_push_ms = 0;
+    std::size_t calls = 0;
+  };
+  HostDecisionTimes host_times_;
 };
 
 }  // namespace kvslim::cuda

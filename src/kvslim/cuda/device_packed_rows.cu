@@ -264,23 +264,56 @@ struct PackedObservation {
   int* victims = nullptr;  // [H]
 };
 
-// dst[i] = dst[i + shift] for i in [0, count): an overlapping move down by the whole CTA, in
-// ascending chunks of 4 words a thread (each chunk read into registers, then written: a chunk's
-// writes reach only words an earlier or the same chunk has read).
-__device__ void move_words_down(std::uint32_t* dst, long long count, int shift) {
-  const long long T = blockDim.x;
-  for (long long c = 0; c < count; c += 4 * T) {
-    std::uint32_t w[4];
+// One overlapping move down, dst[i] = dst[i + shift] for i in [0, count), of a per-row array.
+struct WordMove {
+  std::uint32_t* dst;
+  long long count;
+  int shift;
+};
+
+// The moves of N disjoint arrays in one pass of the whole CTA: kWords words a thread are read into
+// registers (the N arrays' words as one index space, ascending), then written. A group's row
+// leaving K4V2 g128 moves at most ~3,600 words, so one read and one write instead of one round
+// trip per array. A chunk's writes reach only words this or an earlier chunk has read.
+template <int N>
+__device__ void move_words_down(const WordMove (&moves)[N]) {
+  constexpr int kWords = 16;
+  long long total = 0;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
+  for (int m = 0; m < N; ++m) total += moves[m].count;
+  const long long T = blockDim.x;
+  // The array and the index in it of word i of the joint index space (i < total).
+  const auto locate = [&](long long i, int& m) {
+    m = 0;
+#pragma unroll
+    for (int k = 0; k < N - 1; ++k) {
+      if (m == k && i >= moves[k].count) {
+        i -= moves[k].count;
+        m = k + 1;
+      }
+    }
+    return i;
+  };
+  for (long long c = 0; c < total; c += kWords * T) {
+    std::uint32_t w[kWords];
+#pragma unroll
+    for (int j = 0; j < kWords; ++j) {
       const long long i = c + j * T + threadIdx.x;
-      if (i < count) w[j] = __ldcg(dst + i + shift);
+      if (i < total) {
+        int m;
+        const long long at = locate(i, m);
+        w[j] = __ldcg(moves[m].dst + at + moves[m].shift);
+      }
     }
     __syncthreads();
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < kWords; ++j) {
       const long long i = c + j * T + threadIdx.x;
-      if (i < count) dst[i] = w[j];
+      if (i < total) {
+        int m;
+        const long long at = locate(i, m);
+        moves[m].dst[at] = w[j];
+      }
     }
     __syncthreads();
   }
@@ -298,7 +331,7 @@ __global__ void __launch_bounds__(kObserveThreads)
   // Writing probabilities in slot order: a row's slot is the live rows before it, counted for this
   // part's first row here, then chunk by chunk (every thread runs the same chunks).
   const bool writes = o.probs_out != nullptr;
-  int slot_base = 0;
+  int slot_base = 0;  // live rows before the current chunk's first row (every thread holds it)
   if (writes) {
     int before = 0;
     const int whole = static_cast<int>(min(static_cast<long long>(o.regions), first / G));
@@ -307,54 +340,80 @@ __global__ void __launch_bounds__(kObserveThreads)
     for (long long wr = threadIdx.x; wr < first - region_rows; wr += blockDim.x) before += wpos_of_head[wr] != kEmpty ? 1 : 0;
     cta_exclusive_sum(before, &slot_base);
   }
+  // A thread takes kObserveRows consecutive rows of each chunk and issues all their loads (the
+  // region's count, the metadata, the logits) before it uses any: one round trip to memory and one
+  // prefix sum per chunk, not per row.
+  constexpr int kObserveRows = 4;
+  const long long chunk_rows = static_cast<long long>(kObserveRows) * blockDim.x;
   Candidate best{0.f, 0, -1};
-  for (long long chunk_first = first; chunk_first < end; chunk_first += blockDim.x) {
-    const long long i = chunk_first + threadIdx.x;
-    std::int64_t* pos = nullptr;
-    float *score = nullptr, *expo = nullptr;
-    long long at = 0;
-    bool fresh = false, live = false;
-    if (i < end && i < region_rows) {
-      const int r = static_cast<int>(i / G), off = static_cast<int>(i % G);
-      live = off < tokens_of_head[r];
-      at = (static_cast<long long>(head) * o.st.capacity + r) * G + off;
-      pos = o.st.pos, score = o.st.score, expo = o.st.expo;
-    } else if (i < end) {
-      const long long wr = i - region_rows;
-      at = head * o.w.capacity + wr;
-      live = o.w.pos[at] != kEmpty;
-      fresh = wr >= o.fresh_w;
-      pos = o.w.pos, score = o.w.score, expo = o.w.expo;
+  for (long long chunk_first = first; chunk_first < end; chunk_first += chunk_rows) {
+    const long long i0 = chunk_first + static_cast<long long>(threadIdx.x) * kObserveRows;
+    long long at[kObserveRows];
+    bool in_window[kObserveRows], live[kObserveRows];
+    std::int64_t p[kObserveRows];
+    float old_score[kObserveRows], old_expo[kObserveRows], prob[kObserveRows];
+    int live_rows = 0;
+#pragma unroll
+    for (int j = 0; j < kObserveRows; ++j) {
+      const long long i = i0 + j;
+      in_window[j] = i >= region_rows;
+      live[j] = false;
+      p[j] = kEmpty;
+      old_score[j] = old_expo[j] = prob[j] = 0.f;
+      at[j] = 0;
+      if (i >= end) continue;
+      bool fresh = false;
+      if (!in_window[j]) {
+        const int r = static_cast<int>(i / G), off = static_cast<int>(i % G);
+        at[j] = (static_cast<long long>(head) * o.st.capacity + r) * G + off;
+        live[j] = off < tokens_of_head[r];
+      } else {
+        at[j] = head * o.w.capacity + (i - region_rows);
+        fresh = i - region_rows >= o.fresh_w;
+      }
+      const std::int64_t* pos = in_window[j] ? o.w.pos : o.st.pos;
+      const float* score = in_window[j] ? o.w.score : o.st.score;
+      const float* expo = in_window[j] ? o.w.expo : o.st.expo;
+      p[j] = pos[at[j]];
+      if (!fresh) old_score[j] = score[at[j]];
+      if (expo != nullptr && !fresh) old_expo[j] = expo[at[j]];
+      prob[j] = writes ? summed_probability(o.logits, o.final_ml, static_cast<long long>(head) * o.G, o.G, o.probs_stride, i)
+                       : o.probs[head * o.probs_stride + i];
     }
-    int slot = 0;
+#pragma unroll
+    for (int j = 0; j < kObserveRows; ++j) {
+      if (in_window[j] && i0 + j < end) live[j] = p[j] != kEmpty;
+      live_rows += live[j] ? 1 : 0;
+    }
     if (writes) {
-      int chunk = 0;
-      slot = slot_base + cta_exclusive_sum(live ? 1 : 0, &chunk);
-      slot_base += chunk;
+      int chunk_live = 0;
+      int slot = slot_base + cta_exclusive_sum(live_rows, &chunk_live);
+      slot_base += chunk_live;
+#pragma unroll
+      for (int j = 0; j < kObserveRows; ++j) {
+        if (live[j]) o.probs_out[head * o.out_stride + slot++] = prob[j];
+      }
     }
-    if (!live) continue;
-    float prob;
-    if (writes) {
-      prob = summed_probability(o.logits, o.final_ml, static_cast<long long>(head) * o.G, o.G, o.probs_stride, i);
-      o.probs_out[head * o.out_stride + slot] = prob;
-    } else {
-      prob = o.probs[head * o.probs_stride + i];
+#pragma unroll
+    for (int j = 0; j < kObserveRows; ++j) {
+      if (!live[j]) continue;
+      float* score = in_window[j] ? o.w.score : o.st.score;
+      float* expo = in_window[j] ? o.w.expo : o.st.expo;
+      float s = old_score[j];
+      if (o.decay != 1.f) s = __fmul_rn(s, o.decay);
+      s = __fadd_rn(s, prob[j]);
+      score[at[j]] = s;
+      float effective = s;
+      if (expo != nullptr) {
+        float e = old_expo[j];
+        if (o.decay != 1.f) e = __fmul_rn(e, o.decay);
+        e = __fadd_rn(e, p[j] <= o.qpos ? 1.f : 0.f);
+        expo[at[j]] = e;
+        effective = e > 0.f ? __fdiv_rn(s, e) : 0.f;
+      }
+      const Candidate c{effective, p[j], static_cast<int>(i0 + j)};
+      if (p[j] > sink && p[j] < o.threshold && lower(c, best)) best = c;
     }
-    float s = fresh ? 0.f : score[at];
-    if (o.decay != 1.f) s = __fmul_rn(s, o.decay);
-    s = __fadd_rn(s, prob);
-    score[at] = s;
-    const std::int64_t p = pos[at];
-    float effective = s;
-    if (expo != nullptr) {
-      float e = fresh ? 0.f : expo[at];
-      if (o.decay != 1.f) e = __fmul_rn(e, o.decay);
-      e = __fadd_rn(e, p <= o.qpos ? 1.f : 0.f);
-      expo[at] = e;
-      effective = e > 0.f ? __fdiv_rn(s, e) : 0.f;
-    }
-    const Candidate c{effective, p, static_cast<int>(i)};
-    if (p > sink && p < o.threshold && lower(c, best)) best = c;
   }
   if (o.n_rows <= o.limit) return;
   if (!head_lowest(best, part_best, arrivals, head, part, parts)) return;
@@ -375,11 +434,13 @@ __global__ void __launch_bounds__(kObserveThreads)
   const int k_rb = o.st.D * o.st.k_bits / 8, v_rb = o.st.D * o.st.v_bits / 8;  // (multiples of 4 bytes)
   const long long later = n - 1 - off;  // rows that move
   const auto words = [](auto* row) { return reinterpret_cast<std::uint32_t*>(row); };
-  move_words_down(words(o.st.k_codes + (row0 + off) * k_rb), later * k_rb / 4, k_rb / 4);
-  move_words_down(words(o.st.v_codes + (row0 + off) * v_rb), later * v_rb / 4, v_rb / 4);
-  move_words_down(words(o.st.pos + row0 + off), later * 2, 2);
-  move_words_down(words(o.st.score + row0 + off), later, 1);
-  if (o.st.expo != nullptr) move_words_down(words(o.st.expo + row0 + off), later, 1);
+  const bool has_expo = o.st.expo != nullptr;
+  const WordMove moves[5] = {{words(o.st.k_codes + (row0 + off) * k_rb), later * k_rb / 4, k_rb / 4},
+                             {words(o.st.v_codes + (row0 + off) * v_rb), later * v_rb / 4, v_rb / 4},
+                             {words(o.st.pos + row0 + off), later * 2, 2},
+                             {words(o.st.score + row0 + off), later, 1},
+                             {has_expo ? words(o.st.expo + row0 + off) : nullptr, has_expo ? later : 0, 1}};
+  move_words_down(moves);
   if (threadIdx.x == 0) {
     o.st.pos[row0 + n - 1] = kEmpty;
     *tokens = n - 1;
@@ -898,6 +959,15 @@ void DevicePackedRows::launch_slot_order(cudaStream_t stream) const {
   const std::size_t H = heads_total_;
   const int R = regions_used();
   const long long span = static_cast<long long>(R) * group_rows_ + window_rows_;
+  // A replayed step spans more rows than its capture did, and its observation writes slot order
+  // itself (the deferred probabilities): a captured step never needs this scratch, sized now.
+  // (capturing_ covers the append only: the stream says whether this launch is captured.)
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  KVSLIM_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) {
+    throw InputError("kivi storage (cuda): a captured step would order probabilities through the spanned rows "
+                     "(capture a step that observes its own attend's probabilities)");
+  }
   if (slot_of_.bytes() < H * static_cast<std::size_t>(span) * sizeof(int)) slot_of_.reserve(H * static_cast<std::size_t>(span) * sizeof(int));
   launch_kernel(span > 0, false, slot_order_kernel, dim3(static_cast<unsigned>(H)), dim3(kObserveThreads), 0, stream,
                 tokens_.as<int>(), region_capacity_, R, group_rows_, wpos_[cur_].as<std::int64_t>(),
@@ -1035,8 +1105,6 @@ long long DevicePackedRows::attention_rows_capacity(std::size_t) const {
 void DevicePackedRows::reserve_next_step() {
   if (static_cast<int>(pending_.size()) == kVictimRing) apply_victims();  // (a captured step cannot wait)
   ensure_window(window_rows_ + 1);
-  const std::size_t bytes = heads_total_ * static_cast<std::size_t>(attention_rows_capacity()) * sizeof(int);
-  if (slot_of_.bytes() < bytes) slot_of_.reserve(bytes);
   if (victims_.bytes() < kVictimRing * heads_total_ * sizeof(int)) victims_.reserve(kVictimRing * heads_total_ * sizeof(int));
 }
 

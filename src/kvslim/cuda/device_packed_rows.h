@@ -119,7 +119,8 @@ class DevicePackedRows final : public DeviceRowStore {
   // deferred schedule holds the compression. Every launch here reaches the stream, not the graph.
   void between_replays(std::size_t rows, bool settle, cudaStream_t stream);
   // Room for a decode step without allocating (a captured step may not): the window one row more,
-  // the slot-order scratch for every row the store can span.
+  // the victims' ring (a full ring read first). No slot-order scratch: a captured step's
+  // observation writes slot order itself.
   void reserve_next_step();
   // Rows the attention may span before the store next grows (its regions and window at capacity).
   long long attention_rows_capacity(std::size_t rows = 0) const override;

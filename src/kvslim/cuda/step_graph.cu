@@ -1,6 +1,7 @@
 #include "cuda/step_graph.h"
 
 #include <string>
+#include <vector>
 
 #include "cuda/cuda_common.cuh"
 #include "cuda/device_buffer.h"
@@ -33,7 +34,60 @@ void launch_on_stream(const void* func, dim3 grid, dim3 block, std::size_t smem,
 
 [[noreturn]] void graph_error(const std::string& what) { throw InputError("cuda StepGraph: " + what); }
 
+// A thread's side stream on one device, with the fork and join events of launch_side_by_side. Kept
+// for the thread's life and never destroyed: destruction at thread exit may come after the CUDA
+// runtime has unloaded.
+struct SideStream {
+  int device = -1;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t fork = nullptr, join = nullptr;
+};
+thread_local std::vector<SideStream> g_side_streams;
+
+SideStream* side_stream_of(int device) {
+  for (SideStream& s : g_side_streams) {
+    if (s.device == device) return &s;
+  }
+  return nullptr;
+}
+
 }  // namespace
+
+void prepare_side_stream() {
+  int device = 0;
+  KVSLIM_CUDA_CHECK(cudaGetDevice(&device));
+  if (side_stream_of(device) != nullptr) return;
+  SideStream s;
+  s.device = device;
+  KVSLIM_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
+  KVSLIM_CUDA_CHECK(cudaEventCreateWithFlags(&s.fork, cudaEventDisableTiming));
+  KVSLIM_CUDA_CHECK(cudaEventCreateWithFlags(&s.join, cudaEventDisableTiming));
+  g_side_streams.push_back(s);
+}
+
+void launch_side_by_side(cudaStream_t stream, const std::function<void(cudaStream_t)>& first,
+                         const std::function<void(cudaStream_t)>& second) {
+  const LaunchScope* scope = LaunchScope::active();
+  SideStream* side = nullptr;
+  if (scope != nullptr && scope->capturing()) {
+    int device = 0;
+    KVSLIM_CUDA_CHECK(cudaGetDevice(&device));
+    side = side_stream_of(device);
+  }
+  if (side == nullptr) {
+    first(stream);
+    second(stream);
+    return;
+  }
+  // Captured: the side stream joins the capture at the fork, so `second`'s node depends on what
+  // preceded the fork only; the join makes the origin stream's next node wait for both.
+  KVSLIM_CUDA_CHECK(cudaEventRecord(side->fork, stream));
+  KVSLIM_CUDA_CHECK(cudaStreamWaitEvent(side->stream, side->fork, 0));
+  first(stream);
+  second(side->stream);
+  KVSLIM_CUDA_CHECK(cudaEventRecord(side->join, side->stream));
+  KVSLIM_CUDA_CHECK(cudaStreamWaitEvent(stream, side->join, 0));
+}
 
 namespace launch_detail {
 
@@ -166,6 +220,7 @@ void StepGraph::begin_capture(int query_heads, int query_tokens) {
                 " (got " + std::to_string(query_heads) + ", " + std::to_string(query_tokens) + ")");
   }
   DeviceGuard guard(impl_->device);
+  prepare_side_stream();
   for (DeviceCache* c : impl_->caches) c->graph_begin(query_heads, query_tokens);
   impl_->capturing = true;
 }

@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <functional>
 #include <vector>
 
 namespace kvslim::cuda {
@@ -54,6 +55,7 @@ class LaunchScope {
   std::size_t visited() const { return cursor_; }
 
   static LaunchScope* active();
+  bool capturing() const { return mode_ == LaunchSlots::Mode::capture; }
   void route(const void* func, dim3 grid, dim3 block, std::size_t smem, cudaStream_t stream, bool dependent,
              void** args, bool enabled);
 
@@ -64,5 +66,16 @@ class LaunchScope {
   std::size_t cursor_ = 0;
   LaunchScope* previous_;
 };
+
+// Two launches of one step that do not wait for each other (a kivi attend's codes and its staging
+// window write different partials): while a step is captured, `second` goes on a side stream forked
+// from `stream` and joined back, so the replayed graph runs the two nodes side by side instead of
+// one after the other. Otherwise both go on `stream` in order: eager launches already overlap by
+// programmatic launch, and a re-armed step only updates the nodes (in the same order).
+void launch_side_by_side(cudaStream_t stream, const std::function<void(cudaStream_t)>& first,
+                         const std::function<void(cudaStream_t)>& second);
+// The calling thread's side stream for the current device, made before a capture begins (a
+// capture may refuse stream and event creation).
+void prepare_side_stream();
 
 }  // namespace kvslim::cuda
