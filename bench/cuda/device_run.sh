@@ -29,7 +29,8 @@ echo "tests exit: ${PIPESTATUS[0]}" >> "$OUT"/tests.txt
   echo "int8 tests exit: ${PIPESTATUS[0]}"; } >> "$OUT"/tests.txt
 SAN="CudaAttend.ZeroQueryAndFlatGroups:CudaAttend.BatchWithOwnLengthsAtTheKernelLevel:CudaCache.*:CudaKivi.*"
 SAN="$SAN:CudaEviction.Keeps*:CudaEviction.Pyramid*:CudaEviction.AnUnobserved*:CudaEviction.Kivi*:CudaEviction.SqueezeOverKivi*"
-SAN="$SAN:CudaStepGraph.*:CudaZipcache.SaliencyAndCodes*:CudaZipcache.Probabilities*:-CudaStepGraph.*LargerStores"
+SAN="$SAN:CudaStepGraph.*:CudaZipcache.SaliencyAndCodes*:CudaZipcache.Probabilities*:CudaSelectLowest.*"
+SAN="$SAN:-CudaStepGraph.*LargerStores:CudaEviction.*SeveralChunks"
 { timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 devbin/cuda_tests --gtest_filter="$SAN" 2>&1 | tail -n 25
   echo "memcheck exit: ${PIPESTATUS[0]}"
   timeout 60 compute-sanitizer --tool racecheck --error-exitcode 9 devbin/cuda_tests \
