@@ -254,6 +254,10 @@ TEST(CudaEviction, SqueezeOverKiviCodesKeepsTheCpuRows) {
   for (int s = 0; s < 30; ++s) t.step(1);
   t.expect_same_rows("squeeze over kivi after the prompt and 30 steps");
   EXPECT_GT(t.gpu.at(0).rows(), t.gpu.at(3).rows());
+  // The held prompt's rows were cut in the window on the device (DevicePackedRows::drop_lowest_on_device).
+  double on_device = 0;
+  for (std::size_t l = 0; l < 4; ++l) on_device += t.gpu.at(l).stats().figure("trims_on_device");
+  EXPECT_GE(on_device, 3.0);
   EXPECT_LE(t.worst_probs, kCodesProbsTolerance);
 }
 
@@ -353,6 +357,13 @@ TEST(CudaEviction, SqueezeResolvesTheCpuBudgetsAndKeepsTheCpuRows) {
       EXPECT_EQ(t.gpu.at(l).rows(), t.cpu.at(l).rows()) << prefill << " layer " << l;
     }
     EXPECT_GT(t.gpu.at(0).rows(), t.gpu.at(3).rows()) << prefill;  // broad keys keep more than aligned ones
+    if (prefill == "deferred") {
+      // The layers that held the whole prompt cut it to their budget on the device (select_lowest:
+      // no metadata read back); the last layer's prompt was cut by its own window, on the host.
+      double on_device = 0;
+      for (std::size_t l = 0; l < 4; ++l) on_device += figure(t.gpu.at(l).stats(), "trims_on_device");
+      EXPECT_GE(on_device, 3.0);
+    }
     for (int s = 0; s < 20; ++s) t.step(1);
     t.expect_same_rows("squeeze (" + prefill + ") after 26 steps");
     EXPECT_LE(t.worst_probs, 2e-5);

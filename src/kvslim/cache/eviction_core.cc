@@ -774,6 +774,13 @@ void EvictionCore::trim(std::size_t budget) {
   settle();
 }
 
+void EvictionCore::trimmed_by_owner(std::size_t budget) {
+  if (rows_ > budget) rows_ = budget;
+  const std::size_t keep = std::max(rows_, std::min(capacity_, budget));
+  if (capacity_ > keep) relayout(keep);
+  settle();
+}
+
 void EvictionCore::reserve_rows(std::size_t needed, std::size_t bound) {
   if (needed <= capacity_) return;
   // x1.5: O(log n) moves over n appended rows, at most half the kept rows allocated and unused; a

@@ -116,9 +116,15 @@ class EvictionCore {
   // True after an attention-scored core saw an update that was never observed: it scores by the
   // key proxy from then on (an integrator that does not report attention still gets a bounded cache).
   bool fell_back() const { return fallback_; }
+  // A registered score's per-row weights (policy_.row_weight) ride with the rows' metadata.
+  bool has_row_weights() const { return !weight_.empty(); }
   // Keeps at most `budget` rows per head: lowest scores leave first (ties: lower position first);
   // sinks and the recent window always stay. Shrinks the allocation to what is kept.
   void trim(std::size_t budget);
+  // trim(budget) whose drop an owner made itself (a device store chose and moved the rows that
+  // leave, as drop_lowest would have): the core keeps `budget` rows, shrinks, settles. Its own
+  // metadata is then the owner's to refresh before the core decides again.
+  void trimmed_by_owner(std::size_t budget);
   void reset();
   // Rows per head the caller expects at most: an unbounded core grows straight to it (no x1.5
   // steps); a bounded one never allocates past its limit anyway.

@@ -13,6 +13,7 @@
 #include "cuda/kernel_launch.h"
 #include "cuda/lowest_candidate.cuh"
 #include "cuda/row_probability.cuh"
+#include "cuda/select_lowest.h"
 #include "cuda/step_graph.h"
 #include "kvslim/errors.h"
 
@@ -68,6 +69,86 @@ __global__ void apply_uniform_move_kernel(int from, int to, std::uint16_t* k, st
 }
 // (The scores and exposure mirrors are the core's to write back after a host decision: moves
 // happen only there, push_metadata follows them.)
+
+// A squeeze budget's trim on the device (DeviceSlots::drop_lowest_on_device). Each row's selection
+// key [heads, n] (select_lowest.h): candidates are slot >= n_sink with a position below the
+// threshold; the rows appended since the last observation (slot >= fresh_from) score 0, as the
+// core's fresh rows. A candidate position outside [0, 2^32) sets *unkeyed (the host decides).
+__global__ void slot_keys_kernel(const std::int64_t* pos, const float* scores, const float* exposure, long long stride,
+                                 int n, int n_sink, int fresh_from, std::int64_t threshold, std::uint64_t* keys,
+                                 int* unkeyed) {
+  const int head = blockIdx.y, j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= n) return;
+  const long long at = head * stride + j;
+  const std::int64_t p = pos[at];
+  std::uint64_t key = kNotCandidate;
+  if (j >= n_sink && p < threshold) {
+    if (p < 0 || p > 0xFFFFFFFFLL) {
+      atomicOr(unkeyed, 1);
+    } else {
+      const bool fresh = j >= fresh_from;
+      const float s = fresh ? 0.f : scores[at];
+      float effective = s;
+      if (exposure != nullptr) {
+        const float e = fresh ? 0.f : exposure[at];
+        effective = e > 0.f ? __fdiv_rn(s, e) : 0.f;
+      }
+      key = selection_key(effective, p);
+    }
+  }
+  keys[static_cast<long long>(head) * n + j] = key;
+}
+
+// The core's hole filling as lists, one CTA a head: holes = the victims below `keep` (the rows that
+// stay), ascending; movers = the kept rows at or above `keep`, from the last down. Hole r takes
+// mover r (there are as many of each). holes, movers [heads, drop]; count [heads].
+__global__ void __launch_bounds__(kObserveThreads)
+    hole_fill_lists_kernel(const std::uint64_t* keys, const std::uint64_t* kth, int n, int keep, int drop, int* holes,
+                           int* movers, int* count) {
+  const int head = blockIdx.x;
+  const std::uint64_t* k = keys + static_cast<long long>(head) * n;
+  const std::uint64_t last = kth[head];
+  int* hole = holes + static_cast<long long>(head) * drop;
+  int* mover = movers + static_cast<long long>(head) * drop;
+  int found = 0;
+  for (int c = 0; c < keep; c += kObserveThreads) {
+    const int i = c + threadIdx.x;
+    const bool victim = i < keep && k[i] <= last;
+    int chunk = 0;
+    const int before = cta_exclusive_sum(victim ? 1 : 0, &chunk);
+    if (victim) hole[found + before] = i;
+    found += chunk;
+  }
+  int moving = 0;
+  for (int c = 0; c < n - keep; c += kObserveThreads) {
+    const int i = n - 1 - (c + static_cast<int>(threadIdx.x));  // descending
+    const bool kept = c + static_cast<int>(threadIdx.x) < n - keep && k[i] > last;
+    int chunk = 0;
+    const int before = cta_exclusive_sum(kept ? 1 : 0, &chunk);
+    if (kept) mover[moving + before] = i;
+    moving += chunk;
+  }
+  if (threadIdx.x == 0) count[head] = min(found, moving);  // (equal: `keep` rows stay)
+}
+
+// Mover r of each head into hole r: keys, values, position, score, exposure. grid (drop, heads).
+__global__ void fill_holes_kernel(const int* holes, const int* movers, const int* count, int drop, std::uint16_t* k,
+                                  std::uint16_t* v, std::int64_t* pos, float* scores, float* exposure, long long stride,
+                                  int D) {
+  const int r = blockIdx.x, head = blockIdx.y;
+  if (r >= count[head]) return;
+  const long long src = head * stride + movers[static_cast<long long>(head) * drop + r];
+  const long long dst = head * stride + holes[static_cast<long long>(head) * drop + r];
+  for (int c = threadIdx.x; c < D; c += blockDim.x) {
+    k[dst * D + c] = k[src * D + c];
+    v[dst * D + c] = v[src * D + c];
+  }
+  if (threadIdx.x == 0) {
+    pos[dst] = pos[src];
+    scores[dst] = scores[src];
+    if (exposure != nullptr) exposure[dst] = exposure[src];
+  }
+}
 
 // One decode step's observation of every head (one CTA each): the eviction core's observe() for
 // one query -- scores = scores * decay + p, exposure = exposure * decay + (pos <= qpos), rows
@@ -349,6 +430,50 @@ void DeviceSlots::next_epoch() {
   }
 }
 
+bool DeviceSlots::drop_lowest_on_device(std::size_t rows, std::size_t drop, std::int64_t threshold, std::size_t n_sink,
+                                        std::size_t fresh_from) {
+  if (drop == 0 || drop > rows || rows > static_cast<std::size_t>(std::numeric_limits<int>::max()) || capturing_) {
+    return false;
+  }
+  flush();  // the core's recorded moves first
+  const std::size_t H = heads_total_, n = rows;
+  // Scratch for this call only (a prompt's rows: 8 bytes a row of every head).
+  DeviceBuffer row_keys, kth, drops, lists, count, unkeyed;
+  row_keys.reserve(H * n * sizeof(std::uint64_t));
+  kth.reserve(H * sizeof(std::uint64_t));
+  lists.reserve(2 * H * drop * sizeof(int));
+  count.reserve(H * sizeof(int));
+  unkeyed.reserve(sizeof(int));
+  KVSLIM_CUDA_CHECK(cudaMemsetAsync(unkeyed.get(), 0, sizeof(int), stream_));
+  const std::vector<int> drop_per_head(H, static_cast<int>(drop));
+  drops.upload(drop_per_head.data(), H * sizeof(int), stream_);
+  launch_kernel(true, false, slot_keys_kernel, dim3(static_cast<unsigned>((n + 255) / 256), static_cast<unsigned>(H)),
+                dim3(256), 0, stream_, positions(), scores(), exposure(), static_cast<long long>(stride_),
+                static_cast<int>(n), static_cast<int>(n_sink), static_cast<int>(std::min(fresh_from, n)), threshold,
+                row_keys.as<std::uint64_t>(), unkeyed.as<int>());
+  launch_select_lowest(row_keys.as<std::uint64_t>(), static_cast<long long>(n), static_cast<long long>(n), drops.as<int>(),
+                       static_cast<int>(H), kth.as<std::uint64_t>(), stream_);
+  std::vector<std::uint64_t> kth_host(H);
+  int unkeyed_host = 0;
+  KVSLIM_CUDA_CHECK(cudaMemcpyAsync(kth_host.data(), kth.get(), H * sizeof(std::uint64_t), cudaMemcpyDeviceToHost, stream_));
+  KVSLIM_CUDA_CHECK(cudaMemcpyAsync(&unkeyed_host, unkeyed.get(), sizeof(int), cudaMemcpyDeviceToHost, stream_));
+  KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  // A position without a key, or fewer candidates than must go (the host core names that error).
+  if (unkeyed_host != 0 || std::find(kth_host.begin(), kth_host.end(), kNotCandidate) != kth_host.end()) return false;
+  const int keep = static_cast<int>(n - drop);
+  int* holes = lists.as<int>();
+  int* movers = holes + H * drop;
+  launch_kernel(true, false, hole_fill_lists_kernel, dim3(static_cast<unsigned>(H)), dim3(kObserveThreads), 0, stream_,
+                row_keys.as<std::uint64_t>(), kth.as<std::uint64_t>(), static_cast<int>(n), keep, static_cast<int>(drop), holes,
+                movers, count.as<int>());
+  launch_kernel(true, false, fill_holes_kernel, dim3(static_cast<unsigned>(drop), static_cast<unsigned>(H)),
+                dim3(static_cast<unsigned>(dim_)), 0, stream_, holes, movers, count.as<int>(), static_cast<int>(drop),
+                keys(), values(), positions(), scores(), exposure(), static_cast<long long>(stride_),
+                static_cast<int>(dim_));
+  KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream_));  // before the scratch goes
+  return true;
+}
+
 void DeviceSlots::erase(std::size_t, std::span<const std::size_t>) {
   not_on_device("slots are moved, not erased (slot_writes() is true)");
 }
@@ -416,6 +541,22 @@ void DeviceEvictionCache::adopt(std::optional<std::size_t> budget, cudaStream_t 
   store_->set_stream(stream);
   KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream));
   host_times_.wait_ms += clock.lap();
+  // The drop decided where the rows are (select_lowest.h): no metadata read back, none written.
+  const std::size_t rows = core_.rows();
+  if (rows > budget_ && !core_.fell_back() && !core_.has_row_weights() && scores_by_attention(core_.policy().scoring)) {
+    hold_while_uncertain();
+    if (store_->drop_lowest_on_device(rows, rows - budget_, core_.recent_threshold(budget_), core_.policy().n_sink,
+                                      std::min(fresh_from_, rows))) {
+      core_.trimmed_by_owner(budget_);
+      store_->flush();
+      host_stale_ = true;
+      ++trims_on_device_;
+      host_times_.core_ms += clock.lap();
+      ++host_times_.calls;
+      fresh_from_ = core_.rows();
+      return;
+    }
+  }
   pull_metadata();
   host_times_.pull_ms += clock.lap();
   hold_while_uncertain();
@@ -731,6 +872,7 @@ void DeviceEvictionCache::clear() {
   observe_parts_capacity_ = 0;
   decode_steps_on_device_ = 0;
   host_times_ = {};
+  trims_on_device_ = 0;
   fresh_from_ = 0;
   host_stale_ = false;
   if (squeeze_) budget_ = squeeze_->reset(budget_);
@@ -739,6 +881,7 @@ void DeviceEvictionCache::clear() {
 void DeviceEvictionCache::add_figures(CacheStats& st) const {
   st.figures.emplace_back("layer_budget", static_cast<double>(budget_));
   st.figures.emplace_back("decode_steps_on_device", static_cast<double>(decode_steps_on_device_));
+  st.figures.emplace_back("trims_on_device", static_cast<double>(trims_on_device_));
   st.figures.emplace_back("host_decisions", static_cast<double>(host_times_.calls));
   st.figures.emplace_back("host_decision_wait_ms", host_times_.wait_ms);
   st.figures.emplace_back("host_decision_probs_ms", host_times_.probs_ms);

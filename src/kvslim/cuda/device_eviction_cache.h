@@ -72,6 +72,10 @@ class DeviceSlots final : public DeviceRowStore {
   void head_positions(std::size_t bh, std::size_t rows, std::int64_t* out) const override;
   void download_metadata(const EvictionCore::Metadata& m, std::size_t rows, std::size_t seen) const override;
   void upload_metadata(const EvictionCore::Metadata& m, std::size_t rows, std::size_t n_sink) override;
+  // The victims chosen on the device, then the core's hole filling (each hole below the kept count,
+  // ascending, takes the last kept row above it) applied to the rows and their mirrors.
+  bool drop_lowest_on_device(std::size_t rows, std::size_t drop, std::int64_t threshold, std::size_t n_sink,
+                             std::size_t fresh_from) override;
   std::uint16_t* keys() const { return k_.as<std::uint16_t>(); }
   std::uint16_t* values() const { return v_.as<std::uint16_t>(); }
   std::int64_t* positions() const { return pos_.as<std::int64_t>(); }
@@ -212,6 +216,7 @@ class DeviceEvictionCache final : public DeviceCache, public SharesImportance {
     std::size_t calls = 0;
   };
   HostDecisionTimes host_times_;
+  std::size_t trims_on_device_ = 0;  // adopted budgets whose drop the store decided (a figure)
 };
 
 }  // namespace kvslim::cuda

@@ -9,6 +9,7 @@
 #include "cuda/group_quant.cuh"
 #include "cuda/kernel_launch.h"
 #include "cuda/lowest_candidate.cuh"
+#include "cuda/select_lowest.h"
 #include "cuda/row_probability.cuh"
 #include "kvslim/errors.h"
 #include "quant/quant_kernels.h"
@@ -207,33 +208,6 @@ __global__ void close_window_kernel(const int* map, int n, WindowRows w, int D) 
     }
     __syncthreads();
   }
-}
-
-// Exclusive prefix sum of `value` over the CTA's kObserveThreads threads; *total: their sum.
-__device__ int cta_exclusive_sum(int value, int* total) {
-  __shared__ int warp_sum[kObserveThreads / 32 + 1];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  int inclusive = value;
-  for (int d = 1; d < 32; d *= 2) {
-    const int n = __shfl_up_sync(0xffffffffu, inclusive, d);
-    if (lane >= d) inclusive += n;
-  }
-  if (lane == 31) warp_sum[warp] = inclusive;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int run = 0;
-    for (int w = 0; w < kObserveThreads / 32; ++w) {
-      const int sum = warp_sum[w];
-      warp_sum[w] = run;
-      run += sum;
-    }
-    warp_sum[kObserveThreads / 32] = run;
-  }
-  __syncthreads();
-  const int exclusive = warp_sum[warp] + inclusive - value;
-  *total = warp_sum[kObserveThreads / 32];
-  __syncthreads();  // warp_sum is written again by the next call
-  return exclusive;
 }
 
 // One decode step's observation over the codes (the eviction core's observe() for one query, then
@@ -445,6 +419,44 @@ __global__ void __launch_bounds__(kObserveThreads)
     o.st.pos[row0 + n - 1] = kEmpty;
     *tokens = n - 1;
   }
+}
+
+// A squeeze budget's trim while every row waits in the window (drop_lowest_on_device): each
+// window row's selection key [heads, W] (select_lowest.h). Candidates are live rows above the sinks'
+// positions and below the threshold; rows at or past fresh_w score 0 (the core's fresh rows). A
+// candidate position outside [0, 2^32) sets *unkeyed (the host decides).
+__global__ void window_keys_kernel(WindowRows w, int W, const std::int64_t* sink_pos, int fresh_w, std::int64_t threshold,
+                                   std::uint64_t* keys, int* unkeyed) {
+  const int head = blockIdx.y, i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= W) return;
+  const long long at = head * w.capacity + i;
+  const std::int64_t p = w.pos[at];
+  std::uint64_t key = kNotCandidate;
+  if (p != kEmpty && p > sink_pos[head] && p < threshold) {
+    if (p < 0 || p > 0xFFFFFFFFLL) {
+      atomicOr(unkeyed, 1);
+    } else {
+      const bool fresh = i >= fresh_w;
+      const float s = fresh ? 0.f : w.score[at];
+      float effective = s;
+      if (w.expo != nullptr) {
+        const float e = fresh ? 0.f : w.expo[at];
+        effective = e > 0.f ? __fdiv_rn(s, e) : 0.f;
+      }
+      key = selection_key(effective, p);
+    }
+  }
+  keys[static_cast<long long>(head) * W + i] = key;
+}
+
+// The chosen rows (key <= the head's kth) masked in the window; gone [heads, W]: 1 for each.
+__global__ void mask_window_victims_kernel(const std::uint64_t* keys, const std::uint64_t* kth, WindowRows w, int W,
+                                           std::uint8_t* gone) {
+  const int head = blockIdx.y, i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= W) return;
+  const bool victim = keys[static_cast<long long>(head) * W + i] <= kth[head];
+  if (victim) w.pos[head * w.capacity + i] = kEmpty;
+  gone[static_cast<long long>(head) * W + i] = victim ? 1 : 0;
 }
 
 // Each spanned row's slot (its index in slot order, -1: padding or masked) per head, from the
@@ -1198,6 +1210,50 @@ void DevicePackedRows::upload_metadata(const EvictionCore::Metadata& m, std::siz
   put_all(wexpo_[cur_], wexpo);
   if (sink_pos_.bytes() < H * sizeof(std::int64_t)) sink_pos_.reserve(H * sizeof(std::int64_t));
   put_all(sink_pos_, sinks);
+}
+
+bool DevicePackedRows::drop_lowest_on_device(std::size_t rows, std::size_t drop, std::int64_t threshold, std::size_t,
+                                             std::size_t) {
+  const std::size_t H = heads_total_;
+  if (drop == 0 || drop > rows || capturing_ || H == 0 || sink_pos_.bytes() < H * sizeof(std::int64_t)) return false;
+  apply_victims();
+  flush();  // rows masked by the host first
+  // Only while every row waits in the window (slot order = window order: the sinks are the rows
+  // at or below sink_pos, as in the decode step's observation).
+  for (const Head& h : heads_) {
+    if (h.packed > 0 || h.window.size() != rows) return false;
+  }
+  const int W = window_rows_;
+  DeviceBuffer row_keys, kth, drops, unkeyed, gone;
+  row_keys.reserve(H * static_cast<std::size_t>(W) * sizeof(std::uint64_t));
+  kth.reserve(H * sizeof(std::uint64_t));
+  unkeyed.reserve(sizeof(int));
+  gone.reserve(H * static_cast<std::size_t>(W));
+  KVSLIM_CUDA_CHECK(cudaMemsetAsync(unkeyed.get(), 0, sizeof(int), stream_));
+  const std::vector<int> drop_per_head(H, static_cast<int>(drop));
+  drops.upload(drop_per_head.data(), H * sizeof(int), stream_);
+  const dim3 grid(static_cast<unsigned>((W + 255) / 256), static_cast<unsigned>(H));
+  launch_kernel(true, false, window_keys_kernel, grid, dim3(256), 0, stream_, window(cur_), W,
+                sink_pos_.as<std::int64_t>(), fresh_w_, threshold, row_keys.as<std::uint64_t>(), unkeyed.as<int>());
+  launch_select_lowest(row_keys.as<std::uint64_t>(), W, W, drops.as<int>(), static_cast<int>(H), kth.as<std::uint64_t>(),
+                       stream_);
+  std::vector<std::uint64_t> kth_host(H);
+  int unkeyed_host = 0;
+  KVSLIM_CUDA_CHECK(cudaMemcpyAsync(kth_host.data(), kth.get(), H * sizeof(std::uint64_t), cudaMemcpyDeviceToHost, stream_));
+  KVSLIM_CUDA_CHECK(cudaMemcpyAsync(&unkeyed_host, unkeyed.get(), sizeof(int), cudaMemcpyDeviceToHost, stream_));
+  KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (unkeyed_host != 0 || std::find(kth_host.begin(), kth_host.end(), kNotCandidate) != kth_host.end()) return false;
+  launch_kernel(true, false, mask_window_victims_kernel, grid, dim3(256), 0, stream_, row_keys.as<std::uint64_t>(),
+                kth.as<std::uint64_t>(), window(cur_), W, gone.as<std::uint8_t>());
+  std::vector<std::uint8_t> gone_host(H * static_cast<std::size_t>(W));
+  KVSLIM_CUDA_CHECK(cudaMemcpyAsync(gone_host.data(), gone.get(), gone_host.size(), cudaMemcpyDeviceToHost, stream_));
+  KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  for (std::size_t head = 0; head < H; ++head) {
+    std::vector<int>& w = heads_[head].window;
+    std::erase_if(w, [&](int i) { return gone_host[head * static_cast<std::size_t>(W) + static_cast<std::size_t>(i)] != 0; });
+    if (w.size() != rows - drop) throw std::logic_error("DevicePackedRows: the device's trim left the wrong number of rows");
+  }
+  return true;
 }
 
 std::vector<DevicePackedRows::BlockCodes> DevicePackedRows::block_codes(std::size_t bh) const {

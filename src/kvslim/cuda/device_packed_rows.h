@@ -87,6 +87,11 @@ class DevicePackedRows final : public DeviceRowStore {
   std::size_t host_bytes() const override;
   void download_metadata(const EvictionCore::Metadata& m, std::size_t rows, std::size_t seen) const override;
   void upload_metadata(const EvictionCore::Metadata& m, std::size_t rows, std::size_t n_sink) override;
+  // While every row waits in the window (squeeze's held prompt before its budget is adopted): the
+  // victims chosen on the device are masked where they lie, and the heads' window lists learn them
+  // (one byte a window row read back). Rows in groups: false (the host decides).
+  bool drop_lowest_on_device(std::size_t rows, std::size_t drop, std::int64_t threshold, std::size_t n_sink,
+                             std::size_t fresh_from) override;
 
   // A decode step's observation and eviction on the device (see the file comment): probs over the
   // rows the last attend spanned ([H, probs_stride], attention_rows() of them), or in slot order

@@ -67,6 +67,17 @@ class DeviceRowStore : public RowStorage {
   // After a decision on the host: the core's scores and exposure into the mirrors; n_sink: the
   // leading rows a device step never evicts.
   virtual void upload_metadata(const EvictionCore::Metadata& m, std::size_t rows, std::size_t n_sink) = 0;
+  // The eviction core's drop_lowest(drop) decided and applied here, from the mirrors, without the
+  // host reading the rows' metadata (select_lowest.h): each head's `drop` lowest candidates (slot
+  // >= n_sink, position below `threshold`; rows at or past fresh_from scored 0, as the core's fresh
+  // rows) by (effective score, position) leave, the store's rows moving as the core's storage calls
+  // would move them; the core's own metadata is then the store's to refresh (download_metadata).
+  // false: nothing was done, the host decides (a store or a state this does not take).
+  virtual bool drop_lowest_on_device(std::size_t rows, std::size_t drop, std::int64_t threshold, std::size_t n_sink,
+                                     std::size_t fresh_from) {
+    (void)rows, (void)drop, (void)threshold, (void)n_sink, (void)fresh_from;
+    return false;
+  }
 
  protected:
   cudaStream_t stream_ = nullptr;
