@@ -2,6 +2,7 @@
 // (device_eviction_cache.cu) and over kivi codes (device_packed_rows.cu): each CTA of a head's
 // parts finds its lowest candidate, the last part to finish takes the lowest of the parts'. The
 // order is the eviction core's pick_victim: the lowest effective score, ties to the lower position.
+// Also the CTA prefix sum those kernels and the device trims (select_lowest.h) count rows with.
 #pragma once
 #include <cuda_runtime.h>
 
