@@ -179,6 +179,20 @@ TEST(CudaEviction, KeepsTheCpuCachesRowsStepAfterStep) {
 // integer kernels over codes are within 2e-3 of float64 on probabilities (tests/kvslim/attend_test),
 // the device's within 2e-5 (CudaCache tests).
 constexpr double kCodesProbsTolerance = 2e-3;
+
+// h2o keeping `budget` rows over kivi codes of these widths, group and staging.
+KVCacheConfig h2o_over_kivi(int budget, int key_bits, int value_bits, int group, int staging) {
+  KVCacheConfig c;
+  c.method = "h2o";
+  c.h2o_budget = budget;
+  c.storage = "kivi";
+  c.kivi_key_bits = key_bits;
+  c.kivi_value_bits = value_bits;
+  c.kivi_group_size = group;
+  c.kivi_staging = staging;
+  return c;
+}
+
 TEST(CudaEviction, KiviCodesUnderH2oKeepTheCpuCachesRowsAndCodes) {
   REQUIRE_GPU();
   struct Split {
@@ -190,14 +204,7 @@ TEST(CudaEviction, KiviCodesUnderH2oKeepTheCpuCachesRowsAndCodes) {
       const std::string what = "D=" + std::to_string(D) + " K" + std::to_string(sp.key_bits) + "V" +
                                std::to_string(sp.value_bits) + " g" + std::to_string(sp.group) + " staging " +
                                std::to_string(sp.staging);
-      KVCacheConfig c;
-      c.method = "h2o";
-      c.h2o_budget = 96;
-      c.storage = "kivi";
-      c.kivi_key_bits = sp.key_bits;
-      c.kivi_value_bits = sp.value_bits;
-      c.kivi_group_size = sp.group;
-      c.kivi_staging = sp.staging;
+      const KVCacheConfig c = h2o_over_kivi(96, sp.key_bits, sp.value_bits, sp.group, sp.staging);
       Twin t(c, 2, 2, 2, 3, D);
       t.prompt_decode_question(what);
       EXPECT_LE(t.worst_probs, kCodesProbsTolerance) << what;
@@ -214,18 +221,11 @@ TEST(CudaEviction, KiviCodesUnderH2oKeepTheCpuCachesRowsAndCodes) {
 // and quantized again in full groups, on the device as on the CPU -- and the rows stay the CPU's.
 TEST(CudaEviction, KiviCodesAreRepackedAsTheCpuRepacksThem) {
   REQUIRE_GPU();
-  KVCacheConfig c;
-  c.method = "h2o";
-  c.h2o_budget = 64;
+  KVCacheConfig c = h2o_over_kivi(64, 4, 2, 32, 32);
   c.evict_recent_window = 8;
   // Decayed scores: old rows lose their standing, so evictions reach back into old groups (without
   // decay h2o evicts the newest rows, which mostly leave from the window).
   c.evict_decay = 0.8;
-  c.storage = "kivi";
-  c.kivi_key_bits = 4;
-  c.kivi_value_bits = 2;
-  c.kivi_group_size = 32;
-  c.kivi_staging = 32;
   Twin t(c, 1, 1, 2, 2, 64);
   t.step(200);
   std::size_t repacks = 0;
@@ -282,15 +282,8 @@ TEST(CudaEviction, KeepsTheCpuCachesRowsWhenAStepSplitsEachHead) {
 // second chunk reaching the window.
 TEST(CudaEviction, KiviCodesKeepTheCpuRowsWhenEachPartScoresSeveralChunks) {
   REQUIRE_GPU();
-  KVCacheConfig c;
-  c.method = "h2o";
-  c.h2o_budget = 20000;
+  KVCacheConfig c = h2o_over_kivi(20000, 4, 2, 128, 128);
   c.evict_decay = 0.9;  // old rows lose standing: victims come from the groups, not only the window
-  c.storage = "kivi";
-  c.kivi_key_bits = 4;
-  c.kivi_value_bits = 2;
-  c.kivi_group_size = 128;
-  c.kivi_staging = 128;
   Twin t(c, 1, 1, 2, 3, 128);
   t.step(20500);
   t.expect_same_rows("h2o 20000 over kivi after the prompt");

@@ -438,28 +438,22 @@ bool DeviceSlots::drop_lowest_on_device(std::size_t rows, std::size_t drop, std:
   flush();  // the core's recorded moves first
   const std::size_t H = heads_total_, n = rows;
   // Scratch for this call only (a prompt's rows: 8 bytes a row of every head).
-  DeviceBuffer row_keys, kth, drops, lists, count, unkeyed;
+  DeviceBuffer row_keys, kth, lists, count, unkeyed;
   row_keys.reserve(H * n * sizeof(std::uint64_t));
   kth.reserve(H * sizeof(std::uint64_t));
   lists.reserve(2 * H * drop * sizeof(int));
   count.reserve(H * sizeof(int));
   unkeyed.reserve(sizeof(int));
   KVSLIM_CUDA_CHECK(cudaMemsetAsync(unkeyed.get(), 0, sizeof(int), stream_));
-  const std::vector<int> drop_per_head(H, static_cast<int>(drop));
-  drops.upload(drop_per_head.data(), H * sizeof(int), stream_);
   launch_kernel(true, false, slot_keys_kernel, dim3(static_cast<unsigned>((n + 255) / 256), static_cast<unsigned>(H)),
                 dim3(256), 0, stream_, positions(), scores(), exposure(), static_cast<long long>(stride_),
                 static_cast<int>(n), static_cast<int>(n_sink), static_cast<int>(std::min(fresh_from, n)), threshold,
                 row_keys.as<std::uint64_t>(), unkeyed.as<int>());
-  launch_select_lowest(row_keys.as<std::uint64_t>(), static_cast<long long>(n), static_cast<long long>(n), drops.as<int>(),
-                       static_cast<int>(H), kth.as<std::uint64_t>(), stream_);
-  std::vector<std::uint64_t> kth_host(H);
-  int unkeyed_host = 0;
-  KVSLIM_CUDA_CHECK(cudaMemcpyAsync(kth_host.data(), kth.get(), H * sizeof(std::uint64_t), cudaMemcpyDeviceToHost, stream_));
-  KVSLIM_CUDA_CHECK(cudaMemcpyAsync(&unkeyed_host, unkeyed.get(), sizeof(int), cudaMemcpyDeviceToHost, stream_));
-  KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream_));
   // A position without a key, or fewer candidates than must go (the host core names that error).
-  if (unkeyed_host != 0 || std::find(kth_host.begin(), kth_host.end(), kNotCandidate) != kth_host.end()) return false;
+  if (!choose_lowest(row_keys.as<std::uint64_t>(), static_cast<long long>(n), H, drop, unkeyed.as<int>(),
+                     kth.as<std::uint64_t>(), stream_)) {
+    return false;
+  }
   const int keep = static_cast<int>(n - drop);
   int* holes = lists.as<int>();
   int* movers = holes + H * drop;

@@ -1224,25 +1224,18 @@ bool DevicePackedRows::drop_lowest_on_device(std::size_t rows, std::size_t drop,
     if (h.packed > 0 || h.window.size() != rows) return false;
   }
   const int W = window_rows_;
-  DeviceBuffer row_keys, kth, drops, unkeyed, gone;
+  DeviceBuffer row_keys, kth, unkeyed, gone;
   row_keys.reserve(H * static_cast<std::size_t>(W) * sizeof(std::uint64_t));
   kth.reserve(H * sizeof(std::uint64_t));
   unkeyed.reserve(sizeof(int));
   gone.reserve(H * static_cast<std::size_t>(W));
   KVSLIM_CUDA_CHECK(cudaMemsetAsync(unkeyed.get(), 0, sizeof(int), stream_));
-  const std::vector<int> drop_per_head(H, static_cast<int>(drop));
-  drops.upload(drop_per_head.data(), H * sizeof(int), stream_);
   const dim3 grid(static_cast<unsigned>((W + 255) / 256), static_cast<unsigned>(H));
   launch_kernel(true, false, window_keys_kernel, grid, dim3(256), 0, stream_, window(cur_), W,
                 sink_pos_.as<std::int64_t>(), fresh_w_, threshold, row_keys.as<std::uint64_t>(), unkeyed.as<int>());
-  launch_select_lowest(row_keys.as<std::uint64_t>(), W, W, drops.as<int>(), static_cast<int>(H), kth.as<std::uint64_t>(),
-                       stream_);
-  std::vector<std::uint64_t> kth_host(H);
-  int unkeyed_host = 0;
-  KVSLIM_CUDA_CHECK(cudaMemcpyAsync(kth_host.data(), kth.get(), H * sizeof(std::uint64_t), cudaMemcpyDeviceToHost, stream_));
-  KVSLIM_CUDA_CHECK(cudaMemcpyAsync(&unkeyed_host, unkeyed.get(), sizeof(int), cudaMemcpyDeviceToHost, stream_));
-  KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  if (unkeyed_host != 0 || std::find(kth_host.begin(), kth_host.end(), kNotCandidate) != kth_host.end()) return false;
+  if (!choose_lowest(row_keys.as<std::uint64_t>(), W, H, drop, unkeyed.as<int>(), kth.as<std::uint64_t>(), stream_)) {
+    return false;
+  }
   launch_kernel(true, false, mask_window_victims_kernel, grid, dim3(256), 0, stream_, row_keys.as<std::uint64_t>(),
                 kth.as<std::uint64_t>(), window(cur_), W, gone.as<std::uint8_t>());
   std::vector<std::uint8_t> gone_host(H * static_cast<std::size_t>(W));

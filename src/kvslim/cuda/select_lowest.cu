@@ -1,5 +1,10 @@
 #include "cuda/select_lowest.h"
 
+#include <algorithm>
+#include <vector>
+
+#include "cuda/cuda_common.cuh"
+#include "cuda/device_buffer.h"
 #include "cuda/kernel_launch.h"
 
 namespace kvslim::cuda {
@@ -76,6 +81,20 @@ void launch_select_lowest(const std::uint64_t* keys, long long n, long long stri
                           std::uint64_t* kth, cudaStream_t stream) {
   launch_kernel(heads > 0, false, select_lowest_kernel, dim3(static_cast<unsigned>(heads > 0 ? heads : 1)),
                 dim3(kSelectThreads), 0, stream, keys, n, stride, drop, kth);
+}
+
+bool choose_lowest(const std::uint64_t* keys, long long n, std::size_t heads, std::size_t drop, const int* unkeyed,
+                   std::uint64_t* kth, cudaStream_t stream) {
+  DeviceBuffer drops;
+  const std::vector<int> drop_per_head(heads, static_cast<int>(drop));
+  drops.upload(drop_per_head.data(), heads * sizeof(int), stream);
+  launch_select_lowest(keys, n, n, drops.as<int>(), static_cast<int>(heads), kth, stream);
+  std::vector<std::uint64_t> kth_host(heads);
+  int unkeyed_host = 0;
+  KVSLIM_CUDA_CHECK(cudaMemcpyAsync(kth_host.data(), kth, heads * sizeof(std::uint64_t), cudaMemcpyDeviceToHost, stream));
+  KVSLIM_CUDA_CHECK(cudaMemcpyAsync(&unkeyed_host, unkeyed, sizeof(int), cudaMemcpyDeviceToHost, stream));
+  KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return unkeyed_host == 0 && std::find(kth_host.begin(), kth_host.end(), kNotCandidate) == kth_host.end();
 }
 
 }  // namespace kvslim::cuda

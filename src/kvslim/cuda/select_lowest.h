@@ -41,4 +41,11 @@ __host__ __device__ inline std::uint64_t selection_key(float score, std::int64_t
 void launch_select_lowest(const std::uint64_t* keys, long long n, long long stride, const int* drop, int heads,
                           std::uint64_t* kth, cudaStream_t stream);
 
+// A store's trim: launch_select_lowest with the same `drop` for each of `heads` heads over keys
+// [heads, n], then the results read back (waits for the stream). true: every head had `drop`
+// candidates and no candidate lacked a key (*unkeyed, device, is 0), so each head's victims are
+// its keys <= kth[head] (device [heads]); false: nothing is decided (the host core decides).
+bool choose_lowest(const std::uint64_t* keys, long long n, std::size_t heads, std::size_t drop, const int* unkeyed,
+                   std::uint64_t* kth, cudaStream_t stream);
+
 }  // namespace kvslim::cuda
