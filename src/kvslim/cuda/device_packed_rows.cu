@@ -423,7 +423,7 @@ __global__ void __launch_bounds__(kObserveThreads)
 
 // A squeeze budget's trim while every row waits in the window (drop_lowest_on_device): each
 // window row's selection key [heads, W] (select_lowest.h). Candidates are live rows above the sinks'
-// positions and below the threshold; rows at or past fresh_w score 0 (the core's fresh rows). A
+// positions and below the threshold; rows at or past `fresh_w` score 0 (the core's fresh rows). A
 // candidate position outside [0, 2^32) sets *unkeyed (the host decides).
 __global__ void window_keys_kernel(WindowRows w, int W, const std::int64_t* sink_pos, int fresh_w, std::int64_t threshold,
                                    std::uint64_t* keys, int* unkeyed) {
@@ -1213,7 +1213,7 @@ void DevicePackedRows::upload_metadata(const EvictionCore::Metadata& m, std::siz
 }
 
 bool DevicePackedRows::drop_lowest_on_device(std::size_t rows, std::size_t drop, std::int64_t threshold, std::size_t,
-                                             std::size_t) {
+                                             std::size_t fresh_from) {
   const std::size_t H = heads_total_;
   if (drop == 0 || drop > rows || capturing_ || H == 0 || sink_pos_.bytes() < H * sizeof(std::int64_t)) return false;
   apply_victims();
@@ -1224,6 +1224,10 @@ bool DevicePackedRows::drop_lowest_on_device(std::size_t rows, std::size_t drop,
     if (h.packed > 0 || h.window.size() != rows) return false;
   }
   const int W = window_rows_;
+  // The rows appended since the last observation are the window's last rows (appends land at its
+  // end, and no step masks a row it has not observed). fresh_w_ marks the last append's first row
+  // even after it was observed, so it is not the mark here.
+  const int fresh = W - static_cast<int>(rows - std::min(fresh_from, rows));
   DeviceBuffer row_keys, kth, unkeyed, gone;
   row_keys.reserve(H * static_cast<std::size_t>(W) * sizeof(std::uint64_t));
   kth.reserve(H * sizeof(std::uint64_t));
@@ -1232,7 +1236,7 @@ bool DevicePackedRows::drop_lowest_on_device(std::size_t rows, std::size_t drop,
   KVSLIM_CUDA_CHECK(cudaMemsetAsync(unkeyed.get(), 0, sizeof(int), stream_));
   const dim3 grid(static_cast<unsigned>((W + 255) / 256), static_cast<unsigned>(H));
   launch_kernel(true, false, window_keys_kernel, grid, dim3(256), 0, stream_, window(cur_), W,
-                sink_pos_.as<std::int64_t>(), fresh_w_, threshold, row_keys.as<std::uint64_t>(), unkeyed.as<int>());
+                sink_pos_.as<std::int64_t>(), fresh, threshold, row_keys.as<std::uint64_t>(), unkeyed.as<int>());
   if (!choose_lowest(row_keys.as<std::uint64_t>(), W, H, drop, unkeyed.as<int>(), kth.as<std::uint64_t>(), stream_)) {
     return false;
   }
