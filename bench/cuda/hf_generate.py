@@ -67,6 +67,8 @@ def cache_figures(rec, cache, seq, reference):
         # The decisions the host core still makes (a prompt's window, squeeze's adopted budgets):
         # host wall ms by phase, summed over layers (wait: the model's queued kernels).
         phases = ("wait", "probs", "pull", "core", "flush_push")
+        if any("trims_on_device" in s["figures"] for s in stats):  # squeeze's budgets cut on the device
+            rec["trims_on_device"] = int(sum(s["figures"].get("trims_on_device", 0) for s in stats))
         if any("host_decisions" in s["figures"] for s in stats):
             rec["host_decision_ms"] = {p: round(sum(s["figures"].get(f"host_decision_{p}_ms", 0.0) for s in stats), 1)
                                        for p in phases}
