@@ -634,7 +634,6 @@ bool DeviceEvictionCache::observe_codes_on_device(const AttentionObservation& ob
 
 void DeviceEvictionCache::graph_between_steps(cudaStream_t stream) {
   if (slots_ != nullptr) return;
-  store_->set_stream(stream);
   static_cast<DevicePackedRows*>(store_)->between_replays(core_.rows(), !compression_held(), stream);
 }
 
