@@ -31,11 +31,16 @@ SAN="CudaAttend.ZeroQueryAndFlatGroups:CudaAttend.BatchWithOwnLengthsAtTheKernel
 SAN="$SAN:CudaEviction.Keeps*:CudaEviction.Pyramid*:CudaEviction.AnUnobserved*:CudaEviction.Kivi*:CudaEviction.SqueezeOverKivi*"
 SAN="$SAN:CudaStepGraph.*:CudaZipcache.SaliencyAndCodes*:CudaZipcache.Probabilities*:CudaSelectLowest.*"
 SAN="$SAN:-CudaStepGraph.*LargerStores:CudaEviction.*SeveralChunks"
-{ timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 devbin/cuda_tests --gtest_filter="$SAN" 2>&1 | tail -n 25
+{ timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 devbin/cuda_tests --gtest_filter="$SAN" 2>&1 | tail -n 25
   echo "memcheck exit: ${PIPESTATUS[0]}"
   timeout 60 compute-sanitizer --tool racecheck --error-exitcode 9 devbin/cuda_tests \
     --gtest_filter=CudaAttend.ZeroQueryAndFlatGroups:CudaAttend.BatchWithOwnLengthsAtTheKernelLevel:CudaZipcache.Probabilities* 2>&1 | tail -n 12
-  echo "racecheck exit: ${PIPESTATUS[0]}"; } > "$OUT"/sanitizer.txt
+  echo "racecheck exit: ${PIPESTATUS[0]}"
+  # The shared-memory kernels of eviction: the observation over codes (rows moved out of groups),
+  # the selection and the hole filling of squeeze's trims, at tens to hundreds of rows.
+  timeout 90 compute-sanitizer --tool racecheck --error-exitcode 9 devbin/cuda_tests \
+    --gtest_filter='CudaEviction.Squeeze*:CudaEviction.KiviCodesUnderH2o*:CudaEviction.KiviCodesAreRepacked*' 2>&1 | tail -n 12
+  echo "racecheck (eviction) exit: ${PIPESTATUS[0]}"; } > "$OUT"/sanitizer.txt
 if [ "$MODE" = tests ]; then tail -n 5 "$OUT"/tests.txt; grep "worst error\|long context" "$OUT"/tests.txt; tail -n 4 "$OUT"/sanitizer.txt; exit 0; fi
 BENCH_ARGS=""
 BENCH_TIMEOUT=300

@@ -69,6 +69,7 @@ def cache_figures(rec, cache, seq, reference):
         phases = ("wait", "probs", "pull", "core", "flush_push")
         if any("trims_on_device" in s["figures"] for s in stats):  # squeeze's budgets cut on the device
             rec["trims_on_device"] = int(sum(s["figures"].get("trims_on_device", 0) for s in stats))
+            rec["device_trim_ms"] = round(sum(s["figures"].get("device_trim_ms", 0.0) for s in stats), 1)
         if any("host_decisions" in s["figures"] for s in stats):
             rec["host_decision_ms"] = {p: round(sum(s["figures"].get(f"host_decision_{p}_ms", 0.0) for s in stats), 1)
                                        for p in phases}
@@ -93,6 +94,8 @@ def report(rec, label, log, line):
         if rec.get("host_decision_ms"):
             log(f"  {'':28s} host decisions, ms summed over layers: " +
                 ", ".join(f"{k} {v}" for k, v in rec["host_decision_ms"].items()))
+        if rec.get("trims_on_device"):
+            log(f"  {'':28s} budgets trimmed on the device: {rec['trims_on_device']} layers, {rec['device_trim_ms']} ms")
     return rec
 
 

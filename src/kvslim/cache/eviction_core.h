@@ -123,7 +123,9 @@ class EvictionCore {
   void trim(std::size_t budget);
   // trim(budget) whose drop an owner made itself (a device store chose and moved the rows that
   // leave, as drop_lowest would have): the core keeps `budget` rows, shrinks, settles. Its own
-  // metadata is then the owner's to refresh before the core decides again.
+  // metadata is then the owner's to refresh before the core decides again. The settle hands the
+  // storage saliency from that stale metadata: only a storage that ignores saliency at settle
+  // (fp16 slots, kivi codes) may be trimmed this way (DeviceRowStore::drop_lowest_on_device).
   void trimmed_by_owner(std::size_t budget);
   void reset();
   // Rows per head the caller expects at most: an unbounded core grows straight to it (no x1.5

@@ -12,17 +12,17 @@ void throw_cuda_error(cudaError_t err, const char* call, const char* file, int l
   throw std::runtime_error(what);
 }
 
-void DeviceBuffer::reserve(std::size_t bytes) {
+void DeviceBuffer::reserve(std::size_t bytes, cudaStream_t stream) {
   if (bytes <= bytes_) return;
   release();
   KVSLIM_CUDA_CHECK(cudaMalloc(&ptr_, bytes));
   bytes_ = bytes;
-  KVSLIM_CUDA_CHECK(cudaMemset(ptr_, 0, bytes));
+  KVSLIM_CUDA_CHECK(cudaMemsetAsync(ptr_, 0, bytes, stream));
 }
 
 void DeviceBuffer::upload(const void* host, std::size_t bytes, cudaStream_t stream) {
   if (bytes == 0) return;
-  reserve(bytes);
+  reserve(bytes, stream);
   KVSLIM_CUDA_CHECK(cudaMemcpyAsync(ptr_, host, bytes, cudaMemcpyHostToDevice, stream));
 }
 

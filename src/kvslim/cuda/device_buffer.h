@@ -26,8 +26,10 @@ class DeviceBuffer {
   }
 
   // At least `bytes`, contents not kept (zero-filled when newly allocated, so a kernel that reads a
-  // whole tile past the live rows never meets NaN bit patterns).
-  void reserve(std::size_t bytes);
+  // whole tile past the live rows never meets NaN bit patterns). The zero-fill is ordered on
+  // `stream`: the legacy default stream does not order against a non-blocking stream (torch's side
+  // streams), where a late zero-fill could overwrite what the caller's first kernel wrote.
+  void reserve(std::size_t bytes, cudaStream_t stream = cudaStreamLegacy);
   void release();
   void* get() const { return ptr_; }
   template <typename T>

@@ -128,7 +128,10 @@ __global__ void __launch_bounds__(kObserveThreads)
     if (kept) mover[moving + before] = i;
     moving += chunk;
   }
-  if (threadIdx.x == 0) count[head] = min(found, moving);  // (equal: `keep` rows stay)
+  if (threadIdx.x == 0) {  // equal when exactly `drop` keys are at or below kth (the host checks)
+    count[head] = found;
+    count[gridDim.x + head] = moving;
+  }
 }
 
 // Mover r of each head into hole r: keys, values, position, score, exposure. grid (drop, heads).
@@ -439,12 +442,11 @@ bool DeviceSlots::drop_lowest_on_device(std::size_t rows, std::size_t drop, std:
   const std::size_t H = heads_total_, n = rows;
   // Scratch for this call only (a prompt's rows: 8 bytes a row of every head).
   DeviceBuffer row_keys, kth, lists, count, unkeyed;
-  row_keys.reserve(H * n * sizeof(std::uint64_t));
-  kth.reserve(H * sizeof(std::uint64_t));
-  lists.reserve(2 * H * drop * sizeof(int));
-  count.reserve(H * sizeof(int));
-  unkeyed.reserve(sizeof(int));
-  KVSLIM_CUDA_CHECK(cudaMemsetAsync(unkeyed.get(), 0, sizeof(int), stream_));
+  row_keys.reserve(H * n * sizeof(std::uint64_t), stream_);
+  kth.reserve(H * sizeof(std::uint64_t), stream_);
+  lists.reserve(2 * H * drop * sizeof(int), stream_);
+  count.reserve(2 * H * sizeof(int), stream_);  // per head: holes filled, then rows moved (checked below)
+  unkeyed.reserve(sizeof(int), stream_);  // zero-filled on stream_
   launch_kernel(true, false, slot_keys_kernel, dim3(static_cast<unsigned>((n + 255) / 256), static_cast<unsigned>(H)),
                 dim3(256), 0, stream_, positions(), scores(), exposure(), static_cast<long long>(stride_),
                 static_cast<int>(n), static_cast<int>(n_sink), static_cast<int>(std::min(fresh_from, n)), threshold,
@@ -460,6 +462,15 @@ bool DeviceSlots::drop_lowest_on_device(std::size_t rows, std::size_t drop, std:
   launch_kernel(true, false, hole_fill_lists_kernel, dim3(static_cast<unsigned>(H)), dim3(kObserveThreads), 0, stream_,
                 row_keys.as<std::uint64_t>(), kth.as<std::uint64_t>(), static_cast<int>(n), keep, static_cast<int>(drop), holes,
                 movers, count.as<int>());
+  // Holes and movers pair up only if the selection took exactly `drop` rows a head (two rows of a
+  // head with one key -- a repeated position -- would break that): checked before any row moves,
+  // so a mismatch leaves the store as it was and the host decides.
+  std::vector<int> counts(2 * H);
+  KVSLIM_CUDA_CHECK(cudaMemcpyAsync(counts.data(), count.get(), counts.size() * sizeof(int), cudaMemcpyDeviceToHost, stream_));
+  KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  for (std::size_t head = 0; head < H; ++head) {
+    if (counts[head] != counts[H + head]) return false;
+  }
   launch_kernel(true, false, fill_holes_kernel, dim3(static_cast<unsigned>(drop), static_cast<unsigned>(H)),
                 dim3(static_cast<unsigned>(dim_)), 0, stream_, holes, movers, count.as<int>(), static_cast<int>(drop),
                 keys(), values(), positions(), scores(), exposure(), static_cast<long long>(stride_),
@@ -545,8 +556,7 @@ void DeviceEvictionCache::adopt(std::optional<std::size_t> budget, cudaStream_t 
       store_->flush();
       host_stale_ = true;
       ++trims_on_device_;
-      host_times_.core_ms += clock.lap();
-      ++host_times_.calls;
+      device_trim_ms_ += clock.lap();
       fresh_from_ = core_.rows();
       return;
     }
@@ -750,8 +760,8 @@ void DeviceEvictionCache::reserve_observe_parts(std::size_t parts, cudaStream_t 
     throw InputError(std::string(method()) + " cache (cuda): StepGraph: a captured step needs the decode observation's "
                      "scratch for " + std::to_string(parts) + " parts per head: run one eager decode step before capturing");
   }
-  observe_best_.reserve(BH * parts * sizeof(Candidate));
-  observe_arrivals_.reserve(BH * sizeof(unsigned));
+  observe_best_.reserve(BH * parts * sizeof(Candidate), stream);
+  observe_arrivals_.reserve(BH * sizeof(unsigned), stream);
   KVSLIM_CUDA_CHECK(cudaMemsetAsync(observe_arrivals_.get(), 0, BH * sizeof(unsigned), stream));
   observe_parts_capacity_ = BH * parts;
 }
@@ -867,6 +877,7 @@ void DeviceEvictionCache::clear() {
   decode_steps_on_device_ = 0;
   host_times_ = {};
   trims_on_device_ = 0;
+  device_trim_ms_ = 0;
   fresh_from_ = 0;
   host_stale_ = false;
   if (squeeze_) budget_ = squeeze_->reset(budget_);
@@ -876,6 +887,7 @@ void DeviceEvictionCache::add_figures(CacheStats& st) const {
   st.figures.emplace_back("layer_budget", static_cast<double>(budget_));
   st.figures.emplace_back("decode_steps_on_device", static_cast<double>(decode_steps_on_device_));
   st.figures.emplace_back("trims_on_device", static_cast<double>(trims_on_device_));
+  st.figures.emplace_back("device_trim_ms", device_trim_ms_);
   st.figures.emplace_back("host_decisions", static_cast<double>(host_times_.calls));
   st.figures.emplace_back("host_decision_wait_ms", host_times_.wait_ms);
   st.figures.emplace_back("host_decision_probs_ms", host_times_.probs_ms);

@@ -217,6 +217,7 @@ class DeviceEvictionCache final : public DeviceCache, public SharesImportance {
   };
   HostDecisionTimes host_times_;
   std::size_t trims_on_device_ = 0;  // adopted budgets whose drop the store decided (a figure)
+  double device_trim_ms_ = 0;        // their wall time, select and moves included (not a host decision)
 };
 
 }  // namespace kvslim::cuda

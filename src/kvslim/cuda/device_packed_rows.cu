@@ -249,8 +249,10 @@ struct WordMove {
 // registers (the N arrays' words as one index space, ascending), then written. A group's row
 // leaving K4V2 g128 moves at most ~3,600 words, so one read and one write instead of one round
 // trip per array. A chunk's writes reach only words this or an earlier chunk has read.
+// Not inlined: only the last CTA of a head whose victim sat in a group runs it, and inlined its 16
+// words a thread took the observation kernel from 48 to 206 registers (one CTA per SM; ptxas, sm_90).
 template <int N>
-__device__ void move_words_down(const WordMove (&moves)[N]) {
+__device__ __noinline__ void move_words_down(const WordMove (&moves)[N]) {
   constexpr int kWords = 16;
   long long total = 0;
 #pragma unroll
@@ -1210,12 +1212,14 @@ void DevicePackedRows::upload_metadata(const EvictionCore::Metadata& m, std::siz
   put_all(wexpo_[cur_], wexpo);
   if (sink_pos_.bytes() < H * sizeof(std::int64_t)) sink_pos_.reserve(H * sizeof(std::int64_t));
   put_all(sink_pos_, sinks);
+  sinks_known_ = n_sink == 0 || rows >= n_sink;
 }
 
-bool DevicePackedRows::drop_lowest_on_device(std::size_t rows, std::size_t drop, std::int64_t threshold, std::size_t,
+bool DevicePackedRows::drop_lowest_on_device(std::size_t rows, std::size_t drop, std::int64_t threshold, std::size_t n_sink,
                                              std::size_t fresh_from) {
   const std::size_t H = heads_total_;
   if (drop == 0 || drop > rows || capturing_ || H == 0 || sink_pos_.bytes() < H * sizeof(std::int64_t)) return false;
+  if (n_sink > 0 && !sinks_known_) return false;  // the last upload saw fewer rows than the sinks
   apply_victims();
   flush();  // rows masked by the host first
   // Only while every row waits in the window (slot order = window order: the sinks are the rows
@@ -1229,11 +1233,10 @@ bool DevicePackedRows::drop_lowest_on_device(std::size_t rows, std::size_t drop,
   // even after it was observed, so it is not the mark here.
   const int fresh = W - static_cast<int>(rows - std::min(fresh_from, rows));
   DeviceBuffer row_keys, kth, unkeyed, gone;
-  row_keys.reserve(H * static_cast<std::size_t>(W) * sizeof(std::uint64_t));
-  kth.reserve(H * sizeof(std::uint64_t));
-  unkeyed.reserve(sizeof(int));
-  gone.reserve(H * static_cast<std::size_t>(W));
-  KVSLIM_CUDA_CHECK(cudaMemsetAsync(unkeyed.get(), 0, sizeof(int), stream_));
+  row_keys.reserve(H * static_cast<std::size_t>(W) * sizeof(std::uint64_t), stream_);
+  kth.reserve(H * sizeof(std::uint64_t), stream_);
+  unkeyed.reserve(sizeof(int), stream_);  // zero-filled on stream_
+  gone.reserve(H * static_cast<std::size_t>(W), stream_);
   const dim3 grid(static_cast<unsigned>((W + 255) / 256), static_cast<unsigned>(H));
   launch_kernel(true, false, window_keys_kernel, grid, dim3(256), 0, stream_, window(cur_), W,
                 sink_pos_.as<std::int64_t>(), fresh, threshold, row_keys.as<std::uint64_t>(), unkeyed.as<int>());
@@ -1369,6 +1372,7 @@ void DevicePackedRows::reset() {
   heads_.clear();
   heads_total_ = dim_ = 0;
   region_capacity_ = window_capacity_ = window_rows_ = cur_ = fresh_w_ = 0;
+  sinks_known_ = false;
   masked_.clear();
   closes_.clear();
   close_list_.clear();

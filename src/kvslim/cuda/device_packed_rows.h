@@ -202,6 +202,9 @@ class DevicePackedRows final : public DeviceRowStore {
     int regions;  // the regions that step spanned (a victim below regions * G lies in a group)
   };
   DeviceBuffer sink_pos_, victims_;
+  // sink_pos_ names each head's last sink (the last upload held at least n_sink rows); otherwise it
+  // protects no row, and only the core can tell the sinks.
+  bool sinks_known_ = false;
   mutable int* victims_host_ = nullptr;  // pinned [kVictimRing, H] (allocated by the first read)
   mutable std::vector<PendingStep> pending_;
   int ring_next_ = 0;

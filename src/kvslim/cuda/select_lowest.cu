@@ -94,7 +94,10 @@ bool choose_lowest(const std::uint64_t* keys, long long n, std::size_t heads, st
   KVSLIM_CUDA_CHECK(cudaMemcpyAsync(kth_host.data(), kth, heads * sizeof(std::uint64_t), cudaMemcpyDeviceToHost, stream));
   KVSLIM_CUDA_CHECK(cudaMemcpyAsync(&unkeyed_host, unkeyed, sizeof(int), cudaMemcpyDeviceToHost, stream));
   KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream));
-  return unkeyed_host == 0 && std::find(kth_host.begin(), kth_host.end(), kNotCandidate) == kth_host.end();
+  // A kth of 0 is no finite score's key (it is a NaN's): with drop > 0 it can only mean the select
+  // never ran over these counts, so the host decides rather than trusting it.
+  return unkeyed_host == 0 && std::find(kth_host.begin(), kth_host.end(), kNotCandidate) == kth_host.end() &&
+         (drop == 0 || std::find(kth_host.begin(), kth_host.end(), std::uint64_t{0}) == kth_host.end());
 }
 
 }  // namespace kvslim::cuda

@@ -83,8 +83,20 @@ void launch_side_by_side(cudaStream_t stream, const std::function<void(cudaStrea
   // preceded the fork only; the join makes the origin stream's next node wait for both.
   KVSLIM_CUDA_CHECK(cudaEventRecord(side->fork, stream));
   KVSLIM_CUDA_CHECK(cudaStreamWaitEvent(side->stream, side->fork, 0));
+  // Joined however the launches end: a launch that throws while capturing must not leave the side
+  // stream outside the join (the capture would then end in cudaErrorStreamCaptureUnjoined, which
+  // hides the launch's own error).
+  struct JoinOnThrow {
+    SideStream* side;
+    cudaStream_t stream;
+    bool armed = true;
+    ~JoinOnThrow() {
+      if (armed && cudaEventRecord(side->join, side->stream) == cudaSuccess) cudaStreamWaitEvent(stream, side->join, 0);
+    }
+  } guard{side, stream};
   first(stream);
   second(side->stream);
+  guard.armed = false;
   KVSLIM_CUDA_CHECK(cudaEventRecord(side->join, side->stream));
   KVSLIM_CUDA_CHECK(cudaStreamWaitEvent(stream, side->join, 0));
 }
