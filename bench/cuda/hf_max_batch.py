@@ -57,9 +57,11 @@ def kvslim_device_bytes(cache) -> int:
 
 
 def fill(model, cache, batch, context, chunk, g):
-    """Every layer of `cache` holds `context` random tokens per sequence (bf16 keys and values)."""
+    """Every layer of `cache` holds `context` random tokens per sequence (bf16 keys and values), over
+    this rank's heads when the model is tensor parallel."""
     cfg = model.config
-    hkv, hq, d = cfg.num_key_value_heads, cfg.num_attention_heads, cfg.head_dim
+    tp = int(getattr(model, "_tp_size", None) or 1)  # tensor parallel: this rank holds 1/tp of the heads
+    hkv, hq, d = cfg.num_key_value_heads // tp, cfg.num_attention_heads // tp, cfg.head_dim
     layers = cfg.num_hidden_layers
 
     def rand(*shape):
