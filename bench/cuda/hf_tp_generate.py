@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hf_generate import file_logger, kv_tensor_bytes, llama8b_model, sync  # noqa: E402
-from hf_max_batch import try_batch  # noqa: E402
+from hf_max_batch import largest_batch  # noqa: E402
 
 TP = "WORLD_SIZE" in os.environ
 
@@ -171,50 +171,6 @@ def agreed(flag: bool, op: str) -> bool:
     return bool(t.item())
 
 
-def largest_batch(model, make, context, chunk, steps, budget_gb, limit, log, time_limit):
-    """The largest batch that fits --budget-gb on every GPU (decided together), and the runs. The
-    search stops (every rank at once) after `time_limit` seconds: the batch is then the largest
-    that fitted so far."""
-    physical = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / 1e9
-    runs, fitted = [], []
-    began = time.perf_counter()
-
-    def predicted(b):  # the peak's linear growth from the last two batches that ran
-        if len(fitted) < 2:
-            return 0.0 if not fitted else fitted[-1][1] * b / fitted[-1][0]
-        (b1, p1), (b2, p2) = fitted[-2:]
-        return p2 + (p2 - p1) / (b2 - b1) * (b - b2)
-
-    def fits(b):
-        if agreed(time.perf_counter() - began > time_limit, "max"):
-            raise TimeoutError
-        if predicted(b) > 0.92 * physical:  # decided alike on every rank: each has its own figures, so
-            ok_local, rec = False, {"batch": b, "skipped": f"predicted peak {predicted(b):.1f} GB"}  # all-reduced below
-        else:
-            rec = try_batch(model, make, b, context, chunk, steps)
-            ok_local = "error" not in rec and rec["peak_gb"] <= budget_gb
-            if "error" not in rec:
-                fitted.append((b, rec["peak_gb"]))
-        ok = agreed(ok_local, "min")
-        runs.append(rec)
-        log(f"    batch {b:4d}: " + (rec.get("skipped") or rec.get("error", "")[:80] or
-                                     f"peak {rec['peak_gb']:.2f} GB, step {rec['step_ms']:.2f} ms = {rec['tokens_per_s']:.0f} tok/s")
-            + f" -> {'fits' if ok else 'does not fit'} (every rank)")
-        return ok
-
-    lo, hi = 0, 1
-    try:
-        while hi <= limit and fits(hi):
-            lo, hi = hi, hi * 2
-        hi = min(hi, limit + 1)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    except TimeoutError:
-        log(f"    search cut after {time_limit:.0f} s: between {lo} (fits) and {hi} (not known to fit)")
-    return lo, runs
-
-
 def compare(one: Path, two: Path) -> int:
     a = json.loads((one / "hf_tp_generate.json").read_text())
     b = json.loads((two / "hf_tp_generate.json").read_text())
@@ -304,7 +260,7 @@ def main() -> int:
         try:
             chunk = max(2048, args.context // 4) if "h2o" in label else 2048
             best, runs = largest_batch(model, make, args.context, chunk, 4, args.budget_gb, args.limit, log,
-                                       args.time_limit)
+                                       args.time_limit, agree=agreed)
         finally:
             torch.backends.cuda.enable_cudnn_sdp(cudnn)
             if ours:
