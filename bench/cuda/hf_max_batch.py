@@ -57,9 +57,11 @@ def kvslim_device_bytes(cache) -> int:
 
 
 def fill(model, cache, batch, context, chunk, g):
-    """Every layer of `cache` holds `context` random tokens per sequence (bf16 keys and values)."""
+    """Every layer of `cache` holds `context` random tokens per sequence (bf16 keys and values), over
+    this rank's heads when the model is tensor parallel."""
     cfg = model.config
-    hkv, hq, d = cfg.num_key_value_heads, cfg.num_attention_heads, cfg.head_dim
+    tp = int(getattr(model, "_tp_size", None) or 1)  # tensor parallel: this rank holds 1/tp of the heads
+    hkv, hq, d = cfg.num_key_value_heads // tp, cfg.num_attention_heads // tp, cfg.head_dim
     layers = cfg.num_hidden_layers
 
     def rand(*shape):
@@ -123,23 +125,44 @@ def try_batch(model, make, batch, context, chunk, steps):
     return rec
 
 
-def largest_batch(model, make, context, chunk, steps, budget_gb, limit, log, time_limit):
+def largest_batch(model, make, context, chunk, steps, budget_gb, limit, log, time_limit, agree=None):
     """The largest B that fits, and every run's record. The search stops early (and says so) once
-    the cache's runs have taken `time_limit` seconds: B is then the largest that fitted so far."""
-    runs = []
+    the cache's runs have taken `time_limit` seconds: B is then the largest that fitted so far. A
+    batch whose peak, extrapolated from the last two that ran, exceeds 92 % of the GPU's memory or
+    110 % of the budget is not tried (running out of memory costs more than a run, and a batch far
+    over the budget cannot fit it).
+    agree(flag, "min" | "max"): the decision of every rank of a tensor-parallel model (so they
+    search alike); one process decides alone."""
+    agree = agree or (lambda flag, _op: flag)
+    physical = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / 1e9
+    runs, fitted = [], []  # fitted: (batch, peak GB) of the runs that ran
     began = time.perf_counter()
 
+    def predicted(b):
+        if len(fitted) < 2:
+            return fitted[-1][1] * b / fitted[-1][0] if fitted else 0.0
+        (b1, p1), (b2, p2) = fitted[-2:]
+        return p2 + (p2 - p1) / (b2 - b1) * (b - b2)
+
     def fits(b):
-        if time.perf_counter() - began > time_limit:
+        if agree(time.perf_counter() - began > time_limit, "max"):
             raise TimeoutError
-        rec = try_batch(model, make, b, context, chunk, steps)
+        if predicted(b) > min(0.92 * physical, 1.1 * budget_gb):
+            rec, ok = {"batch": b, "skipped": f"predicted peak {predicted(b):.1f} GB"}, False
+        else:
+            rec = try_batch(model, make, b, context, chunk, steps)
+            ok = "error" not in rec and rec["peak_gb"] <= budget_gb
+            if "error" not in rec:
+                fitted.append((b, rec["peak_gb"]))
+        ok = agree(ok, "min")
         runs.append(rec)
-        ok = "error" not in rec and rec["peak_gb"] <= budget_gb
-        log(f"    batch {b:4d}: " + (f"peak {rec['peak_gb']:7.2f} GB (torch {rec['torch_peak_gb']:.2f} + kvslim "
-                                     f"{rec['kvslim_gb']:.2f}; device {rec['device_used_gb']:.2f}), step "
-                                     f"{rec['step_ms']:.2f} ms = {rec['tokens_per_s']:.0f} tok/s"
-                                     if "error" not in rec else rec["error"][:100])
-            + f", {rec['seconds']:.1f} s -> {'fits' if ok else 'does not fit'}")
+        if "skipped" in rec or "error" in rec:
+            what = rec.get("skipped") or rec["error"][:100]
+        else:
+            what = (f"peak {rec['peak_gb']:7.2f} GB (torch {rec['torch_peak_gb']:.2f} + kvslim {rec['kvslim_gb']:.2f}; "
+                    f"device {rec['device_used_gb']:.2f}), step {rec['step_ms']:.2f} ms = {rec['tokens_per_s']:.0f} tok/s")
+        log(f"    batch {b:4d}: {what}" + (f", {rec['seconds']:.1f} s" if "seconds" in rec else "")
+            + f" -> {'fits' if ok else 'does not fit'}")
         return ok
 
     lo, hi = 0, 1

@@ -10,6 +10,9 @@ decides exactly what one process over all heads would (docs/distributed.md).
     caches = kvslim.CacheSet(cfg, num_layers=L, kv_heads=stop - start, head_dim=D)
     kvslim.distributed.shard(caches, head_slice=(start, stop), kv_heads=H)   # a collective
     caches[i].update(keys[:, start:stop], values[:, start:stop])
+
+A transformers model loaded with from_pretrained(..., tp_plan="auto") needs none of this by hand:
+kvslim.hf.KVSlimCache(model, cfg) reads the model's layout (model_layout) and shards itself.
 """
 from __future__ import annotations
 
@@ -110,4 +113,62 @@ def shard(caches: CacheSet, head_slice, kv_heads: int, group=None) -> TensorPara
     return gather
 
 
-__all__ = ["TensorParallel", "check_slices", "shard"]
+class ModelLayout:
+    """Where a tensor-parallel model's attention lives on this rank: its KV heads [start, stop) of
+    kv_heads (and query heads [q_start, q_stop) of heads), the process group of the model's "tp"
+    mesh dimension, this rank's place in it and the group's size."""
+
+    def __init__(self, group, rank: int, world: int, kv_heads: int, heads: int):
+        self.group, self.rank, self.world = group, rank, world
+        self.kv_heads, self.heads = kv_heads, heads
+        local_kv, local_q = kv_heads // world, heads // world
+        self.start, self.stop = rank * local_kv, (rank + 1) * local_kv
+        self.q_start, self.q_stop = rank * local_q, (rank + 1) * local_q
+
+    @property
+    def head_slice(self) -> tuple[int, int]:
+        return self.start, self.stop
+
+    def __repr__(self) -> str:
+        return (f"ModelLayout(rank {self.rank} of {self.world}: KV heads [{self.start}, {self.stop}) of {self.kv_heads}, "
+                f"query heads [{self.q_start}, {self.q_stop}) of {self.heads})")
+
+
+def _tp_group(mesh):
+    """The process group of a device mesh's "tp" dimension (transformers keeps a 1-D tp mesh, or a
+    named mesh such as ("pp", "fsdp", "tp")); None (the default group) without a mesh."""
+    if mesh is None:
+        return None
+    names = tuple(getattr(mesh, "mesh_dim_names", None) or ())
+    if "tp" in names:
+        return mesh["tp"].get_group()
+    if getattr(mesh, "ndim", 1) == 1:
+        return mesh.get_group()
+    raise _kvslim.InputError(f"kvslim.distributed: the model's device mesh has dimensions {names or '(unnamed)'} and "
+                             "none is named \"tp\": cannot tell which ranks share a layer's heads")
+
+
+def model_layout(model, kv_heads: int, heads: int) -> ModelLayout | None:
+    """The tensor-parallel layout transformers gave `model` (from_pretrained(..., tp_plan="auto")
+    sets model._tp_size and model._device_mesh), or None for a model on one device. Checks it
+    against the process group: the "tp" group's size must be the model's tp size, and the heads
+    must split evenly (transformers' colwise shards give rank r the r-th contiguous slice of the
+    q/k/v projections' output, so of the heads), naming what does not fit."""
+    tp = getattr(model, "_tp_size", None)
+    if tp is None or int(tp) <= 1:
+        return None
+    tp = int(tp)
+    _torch_mod, dist = _torch()
+    group = _tp_group(getattr(model, "_device_mesh", None))
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    if world != tp:
+        raise _kvslim.InputError(f"kvslim.distributed: the model is split over {tp} ranks (model._tp_size) but its "
+                                 f"tensor-parallel process group has {world}")
+    for what, n in (("KV heads", kv_heads), ("query heads", heads)):
+        if n % world:
+            raise _kvslim.InputError(f"kvslim.distributed: {n} {what} do not split over {world} tensor-parallel ranks "
+                                     "(kvslim needs every rank to hold the same number of whole heads)")
+    return ModelLayout(group, rank, world, kv_heads, heads)
+
+
+__all__ = ["ModelLayout", "TensorParallel", "check_slices", "model_layout", "shard"]

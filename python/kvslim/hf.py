@@ -26,6 +26,9 @@ What goes where:
     kernels over the packed codes on torch's current stream, and the prompt's first call attends in
     torch's SDPA before the cache compresses it. A CPU cache under a GPU model works too, with the
     step's keys/values copied to the host and the attention output back every step.
+  * Tensor parallel: under a model loaded with from_pretrained(..., tp_plan="auto") each rank's
+    KVSlimCache holds that rank's slice of every layer's KV heads and is sharded over the model's
+    "tp" process group when built (kvslim.distributed): every rank builds it, with the same config.
   * GraphDecoder(model, cache, max_tokens) decodes a GPU cache (full, kivi, zipcache, h2o, pyramidkv, squeeze,
     streaming, and eviction over kivi codes) with one CUDA graph
     replay per step instead of transformers' eager forward (host-bound on the GPU): the step is
@@ -137,7 +140,16 @@ class KVSlimCache(Cache):
         kv_heads = getattr(hf, "num_key_value_heads", None) or heads
         head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // heads
         self.kvslim_config = config  # (not `config`: transformers' Cache may use that name)
-        self.kvslim = CacheSet(config, num_layers=len(layer_types), kv_heads=kv_heads, head_dim=head_dim)
+        # Tensor parallel (from_pretrained(..., tp_plan="auto")): this rank's attention sees only its
+        # slice of the heads, so its caches hold that slice and agree with the other ranks' on
+        # what a layer decides from all of its heads (kvslim.distributed, docs/distributed.md).
+        from .distributed import model_layout, shard
+        self.tp_layout = model_layout(model_or_config, kv_heads, heads) if hasattr(model_or_config, "config") else None
+        local_kv = kv_heads if self.tp_layout is None else self.tp_layout.stop - self.tp_layout.start
+        self.query_heads = heads if self.tp_layout is None else self.tp_layout.q_stop - self.tp_layout.q_start
+        self.kvslim = CacheSet(config, num_layers=len(layer_types), kv_heads=local_kv, head_dim=head_dim)
+        self.rank_gather = None if self.tp_layout is None else \
+            shard(self.kvslim, self.tp_layout.head_slice, kv_heads, self.tp_layout.group)  # a collective of the tp group
         device = str(getattr(config, "device", "cpu"))
         states = [LayerState(c, attention, device) for c in self.kvslim]
         self.attention = states[0].mode if states else attention
@@ -208,7 +220,7 @@ class GraphDecoder:
         if not isinstance(max_tokens, int) or max_tokens <= 0:
             raise ValueError(f"max_tokens must be a positive int (prompt plus generated tokens), got {max_tokens!r}")
         self.model, self.cache, self.max_tokens = model, cache, max_tokens
-        self.heads = _text_config(model.config).num_attention_heads
+        self.heads = cache.query_heads  # this rank's query heads (all of them without tensor parallelism)
         self.steps = 0                         # steps run by step()
         self._graph = self._step_graph = None  # torch's CUDAGraph (keeps its pool and cudaGraph_t alive), kvslim's StepGraph
         self._ids = self._position = self._logits = None

@@ -7,7 +7,9 @@ budgets equal on both ranks and equal to the 1-process run; each rank's kept row
 keys) per head equal the 1-process run's rows of those heads; where the kept set is the layer's
 (full, kivi, zipcache) both ranks keep the same positions; resident bytes within 1 %. The same
 ranks WITHOUT the agreement must differ from the 1-process run for squeeze and h2o: the data makes
-the agreement matter, so these tests fail when it is switched off.
+the agreement matter, so these tests fail when it is switched off. The sharded runs take their
+slice and process group from kvslim.distributed.model_layout of a model as transformers' tensor
+parallelism leaves it (model._tp_size, model._device_mesh), as kvslim.hf.KVSlimCache does.
 """
 import os
 import pickle
@@ -113,6 +115,52 @@ def _run(spec, heads, shard=None):
     return result
 
 
+class _Mesh:
+    """What kvslim reads of a torch DeviceMesh (torch 1.13 has none): dimension names, ndim, the
+    "tp" sub-mesh and its process group."""
+
+    def __init__(self, names, group, ndim=None):
+        self.mesh_dim_names, self.group = names, group
+        self.ndim = ndim if ndim is not None else max(1, len(names or ()))
+
+    def __getitem__(self, name):
+        assert name == "tp", name
+        return _Mesh(("tp",), self.group)
+
+    def get_group(self):
+        return self.group
+
+
+class _Model:
+    """What transformers' from_pretrained(..., tp_plan="auto") leaves on a model for kvslim."""
+
+    def __init__(self, tp_size, mesh):
+        self._tp_size, self._device_mesh = tp_size, mesh
+        self.config = None
+
+
+def _layouts(kd):
+    """model_layout of layouts a tensor-parallel transformers model can have, and of ones that do not
+    fit: each a repr or the error's text."""
+    out = {}
+    cases = {
+        "one_device": (_Model(None, None), 4, 8),
+        "tp_1": (_Model(1, _Mesh(("tp",), None)), 4, 8),
+        "flat_mesh": (_Model(WORLD, _Mesh(None, None, ndim=1)), 4, 8),
+        "no_mesh": (_Model(WORLD, None), 8, 32),
+        "odd_kv_heads": (_Model(WORLD, _Mesh(("tp",), None)), 3, 6),
+        "odd_heads": (_Model(WORLD, _Mesh(("tp",), None)), 2, 3),
+        "size_mismatch": (_Model(2 * WORLD, _Mesh(("tp",), None)), 8, 8),
+        "no_tp_dim": (_Model(WORLD, _Mesh(("dp", "fsdp"), None)), 4, 8),
+    }
+    for name, (model, kv_heads, heads) in cases.items():
+        try:
+            out[name] = repr(kd.model_layout(model, kv_heads, heads))
+        except kvslim.InputError as e:
+            out[name] = "error: " + str(e)
+    return out
+
+
 def _worker(rank, store_path, out_dir):
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=WORLD)
     import kvslim.distributed as kd
@@ -138,10 +186,15 @@ def _worker(rank, store_path, out_dir):
         out["errors"]["used"] = None
     except kvslim.InputError as e:
         out["errors"]["used"] = str(e)
+    out["layouts"] = _layouts(kd)
+    # The sharded runs take their slice and group from a model's layout, as kvslim.hf.KVSlimCache does.
+    layout = kd.model_layout(_Model(WORLD, _Mesh(("pp", "fsdp", "tp"), dist.new_group(list(range(WORLD))))),
+                             HEADS, 2 * HEADS)
+    assert (layout.start, layout.stop) == (heads.start, heads.stop), layout
     for name, spec in METHODS.items():
         out[name] = {
             "single": _run(spec, slice(0, HEADS)),
-            "tp": _run(spec, heads, shard=lambda c: kd.shard(c, (heads.start, heads.stop), HEADS)),
+            "tp": _run(spec, heads, shard=lambda c: kd.shard(c, layout.head_slice, HEADS, layout.group)),
             "alone": _run(spec, heads),
         }
     with open(os.path.join(out_dir, f"rank{rank}.pkl"), "wb") as f:
@@ -209,6 +262,19 @@ def test_bad_head_slices_are_named(ranks):
         assert "must tile [0, 4)" in (out["errors"]["overlap"] or ""), out["errors"]["overlap"]
         assert "not at kv_heads = 4" in (out["errors"]["short"] or ""), out["errors"]["short"]
         assert "rank 1: layer 0 already holds tokens" in (out["errors"]["used"] or ""), out["errors"]["used"]
+
+
+def test_a_tensor_parallel_models_layout_is_read_and_checked(ranks):
+    for rank, out in enumerate(ranks):
+        got = out["layouts"]
+        assert got["one_device"] == got["tp_1"] == "None"
+        assert got["flat_mesh"] == f"ModelLayout(rank {rank} of 2: KV heads [{2 * rank}, {2 * rank + 2}) of 4, " \
+                                   f"query heads [{4 * rank}, {4 * rank + 4}) of 8)"
+        assert got["no_mesh"].startswith(f"ModelLayout(rank {rank} of 2: KV heads [{4 * rank}, {4 * rank + 4}) of 8")
+        assert "3 KV heads do not split over 2 tensor-parallel ranks" in got["odd_kv_heads"]
+        assert "3 query heads do not split over 2" in got["odd_heads"]
+        assert "split over 4 ranks (model._tp_size) but its tensor-parallel process group has 2" in got["size_mismatch"]
+        assert "dimensions ('dp', 'fsdp') and none is named \"tp\"" in got["no_tp_dim"]
 
 
 def test_check_slices_without_a_group():
