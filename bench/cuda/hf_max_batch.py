@@ -181,6 +181,36 @@ def largest_batch(model, make, context, chunk, steps, budget_gb, limit, log, tim
     return lo, runs
 
 
+def search_caches(model, context, chunk, steps, budget_gb, limit, log, time_limit, only, save, agree=None):
+    """largest_batch for each cache of caches() whose label contains one of `only` (all without),
+    save(results) after each; the results: per cache its largest batch, the decode tokens/s there
+    and every run."""
+    import kvslim.hf
+    results = []
+    cudnn = torch.backends.cuda.cudnn_sdp_enabled()
+    for label, make, no_cudnn in caches(model, context):
+        if only and not any(o in label for o in only):
+            continue
+        log(f"== {label}")
+        ours = label.startswith("kvslim")
+        if ours:
+            kvslim.hf.prepare(model)
+        torch.backends.cuda.enable_cudnn_sdp(cudnn and not no_cudnn)
+        try:
+            # An eviction cache takes chunks of its budget: each chunk's observation is decided on the host.
+            size = max(chunk, context // 4) if "h2o" in label else chunk
+            best, runs = largest_batch(model, make, context, size, steps, budget_gb, limit, log, time_limit, agree)
+        finally:
+            torch.backends.cuda.enable_cudnn_sdp(cudnn)
+            if ours:
+                kvslim.hf.restore(model)
+        log(f"  largest batch at {context} tokens within {budget_gb} GB: {best}")
+        at = next((r for r in runs if r["batch"] == best), {})
+        results.append({"cache": label, "largest_batch": best, "tokens_per_s": at.get("tokens_per_s"), "runs": runs})
+        save(results)
+    return results
+
+
 def args_time(began):
     return round(time.perf_counter() - began)
 
@@ -199,35 +229,16 @@ def main():
     args = ap.parse_args()
     out = Path(args.out)
     log = file_logger(out, "hf_max_batch.txt")
-    results = []
-
-    import kvslim.hf
     model = llama8b_model(args.layers)
     log(f"hf_max_batch: {torch.cuda.get_device_name(0)}, {args.layers}-layer Llama-3-8B shape, bf16, context "
         f"{args.context} (filled in chunks of {args.chunk}), {args.steps} decode steps, budget {args.budget_gb} GB")
     only = list(filter(None, args.only.split(",")))
-    cudnn = torch.backends.cuda.cudnn_sdp_enabled()
-    for label, make, no_cudnn in caches(model, args.context):
-        if only and not any(o in label for o in only):
-            continue
-        log(f"== {label}")
-        ours = label.startswith("kvslim")
-        if ours:
-            kvslim.hf.prepare(model)
-        torch.backends.cuda.enable_cudnn_sdp(cudnn and not no_cudnn)
-        try:
-            # An eviction cache takes chunks of its budget: each chunk's observation is decided on the host.
-            chunk = max(args.chunk, args.context // 4) if "h2o" in label else args.chunk
-            best, runs = largest_batch(model, make, args.context, chunk, args.steps, args.budget_gb, args.limit, log,
-                                       args.time_limit)
-        finally:
-            torch.backends.cuda.enable_cudnn_sdp(cudnn)
-            if ours:
-                kvslim.hf.restore(model)
-        log(f"  largest batch at {args.context} tokens within {args.budget_gb} GB: {best}")
-        at = next((r for r in runs if r["batch"] == best), {})
-        results.append({"cache": label, "largest_batch": best, "tokens_per_s": at.get("tokens_per_s"), "runs": runs})
+
+    def save(results):
         (out / "hf_max_batch.json").write_text(json.dumps(results, indent=1))
+
+    results = search_caches(model, args.context, args.chunk, args.steps, args.budget_gb, args.limit, log,
+                            args.time_limit, only, save)
     base = next((r["largest_batch"] for r in results if r["cache"].startswith("DynamicCache")), None)
     if base:
         for r in results[1:]:

@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hf_generate import file_logger, kv_tensor_bytes, llama8b_model, sync  # noqa: E402
-from hf_max_batch import largest_batch  # noqa: E402
+from hf_max_batch import search_caches  # noqa: E402
 
 TP = "WORLD_SIZE" in os.environ
 
@@ -246,28 +246,15 @@ def main() -> int:
                 continue
             result["runs"].append(measure(model, label, fields, b, t, args.steps, log))
             save()
-    import kvslim.hf
-    from hf_max_batch import caches
-    for label, make, no_cudnn in ([] if args.no_max_batch else caches(model, args.context)):
-        if only and not any(o in label for o in only):
-            continue
-        log(f"== largest batch at {args.context} tokens within {args.budget_gb} GB per GPU: {label}")
-        ours = label.startswith("kvslim")
-        if ours:
-            kvslim.hf.prepare(model)
-        cudnn = torch.backends.cuda.cudnn_sdp_enabled()
-        torch.backends.cuda.enable_cudnn_sdp(cudnn and not no_cudnn)
-        try:
-            chunk = max(2048, args.context // 4) if "h2o" in label else 2048
-            best, runs = largest_batch(model, make, args.context, chunk, 4, args.budget_gb, args.limit, log,
-                                       args.time_limit, agree=agreed)
-        finally:
-            torch.backends.cuda.enable_cudnn_sdp(cudnn)
-            if ours:
-                kvslim.hf.restore(model)
-        log(f"  largest batch: {best}")
-        result["max_batch"].append({"cache": label, "largest_batch": best, "runs": runs})
-        save()
+    if not args.no_max_batch:
+        log(f"== largest batch at {args.context} tokens within {args.budget_gb} GB per GPU")
+
+        def save_batches(found):
+            result["max_batch"] = found
+            save()
+
+        search_caches(model, args.context, 2048, 4, args.budget_gb, args.limit, log, args.time_limit, only, save_batches,
+                      agree=agreed)
     if TP:
         import torch.distributed as dist
         dist.barrier()
