@@ -37,17 +37,23 @@ TP = "WORLD_SIZE" in os.environ
 
 
 def variants(context: int):
-    """(label, kvslim.Config fields, or None for DynamicCache)."""
-    k4v2 = dict(storage="kivi", kivi_bits=4, kivi_value_bits=2, kivi_group_size=128)
+    """(label, kvslim.Config fields or None for DynamicCache, whether the decode steps are
+    kvslim.hf.GraphDecoder replays: under tensor parallelism the captured step holds the model's
+    NCCL all-reduces too)."""
+    k4v2 = dict(kivi_bits=4, kivi_value_bits=2, kivi_group_size=128)
     return [
-        ("DynamicCache (sdpa, no cuDNN)", None),
-        ("kvslim kivi2 (cuda)", dict(method="kivi", kivi_bits=2, kivi_group_size=32)),
-        ("kvslim kivi4 (cuda)", dict(method="kivi", kivi_bits=4, kivi_group_size=32)),
-        ("kvslim kivi K4V2 g128 (cuda)", dict(method="kivi", kivi_bits=4, kivi_value_bits=2, kivi_group_size=128)),
-        ("kvslim h2o 25% (cuda)", dict(method="h2o", h2o_budget=context // 4)),
-        ("kvslim pyramidkv 25% (cuda)", dict(method="pyramidkv", pyramidkv_budget=context // 4)),
-        ("kvslim squeeze 25% (cuda)", dict(method="squeeze", squeeze_budget=context // 4)),
-        ("kvslim h2o 25% over kivi K4V2 g128 (cuda)", dict(method="h2o", h2o_budget=context // 4, **k4v2)),
+        ("DynamicCache (sdpa, no cuDNN)", None, False),
+        ("kvslim kivi2 (cuda)", dict(method="kivi", kivi_bits=2, kivi_group_size=32), False),
+        ("kvslim kivi4 (cuda)", dict(method="kivi", kivi_bits=4, kivi_group_size=32), False),
+        ("kvslim kivi K4V2 g128 (cuda)", dict(method="kivi", **k4v2), False),
+        ("kvslim h2o 25% (cuda)", dict(method="h2o", h2o_budget=context // 4), False),
+        ("kvslim pyramidkv 25% (cuda)", dict(method="pyramidkv", pyramidkv_budget=context // 4), False),
+        ("kvslim squeeze 25% (cuda)", dict(method="squeeze", squeeze_budget=context // 4), False),
+        ("kvslim h2o 25% over kivi K4V2 g128 (cuda)", dict(method="h2o", h2o_budget=context // 4, storage="kivi", **k4v2),
+         False),
+        ("kvslim kivi K4V2 g128 (cuda graph)", dict(method="kivi", **k4v2), True),
+        ("kvslim h2o 25% over kivi K4V2 g128 (cuda graph)",
+         dict(method="h2o", h2o_budget=context // 4, storage="kivi", **k4v2), True),
     ]
 
 
@@ -87,8 +93,16 @@ def gather_ranks(value):
     return out
 
 
-def decode(model, cache, ids, steps, collectives):
-    """(prompt seconds, decode ms per step (median of the steps after the first), greedy tokens)."""
+def decode(model, cache, ids, steps, collectives, graph=False):
+    """(prompt seconds, decode ms per step (median of the steps after the first; with a graph, of
+    the replays after the eager step and the capture), greedy tokens)."""
+    if graph:
+        import kvslim.hf
+        dec = kvslim.hf.GraphDecoder(model, cache, max_tokens=ids.shape[1] + steps + 1)
+        step = lambda nxt, i: dec.step(nxt)
+    else:
+        step = lambda nxt, i: model(input_ids=nxt, past_key_values=cache, use_cache=True,
+                                    cache_position=torch.tensor([ids.shape[1] + i], device=ids.device)).logits
     with torch.no_grad():
         sync()
         t0 = time.perf_counter()
@@ -100,16 +114,14 @@ def decode(model, cache, ids, steps, collectives):
         times, tokens = [], [nxt]
         for i in range(steps):
             t0 = time.perf_counter()
-            r = model(input_ids=nxt, past_key_values=cache, use_cache=True,
-                      cache_position=torch.tensor([ids.shape[1] + i], device=ids.device))
-            nxt = r.logits[:, -1:].argmax(-1)
+            nxt = step(nxt, i)[:, -1:].argmax(-1)
             sync()
             times.append(time.perf_counter() - t0)
             tokens.append(nxt)
-    return prompt_s, 1000 * statistics.median(times[1:]), torch.cat(tokens, 1).tolist()
+    return prompt_s, 1000 * statistics.median(times[2 if graph else 1:]), torch.cat(tokens, 1).tolist()
 
 
-def measure(model, label, fields, batch, context, steps, log):
+def measure(model, label, fields, graph, batch, context, steps, log):
     import transformers
 
     import kvslim
@@ -130,7 +142,7 @@ def measure(model, label, fields, batch, context, steps, log):
             cache = kvslim.hf.KVSlimCache(model, kvslim.Config(device="cuda", **fields))
             if cache.tp_layout is not None:
                 collectives.install(cache)
-        prompt_s, step_ms, tokens = decode(model, cache, ids, steps, collectives)
+        prompt_s, step_ms, tokens = decode(model, cache, ids, steps, collectives, graph)
         rec.update(prompt_s=round(prompt_s, 3), step_ms=round(step_ms, 3), tok_s=round(1000 / step_ms, 2),
                    tokens=tokens, torch_peak_gb=round(torch.cuda.max_memory_allocated() / 1e9, 3))
         rec["kv_bytes"] = kv_tensor_bytes(cache) if fields is None else int(cache.resident_bytes())
@@ -218,6 +230,8 @@ def main() -> int:
         return 0
     if args.model_dir is None or args.out is None:
         ap.error("--model-dir and --out (or --save, or --compare)")
+    if args.steps < 3:
+        ap.error(f"--steps {args.steps}: at least 3 (a graph's eager step and capture are not timed)")
     from transformers import LlamaForCausalLM
 
     import kvslim
@@ -241,10 +255,10 @@ def main() -> int:
     for shape in args.shapes.split(","):
         b, t = (int(x) for x in shape.lower().split("x"))
         log(f"== batch {b} x {t} tokens, {args.steps} decode steps")
-        for label, fields in variants(t):
+        for label, fields, graph in variants(t):
             if only and not any(o in label for o in only):
                 continue
-            result["runs"].append(measure(model, label, fields, b, t, args.steps, log))
+            result["runs"].append(measure(model, label, fields, graph, b, t, args.steps, log))
             save()
     if not args.no_max_batch:
         log(f"== largest batch at {args.context} tokens within {args.budget_gb} GB per GPU")
