@@ -295,6 +295,8 @@ __device__ __noinline__ void move_words_down(const WordMove (&moves)[N]) {
   }
 }
 
+// kObserveRows: the consecutive rows a thread takes per chunk (below).
+template <int kObserveRows>
 __global__ void __launch_bounds__(kObserveThreads)
     observe_packed_kernel(PackedObservation o, Candidate* part_best, unsigned* arrivals) {
   const int head = blockIdx.x, part = blockIdx.y, parts = gridDim.y, G = o.st.G;
@@ -319,7 +321,6 @@ __global__ void __launch_bounds__(kObserveThreads)
   // A thread takes kObserveRows consecutive rows of each chunk and issues all their loads (the
   // region's count, the metadata, the logits) before it uses any: one round trip to memory and one
   // prefix sum per chunk, not per row.
-  constexpr int kObserveRows = 4;
   const long long chunk_rows = static_cast<long long>(kObserveRows) * blockDim.x;
   Candidate best{0.f, 0, -1};
   for (long long chunk_first = first; chunk_first < end; chunk_first += chunk_rows) {
@@ -1046,7 +1047,14 @@ void DevicePackedRows::observe_decode(const DecodeStep& step, void* part_best, u
   o.threshold = step.threshold;
   o.decay = step.decay;
   o.victims = victims_.as<int>() + static_cast<std::size_t>(ring_next_) * H;
-  launch_kernel(span > 0, false, observe_packed_kernel, dim3(static_cast<unsigned>(H), static_cast<unsigned>(parts)),
+  // Rows a thread takes per chunk, from the budget (stable across a replayed step's re-arms, so its
+  // node keeps one kernel): 4 where each part holds long runs (16 x 32k: ~2,700 rows a part), 1
+  // where a part is a few hundred rows (batch 1 x 32k: 512), which 4 a thread would leave to half
+  // of the CTA, each thread's rows in series (measured 25 % slower there, stop 44).
+  const long long per_part = (static_cast<long long>(step.limit) + static_cast<long long>(parts) - 1) /
+                             static_cast<long long>(std::max<std::size_t>(parts, 1));
+  const auto kernel = per_part > 2LL * kObserveThreads ? observe_packed_kernel<4> : observe_packed_kernel<1>;
+  launch_kernel(span > 0, false, kernel, dim3(static_cast<unsigned>(H), static_cast<unsigned>(parts)),
                 dim3(kObserveThreads), 0, stream, o, static_cast<Candidate*>(part_best), arrivals);
   if (!evicts) return;
   // The host's block lists learn the victims (one int a head) when they are next needed
