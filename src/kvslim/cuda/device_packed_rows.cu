@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -307,17 +308,17 @@ __global__ void __launch_bounds__(kObserveThreads)
   const int* tokens_of_head = o.tokens + static_cast<long long>(head) * o.st.capacity;
   const std::int64_t* wpos_of_head = o.w.pos + head * o.w.capacity;
   // Writing probabilities in slot order: a row's slot is the live rows before it, counted for this
-  // part's first row here, then chunk by chunk (every thread runs the same chunks).
+  // part's first row here (each thread's share in `before`), then chunk by chunk (every thread runs
+  // the same chunks). The first chunk's prefix sum also sums `before`: one scan, not two.
   const bool writes = o.probs_out != nullptr;
-  int slot_base = 0;  // live rows before the current chunk's first row (every thread holds it)
+  int before = 0;
   if (writes) {
-    int before = 0;
     const int whole = static_cast<int>(min(static_cast<long long>(o.regions), first / G));
     for (int r = threadIdx.x; r < whole; r += blockDim.x) before += tokens_of_head[r];
     if (threadIdx.x == 0 && first < region_rows) before += min(static_cast<int>(first % G), tokens_of_head[first / G]);
     for (long long wr = threadIdx.x; wr < first - region_rows; wr += blockDim.x) before += wpos_of_head[wr] != kEmpty ? 1 : 0;
-    cta_exclusive_sum(before, &slot_base);
   }
+  int slot_base = -1;  // live rows before the current chunk's first row (every thread holds it; -1: not yet summed)
   // A thread takes kObserveRows consecutive rows of each chunk and issues all their loads (the
   // region's count, the metadata, the logits) before it uses any: one round trip to memory and one
   // prefix sum per chunk, not per row.
@@ -363,8 +364,17 @@ __global__ void __launch_bounds__(kObserveThreads)
       live_rows += live[j] ? 1 : 0;
     }
     if (writes) {
-      int chunk_live = 0;
-      int slot = slot_base + cta_exclusive_sum(live_rows, &chunk_live);
+      int slot = 0, chunk_live = 0;
+      if (slot_base < 0) {  // the part's first chunk: (before, live rows) summed as one 64-bit count
+        // (live rows per chunk <= 4 * kObserveThreads: their sum never carries into the high word)
+        long long total = 0;
+        const long long ahead = cta_exclusive_sum((static_cast<long long>(before) << 32) | live_rows, &total);
+        slot_base = static_cast<int>(total >> 32);
+        slot = slot_base + static_cast<int>(ahead & 0xFFFFFFFFLL);
+        chunk_live = static_cast<int>(total & 0xFFFFFFFFLL);
+      } else {
+        slot = slot_base + cta_exclusive_sum(live_rows, &chunk_live);
+      }
       slot_base += chunk_live;
 #pragma unroll
       for (int j = 0; j < kObserveRows; ++j) {
@@ -422,6 +432,24 @@ __global__ void __launch_bounds__(kObserveThreads)
     o.st.pos[row0 + n - 1] = kEmpty;
     *tokens = n - 1;
   }
+}
+
+// observe_packed_kernel's rows a thread per chunk for parts of per_part rows: the fewest of 1, 2, 4
+// that take a part in one chunk, else 4. KVSLIM_CUDA_OBSERVE_ROWS=1|2|4 fixes it (the benchmarks'
+// A/B of the choice; anything else is refused).
+int observe_rows_a_thread(long long per_part) {
+  static const int fixed = [] {
+    const char* v = std::getenv("KVSLIM_CUDA_OBSERVE_ROWS");
+    if (v == nullptr || *v == '\0') return 0;
+    const std::string s(v);
+    if (s == "1" || s == "2" || s == "4") return std::stoi(s);
+    throw InputError("KVSLIM_CUDA_OBSERVE_ROWS: '" + s + "' is not 1, 2 or 4 rows a thread");
+  }();
+  if (fixed > 0) return fixed;
+  for (int rows : {1, 2}) {
+    if (per_part <= static_cast<long long>(rows) * kObserveThreads) return rows;
+  }
+  return 4;
 }
 
 // A squeeze budget's trim while every row waits in the window (drop_lowest_on_device): each
@@ -1048,12 +1076,15 @@ void DevicePackedRows::observe_decode(const DecodeStep& step, void* part_best, u
   o.decay = step.decay;
   o.victims = victims_.as<int>() + static_cast<std::size_t>(ring_next_) * H;
   // Rows a thread takes per chunk, from the budget (stable across a replayed step's re-arms, so its
-  // node keeps one kernel): 4 where each part holds long runs (16 x 32k: ~2,700 rows a part), 1
-  // where a part is a few hundred rows (batch 1 x 32k: 512), which 4 a thread would leave to half
-  // of the CTA, each thread's rows in series (measured 25 % slower there, stop 44).
+  // node keeps one kernel): the fewest that take a part in one chunk (batch 1 x 32k: 512 rows a
+  // part, 2 a thread), 4 where parts are longer (16 x 32k: ~2,700 rows a part). 4 a thread at 512
+  // rows left half of the CTA idle, each thread's rows in series (25 % slower, stop 44).
   const long long per_part = (static_cast<long long>(step.limit) + static_cast<long long>(parts) - 1) /
                              static_cast<long long>(std::max<std::size_t>(parts, 1));
-  const auto kernel = per_part > 2LL * kObserveThreads ? observe_packed_kernel<4> : observe_packed_kernel<1>;
+  const int rows_a_thread = observe_rows_a_thread(per_part);
+  const auto kernel = rows_a_thread == 1   ? observe_packed_kernel<1>
+                      : rows_a_thread == 2 ? observe_packed_kernel<2>
+                                           : observe_packed_kernel<4>;
   launch_kernel(span > 0, false, kernel, dim3(static_cast<unsigned>(H), static_cast<unsigned>(parts)),
                 dim3(kObserveThreads), 0, stream, o, static_cast<Candidate*>(part_best), arrivals);
   if (!evicts) return;

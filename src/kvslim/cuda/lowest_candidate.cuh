@@ -87,27 +87,29 @@ __device__ inline bool head_lowest(Candidate& best, Candidate* part_best, unsign
 }
 
 // Exclusive prefix sum of `value` over the CTA's kObserveThreads threads; *total: their sum.
-__device__ inline int cta_exclusive_sum(int value, int* total) {
-  __shared__ int warp_sum[kObserveThreads / 32 + 1];
+// T: int, or long long for two counts summed at once (observe_packed_kernel's slot base and rows).
+template <typename T>
+__device__ inline T cta_exclusive_sum(T value, T* total) {
+  __shared__ T warp_sum[kObserveThreads / 32 + 1];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  int inclusive = value;
+  T inclusive = value;
   for (int d = 1; d < 32; d *= 2) {
-    const int n = __shfl_up_sync(0xffffffffu, inclusive, d);
+    const T n = __shfl_up_sync(0xffffffffu, inclusive, d);
     if (lane >= d) inclusive += n;
   }
   if (lane == 31) warp_sum[warp] = inclusive;
   __syncthreads();
   if (threadIdx.x == 0) {
-    int run = 0;
+    T run = 0;
     for (int w = 0; w < kObserveThreads / 32; ++w) {
-      const int sum = warp_sum[w];
+      const T sum = warp_sum[w];
       warp_sum[w] = run;
       run += sum;
     }
     warp_sum[kObserveThreads / 32] = run;
   }
   __syncthreads();
-  const int exclusive = warp_sum[warp] + inclusive - value;
+  const T exclusive = warp_sum[warp] + inclusive - value;
   *total = warp_sum[kObserveThreads / 32];
   __syncthreads();  // warp_sum is written again by the next call
   return exclusive;
