@@ -166,7 +166,80 @@ TEST(CudaEviction, KeepsTheCpuCachesRowsStepAfterStep) {
     t.prompt_decode_question("h2o, D=" + std::to_string(D));
     EXPECT_LE(t.worst_probs, 2e-5) << "D=" << D;
     EXPECT_EQ(t.gpu.at(0).rows(), 96u);
+    for (std::size_t l = 0; l < 2; ++l) EXPECT_EQ(t.gpu.at(l).stats().figure("prompts_on_device"), 1.0) << "D=" << D;
   }
+}
+
+KVCacheConfig h2o_over_kivi(int budget, int key_bits, int value_bits, int group, int staging);
+
+// The first prompt is scored and cut on the device (device_prompt_scoring.h) with the core's
+// arithmetic bit for bit, whatever the policy's prefill settings: decay, plain or normalised
+// attention, pooling or none, the window or every query, the cross-layer exchange over 3 layers
+// or none, sinks or none, pyramidkv's budgets per layer; over fp16 slots and kivi codes. The
+// question's window (a second prompt) is the host's, from the device's mirrors.
+TEST(CudaEviction, ThePromptIsScoredOnTheDeviceAsTheCoreScoresIt) {
+  REQUIRE_GPU();
+  struct Variant {
+    const char* settings;
+    bool kivi;
+  };
+  for (const Variant v : {Variant{"evict_decay=0.9", false}, Variant{"evict_scoring=attention", false},
+                          Variant{"evict_pool_kernel=1", true}, Variant{"evict_obs_window=0", false},
+                          Variant{"evict_cross_layer=0", true}, Variant{"evict_cross_layer=0.5,evict_decay=0.95", true},
+                          Variant{"evict_scoring=attention,evict_pool_kernel=5", true}, Variant{"evict_recent_window=0", false}}) {
+    KVCacheConfig c = v.kivi ? h2o_over_kivi(80, 4, 2, 32, 32) : KVCacheConfig{};
+    c.method = "h2o";
+    c.h2o_budget = 80;
+    std::string rest = v.settings;  // "field=value,field=value"
+    while (!rest.empty()) {
+      const std::size_t comma = rest.find(','), eq = rest.find('=');
+      const std::string item = rest.substr(0, comma);
+      c.set(item.substr(0, eq), item.substr(eq + 1));
+      rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+    }
+    const std::string what = std::string(v.settings) + (v.kivi ? " over kivi" : " over slots");
+    Twin t(c, 3, 2, 2, 2, 64);
+    t.prompt_decode_question(what);
+    for (std::size_t l = 0; l < 3; ++l) EXPECT_EQ(t.gpu.at(l).stats().figure("prompts_on_device"), 1.0) << what << " layer " << l;
+  }
+  KVCacheConfig p;
+  p.method = "pyramidkv";
+  p.pyramidkv_budget = 96;
+  Twin t(p, 3, 1, 2, 4, 128);
+  t.prompt_decode_question("pyramidkv");
+  for (std::size_t l = 0; l < 3; ++l) EXPECT_EQ(t.gpu.at(l).stats().figure("prompts_on_device"), 1.0) << "pyramidkv layer " << l;
+}
+
+// A NaN in a prompt's window is named as the host names it, and the cache is left as it was.
+TEST(CudaEviction, ANonFinitePromptWeightIsNamedAndChangesNothing) {
+  REQUIRE_GPU();
+  KVCacheConfig c;
+  c.method = "h2o";
+  c.h2o_budget = 32;
+  c.device = "cuda";
+  const ModelSpec spec = ModelSpec::uniform(1, 2, 64);
+  CacheSet set = KVCacheBuilder::for_model(spec, c);
+  KVCache& g = set.at(0);
+  std::mt19937 rng(3);
+  const std::size_t S = 100, Q = 16;
+  std::vector<float> k = normal(2 * S * 64, rng), v = normal(2 * S * 64, rng);
+  std::vector<std::int64_t> pos(S);
+  for (std::size_t i = 0; i < S; ++i) pos[i] = static_cast<std::int64_t>(i);
+  DeviceBuffer dk = upload_f32(k), dv = upload_f32(v);
+  g.append(KVBlock{dk.get(), DType::f32, 1, 2, S, 64, MemorySpace::cuda, nullptr},
+           KVBlock{dv.get(), DType::f32, 1, 2, S, 64, MemorySpace::cuda, nullptr}, pos);
+  std::vector<float> probs(2 * Q * S, 1.f / S);
+  probs[(1 * Q + 5) * S + 77] = NAN;
+  DeviceBuffer dp = upload_f32(probs);
+  const std::vector<std::int64_t> qpos(pos.end() - Q, pos.end());
+  try {
+    g.observe_attention(AttentionObservation{dp.as<float>(), 1, 2, Q, S, S, qpos, MemorySpace::cuda, nullptr});
+    ADD_FAILURE() << "a NaN weight was accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("batch 0, head 1, query 5, token 77"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(g.rows(), S);
+  EXPECT_EQ(g.stats().figure("prompts_on_device"), 0.0);
 }
 
 // A policy over kivi codes on the device (DevicePackedRows): h2o decides on the host from the
@@ -209,9 +282,10 @@ TEST(CudaEviction, KiviCodesUnderH2oKeepTheCpuCachesRowsAndCodes) {
       t.prompt_decode_question(what);
       EXPECT_LE(t.worst_probs, kCodesProbsTolerance) << what;
       EXPECT_EQ(t.gpu.at(0).rows(), 96u) << what;
-      // The decode steps were decided by the device kernel (the prompt's and the question's
-      // windows by the host core): 40 steps in each of the 2 layers.
+      // The decode steps were decided by the device kernel, the prompt's window by the device's
+      // prompt scoring (each layer once), the question's by the host core.
       EXPECT_EQ(t.gpu.at(0).stats().figure("decode_steps_on_device"), 40.0) << what;
+      for (std::size_t l = 0; l < 2; ++l) EXPECT_EQ(t.gpu.at(l).stats().figure("prompts_on_device"), 1.0) << what << " layer " << l;
     }
   }
 }

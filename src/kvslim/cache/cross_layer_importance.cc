@@ -134,6 +134,30 @@ void CrossLayerImportance::clear_storage() {
   decltype(pending_)().swap(pending_);
 }
 
+bool CrossLayerImportance::gathers() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return gather_ != nullptr;
+}
+
+bool CrossLayerImportance::holds_posts() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& row : entries_) {
+    if (!row.empty()) return true;
+  }
+  for (const auto& layer : pending_) {
+    for (const auto& row : layer) {
+      if (!row.empty()) return true;
+    }
+  }
+  return false;
+}
+
+std::shared_ptr<void> CrossLayerImportance::attachment(const std::function<std::shared_ptr<void>()>& make) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!attachment_) attachment_ = make();
+  return attachment_;
+}
+
 std::size_t CrossLayerImportance::bytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::size_t total = merged_.capacity() * sizeof(Entry);

@@ -18,6 +18,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -47,6 +48,14 @@ class CrossLayerImportance {
   void set_rank_gather(std::shared_ptr<RankGather> gather);
   void reset();
   std::size_t bytes() const;
+  // Whether a layer's posts are gathered over ranks when it leaves (set_rank_gather).
+  bool gathers() const;
+  // Whether the board holds posts of the current call (a layer left with something to publish).
+  bool holds_posts() const;
+  // State kept beside the board by layers that post elsewhere (the device eviction caches' board in
+  // GPU memory, device_prompt_scoring.h): made by `make` on the first call, then the same object for
+  // every layer that asks. Lives as long as the board.
+  std::shared_ptr<void> attachment(const std::function<std::shared_ptr<void>()>& make);
 
  private:
   struct Entry {
@@ -69,6 +78,7 @@ class CrossLayerImportance {
   // [layers][batch rows] (position, value) posts not yet on the board: a layer's, until it leaves
   std::vector<std::vector<std::vector<std::pair<std::int64_t, float>>>> pending_;
   std::shared_ptr<RankGather> gather_;
+  std::shared_ptr<void> attachment_;
 };
 
 // A cache whose eviction core takes part in the exchange (KVCacheBuilder hands each the model's

@@ -553,6 +553,36 @@ void EvictionCore::observe(const AttentionObservation& obs, std::size_t limit, c
   settle();
 }
 
+bool EvictionCore::begin_owner_prompt(const AttentionObservation& obs, const std::string& who) {
+  if (!owner_may_score_prompt() || obs.queries < 2) throw std::logic_error("eviction core: " + who + ": no owner scores this observation");
+  if (obs.batch != batch_ || obs.heads != heads_ || obs.tokens != rows_ || obs.probs == nullptr || obs.stride < obs.tokens ||
+      (!obs.query_positions.empty() && obs.query_positions.size() != obs.queries)) {
+    throw InputError("attention observation [" + std::to_string(obs.batch) + ", " + std::to_string(obs.heads) + ", " +
+                     std::to_string(obs.queries) + ", " + std::to_string(obs.tokens) + "] does not match the view [" +
+                     std::to_string(batch_) + ", " + std::to_string(heads_) + ", q, " + std::to_string(rows_) +
+                     "] of the last update_and_fetch");
+  }
+  awaiting_observation_ = false;
+  const bool exchange = board_ != nullptr && policy_.cross_layer > 0.0f && board_->join(board_layer_, prefill_calls_);
+  ++prefill_calls_;
+  return exchange;
+}
+
+void EvictionCore::end_owner_prompt(bool exchanged, std::size_t limit, bool dropped) {
+  if (exchanged) board_->leave(board_layer_);  // nothing pending here: the owner posted on its own board
+  prior_.reset();
+  last_limit_ = limit;
+  if (rows_ > limit) {
+    if (dropped) {
+      rows_ = limit;
+    } else {
+      drop_lowest(rows_ - limit);
+    }
+  }
+  if (limit != EvictionPolicy::kUnbounded && capacity_ > limit + 1 + limit / 8) relayout(std::max(rows_, limit + 1));
+  settle();
+}
+
 float EvictionCore::observation_contribution(const AttentionObservation& obs, std::size_t head, ObserveScratch& sc) const {
   const bool normalized = policy_.scoring == Scoring::attention_normalized;
   const std::size_t n = rows_, Q = obs.queries;

@@ -127,6 +127,19 @@ class EvictionCore {
   // storage saliency from that stale metadata: only a storage that ignores saliency at settle
   // (fp16 slots, kivi codes) may be trimmed this way (DeviceRowStore::drop_lowest_on_device).
   void trimmed_by_owner(std::size_t budget);
+  // A prompt's observation (several queries) that an owner scores on its mirrors itself (the
+  // device's prompt kernels, cuda/device_prompt_scoring.h: observation_contribution's arithmetic,
+  // the pooling and the cross-layer exchange, then drop_lowest's choice). It may while the core
+  // holds no row weights, no prior, and has not fallen back. begin: the observation's bookkeeping
+  // (checked shape, the board joined); returns whether this layer exchanges with the board (the
+  // owner then reads and posts on its own board, nothing on this one). end: `dropped` says whether
+  // the owner also dropped the rows over `limit` (else the core drops them from its metadata, which
+  // the owner has refreshed); then the core shrinks and settles as observe() does.
+  bool owner_may_score_prompt() const { return !fallback_ && weight_.empty() && prior_ == nullptr; }
+  bool begin_owner_prompt(const AttentionObservation& obs, const std::string& who);
+  // Multi-query observations so far: the board's call index of the next one.
+  std::size_t prefill_calls() const { return prefill_calls_; }
+  void end_owner_prompt(bool exchanged, std::size_t limit, bool dropped);
   void reset();
   // Rows per head the caller expects at most: an unbounded core grows straight to it (no x1.5
   // steps); a bounded one never allocates past its limit anyway.

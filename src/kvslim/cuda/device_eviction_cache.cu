@@ -1,5 +1,7 @@
 #include "cuda/device_eviction_cache.h"
 
+#include "cache/cross_layer_importance.h"
+
 #include <algorithm>
 #include <chrono>
 #include <limits>
@@ -602,6 +604,11 @@ void DeviceEvictionCache::absorb(const AppendInput& in, const std::vector<std::i
   if (squeeze_) adopt(squeeze_->before_absorb([&] { return key_dispersion(in, stream); }), stream);
   const std::size_t n0 = core_.rows();
   if (n0 == 0 && slots_) slots_->set_type(in.dtype == DType::bf16 ? DenseType::bf16 : DenseType::f16);
+  prompt_from_empty_ = n0 == 0 && positions.size() > 1;
+  for (std::size_t i = 1; prompt_from_empty_ && i < positions.size(); ++i) {
+    prompt_from_empty_ = positions[i] == positions[i - 1] + 1;
+  }
+  prompt_p0_ = positions.empty() ? 0 : positions[0];
   fresh_from_ = n0;
   store_->set_stream(stream);
   store_->set_capturing(capturing());
@@ -659,6 +666,7 @@ void DeviceEvictionCache::observe_attention(const AttentionObservation& obs) {
       if (squeeze_) adopt(squeeze_->after_step(core_), stream);
       return;
     }
+    if (prompt_on_device(obs, who)) return;
     KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream));
     host_times_.wait_ms += clock.lap();
     const std::size_t rows = obs.batch * obs.heads * obs.queries, floats = rows * obs.tokens;
@@ -679,6 +687,13 @@ void DeviceEvictionCache::observe_attention(const AttentionObservation& obs) {
     host_times_.probs_ms += clock.lap();
   }
   store_->set_stream(stream);
+  if (obs.queries > 1 && core_.policy().cross_layer > 0.0f) {
+    const auto board = device_board();
+    if (board && board->holds_call(core_.prefill_calls())) {
+      throw std::logic_error(who + ": this prompt is decided on the host while other layers of the same call exchanged "
+                                   "importance on the device board (the layers of one model must take one path)");
+    }
+  }
   pull_metadata();
   host_times_.pull_ms += clock.lap();
   if (squeeze_) squeeze_->observe_attention(host, core_, who);  // its signal reads the rows before they go
@@ -698,6 +713,95 @@ void DeviceEvictionCache::observe_attention(const AttentionObservation& obs) {
     probs_host_ = nullptr;
     probs_host_floats_ = 0;
   }
+}
+
+std::shared_ptr<DeviceImportanceBoard> DeviceEvictionCache::device_board() const {
+  if (!board_) return nullptr;
+  return std::static_pointer_cast<DeviceImportanceBoard>(
+      board_->attachment([] { return std::static_pointer_cast<void>(std::make_shared<DeviceImportanceBoard>()); }));
+}
+
+bool DeviceEvictionCache::prompt_on_device(const AttentionObservation& obs, const std::string& who) {
+  const EvictionPolicy& policy = core_.policy();
+  const std::size_t n = core_.rows();
+  // A first prompt of an attention-scored policy without a signal of its own (squeeze's reads the
+  // rows on the host), a prior or row weights, whose rows the store holds in position order.
+  if (obs.queries < 2 || squeeze_ || !prompt_from_empty_ || !scores_by_attention(policy.scoring) ||
+      !core_.owner_may_score_prompt() || n == 0 || n > static_cast<std::size_t>(std::numeric_limits<int>::max()) ||
+      obs.queries > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
+    return false;
+  }
+  // The exchange on the device board, unless the host board already holds this call's posts (a
+  // host decision came first) or gathers over ranks (tensor parallelism: the host's collective).
+  const bool shares = board_ != nullptr && policy.cross_layer > 0.0f;
+  if (shares && (board_->gathers() || board_->holds_posts())) return false;
+  const auto stream = static_cast<cudaStream_t>(obs.stream);
+  HostClock clock;
+  store_->set_stream(stream);
+  const std::int64_t sink_position =
+      policy.n_sink == 0 ? std::numeric_limits<std::int64_t>::min()
+                         : prompt_p0_ + static_cast<std::int64_t>(std::min<std::size_t>(policy.n_sink, n)) - 1;
+  PromptRows rows;
+  if (!store_->prompt_rows(n, sink_position, rows)) return false;
+  PromptWindow w;
+  w.probs = obs.probs;
+  w.probs_stride = static_cast<long long>(obs.stride);
+  w.heads = static_cast<int>(batch_ * heads_);
+  w.heads_per_row = static_cast<int>(heads_);
+  w.Q = static_cast<int>(obs.queries);
+  w.first = policy.obs_window > 0 && obs.queries > policy.obs_window ? static_cast<int>(obs.queries - policy.obs_window) : 0;
+  w.decay = policy.decay;
+  w.normalized = policy.scoring == Scoring::attention_normalized;
+  w.pool_half = static_cast<int>(policy.pool_kernel / 2);
+  w.rows = static_cast<int>(n);
+  // A non-finite weight is named as the host names it, before anything changes.
+  const long long bad = first_nonfinite_probability(w, stream);
+  if (bad >= 0) {
+    const long long token = bad % w.rows, vec = bad / w.rows, q = vec % w.Q, head = vec / w.Q;
+    throw InputError(who + ": attention observation holds a NaN or infinite weight (batch " +
+                     std::to_string(head / w.heads_per_row) + ", head " + std::to_string(head % w.heads_per_row) +
+                     ", query " + std::to_string(q) + ", token " + std::to_string(token) + "); nothing was changed");
+  }
+  DeviceBuffer qpos, scratch;
+  if (!obs.query_positions.empty()) {
+    qpos.upload(obs.query_positions.data(), obs.query_positions.size() * sizeof(std::int64_t), stream);
+    w.qpos = qpos.as<std::int64_t>();
+  }
+  scratch.reserve(2 * static_cast<std::size_t>(w.heads) * n * sizeof(float), stream);
+  const std::size_t call = core_.prefill_calls();
+  const bool exchanged = core_.begin_owner_prompt(obs, who);
+  std::shared_ptr<DeviceImportanceBoard> board;
+  DeviceImportanceBoard::View view;
+  try {
+    if (exchanged) {
+      board = device_board();
+      view = board->begin(call, static_cast<unsigned>(board_layer_), policy.cross_layer, batch_, n, prompt_p0_, stream);
+    }
+    launch_prompt_scoring(w, rows, exchanged ? &view : nullptr, scratch.as<float>(), stream);
+    if (exchanged) board->merge(view, stream);
+  } catch (...) {
+    if (board) board->discard(stream);
+    core_.end_owner_prompt(exchanged, EvictionPolicy::kUnbounded, false);
+    throw;
+  }
+  // Every row is observed now; the mirrors hold the scores the core would hold.
+  host_stale_ = true;
+  fresh_from_ = n;
+  const std::size_t limit = this->limit();
+  bool dropped = false;
+  if (n > limit) {
+    dropped = store_->drop_lowest_on_device(n, n - limit, core_.recent_threshold(limit), policy.n_sink, n);
+    if (!dropped) pull_metadata();  // the core drops from the device's scores (and names a logic error)
+  }
+  hold_while_uncertain();
+  core_.end_owner_prompt(exchanged, limit, dropped);
+  store_->flush();
+  if (n > limit && !dropped) push_metadata(stream);
+  fresh_from_ = core_.rows();
+  prompt_from_empty_ = false;
+  ++prompts_on_device_;
+  device_prompt_ms_ += clock.lap();
+  return true;
 }
 
 bool DeviceEvictionCache::observe_on_device(const AttentionObservation& obs) {
@@ -887,6 +991,8 @@ void DeviceEvictionCache::add_figures(CacheStats& st) const {
   st.figures.emplace_back("layer_budget", static_cast<double>(budget_));
   st.figures.emplace_back("decode_steps_on_device", static_cast<double>(decode_steps_on_device_));
   st.figures.emplace_back("trims_on_device", static_cast<double>(trims_on_device_));
+  st.figures.emplace_back("prompts_on_device", static_cast<double>(prompts_on_device_));
+  st.figures.emplace_back("device_prompt_ms", device_prompt_ms_);
   st.figures.emplace_back("device_trim_ms", device_trim_ms_);
   st.figures.emplace_back("host_decisions", static_cast<double>(host_times_.calls));
   st.figures.emplace_back("host_decision_wait_ms", host_times_.wait_ms);

@@ -25,6 +25,7 @@
 #include "cache/eviction_core.h"
 #include "cache/squeeze_schedule.h"
 #include "cuda/device_cache.h"
+#include "cuda/device_prompt_scoring.h"
 #include "cuda/device_row_store.h"
 
 namespace kvslim::cuda {
@@ -76,6 +77,13 @@ class DeviceSlots final : public DeviceRowStore {
   // ascending, takes the last kept row above it) applied to the rows and their mirrors.
   bool drop_lowest_on_device(std::size_t rows, std::size_t drop, std::int64_t threshold, std::size_t n_sink,
                              std::size_t fresh_from) override;
+  // The slots and their mirrors as they are (the sinks are the leading slots).
+  bool prompt_rows(std::size_t rows, std::int64_t, PromptRows& out) override {
+    if (rows > stride_ || capturing_) return false;
+    flush();
+    out = PromptRows{scores(), exposure(), positions(), static_cast<long long>(stride_)};
+    return true;
+  }
   std::uint16_t* keys() const { return k_.as<std::uint16_t>(); }
   std::uint16_t* values() const { return v_.as<std::uint16_t>(); }
   std::int64_t* positions() const { return pos_.as<std::int64_t>(); }
@@ -137,6 +145,8 @@ class DeviceEvictionCache final : public DeviceCache, public SharesImportance {
   // probs in device memory (this cache's attend) or host memory; [B, Hkv, Q, rows()].
   void observe_attention(const AttentionObservation& obs) override;
   void share_importance(std::shared_ptr<CrossLayerImportance> board, std::size_t layer) override {
+    board_ = board;
+    board_layer_ = layer;
     core_.share_importance(std::move(board), layer);
   }
   const EvictionCore& core() const { return core_; }
@@ -177,6 +187,11 @@ class DeviceEvictionCache final : public DeviceCache, public SharesImportance {
   bool observe_on_device(const AttentionObservation& obs);
   // The same over kivi codes (DevicePackedRows::observe_decode), then the host's compression.
   bool observe_codes_on_device(const AttentionObservation& obs, const DeferredProbs* deferred);
+  // A first prompt's observation scored and trimmed on the device (device_prompt_scoring.h, then
+  // the store's drop_lowest_on_device); false: the host decides (nothing was changed).
+  bool prompt_on_device(const AttentionObservation& obs, const std::string& who);
+  // The model's device board beside the host one (null: no exchange on the device).
+  std::shared_ptr<DeviceImportanceBoard> device_board() const;
   // The decode observation's per-part scratch for `parts` parts a head.
   void reserve_observe_parts(std::size_t parts, cudaStream_t stream);
   // The mirror's metadata (rows' positions; scores and exposure of the rows observed so far) into
@@ -217,6 +232,14 @@ class DeviceEvictionCache final : public DeviceCache, public SharesImportance {
   };
   HostDecisionTimes host_times_;
   std::size_t trims_on_device_ = 0;  // adopted budgets whose drop the store decided (a figure)
+  // The last append, when it was a prompt into an empty cache with positions p0, p0 + 1, ...: the
+  // only observation prompt_on_device takes.
+  bool prompt_from_empty_ = false;
+  std::int64_t prompt_p0_ = 0;
+  std::shared_ptr<CrossLayerImportance> board_;
+  std::size_t board_layer_ = 0;
+  std::size_t prompts_on_device_ = 0;  // prompts scored and trimmed on the device (a figure)
+  double device_prompt_ms_ = 0;        // their wall time (waits for the stream's queued work first)
   double device_trim_ms_ = 0;        // their wall time, select and moves included (not a host decision)
 };
 

@@ -298,7 +298,7 @@ __device__ __noinline__ void move_words_down(const WordMove (&moves)[N]) {
 
 // kObserveRows: the consecutive rows a thread takes per chunk (below).
 template <int kObserveRows>
-__global__ void __launch_bounds__(kObserveThreads)
+__global__ void __launch_bounds__(kObserveThreads, 2)
     observe_packed_kernel(PackedObservation o, Candidate* part_best, unsigned* arrivals) {
   const int head = blockIdx.x, part = blockIdx.y, parts = gridDim.y, G = o.st.G;
   const long long span = static_cast<long long>(o.regions) * G + o.window_rows;
@@ -1292,6 +1292,26 @@ bool DevicePackedRows::drop_lowest_on_device(std::size_t rows, std::size_t drop,
     std::erase_if(w, [&](int i) { return gone_host[head * static_cast<std::size_t>(W) + static_cast<std::size_t>(i)] != 0; });
     if (w.size() != rows - drop) throw std::logic_error("DevicePackedRows: the device's trim left the wrong number of rows");
   }
+  return true;
+}
+
+bool DevicePackedRows::prompt_rows(std::size_t rows, std::int64_t sink_position, PromptRows& out) {
+  const std::size_t H = heads_total_;
+  if (capturing_ || H == 0 || rows > static_cast<std::size_t>(window_rows_)) return false;
+  apply_victims();
+  flush();
+  for (const Head& h : heads_) {
+    if (h.packed > 0 || h.window.size() != rows) return false;
+    for (std::size_t i = 0; i < rows; ++i) {
+      if (h.window[i] != static_cast<int>(i)) return false;
+    }
+  }
+  const std::vector<std::int64_t> sinks(H, sink_position);
+  if (sink_pos_.bytes() < H * sizeof(std::int64_t)) sink_pos_.reserve(H * sizeof(std::int64_t), stream_);
+  upload(sink_pos_, sinks, stream_);
+  sinks_known_ = true;
+  const WindowRows w = window(cur_);
+  out = PromptRows{w.score, w.expo, w.pos, static_cast<long long>(window_capacity_)};
   return true;
 }
 

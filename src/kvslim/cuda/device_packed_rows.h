@@ -92,6 +92,9 @@ class DevicePackedRows final : public DeviceRowStore {
   // (one byte a window row read back). Rows in groups: false (the host decides).
   bool drop_lowest_on_device(std::size_t rows, std::size_t drop, std::int64_t threshold, std::size_t n_sink,
                              std::size_t fresh_from) override;
+  // While every row of every head waits unmasked in the window, in window order: the window's
+  // mirrors; the sinks' position becomes the trim's (sink_pos, as upload_metadata sets it).
+  bool prompt_rows(std::size_t rows, std::int64_t sink_position, PromptRows& out) override;
 
   // A decode step's observation and eviction on the device (see the file comment): probs over the
   // rows the last attend spanned ([H, probs_stride], attention_rows() of them), or in slot order

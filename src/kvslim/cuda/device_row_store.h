@@ -15,6 +15,7 @@
 #include "cuda/append.h"
 #include "cache/eviction_core.h"
 #include "cuda/attend.h"
+#include "cuda/device_prompt_scoring.h"
 #include "storage/row_storage.h"
 
 namespace kvslim::cuda {
@@ -76,6 +77,14 @@ class DeviceRowStore : public RowStorage {
   virtual bool drop_lowest_on_device(std::size_t rows, std::size_t drop, std::int64_t threshold, std::size_t n_sink,
                                      std::size_t fresh_from) {
     (void)rows, (void)drop, (void)threshold, (void)n_sink, (void)fresh_from;
+    return false;
+  }
+  // A first prompt's rows for the device's prompt scoring (device_prompt_scoring.h): each head's
+  // `rows` rows as one array in slot order, which is position order; sink_position: the position
+  // of the n_sink-th row, at or below which no row leaves (INT64_MIN: no sinks), for the trim that
+  // follows. false: the store does not hold them so (the host decides).
+  virtual bool prompt_rows(std::size_t rows, std::int64_t sink_position, PromptRows& out) {
+    (void)rows, (void)sink_position, (void)out;
     return false;
   }
 
