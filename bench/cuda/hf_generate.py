@@ -70,6 +70,9 @@ def cache_figures(rec, cache, seq, reference):
         if any("trims_on_device" in s["figures"] for s in stats):  # squeeze's budgets cut on the device
             rec["trims_on_device"] = int(sum(s["figures"].get("trims_on_device", 0) for s in stats))
             rec["device_trim_ms"] = round(sum(s["figures"].get("device_trim_ms", 0.0) for s in stats), 1)
+        if any(s["figures"].get("prompts_on_device", 0) for s in stats):  # prompts scored and cut on the device
+            rec["prompts_on_device"] = int(sum(s["figures"].get("prompts_on_device", 0) for s in stats))
+            rec["device_prompt_ms"] = round(sum(s["figures"].get("device_prompt_ms", 0.0) for s in stats), 1)
         if any("host_decisions" in s["figures"] for s in stats):
             rec["host_decision_ms"] = {p: round(sum(s["figures"].get(f"host_decision_{p}_ms", 0.0) for s in stats), 1)
                                        for p in phases}
@@ -96,6 +99,9 @@ def report(rec, label, log, line):
                 ", ".join(f"{k} {v}" for k, v in rec["host_decision_ms"].items()))
         if rec.get("trims_on_device"):
             log(f"  {'':28s} budgets trimmed on the device: {rec['trims_on_device']} layers, {rec['device_trim_ms']} ms")
+        if rec.get("prompts_on_device"):
+            log(f"  {'':28s} prompts scored and cut on the device: {rec['prompts_on_device']} layers, "
+                f"{rec['device_prompt_ms']} ms (waits for the model's queued kernels included)")
     return rec
 
 
