@@ -30,6 +30,7 @@ echo "tests exit: ${PIPESTATUS[0]}" >> "$OUT"/tests.txt
 SAN="CudaAttend.ZeroQueryAndFlatGroups:CudaAttend.BatchWithOwnLengthsAtTheKernelLevel:CudaCache.*:CudaKivi.*"
 SAN="$SAN:CudaEviction.Keeps*:CudaEviction.Pyramid*:CudaEviction.AnUnobserved*:CudaEviction.Kivi*:CudaEviction.SqueezeOverKivi*"
 SAN="$SAN:CudaStepGraph.*:CudaZipcache.SaliencyAndCodes*:CudaZipcache.Probabilities*:CudaSelectLowest.*"
+SAN="$SAN:CudaEviction.ThePromptIsScored*:CudaEviction.ANonFinitePrompt*"
 SAN="$SAN:-CudaStepGraph.*LargerStores:CudaEviction.*SeveralChunks"
 { timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 devbin/cuda_tests --gtest_filter="$SAN" 2>&1 | tail -n 25
   echo "memcheck exit: ${PIPESTATUS[0]}"
