@@ -326,6 +326,7 @@ __global__ void __launch_bounds__(32 * kCombineWarps) combine_kernel(QueryArgs a
   const long long m = static_cast<long long>(tile) * kTileRows + row;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   pdl_wait();  // the partials of the kernels before
+  pdl_launch_dependents();  // a decode step's observation may launch; it waits for this merge before reading it
   if (m >= static_cast<long long>(a.S) * a.G) return;  // the whole CTA
   const auto slot = [&](int p) { return ((static_cast<long long>(p) * tiles + tile) * BH + bh) * kTileRows + row; };
   float M = -INFINITY;

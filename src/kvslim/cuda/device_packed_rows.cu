@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "cuda/attend_shared.cuh"
 #include "cuda/group_quant.cuh"
 #include "cuda/kernel_launch.h"
 #include "cuda/lowest_candidate.cuh"
@@ -318,6 +319,10 @@ __global__ void __launch_bounds__(kObserveThreads, 2)
     if (threadIdx.x == 0 && first < region_rows) before += min(static_cast<int>(first % G), tokens_of_head[first / G]);
     for (long long wr = threadIdx.x; wr < first - region_rows; wr += blockDim.x) before += wpos_of_head[wr] != kEmpty ? 1 : 0;
   }
+  // Launched early behind the attention's merge (programmatic dependent launch): the counts above
+  // were written before the attention began; its logits' (max, sum) and the probabilities are read
+  // only from here on.
+  attend_detail::pdl_wait();
   int slot_base = -1;  // live rows before the current chunk's first row (every thread holds it; -1: not yet summed)
   // A thread takes kObserveRows consecutive rows of each chunk and issues all their loads (the
   // region's count, the metadata, the logits) before it uses any: one round trip to memory and one
@@ -450,6 +455,19 @@ int observe_rows_a_thread(long long per_part) {
     if (per_part <= static_cast<long long>(rows) * kObserveThreads) return rows;
   }
   return 4;
+}
+
+// Whether the decode observation launches behind the attention's merge while it runs
+// (programmatic dependent launch; the kernel waits before it reads the merge's output).
+// KVSLIM_CUDA_OBSERVE_PDL=0 launches it after the merge (the benchmarks' A/B).
+bool observe_launches_early() {
+  static const bool early = [] {
+    const char* v = std::getenv("KVSLIM_CUDA_OBSERVE_PDL");
+    if (v == nullptr || *v == '\0' || std::string(v) == "1") return true;
+    if (std::string(v) == "0") return false;
+    throw InputError(std::string("KVSLIM_CUDA_OBSERVE_PDL: '") + v + "' is not 0 or 1");
+  }();
+  return early;
 }
 
 // A squeeze budget's trim while every row waits in the window (drop_lowest_on_device): each
@@ -1085,7 +1103,7 @@ void DevicePackedRows::observe_decode(const DecodeStep& step, void* part_best, u
   const auto kernel = rows_a_thread == 1   ? observe_packed_kernel<1>
                       : rows_a_thread == 2 ? observe_packed_kernel<2>
                                            : observe_packed_kernel<4>;
-  launch_kernel(span > 0, false, kernel, dim3(static_cast<unsigned>(H), static_cast<unsigned>(parts)),
+  launch_kernel(span > 0, observe_launches_early(), kernel, dim3(static_cast<unsigned>(H), static_cast<unsigned>(parts)),
                 dim3(kObserveThreads), 0, stream, o, static_cast<Candidate*>(part_best), arrivals);
   if (!evicts) return;
   // The host's block lists learn the victims (one int a head) when they are next needed
