@@ -33,6 +33,13 @@ std::size_t first_nonfinite(const float* x, std::size_t n) {
 
 }  // namespace
 
+void throw_nonfinite_weight(const std::string& who, std::size_t batch, std::size_t head, std::size_t query,
+                            std::size_t token) {
+  throw InputError(who + ": attention observation holds a NaN or infinite weight (batch " + std::to_string(batch) +
+                   ", head " + std::to_string(head) + ", query " + std::to_string(query) + ", token " +
+                   std::to_string(token) + "); nothing was changed");
+}
+
 void check_observation_finite(const AttentionObservation& obs, const std::string& who) {
   if (obs.space != MemorySpace::host) {
     throw InputError(who + ": the attention observation's probs are " + std::string(memory_space_name(obs.space)) +
@@ -43,10 +50,7 @@ void check_observation_finite(const AttentionObservation& obs, const std::string
   for (std::size_t r = 0; r < rows; ++r) {
     const std::size_t at = first_nonfinite(obs.probs + r * obs.stride, obs.tokens);
     if (at < obs.tokens) {
-      const std::size_t q = r % obs.queries, h = (r / obs.queries) % obs.heads, b = r / obs.queries / obs.heads;
-      throw InputError(who + ": attention observation holds a NaN or infinite weight (batch " + std::to_string(b) +
-                       ", head " + std::to_string(h) + ", query " + std::to_string(q) + ", token " + std::to_string(at) +
-                       "); nothing was changed");
+      throw_nonfinite_weight(who, r / obs.queries / obs.heads, (r / obs.queries) % obs.heads, r % obs.queries, at);
     }
   }
 }

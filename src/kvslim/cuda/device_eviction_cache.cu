@@ -1,6 +1,7 @@
 #include "cuda/device_eviction_cache.h"
 
 #include "cache/cross_layer_importance.h"
+#include "cache/observation_check.h"
 
 #include <algorithm>
 #include <chrono>
@@ -757,10 +758,9 @@ bool DeviceEvictionCache::prompt_on_device(const AttentionObservation& obs, cons
   // A non-finite weight is named as the host names it, before anything changes.
   const long long bad = first_nonfinite_probability(w, stream);
   if (bad >= 0) {
-    const long long token = bad % w.rows, vec = bad / w.rows, q = vec % w.Q, head = vec / w.Q;
-    throw InputError(who + ": attention observation holds a NaN or infinite weight (batch " +
-                     std::to_string(head / w.heads_per_row) + ", head " + std::to_string(head % w.heads_per_row) +
-                     ", query " + std::to_string(q) + ", token " + std::to_string(token) + "); nothing was changed");
+    const auto at = static_cast<std::size_t>(bad), rows_n = static_cast<std::size_t>(w.rows);
+    const std::size_t vec = at / rows_n, head = vec / static_cast<std::size_t>(w.Q);
+    throw_nonfinite_weight(who, head / heads_, head % heads_, vec % static_cast<std::size_t>(w.Q), at % rows_n);
   }
   DeviceBuffer qpos, scratch;
   if (!obs.query_positions.empty()) {
