@@ -182,6 +182,14 @@ class KVCache {
   // holds the budget (it evicts by the scores observed so far), so memory stays bounded.
   virtual void observe_attention(const AttentionObservation&) {}
   virtual void observe_hidden(const HiddenObservation&) {}
+  // An attention step whose probabilities nobody but the cache reads (an engine's layer step):
+  // attend(queries, query_positions, out, probs), then, when needs().attention, observe_attention
+  // of them ([batch, kv_heads, tokens, rows()], stride rows()). probs: the caller's workspace of
+  // that shape in the queries' memory space; its contents afterwards are unspecified (a device
+  // cache's decode step may score each row inside its observation, from the attention's logits,
+  // and never write them). A cache that observes nothing attends without probabilities.
+  virtual void attend_and_observe(const QueryBlock& queries, std::span<const std::int64_t> query_positions, float* out,
+                                  float* probs, std::size_t kv_heads, const ParallelFor* parallel = nullptr);
 
   virtual std::string_view method() const = 0;
   int layer_id() const { return layer_id_; }

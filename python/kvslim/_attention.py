@@ -151,9 +151,9 @@ class LayerState:
         return s if self.observed_queries <= 0 else min(self.observed_queries, s)
 
     def _attend_and_observe(self, q, pos, scaling: float | None):
-        """The cache's attention of q at `pos`, with probabilities, which the cache observes."""
-        out, probs = self.cache.attend(q, pos, scaling, probs=True)
-        self.cache.observe_attention(probs, pos)
+        """The cache's attention of q at `pos`, which the cache observes: its probabilities are read
+        by nobody else (a device cache's decode step may never write them)."""
+        out = self.cache.attend_and_observe(q, pos, scaling)
         self.attention_reports += 1
         return out
 

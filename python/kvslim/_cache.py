@@ -172,6 +172,40 @@ class Cache:
         return self._core.attend(as_float32(queries, "queries"), as_positions(query_positions, "query_positions"),
                                  0.0 if scale is None else float(scale), bool(probs))
 
+    def attend_and_observe(self, queries, query_positions, scale: float | None = None):
+        """attend(queries, query_positions, scale, probs=True), then observe_attention of those
+        probabilities, for a caller that never reads them (a model's attention step); returns out
+        fp32 [B, S, H_q, D]. A device cache's decode step may then score each row inside its
+        observation from the attention's logits and write no probabilities at all; a cache that
+        observes nothing attends without them."""
+        self._need_attend("attend_and_observe")
+        if is_cuda_tensor(queries):
+            import torch
+            q = queries.detach()
+            if q.dtype != torch.float32 or not q.is_contiguous():
+                q = torch.empty(q.shape, dtype=torch.float32, device=q.device).copy_(q)
+            if q.dim() != 4:
+                raise _kvslim.InputError(f"queries: expected 4 dimensions [batch, tokens, heads, head_dim], got {q.dim()}")
+            B, S, H, D = q.shape
+            out = torch.empty((B, S, H, D), dtype=torch.float32, device=q.device)
+            p, heads = None, 0
+            if self._observes_attention():
+                # The probabilities' workspace (a captured step's stays in the graph's pool).
+                heads = self._kv_heads or self._core.stats()["heads"]
+                p = torch.empty((B, heads, S, max(self._core.rows(), 1)), dtype=torch.float32, device=q.device)
+            self._changed()
+            self._core.attend_and_observe_device(q.data_ptr(), [B, S, H, D],
+                                                 as_positions(query_positions, "query_positions"),
+                                                 0.0 if scale is None else float(scale), out.data_ptr(),
+                                                 0 if p is None else p.data_ptr(), heads, raw_stream(q.device))
+            return out
+        queries, query_positions = as_float32(queries, "queries"), as_positions(query_positions, "query_positions")
+        self._changed()
+        return self._core.attend_and_observe(queries, query_positions, 0.0 if scale is None else float(scale))
+
+    def _observes_attention(self) -> bool:
+        return bool(self._core.needs()["attention"])
+
     def rows(self) -> int:
         """Rows kept per (batch, KV head)."""
         self._need_attend("rows")

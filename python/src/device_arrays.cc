@@ -79,6 +79,22 @@ void bind_device_methods(py::module_& m, py::class_<KVCache>& cls) {
       },
       py::arg("queries"), py::arg("shape"), py::arg("query_positions"), py::arg("scale"), py::arg("out"),
       py::arg("probs") = 0, py::arg("stream") = 0);
+  // attend_device and observe_attention_device of its probabilities, which nobody else reads
+  // (KVCache::attend_and_observe): probs is device fp32 workspace [B, H_kv, S, rows()] whose
+  // contents are unspecified afterwards (0 for a cache that observes nothing).
+  cls.def(
+      "attend_and_observe_device",
+      [](KVCache& c, std::uintptr_t queries, const std::vector<std::int64_t>& shape, const Positions& query_positions,
+         float scale, std::uintptr_t out, std::uintptr_t probs, std::size_t kv_heads, std::uintptr_t stream) {
+        const auto s = shape4(shape, "queries");
+        if (query_positions.ndim() != 1) throw InputError("query_positions: expected a 1-D array of int64 positions");
+        const QueryBlock q{reinterpret_cast<const float*>(queries), s[0], s[1], s[2], s[3], scale, MemorySpace::cuda,
+                           reinterpret_cast<void*>(stream)};
+        c.attend_and_observe(q, {query_positions.data(), static_cast<std::size_t>(query_positions.shape(0))},
+                             reinterpret_cast<float*>(out), reinterpret_cast<float*>(probs), kv_heads);
+      },
+      py::arg("queries"), py::arg("shape"), py::arg("query_positions"), py::arg("scale"), py::arg("out"),
+      py::arg("probs"), py::arg("kv_heads"), py::arg("stream") = 0);
   // Decode steps replayed as one CUDA graph (kvslim/cuda.h StepGraph; kvslim.hf.GraphDecoder).
   // caches: the model's device caches (their Python objects are kept alive by this one); graph
   // and stream: the cudaGraph_t / cudaStream_t handles as ints (torch's raw_cuda_graph(),

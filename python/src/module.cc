@@ -10,6 +10,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
@@ -132,6 +133,29 @@ void bind_attend_methods(py::class_<C>& cls) {
         return py::make_tuple(out, probs);
       },
       py::arg("queries"), py::arg("query_positions"), py::arg("scale") = 0.0f, py::arg("want_probs") = false);
+  // attend, then observe_attention of its probabilities (KVCache::attend_and_observe) -> out fp32
+  // [B, S, H_q, D]; the probabilities live in a workspace of this call.
+  cls.def(
+      "attend_and_observe",
+      [](C& c, const Float32Array& queries, const PositionsArray& query_positions, float scale) {
+        if (queries.ndim() != 4) throw InputError("queries: expected 4 dimensions [batch, tokens, heads, head_dim]");
+        if (query_positions.ndim() != 1) throw InputError("query_positions: expected a 1-D array of int64 positions");
+        const auto B = queries.shape(0), S = queries.shape(1), H = queries.shape(2), D = queries.shape(3);
+        Q q{queries.data(), static_cast<std::size_t>(B), static_cast<std::size_t>(S), static_cast<std::size_t>(H),
+            static_cast<std::size_t>(D), scale};
+        py::array_t<float> out(std::vector<py::ssize_t>{B, S, H, D});
+        std::vector<float> probs;
+        std::size_t kv_heads = 0;
+        if (c.needs().attention) {
+          kv_heads = c.stats().heads;  // [B, H_kv, S, rows], sized from the cache itself
+          probs.resize(std::max<std::size_t>(1, static_cast<std::size_t>(B) * kv_heads * static_cast<std::size_t>(S) * c.rows()));
+        }
+        c.attend_and_observe(q, std::span<const std::int64_t>(query_positions.data(),
+                                                              static_cast<std::size_t>(query_positions.shape(0))),
+                             out.mutable_data(), probs.data(), kv_heads);
+        return out;
+      },
+      py::arg("queries"), py::arg("query_positions"), py::arg("scale") = 0.0f);
 }
 
 template <class C, class Q>

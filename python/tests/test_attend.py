@@ -76,3 +76,30 @@ def test_append_attend_rows_and_errors():
         cache.attend(q, [12, 13])  # two positions for one query
     with pytest.raises(kvslim.InputError, match="keys"):
         cache.append(np.zeros((1, 2, 3), np.float32), np.zeros((1, 2, 3), np.float32))
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_attend_and_observe_equals_attend_then_observe(name):
+    """Cache.attend_and_observe (the attention step of kvslim.hf) is attend with probabilities, then
+    observe_attention of them: the same outputs, the same rows kept."""
+    fields = config_of(name)
+    fields.update({k: 12 for k in ("h2o_budget", "squeeze_budget", "pyramidkv_budget", "streaming_budget")
+                   if k.split("_")[0] == fields["method"]})
+    two, one = (kvslim.Cache(kvslim.Config(**fields)) for _ in range(2))
+    observes = two.needs()["attention"]
+    pos = 0
+    for step, s in enumerate([20, 1, 1, 9, 1, 1, 40, 1, 1]):
+        q, k, v = qkv(s, 100 + step)
+        positions = np.arange(pos, pos + s, dtype=np.int64)
+        pos += s
+        queries = q.transpose(1, 2).contiguous().numpy()
+        for c in (two, one):
+            c.append(k.numpy(), v.numpy(), positions)
+        out, probs = two.attend(queries, positions, probs=observes)
+        if observes:
+            two.observe_attention(probs, positions)
+        np.testing.assert_array_equal(one.attend_and_observe(queries, positions), out, err_msg=f"step {step}")
+        assert one.rows() == two.rows()
+    np.testing.assert_array_equal(one.view().positions, two.view().positions)
+    with pytest.raises(kvslim.InputError, match="queries"):
+        one.attend_and_observe(np.zeros((1, HQ, D), np.float32), [pos])

@@ -80,6 +80,13 @@ class Spy(kvslim.Cache):
         self.observed.append((torch.as_tensor(np.array(probs)), torch.as_tensor(np.array(query_positions))))
         super().observe_attention(probs, query_positions)
 
+    def attend_and_observe(self, queries, query_positions, scale=None):
+        # The two calls it equals (test_attend.py), so that the spy sees the probabilities.
+        out, probs = self.attend(queries, query_positions, scale, probs=self.needs()["attention"])
+        if probs is not None:
+            self.observe_attention(probs, query_positions)
+        return out
+
 
 @pytest.mark.parametrize("fields", [
     {"method": "h2o", "h2o_budget": 8, "evict_scoring": "attention"},

@@ -431,8 +431,8 @@ void Transformer::attention_block(std::size_t layer, std::size_t s, std::span<co
       cache.observe_attention(AttentionObservation{observation_.data(), 1, kv_heads, observed, rows, rows, observed_positions});
     }
   } else {
-    // The cache attends over its own storage (compressed caches read their codes); its
-    // probabilities are in its own row order, so they go straight back to the observation hook.
+    // The cache attends over its own storage (compressed caches read their codes) and observes its
+    // own probabilities (in its row order): nothing here reads them.
     cache.append(keys, values, positions);
     const std::size_t rows = cache.rows();
     if (observe) grow(observation_, attention_.observation_size(observed, rows));
@@ -442,11 +442,8 @@ void Transformer::attention_block(std::size_t layer, std::size_t s, std::span<co
     if (skip > 0) {
       cache.attend(QueryBlock{q_.data(), 1, skip, heads, d}, positions.first(skip), attn_.data(), nullptr, parallel);
     }
-    cache.attend(QueryBlock{q_.data() + skip * q_dim, 1, observed, heads, d}, observed_positions,
-                 attn_.data() + skip * q_dim, probs, parallel);
-    if (observe) {
-      cache.observe_attention(AttentionObservation{observation_.data(), 1, kv_heads, observed, rows, rows, observed_positions});
-    }
+    cache.attend_and_observe(QueryBlock{q_.data() + skip * q_dim, 1, observed, heads, d}, observed_positions,
+                             attn_.data() + skip * q_dim, probs, kv_heads, parallel);
   }
   matmul(L.wo, attn_.data(), s, xb_.data(), tile_.data(), kTileRows, &pool_);  // [S, hidden]
   for (std::size_t i = 0; i < s * hidden; ++i) x_[i] += xb_[i];

@@ -3,6 +3,7 @@
 // on two layers of one CacheSet; CI also runs this binary under ThreadSanitizer).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <set>
@@ -200,6 +201,7 @@ TEST(AttentionScoring, BudgetHoldsWhenTheEngineNeverObserves) {
 struct LayerDriver {
   CacheSet& set;
   int layer;
+  bool one_call = false;  // attend_and_observe instead of attend + observe_attention
   std::int64_t pos = 0;
   std::vector<double> trace;
 
@@ -217,8 +219,12 @@ struct LayerDriver {
     cache.append(make_block(k, 1, H, S, D), make_block(v, 1, H, S, D), p);
     std::vector<float> out(S * Hq * D), probs(H * S * cache.rows());
     const bool observe = cache.needs().attention;
-    cache.attend(QueryBlock{q, 1, S, Hq, D}, p, out.data(), observe ? probs.data() : nullptr);
-    if (observe) cache.observe_attention(AttentionObservation{probs.data(), 1, H, S, cache.rows(), cache.rows(), p});
+    if (one_call) {
+      cache.attend_and_observe(QueryBlock{q, 1, S, Hq, D}, p, out.data(), observe ? probs.data() : nullptr, H);
+    } else {
+      cache.attend(QueryBlock{q, 1, S, Hq, D}, p, out.data(), observe ? probs.data() : nullptr);
+      if (observe) cache.observe_attention(AttentionObservation{probs.data(), 1, H, S, cache.rows(), cache.rows(), p});
+    }
     double sum = 0;
     for (float x : out) sum += x;
     trace.push_back(sum);
@@ -278,6 +284,39 @@ TEST(ThreadingRule, TwoThreadsOnTwoLayersOfOneSetEveryMethod) {
     other.join();
     EXPECT_EQ(p0.trace, s0.trace) << what << " layer 0";
     EXPECT_EQ(p1.trace, s1.trace) << what << " layer 1";
+  }
+}
+
+// KVCache::attend_and_observe is attend with probabilities, then observe_attention of them: every
+// method's outputs, rows and views equal those of the two calls; an observing cache needs the
+// workspace (named), one that observes nothing attends without it.
+TEST(AttendAndObserve, EqualsAttendThenObserveEveryMethod) {
+  for (const KVCacheConfig& c : threading_configs()) {
+    const std::string what = c.method + " " + c.evict_scoring;
+    CacheSet two_calls = KVCacheBuilder::for_model(ModelSpec::uniform(2, 2, 16), c);
+    CacheSet one_call = KVCacheBuilder::for_model(ModelSpec::uniform(2, 2, 16), c);
+    LayerDriver a0{two_calls, 0}, a1{two_calls, 1}, b0{one_call, 0, true}, b1{one_call, 1, true};
+    for (LayerDriver* d : {&a0, &a1, &b0, &b1}) d->prompt();
+    for (LayerDriver* d : {&a0, &a1, &b0, &b1}) d->decode(600);
+    EXPECT_EQ(b0.trace, a0.trace) << what << " layer 0";
+    EXPECT_EQ(b1.trace, a1.trace) << what << " layer 1";
+    KVCache& cache = one_call.at(0);
+    const std::vector<float> q(1 * 4 * 16, 0.25f);
+    std::vector<float> out(q.size());
+    const std::int64_t next = b0.pos;
+    if (cache.needs().attention) {
+      try {
+        cache.attend_and_observe(QueryBlock{q.data(), 1, 1, 4, 16}, std::span<const std::int64_t>(&next, 1), out.data(),
+                                 nullptr, 2);
+        ADD_FAILURE() << what << ": a null probabilities workspace was accepted";
+      } catch (const InputError& e) {
+        EXPECT_NE(std::string(e.what()).find("probabilities workspace"), std::string::npos) << e.what();
+      }
+    } else {
+      cache.attend_and_observe(QueryBlock{q.data(), 1, 1, 4, 16}, std::span<const std::int64_t>(&next, 1), out.data(),
+                               nullptr, 2);
+      EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](float x) { return std::isfinite(x); })) << what;
+    }
   }
 }
 
