@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "cache/block_intake.h"
@@ -24,6 +25,15 @@ void reject(std::string_view method, const std::string& what) {
 namespace {
 
 std::size_t round_up(std::size_t x, std::size_t m) { return (x + m - 1) / m * m; }
+
+// Sets a flag for the scope (graph_arm's re-arming; attend_and_observe's unread probabilities).
+struct ScopedFlag {
+  bool& flag;
+  explicit ScopedFlag(bool& f) : flag(f) { flag = true; }
+  ~ScopedFlag() { flag = false; }
+  ScopedFlag(const ScopedFlag&) = delete;
+  ScopedFlag& operator=(const ScopedFlag&) = delete;
+};
 
 }  // namespace
 
@@ -228,15 +238,34 @@ void DeviceCache::attend(const QueryBlock& queries, std::span<const std::int64_t
     LaunchScope scope(step_->slots, LaunchSlots::Mode::capture);
     // A cache whose captured step must observe (graph_captured refuses one that does not) leaves
     // the probabilities to the observation's kernel.
-    attend_checked(q, out, probs, stream, probs_by_observation(probs, q.S));
+    attend_checked(q, out, probs, stream, probs_by(probs, q.S, true, probs_unread_));
     step_->queries = queries;
     step_->out = out;
     step_->probs = probs;
+    step_->probs_unread = probs_unread_;
     step_->probs_rows = orders_probs() ? static_cast<long long>(rows()) : q.rows_total;
     step_->attended = true;
     return;
   }
-  attend_checked(q, out, probs, stream);
+  attend_checked(q, out, probs, stream, probs_by(probs, q.S, false, probs_unread_));
+}
+
+void DeviceCache::attend_and_observe(const QueryBlock& queries, std::span<const std::int64_t> query_positions,
+                                     float* out, float* probs, std::size_t kv_heads, const ParallelFor* parallel) {
+  // KVCache's sequence, with attend told that only the observation reads its probabilities.
+  // KVSLIM_CUDA_UNREAD_PROBS=0 writes them as attend + observe_attention would (the benchmarks' A/B).
+  static const bool unread_allowed = [] {
+    const char* v = std::getenv("KVSLIM_CUDA_UNREAD_PROBS");
+    if (v == nullptr || *v == '\0' || std::string(v) == "1") return true;
+    if (std::string(v) == "0") return false;
+    throw InputError(std::string("KVSLIM_CUDA_UNREAD_PROBS: '") + v + "' is not 0 or 1");
+  }();
+  if (!unread_allowed) {
+    KVCache::attend_and_observe(queries, query_positions, out, probs, kv_heads, parallel);
+    return;
+  }
+  const ScopedFlag unread(probs_unread_);
+  KVCache::attend_and_observe(queries, query_positions, out, probs, kv_heads, parallel);
 }
 
 QueryArgs DeviceCache::query_args(const QueryBlock& queries, std::span<const std::int64_t> query_positions) const {
@@ -263,7 +292,7 @@ QueryArgs DeviceCache::query_args(const QueryBlock& queries, std::span<const std
 }
 
 void DeviceCache::attend_checked(const QueryArgs& q_in, float* out, float* probs, cudaStream_t stream,
-                                 bool probs_by_observation) const {
+                                 ProbsBy probs_by) const {
   QueryArgs q = q_in;
   deferred_probs_ = DeferredProbs{};
   spanned_probs_ = SpannedProbs{};
@@ -292,8 +321,8 @@ void DeviceCache::attend_checked(const QueryArgs& q_in, float* out, float* probs
   parts.parts = n_parts;
   launch_segments(q, parts, false, stream);
   launch_combine(q, parts, n_parts, out, probs ? final_ml_.as<float>() : nullptr, stream);
-  if (probs && probs_by_observation) {
-    deferred_probs_ = DeferredProbs{probs, q, final_ml_.as<float>()};
+  if (probs && probs_by != ProbsBy::attend) {
+    deferred_probs_ = DeferredProbs{probs, probs_by == ProbsBy::observation, q, final_ml_.as<float>()};
   } else if (probs && (q.rows_total != static_cast<long long>(rows()) || orders_probs())) {
     // Probabilities over the rows the kernels span, then in row order.
     const std::size_t spanned_bytes = BH * static_cast<std::size_t>(q.S) * static_cast<std::size_t>(q.rows_total) * sizeof(float);
@@ -412,11 +441,7 @@ void DeviceCache::graph_arm(cudaGraphExec_t exec, cudaStream_t stream) {
   graph_between_steps(stream);  // on the stream, ahead of this step's replay
   reserve_step_workspace(S, static_cast<int>(step_->queries.heads / heads_));
   LaunchScope scope(step_->slots, LaunchSlots::Mode::update, exec);
-  struct Arming {
-    bool& flag;
-    explicit Arming(bool& f) : flag(f) { flag = true; }
-    ~Arming() { flag = false; }
-  } arming(arming_);
+  const ScopedFlag arming(arming_);
   absorb_step(in, positions, stream);
   QueryBlock queries = step_->queries;
   queries.stream = stream;
@@ -426,7 +451,7 @@ void DeviceCache::graph_arm(cudaGraphExec_t exec, cudaStream_t stream) {
     reject(method_, "StepGraph: the step attends over " + std::to_string(probs_rows) + " rows, the captured one over " +
                         std::to_string(step_->probs_rows) + " (its probabilities' shape); capture again");
   }
-  attend_checked(q, step_->out, step_->probs, stream, probs_by_observation(step_->probs, q.S));
+  attend_checked(q, step_->out, step_->probs, stream, probs_by(step_->probs, q.S, true, step_->probs_unread));
   if (step_->observed) {
     AttentionObservation obs = step_->observation;
     obs.query_positions = positions;

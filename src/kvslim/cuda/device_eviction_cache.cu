@@ -166,8 +166,9 @@ __global__ void fill_holes_kernel(const int* holes, const int* movers, const int
 struct DecodeObservation {
   const float* probs = nullptr;  // [heads, probs_stride]: the query's attention per row
   long long probs_stride = 0;
-  // A replayed step (DeviceCache::DeferredProbs): probs are not read but computed from logits and
-  // final_ml, and written here ([heads, probs_stride]); null otherwise.
+  // A deferred step's (DeviceCache::DeferredProbs: replayed, or attend_and_observe's): probs are
+  // not read but computed from logits and final_ml (non-null logits), and written to probs_out
+  // ([heads, probs_stride]) unless it is null (nobody reads them).
   float* probs_out = nullptr;
   const float* logits = nullptr;    // [heads, G, probs_stride]
   const float* final_ml = nullptr;  // [heads, G, 2]
@@ -200,9 +201,9 @@ __global__ void __launch_bounds__(kObserveThreads)
     float s = fresh ? 0.f : o.scores[base + i];
     if (o.decay != 1.f) s = __fmul_rn(s, o.decay);
     float pi;
-    if (o.probs_out != nullptr) {
+    if (o.logits != nullptr) {
       pi = summed_probability(o.logits, o.final_ml, static_cast<long long>(head) * o.G, o.G, o.probs_stride, i);
-      o.probs_out[probs_base + i] = pi;
+      if (o.probs_out != nullptr) o.probs_out[probs_base + i] = pi;
     } else {
       pi = o.probs[probs_base + i];
     }
@@ -826,7 +827,7 @@ bool DeviceEvictionCache::observe_on_device(const AttentionObservation& obs) {
   o.probs = obs.probs;
   o.probs_stride = static_cast<long long>(obs.stride);
   if (computes_probs) {
-    o.probs_out = deferred.probs;
+    o.probs_out = deferred.written ? deferred.probs : nullptr;
     o.logits = deferred.query.logits;
     o.final_ml = deferred.final_ml;
     o.G = deferred.query.G;
@@ -876,10 +877,10 @@ bool DeviceEvictionCache::observe_codes_on_device(const AttentionObservation& ob
   const auto stream = static_cast<cudaStream_t>(obs.stream);
   DevicePackedRows::DecodeStep step;
   // This cache's own attend left its probabilities over the rows it spanned too: read those (or,
-  // in a replayed step, compute them from its logits and write them in slot order).
+  // deferred, compute them from its logits and write them in slot order unless nobody reads them).
   const SpannedProbs spanned = last_spanned_probs();
   if (deferred != nullptr) {
-    step.probs_out = deferred->probs;
+    step.probs_out = deferred->written ? deferred->probs : nullptr;
     step.logits = deferred->query.logits;
     step.final_ml = deferred->final_ml;
     step.G = deferred->query.G;
