@@ -328,9 +328,13 @@ TEST(CudaEviction, SqueezeOverKiviCodesKeepsTheCpuRows) {
   for (int s = 0; s < 30; ++s) t.step(1);
   t.expect_same_rows("squeeze over kivi after the prompt and 30 steps");
   EXPECT_GT(t.gpu.at(0).rows(), t.gpu.at(3).rows());
-  // The held prompt's rows were cut in the window on the device (DevicePackedRows::drop_lowest_on_device).
+  // The held prompt's rows were cut in the window on the device (DevicePackedRows::drop_lowest_on_device),
+  // each layer's prompt scored there first (the key dispersion is its layer signal).
   double on_device = 0;
-  for (std::size_t l = 0; l < 4; ++l) on_device += t.gpu.at(l).stats().figure("trims_on_device");
+  for (std::size_t l = 0; l < 4; ++l) {
+    on_device += t.gpu.at(l).stats().figure("trims_on_device");
+    EXPECT_EQ(t.gpu.at(l).stats().figure("prompts_on_device"), 1.0) << "layer " << l;
+  }
   EXPECT_GE(on_device, 3.0);
   EXPECT_LE(t.worst_probs, kCodesProbsTolerance);
 }
@@ -426,14 +430,35 @@ TEST(CudaEviction, SqueezeResolvesTheCpuBudgetsAndKeepsTheCpuRows) {
     EXPECT_GT(t.gpu.at(0).rows(), t.gpu.at(3).rows()) << prefill;  // broad keys keep more than aligned ones
     if (prefill == "deferred") {
       // The layers that held the whole prompt cut it to their budget on the device (select_lowest:
-      // no metadata read back); the last layer's prompt was cut by its own window, on the host.
+      // no metadata read back), the last one right after its prompt finalised the schedule.
       double on_device = 0;
       for (std::size_t l = 0; l < 4; ++l) on_device += figure(t.gpu.at(l).stats(), "trims_on_device");
       EXPECT_GE(on_device, 3.0);
     }
+    // Every layer's prompt was scored (and cut to its limit) on the device: the key dispersion,
+    // measured at the append, is the layer signal.
+    for (std::size_t l = 0; l < 4; ++l) {
+      EXPECT_EQ(figure(t.gpu.at(l).stats(), "prompts_on_device"), 1.0) << prefill << " layer " << l;
+    }
     for (int s = 0; s < 20; ++s) t.step(1);
     t.expect_same_rows("squeeze (" + prefill + ") after 26 steps");
     EXPECT_LE(t.worst_probs, 2e-5);
+  }
+  // A layer signal read from the prompt's probabilities (the attention's entropy) stays on the host:
+  // its prompt is decided there, with the same rows and budgets as the CPU cache.
+  KVCacheConfig c;
+  c.method = "squeeze";
+  c.squeeze_budget = 96;
+  c.squeeze_signal = "attention_entropy";
+  Twin t(c, 4, 2, 2, 3, 128);
+  t.key_offset = {0.f, 0.3f, 1.f, 3.f};
+  t.step(300);
+  for (int s = 0; s < 6; ++s) t.step(1);
+  t.expect_same_rows("squeeze (attention entropy) after the prompt and 6 steps");
+  for (std::size_t l = 0; l < 4; ++l) {
+    const CacheStats cs = t.cpu.at(l).stats(), gs = t.gpu.at(l).stats();
+    EXPECT_NEAR(figure(gs, "concentration"), figure(cs, "concentration"), 1e-6) << "entropy layer " << l;
+    EXPECT_EQ(figure(gs, "prompts_on_device"), 0.0) << "entropy layer " << l;
   }
 }
 

@@ -664,11 +664,12 @@ void DeviceEvictionCache::observe_attention(const AttentionObservation& obs) {
                        "] (the rows after the last append), or its query positions do not match its queries");
     }
     check_device_pointer(method(), obs.probs, device(), "probs");
-    if (observe_on_device(obs)) {
+    if (observe_on_device(obs) || prompt_on_device(obs, who)) {
+      // squeeze: the step's pending report (the key dispersion measured at the append), and the
+      // budget to adopt if it finalised the schedule.
       if (squeeze_) adopt(squeeze_->after_step(core_), stream);
       return;
     }
-    if (prompt_on_device(obs, who)) return;
     KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream));
     host_times_.wait_ms += clock.lap();
     const std::size_t rows = obs.batch * obs.heads * obs.queries, floats = rows * obs.tokens;
@@ -726,9 +727,11 @@ std::shared_ptr<DeviceImportanceBoard> DeviceEvictionCache::device_board() const
 bool DeviceEvictionCache::prompt_on_device(const AttentionObservation& obs, const std::string& who) {
   const EvictionPolicy& policy = core_.policy();
   const std::size_t n = core_.rows();
-  // A first prompt of an attention-scored policy without a signal of its own (squeeze's reads the
-  // rows on the host), a prior or row weights, whose rows the store holds in position order.
-  if (obs.queries < 2 || squeeze_ || !prompt_from_empty_ || !scores_by_attention(policy.scoring) ||
+  // A first prompt of an attention-scored policy (squeeze's too, unless its layer signal still reads
+  // the probabilities or the scores on the host), without a prior or row weights, whose rows the
+  // store holds in position order.
+  if (obs.queries < 2 || (squeeze_ && squeeze_->signal_reads_observation()) || !prompt_from_empty_ ||
+      !scores_by_attention(policy.scoring) ||
       !core_.owner_may_score_prompt() || n == 0 || n > static_cast<std::size_t>(std::numeric_limits<int>::max()) ||
       obs.queries > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
     return false;
