@@ -5,8 +5,10 @@
 # Compute on one launch of each attention kernel. Each result is written into $OUT as it finishes,
 # so a call cut short still brings back what it made.
 #
-#   [CACHES="full kivi2 ..."] [COMPARE_INT8=1] bash bench/cuda/device_run.sh [tests|quick|mid|all] [profile]
+#   [CACHES="full kivi2 ..."] [COMPARE_INT8=1] [COMPARE_MERGE=1] bash bench/cuda/device_run.sh [tests|quick|mid|all] [profile]
 #     COMPARE_INT8=1: the bench again with decode on the int8 codes kernel, then on the fp16 one
+#     COMPARE_MERGE=1: the bench again with the partials merged by combine_kernel, then in the
+#       segments again (KVSLIM_CUDA_FUSED_MERGE=0 / 1)
 #     tests: the tests and sanitizers only
 #     quick: batch 1, 8 at 32k (D 128); mid: batch 1, 8, 32 at 32k and 128k (D 128); all: every shape
 #     profile: also Nsight Compute (32k, D=128) into ncu.txt and ncu_sass.csv (below)
@@ -27,6 +29,12 @@ echo "tests exit: ${PIPESTATUS[0]}" >> "$OUT"/tests.txt
   KVSLIM_CUDA_DECODE_CODES=int8 timeout 120 devbin/cuda_tests --gtest_filter='CudaAttend.*:CudaStepGraph.Kivi*' 2>&1 \
     | grep -v "^\[       OK\|^\[ RUN" | tail -c 20000
   echo "int8 tests exit: ${PIPESTATUS[0]}"; } >> "$OUT"/tests.txt
+# The suite merges each call's partials inside its segments (the default); replayed steps and the
+# eviction paths again with combine_kernel merging them (KVSLIM_CUDA_FUSED_MERGE=0).
+{ echo "=== graph and eviction tests with the partials merged by combine_kernel (KVSLIM_CUDA_FUSED_MERGE=0)"
+  KVSLIM_CUDA_FUSED_MERGE=0 timeout 120 devbin/cuda_tests --gtest_filter='CudaStepGraph.*:CudaEviction.*:-CudaStepGraph.*LargerStores' 2>&1 \
+    | grep -v "^\[       OK\|^\[ RUN" | tail -c 20000
+  echo "combine_kernel tests exit: ${PIPESTATUS[0]}"; } >> "$OUT"/tests.txt
 SAN="CudaAttend.ZeroQueryAndFlatGroups:CudaAttend.BatchWithOwnLengthsAtTheKernelLevel:CudaCache.*:CudaKivi.*"
 SAN="$SAN:CudaEviction.Keeps*:CudaEviction.Pyramid*:CudaEviction.AnUnobserved*:CudaEviction.Kivi*:CudaEviction.SqueezeOverKivi*"
 SAN="$SAN:CudaStepGraph.*:CudaZipcache.SaliencyAndCodes*:CudaZipcache.Probabilities*:CudaSelectLowest.*"
@@ -57,6 +65,15 @@ if [ -n "${COMPARE_INT8:-}" ]; then  # the same bench with decode on the int8 co
       --json /tmp/attend_$pass.json >> "$OUT"/attend_cuda.txt 2>&1
     { echo "=== decode codes kernel: $pass (KVSLIM_CUDA_DECODE_CODES=$pass)"
       timeout $BENCH_TIMEOUT python3 bench/cuda/sdpa_bench.py --kvslim /tmp/attend_$pass.json --json /tmp/sdpa_$pass.json; } \
+      >> "$OUT"/compare.txt 2>&1
+  done
+fi
+if [ -n "${COMPARE_MERGE:-}" ]; then  # the same bench with combine_kernel merging, then the segments again
+  for pass in 0 1; do
+    KVSLIM_CUDA_FUSED_MERGE=$pass timeout $BENCH_TIMEOUT devbin/kvslim bench attend --device cuda $BENCH_ARGS \
+      --json /tmp/attend_merge$pass.json >> "$OUT"/attend_cuda.txt 2>&1
+    { echo "=== partials merged $([ $pass = 0 ] && echo by combine_kernel || echo in the segments) (KVSLIM_CUDA_FUSED_MERGE=$pass)"
+      timeout $BENCH_TIMEOUT python3 bench/cuda/sdpa_bench.py --kvslim /tmp/attend_merge$pass.json --json /tmp/sdpa_merge$pass.json; } \
       >> "$OUT"/compare.txt 2>&1
   done
 fi

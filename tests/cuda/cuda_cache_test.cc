@@ -14,6 +14,7 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <random>
@@ -320,6 +321,28 @@ void gpu_attend(const KVCache& gpu, const std::vector<float>& q, std::size_t B, 
   if (with_probs) probs = download(dprobs, n_probs);
 }
 
+// The call's partials merged inside its segments (cuda::fused_merge, the default) and by
+// combine_kernel give the same bits: out (and probs, whose (max, sum) the merge writes).
+void expect_merges_agree(const KVCache& gpu, const std::vector<float>& q, std::size_t B, std::size_t S, std::size_t Hq,
+                         std::size_t D, const std::vector<std::int64_t>& qpos, bool with_probs, const std::string& what) {
+  std::vector<float> out[2], probs[2];
+  const bool was = cuda::fused_merge();
+  for (int fused = 0; fused < 2; ++fused) {
+    cuda::set_fused_merge(fused == 1);
+    gpu_attend(gpu, q, B, S, Hq, D, qpos, out[fused], probs[fused], with_probs);
+  }
+  cuda::set_fused_merge(was);
+  ASSERT_EQ(out[0].size(), out[1].size());
+  for (std::size_t i = 0; i < out[0].size(); ++i) {
+    ASSERT_EQ(std::memcmp(&out[0][i], &out[1][i], 4), 0) << what << ": out[" << i << "] fused " << out[1][i]
+                                                         << ", combine_kernel " << out[0][i];
+  }
+  if (with_probs) {
+    ASSERT_EQ(probs[0].size(), probs[1].size());
+    EXPECT_EQ(std::memcmp(probs[0].data(), probs[1].data(), probs[0].size() * 4), 0) << what << ": probs";
+  }
+}
+
 // Worst errors seen per kind, printed at the end of the suite (the device run keeps them).
 std::map<std::string, std::array<double, 3>>& worst_errors() {
   static std::map<std::string, std::array<double, 3>> w;  // out vs float64, probs vs float64, out vs CPU
@@ -373,6 +396,7 @@ void check_attend(Pair& p, int bits, std::size_t Hq, const std::vector<std::int6
   std::vector<float> out2, unused;
   gpu_attend(*p.gpu, q, B, S, Hq, D, qpos, out2, unused, false);
   for (std::size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out2[i], out[i], 1e-6 * (1.0 + std::fabs(out[i]))) << what;
+  expect_merges_agree(*p.gpu, q, B, S, Hq, D, qpos, true, what);
 }
 
 TEST(CudaAttend, EveryKindMatchesFloat64AndTheCpuCache) {
@@ -857,6 +881,7 @@ void check_zip_attend(ZipPair& z, std::size_t Hq, const std::vector<std::int64_t
   std::vector<float> out, unused;
   gpu_attend(*z.p.gpu, q, B, S, Hq, D, qpos, out, unused, false);
   for (std::size_t i = 0; i < out.size(); ++i) ASSERT_TRUE(std::isfinite(out[i])) << what << " out[" << i << "]";
+  expect_merges_agree(*z.p.gpu, q, B, S, Hq, D, qpos, false, what);  // two sets and the window: three segments
   std::vector<double> ref, probs;
   reference(zip_exact_rows(*z.p.gpu), q, S, Hq, qpos, ref, probs);
   const double exact = worst_relative(out, ref);

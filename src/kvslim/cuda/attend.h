@@ -38,8 +38,20 @@ struct QueryArgs {
 struct Partials {
   float* acc = nullptr;  // [parts, tiles, B * Hkv, 8, D]
   float* ml = nullptr;   // [parts, tiles, B * Hkv, 8, 2]
-  int parts = 0;         // capacity
+  int parts = 0;         // the call's parts (every segment's splits)
+  // The merge inside the segments (fused_merge()): the last CTA of each (tile, b*h) to write its
+  // partial -- counted in arrivals, which it resets -- merges all `parts` of them into out and
+  // final_ml exactly as launch_combine would. Null arrivals: launch_combine merges.
+  unsigned* arrivals = nullptr;  // [tiles, B * Hkv], zero between calls
+  float* out = nullptr;          // [B, S, Hq, D]
+  float* final_ml = nullptr;     // [B * Hkv, S * G, 2] or null
 };
+
+// Whether a call's segments merge their own partials (Partials::arrivals) instead of launching
+// combine_kernel: one launch fewer per attention call. On unless KVSLIM_CUDA_FUSED_MERGE=0 (the
+// benchmarks' A/B); set_fused_merge switches it for the calls that follow (tests).
+bool fused_merge();
+void set_fused_merge(bool on);
 
 // kivi storage: n_units full units of 32 rows per (b, h), the kernels' unit of work. A quantization
 // group is group_units consecutive units (kivi_group_size = 32 * group_units rows) with one fp16

@@ -319,8 +319,21 @@ void DeviceCache::attend_checked(const QueryArgs& q_in, float* out, float* probs
   parts.acc = parts_acc_.as<float>();
   parts.ml = parts_ml_.as<float>();
   parts.parts = n_parts;
+  // The segments merge their own partials (fused_merge: one launch fewer). A call without parts (no
+  // rows) has no CTA to merge: combine_kernel writes its zeros.
+  const bool fused = n_parts > 0 && fused_merge();
+  if (fused) {
+    const std::size_t counters = static_cast<std::size_t>(q.tiles()) * BH * sizeof(unsigned);
+    if (capture && merge_arrivals_.bytes() < counters) {
+      reject(method_, "attend: the captured step needs more merge counters than graph_begin reserved (StepGraph)");
+    }
+    merge_arrivals_.reserve(counters, stream);  // zero-filled when new, on the stream the kernels run on
+    parts.arrivals = merge_arrivals_.as<unsigned>();
+    parts.out = out;
+    parts.final_ml = probs ? final_ml_.as<float>() : nullptr;
+  }
   launch_segments(q, parts, false, stream);
-  launch_combine(q, parts, n_parts, out, probs ? final_ml_.as<float>() : nullptr, stream);
+  if (!fused) launch_combine(q, parts, n_parts, out, probs ? final_ml_.as<float>() : nullptr, stream);
   if (probs && probs_by != ProbsBy::attend) {
     deferred_probs_ = DeferredProbs{probs, probs_by == ProbsBy::observation, q, final_ml_.as<float>()};
   } else if (probs && (q.rows_total != static_cast<long long>(rows()) || orders_probs())) {
@@ -398,6 +411,7 @@ void DeviceCache::graph_begin(int query_heads, int query_tokens) {
       static_cast<std::size_t>(std::max(parts_at_capacity(q), 1)) * q.tiles() * BH * kTileRows;
   parts_acc_.reserve(slots * dim_ * sizeof(float));
   parts_ml_.reserve(slots * 2 * sizeof(float));
+  merge_arrivals_.reserve(static_cast<std::size_t>(q.tiles()) * BH * sizeof(unsigned), stream_);
   reserve_step_workspace(q.S, q.G);
   step_->capturing = true;
 }
@@ -508,8 +522,8 @@ CacheStats DeviceCache::stats() const {
   st.tokens_kept = N;
   const std::size_t dev = device_bytes();
   st.resident_bytes = dev + host_bytes();
-  st.view_bytes = parts_acc_.bytes() + parts_ml_.bytes() + final_ml_.bytes() + logits_.bytes() + qpos_.bytes() +
-                  probs_spanned_.bytes() +
+  st.view_bytes = parts_acc_.bytes() + parts_ml_.bytes() + merge_arrivals_.bytes() + final_ml_.bytes() + logits_.bytes() +
+                  qpos_.bytes() + probs_spanned_.bytes() +
                   (view_keys_.capacity() + view_values_.capacity()) * sizeof(std::uint16_t);
   st.kept_fp16_bytes = 2 * BH * N * dim_ * 2;
   st.seen_fp16_bytes = static_cast<std::size_t>(tokens_seen_) * BH * dim_ * 2 * 2;

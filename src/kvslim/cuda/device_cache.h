@@ -197,6 +197,7 @@ class DeviceCache : public KVCache {
   mutable std::string poison_message_;
   // Attention workspace (grown on demand).
   mutable DeviceBuffer parts_acc_, parts_ml_, final_ml_, logits_, qpos_;
+  mutable DeviceBuffer merge_arrivals_;  // [tiles, B*Hkv] counters of the fused merge (Partials::arrivals)
   mutable DeviceBuffer probs_spanned_;  // [B*Hkv, S, attention_rows()] when that is not rows()
   mutable SpannedProbs spanned_probs_;
   mutable DeferredProbs deferred_probs_;
