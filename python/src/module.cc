@@ -60,17 +60,19 @@ py::dict stats_dict(const CacheStats& s) {
 }
 
 // Attention probabilities of the last step, [B, H_kv, Q, T] fp32, summed over each KV group's
-// query heads; T must be the tokens of the view the last update returned.
+// query heads; T must be the tokens of the view the last update returned (rows(): checked without
+// materialising the view, which a compressed cache would decode).
 void observe_attention(KVCache& cache, const py::array_t<float, py::array::c_style | py::array::forcecast>& probs,
                        const PositionsArray& query_positions) {
   if (probs.ndim() != 4) throw InputError("probs: expected 4 dimensions [batch, kv_heads, queries, tokens]");
-  const CacheView v = cache.view();
+  const CacheStats st = cache.stats();
+  const std::size_t rows = cache.rows();
   const auto B = static_cast<std::size_t>(probs.shape(0)), H = static_cast<std::size_t>(probs.shape(1));
   const auto Q = static_cast<std::size_t>(probs.shape(2)), T = static_cast<std::size_t>(probs.shape(3));
-  if (B != v.batch || H != v.heads || T != v.tokens) {
+  if (B != st.batch || H != st.heads || T != rows) {
     throw InputError("probs: shape [" + std::to_string(B) + ", " + std::to_string(H) + ", " + std::to_string(Q) + ", " +
-                     std::to_string(T) + "] does not match the cache's view [" + std::to_string(v.batch) + ", " +
-                     std::to_string(v.heads) + ", queries, " + std::to_string(v.tokens) + "]");
+                     std::to_string(T) + "] does not match the cache's view [" + std::to_string(st.batch) + ", " +
+                     std::to_string(st.heads) + ", queries, " + std::to_string(rows) + "]");
   }
   if (query_positions.ndim() != 1 || static_cast<std::size_t>(query_positions.shape(0)) != Q) {
     throw InputError("query_positions: expected " + std::to_string(Q) + " positions (one per query)");
