@@ -96,6 +96,19 @@ void observe_hidden(KVCache& cache, const py::array_t<float, py::array::c_style 
 
 using Float32Array = py::array_t<float, py::array::c_style | py::array::forcecast>;
 
+// queries fp32 [B, S, H_q, D] as the cache's query block (Q: QueryBlock), scale 0 = 1/sqrt(D).
+template <class Q>
+Q query_block(const Float32Array& queries, float scale) {
+  if (queries.ndim() != 4) throw InputError("queries: expected 4 dimensions [batch, tokens, heads, head_dim]");
+  return Q{queries.data(), static_cast<std::size_t>(queries.shape(0)), static_cast<std::size_t>(queries.shape(1)),
+           static_cast<std::size_t>(queries.shape(2)), static_cast<std::size_t>(queries.shape(3)), scale};
+}
+
+std::span<const std::int64_t> position_span(const PositionsArray& positions) {
+  if (positions.ndim() != 1) throw InputError("query_positions: expected a 1-D array of int64 positions");
+  return {positions.data(), static_cast<std::size_t>(positions.shape(0))};
+}
+
 // append / attend / rows of the attend contract. Q is QueryBlock: a template parameter so that
 // nothing here is checked unless the contract exists (see bind_attend).
 template <class C, class Q>
@@ -115,12 +128,10 @@ void bind_attend_methods(py::class_<C>& cls) {
   cls.def(
       "attend",
       [](const C& c, const Float32Array& queries, const PositionsArray& query_positions, float scale, bool want_probs) {
-        if (queries.ndim() != 4) throw InputError("queries: expected 4 dimensions [batch, tokens, heads, head_dim]");
-        if (query_positions.ndim() != 1) throw InputError("query_positions: expected a 1-D array of int64 positions");
-        const auto B = queries.shape(0), S = queries.shape(1), H = queries.shape(2), D = queries.shape(3);
-        Q q{queries.data(), static_cast<std::size_t>(B), static_cast<std::size_t>(S), static_cast<std::size_t>(H),
-            static_cast<std::size_t>(D), scale};
-        py::array_t<float> out(std::vector<py::ssize_t>{B, S, H, D});
+        const Q q = query_block<Q>(queries, scale);
+        const auto positions = position_span(query_positions);
+        const auto B = queries.shape(0), S = queries.shape(1);
+        py::array_t<float> out(std::vector<py::ssize_t>{B, S, queries.shape(2), queries.shape(3)});
         py::object probs = py::none();
         float* probs_ptr = nullptr;
         if (want_probs) {
@@ -130,8 +141,7 @@ void bind_attend_methods(py::class_<C>& cls) {
           probs_ptr = p.mutable_data();
           probs = p;
         }
-        c.attend(q, std::span<const std::int64_t>(query_positions.data(), static_cast<std::size_t>(query_positions.shape(0))),
-                 out.mutable_data(), probs_ptr);
+        c.attend(q, positions, out.mutable_data(), probs_ptr);
         return py::make_tuple(out, probs);
       },
       py::arg("queries"), py::arg("query_positions"), py::arg("scale") = 0.0f, py::arg("want_probs") = false);
@@ -140,21 +150,16 @@ void bind_attend_methods(py::class_<C>& cls) {
   cls.def(
       "attend_and_observe",
       [](C& c, const Float32Array& queries, const PositionsArray& query_positions, float scale) {
-        if (queries.ndim() != 4) throw InputError("queries: expected 4 dimensions [batch, tokens, heads, head_dim]");
-        if (query_positions.ndim() != 1) throw InputError("query_positions: expected a 1-D array of int64 positions");
-        const auto B = queries.shape(0), S = queries.shape(1), H = queries.shape(2), D = queries.shape(3);
-        Q q{queries.data(), static_cast<std::size_t>(B), static_cast<std::size_t>(S), static_cast<std::size_t>(H),
-            static_cast<std::size_t>(D), scale};
-        py::array_t<float> out(std::vector<py::ssize_t>{B, S, H, D});
+        const Q q = query_block<Q>(queries, scale);
+        const auto positions = position_span(query_positions);
+        py::array_t<float> out(std::vector<py::ssize_t>{queries.shape(0), queries.shape(1), queries.shape(2), queries.shape(3)});
         std::vector<float> probs;
         std::size_t kv_heads = 0;
         if (c.needs().attention) {
           kv_heads = c.stats().heads;  // [B, H_kv, S, rows], sized from the cache itself
-          probs.resize(std::max<std::size_t>(1, static_cast<std::size_t>(B) * kv_heads * static_cast<std::size_t>(S) * c.rows()));
+          probs.resize(std::max<std::size_t>(1, q.batch * kv_heads * q.tokens * c.rows()));
         }
-        c.attend_and_observe(q, std::span<const std::int64_t>(query_positions.data(),
-                                                              static_cast<std::size_t>(query_positions.shape(0))),
-                             out.mutable_data(), probs.data(), kv_heads);
+        c.attend_and_observe(q, positions, out.mutable_data(), probs.data(), kv_heads);
         return out;
       },
       py::arg("queries"), py::arg("query_positions"), py::arg("scale") = 0.0f);
