@@ -59,24 +59,22 @@ BENCH_TIMEOUT=300
 [ -n "${CACHES:-}" ] && BENCH_ARGS="$BENCH_ARGS --cache $CACHES"
 timeout $BENCH_TIMEOUT devbin/kvslim bench attend --device cuda $BENCH_ARGS --json "$OUT"/attend_cuda.json > "$OUT"/attend_cuda.txt 2>&1
 timeout $BENCH_TIMEOUT python3 bench/cuda/sdpa_bench.py --kvslim "$OUT"/attend_cuda.json --json "$OUT"/sdpa.json > "$OUT"/compare.txt 2>&1
-if [ -n "${COMPARE_INT8:-}" ]; then  # the same bench with decode on the int8 codes kernel, then the fp16 one again
-  for pass in int8 fp16; do
-    KVSLIM_CUDA_DECODE_CODES=$pass timeout $BENCH_TIMEOUT devbin/kvslim bench attend --device cuda $BENCH_ARGS \
-      --json /tmp/attend_$pass.json >> "$OUT"/attend_cuda.txt 2>&1
-    { echo "=== decode codes kernel: $pass (KVSLIM_CUDA_DECODE_CODES=$pass)"
-      timeout $BENCH_TIMEOUT python3 bench/cuda/sdpa_bench.py --kvslim /tmp/attend_$pass.json --json /tmp/sdpa_$pass.json; } \
+# The bench again with VAR=value for each value (an A/B in one call), appended to attend_cuda.txt
+# and compare.txt under a heading.
+bench_passes() {
+  local var=$1; shift
+  for pass in "$@"; do
+    env "$var=$pass" timeout $BENCH_TIMEOUT devbin/kvslim bench attend --device cuda $BENCH_ARGS \
+      --json /tmp/attend_$var$pass.json >> "$OUT"/attend_cuda.txt 2>&1
+    { echo "=== $var=$pass"
+      timeout $BENCH_TIMEOUT python3 bench/cuda/sdpa_bench.py --kvslim /tmp/attend_$var$pass.json --json /tmp/sdpa_$var$pass.json; } \
       >> "$OUT"/compare.txt 2>&1
   done
-fi
-if [ -n "${COMPARE_MERGE:-}" ]; then  # the same bench with combine_kernel merging, then the segments again
-  for pass in 0 1; do
-    KVSLIM_CUDA_FUSED_MERGE=$pass timeout $BENCH_TIMEOUT devbin/kvslim bench attend --device cuda $BENCH_ARGS \
-      --json /tmp/attend_merge$pass.json >> "$OUT"/attend_cuda.txt 2>&1
-    { echo "=== partials merged $([ $pass = 0 ] && echo by combine_kernel || echo in the segments) (KVSLIM_CUDA_FUSED_MERGE=$pass)"
-      timeout $BENCH_TIMEOUT python3 bench/cuda/sdpa_bench.py --kvslim /tmp/attend_merge$pass.json --json /tmp/sdpa_merge$pass.json; } \
-      >> "$OUT"/compare.txt 2>&1
-  done
-fi
+}
+# decode on the int8 codes kernel, then the fp16 one again
+[ -n "${COMPARE_INT8:-}" ] && bench_passes KVSLIM_CUDA_DECODE_CODES int8 fp16
+# the partials merged by combine_kernel, then in the segments again
+[ -n "${COMPARE_MERGE:-}" ] && bench_passes KVSLIM_CUDA_FUSED_MERGE 0 1
 if [ "${2:-}" = profile ]; then
   # ncu.txt: the codes kernel at batch 8 (sections), then every kernel's duration of one batch-1 call
   # (codes, window, merge) for kivi4 and full; ncu_sass.csv: the codes kernel's SASS with executed

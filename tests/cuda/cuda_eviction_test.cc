@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -316,14 +317,21 @@ TEST(CudaEviction, KiviCodesAreRepackedAsTheCpuRepacksThem) {
 }
 
 // squeeze over kivi codes: the schedule's budgets (device key signal) and the CPU's rows.
-TEST(CudaEviction, SqueezeOverKiviCodesKeepsTheCpuRows) {
-  REQUIRE_GPU();
+// squeeze keeping 96 rows on average over 4 layers whose keys differ in spread (the schedule moves
+// budget toward the broad ones): `fields` set on top.
+Twin squeeze_twin(const std::function<void(KVCacheConfig&)>& fields) {
   KVCacheConfig c;
   c.method = "squeeze";
   c.squeeze_budget = 96;
-  c.storage = "kivi";
+  fields(c);
   Twin t(c, 4, 2, 2, 3, 128);
   t.key_offset = {0.f, 0.3f, 1.f, 3.f};
+  return t;
+}
+
+TEST(CudaEviction, SqueezeOverKiviCodesKeepsTheCpuRows) {
+  REQUIRE_GPU();
+  Twin t = squeeze_twin([](KVCacheConfig& c) { c.storage = "kivi"; });
   t.step(300);
   for (int s = 0; s < 30; ++s) t.step(1);
   t.expect_same_rows("squeeze over kivi after the prompt and 30 steps");
@@ -411,13 +419,7 @@ double figure(const CacheStats& st, const std::string& name) {
 TEST(CudaEviction, SqueezeResolvesTheCpuBudgetsAndKeepsTheCpuRows) {
   REQUIRE_GPU();
   for (const std::string prefill : {"deferred", "eager"}) {
-    KVCacheConfig c;
-    c.method = "squeeze";
-    c.squeeze_budget = 96;
-    c.squeeze_prefill = prefill;
-    Twin t(c, 4, 2, 2, 3, 128);
-    // Layers whose keys differ in spread: the schedule moves budget toward the broad ones.
-    t.key_offset = {0.f, 0.3f, 1.f, 3.f};
+    Twin t = squeeze_twin([&](KVCacheConfig& c) { c.squeeze_prefill = prefill; });
     t.step(300);
     for (int s = 0; s < 6; ++s) t.step(1);  // the deferred layers adopt at their next call
     t.expect_same_rows("squeeze (" + prefill + ") after the prompt and 6 steps");
@@ -446,12 +448,7 @@ TEST(CudaEviction, SqueezeResolvesTheCpuBudgetsAndKeepsTheCpuRows) {
   }
   // A layer signal read from the prompt's probabilities (the attention's entropy) stays on the host:
   // its prompt is decided there, with the same rows and budgets as the CPU cache.
-  KVCacheConfig c;
-  c.method = "squeeze";
-  c.squeeze_budget = 96;
-  c.squeeze_signal = "attention_entropy";
-  Twin t(c, 4, 2, 2, 3, 128);
-  t.key_offset = {0.f, 0.3f, 1.f, 3.f};
+  Twin t = squeeze_twin([](KVCacheConfig& c) { c.squeeze_signal = "attention_entropy"; });
   t.step(300);
   for (int s = 0; s < 6; ++s) t.step(1);
   t.expect_same_rows("squeeze (attention entropy) after the prompt and 6 steps");
