@@ -56,3 +56,29 @@ def test_device_cache_follows_torch_current_stream():
         out, _ = gpu.attend(torch.randn(1, 1, 4, 64, device="cuda"), [199])
     s.synchronize()
     assert torch.isfinite(out).all()
+
+
+@pytest.mark.skipif(not HAVE_GPU, reason="no CUDA device / CUDA build")
+@pytest.mark.parametrize("storage", ["fp16", "kivi"])
+def test_device_attend_and_observe_equals_attend_then_observe(storage):
+    """Cache.attend_and_observe on a device eviction cache (kvslim.hf's layer step): the outputs,
+    rows and kept positions of attend(probs=True) + observe_attention, step after step."""
+    g = torch.Generator().manual_seed(1)
+    B, H, G, D = 2, 2, 4, 128
+    fields = dict(method="h2o", h2o_budget=96, storage=storage, device="cuda")
+    two, one = kvslim.Cache(kvslim.Config(**fields)), kvslim.Cache(kvslim.Config(**fields))
+    pos = 0
+    for step, S in enumerate([300] + [1] * 60 + [17] + [1] * 10):
+        k = torch.randn(B, H, S, D, generator=g).to(torch.bfloat16).cuda()
+        v = torch.randn(B, H, S, D, generator=g).to(torch.bfloat16).cuda()
+        q = torch.randn(B, S, H * G, D, generator=g).cuda()
+        positions = np.arange(pos, pos + S)
+        pos += S
+        for c in (two, one):
+            c.append(k, v, positions)
+        out, probs = two.attend(q, positions, probs=True)
+        two.observe_attention(probs, positions)
+        out1 = one.attend_and_observe(q, positions)
+        assert torch.equal(out1, out), f"step {step}"
+        assert one.rows() == two.rows()
+    np.testing.assert_array_equal(one.view().positions, two.view().positions)
