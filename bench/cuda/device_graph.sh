@@ -30,8 +30,9 @@ if [ -z "${SKIP_TESTS:-}" ]; then  # SKIP_TESTS=1: a measurement call right afte
 fi
 wait $BUILD_PID
 if [ -z "${SKIP_TESTS:-}" ]; then
-  (cd /tmp && PYTHONPATH=/tmp/build-python/python timeout 200 python3 -m pytest -q -p no:cacheprovider -k "graph or streaming or squeeze" \
-    "$ROOT"/python/tests/test_hf_cuda.py 2>&1 | tail -n 60) > "$OUT"/python_graph.txt 2>&1
+  (cd /tmp && PYTHONPATH=/tmp/build-python/python timeout 200 python3 -m pytest -q -p no:cacheprovider \
+    -k "graph or streaming or squeeze or attend_and_observe" \
+    "$ROOT"/python/tests/test_hf_cuda.py "$ROOT"/python/tests/test_cuda.py 2>&1 | tail -n 60) > "$OUT"/python_graph.txt 2>&1
   tail -n 3 "$OUT"/graph_tests.txt "$OUT"/graph_memcheck.txt "$OUT"/python_graph.txt
 fi
 [ "${1:-}" = quick ] && exit 0
