@@ -152,22 +152,10 @@ class Cache:
         self._need_attend("attend")
         if is_cuda_tensor(queries):
             # Device caches: out (and probs) are allocated on the queries' GPU, nothing leaves it.
-            import torch
-            q = queries.detach()
-            if q.dtype != torch.float32 or not q.is_contiguous():  # one conversion kernel, not two
-                q = torch.empty(q.shape, dtype=torch.float32, device=q.device).copy_(q)
-            if q.dim() != 4:
-                raise _kvslim.InputError(f"queries: expected 4 dimensions [batch, tokens, heads, head_dim], got {q.dim()}")
-            B, S, H, D = q.shape
-            out = torch.empty((B, S, H, D), dtype=torch.float32, device=q.device)
-            p = None
-            if probs:
-                heads = self._kv_heads or self._core.stats()["heads"]
-                p = torch.empty((B, heads, S, self._core.rows()), dtype=torch.float32, device=q.device)
-            stream = raw_stream(q.device)
-            self._core.attend_device(q.data_ptr(), [B, S, H, D], as_positions(query_positions, "query_positions"),
+            q, out, p = self._device_call(queries, probs)
+            self._core.attend_device(q.data_ptr(), list(q.shape), as_positions(query_positions, "query_positions"),
                                      0.0 if scale is None else float(scale), out.data_ptr(),
-                                     0 if p is None else p.data_ptr(), stream)
+                                     0 if p is None else p.data_ptr(), raw_stream(q.device))
             return out, p
         return self._core.attend(as_float32(queries, "queries"), as_positions(query_positions, "query_positions"),
                                  0.0 if scale is None else float(scale), bool(probs))
@@ -180,31 +168,37 @@ class Cache:
         observes nothing attends without them."""
         self._need_attend("attend_and_observe")
         if is_cuda_tensor(queries):
-            import torch
-            q = queries.detach()
-            if q.dtype != torch.float32 or not q.is_contiguous():
-                q = torch.empty(q.shape, dtype=torch.float32, device=q.device).copy_(q)
-            if q.dim() != 4:
-                raise _kvslim.InputError(f"queries: expected 4 dimensions [batch, tokens, heads, head_dim], got {q.dim()}")
-            B, S, H, D = q.shape
-            out = torch.empty((B, S, H, D), dtype=torch.float32, device=q.device)
-            p, heads = None, 0
-            if self._observes_attention():
-                # The probabilities' workspace (a captured step's stays in the graph's pool).
-                heads = self._kv_heads or self._core.stats()["heads"]
-                p = torch.empty((B, heads, S, max(self._core.rows(), 1)), dtype=torch.float32, device=q.device)
+            # (The probabilities' workspace of a captured step stays in the graph's pool.)
+            q, out, p = self._device_call(queries, self._core.needs()["attention"], workspace=True)
             self._changed()
-            self._core.attend_and_observe_device(q.data_ptr(), [B, S, H, D],
+            self._core.attend_and_observe_device(q.data_ptr(), list(q.shape),
                                                  as_positions(query_positions, "query_positions"),
                                                  0.0 if scale is None else float(scale), out.data_ptr(),
-                                                 0 if p is None else p.data_ptr(), heads, raw_stream(q.device))
+                                                 0 if p is None else p.data_ptr(), 0 if p is None else p.shape[1],
+                                                 raw_stream(q.device))
             return out
         queries, query_positions = as_float32(queries, "queries"), as_positions(query_positions, "query_positions")
         self._changed()
         return self._core.attend_and_observe(queries, query_positions, 0.0 if scale is None else float(scale))
 
-    def _observes_attention(self) -> bool:
-        return bool(self._core.needs()["attention"])
+    def _device_call(self, queries, with_probs: bool, workspace: bool = False):
+        """A device attend's operands on the queries' GPU: queries as fp32 [B, S, H_q, D] (one
+        conversion kernel at most), out of that shape, and probs [B, H_kv, S, rows()] or None
+        (workspace: at least one column, so that an empty cache's still has an address)."""
+        import torch
+        q = queries.detach()
+        if q.dtype != torch.float32 or not q.is_contiguous():  # one conversion kernel, not two
+            q = torch.empty(q.shape, dtype=torch.float32, device=q.device).copy_(q)
+        if q.dim() != 4:
+            raise _kvslim.InputError(f"queries: expected 4 dimensions [batch, tokens, heads, head_dim], got {q.dim()}")
+        B, S = q.shape[0], q.shape[1]
+        out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+        p = None
+        if with_probs:
+            heads = self._kv_heads or self._core.stats()["heads"]
+            rows = self._core.rows()
+            p = torch.empty((B, heads, S, max(rows, 1) if workspace else rows), dtype=torch.float32, device=q.device)
+        return q, out, p
 
     def rows(self) -> int:
         """Rows kept per (batch, KV head)."""
