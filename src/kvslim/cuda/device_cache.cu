@@ -260,11 +260,8 @@ void DeviceCache::attend_and_observe(const QueryBlock& queries, std::span<const 
     if (std::string(v) == "0") return false;
     throw InputError(std::string("KVSLIM_CUDA_UNREAD_PROBS: '") + v + "' is not 0 or 1");
   }();
-  if (!unread_allowed) {
-    KVCache::attend_and_observe(queries, query_positions, out, probs, kv_heads, parallel);
-    return;
-  }
-  const ScopedFlag unread(probs_unread_);
+  bool ignored = false;  // the A/B sets this flag instead, which nothing reads
+  const ScopedFlag unread(unread_allowed ? probs_unread_ : ignored);
   KVCache::attend_and_observe(queries, query_positions, out, probs, kv_heads, parallel);
 }
 
