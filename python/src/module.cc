@@ -153,13 +153,16 @@ void bind_attend_methods(py::class_<C>& cls) {
         const Q q = query_block<Q>(queries, scale);
         const auto positions = position_span(query_positions);
         py::array_t<float> out(std::vector<py::ssize_t>{queries.shape(0), queries.shape(1), queries.shape(2), queries.shape(3)});
-        std::vector<float> probs;
+        // The probabilities' workspace [B, H_kv, S, rows], sized from the cache itself: one per
+        // thread, grown and reused (a layer step per token would otherwise allocate and zero it).
+        static thread_local std::vector<float> probs;
         std::size_t kv_heads = 0;
         if (c.needs().attention) {
-          kv_heads = c.stats().heads;  // [B, H_kv, S, rows], sized from the cache itself
-          probs.resize(std::max<std::size_t>(1, q.batch * kv_heads * q.tokens * c.rows()));
+          kv_heads = c.stats().heads;
+          const std::size_t n = std::max<std::size_t>(1, q.batch * kv_heads * q.tokens * c.rows());
+          if (probs.size() < n) probs.resize(n);
         }
-        c.attend_and_observe(q, positions, out.mutable_data(), probs.data(), kv_heads);
+        c.attend_and_observe(q, positions, out.mutable_data(), kv_heads > 0 ? probs.data() : nullptr, kv_heads);
         return out;
       },
       py::arg("queries"), py::arg("query_positions"), py::arg("scale") = 0.0f);
