@@ -405,6 +405,37 @@ TEST(CudaEviction, StreamingKeepsTheCpuCachesRows) {
   }
 }
 
+// streaming over kivi codes: the core erases each victim where it lies on the device (a group closed
+// up, a window row masked) as the rows arrive; the rows, decoded from the same codes, and the
+// attention over them equal the CPU cache's, which writes its rows itself, through groups emptied
+// by the sliding window and blocks compressed every `staging` rows.
+TEST(CudaEviction, StreamingOverKiviCodesKeepsTheCpuCachesRows) {
+  REQUIRE_GPU();
+  struct Split {
+    int key_bits, value_bits, group, staging;
+  };
+  for (const std::size_t D : {64, 128}) {
+    for (const Split sp : {Split{4, 2, 32, 32}, Split{2, 2, 64, 64}, Split{4, 4, 32, 16}}) {
+      const std::string what = "D=" + std::to_string(D) + " K" + std::to_string(sp.key_bits) + "V" +
+                               std::to_string(sp.value_bits) + " g" + std::to_string(sp.group) + " staging " +
+                               std::to_string(sp.staging);
+      KVCacheConfig c = h2o_over_kivi(80, sp.key_bits, sp.value_bits, sp.group, sp.staging);
+      c.method = "streaming";
+      c.streaming_budget = 80;
+      Twin t(c, 2, 2, 2, 3, D);
+      t.prompt_decode_question(what);  // the prompt: 4 sinks + the newest 76
+      for (int s = 0; s < 150; ++s) t.step(1);
+      t.expect_same_rows(what + " after 150 more decode steps");
+      t.step(50);
+      t.expect_same_rows(what + " after a third call");
+      EXPECT_EQ(t.gpu.at(1).rows(), 80u) << what;
+      EXPECT_LE(t.worst_out, kCodesProbsTolerance) << what;
+      const CacheStats st = t.gpu.at(0).stats();
+      EXPECT_EQ(st.figure("decode_steps_on_device"), 0.0) << what << ": streaming observes nothing";
+    }
+  }
+}
+
 double figure(const CacheStats& st, const std::string& name) {
   for (const auto& [n, v] : st.figures) {
     if (n == name) return v;

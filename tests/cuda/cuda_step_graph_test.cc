@@ -452,6 +452,23 @@ TEST(CudaStepGraph, RefusesWhatItCannotReplay) {
       EXPECT_NE(std::string(e.what()).find("budget"), std::string::npos) << e.what();
     }
   }
+  {
+    // streaming over kivi codes, at its budget: each step's erasure is the host's.
+    KVCacheConfig c = codes_config(4, 2, 32, 32, 64);
+    c.method = "streaming";
+    c.streaming_budget = 64;
+    auto streaming = KVCacheFactory::create(c), twin = KVCacheFactory::create(c);
+    std::mt19937 rng(6);
+    prefill(*streaming, *twin, s, DType::f16, 200, rng, st);
+    ASSERT_EQ(streaming->rows(), 64u);
+    cuda::StepGraph g({streaming.get()});
+    try {
+      g.begin_capture(static_cast<int>(s.Hq), 1);
+      FAIL() << "streaming over kivi codes was captured";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("eagerly"), std::string::npos) << e.what();
+    }
+  }
   KVCacheConfig host;
   host.method = "kivi";
   auto cpu = KVCacheFactory::create(host);

@@ -899,7 +899,8 @@ namespace {
 // kivi codes (validate() applied the device rules to the kivi fields).
 std::unique_ptr<DeviceRowStore> device_store(const KVCacheConfig& c) {
   if (c.storage == "kivi") {
-    const bool normalized = make_eviction_policy(c, c.*method_info(c.method).n_sink).scoring == Scoring::attention_normalized;
+    const bool normalized = c.method != "streaming" &&
+                            make_eviction_policy(c, c.*method_info(c.method).n_sink).scoring == Scoring::attention_normalized;
     return std::make_unique<DevicePackedRows>(c.kivi_keys_at(), c.kivi_values_at(), c.kivi_group_size, c.kivi_staging,
                                               normalized);
   }
@@ -917,13 +918,13 @@ std::unique_ptr<KVCache> make_cache(const KVCacheConfig& c, int layer_budget, st
                       " CUDA device(s)");
   }
   // validate() has checked that the registry marks the method `cuda` (config.cc): full (dense),
-  // streaming, h2o, squeeze and pyramidkv (the eviction core over device slots), zipcache and kivi
-  // (the quantizers' device storages).
+  // streaming, h2o, squeeze and pyramidkv (the eviction core over device slots or kivi codes),
+  // zipcache and kivi (the quantizers' device storages).
   const MethodInfo& info = method_info(c.method);
   if (info.kind == MethodKind::dense) return std::make_unique<DeviceDenseCache>(device);
   if (c.method == "streaming") {
     return std::make_unique<DeviceEvictionCache>(c.method, make_streaming_policy(c), static_cast<std::size_t>(c.streaming_budget),
-                                                 device);
+                                                 device, nullptr, device_store(c));
   }
   if (info.kind == MethodKind::eviction && info.cuda) {
     const EvictionPolicy policy = make_eviction_policy(c, c.*info.n_sink);

@@ -925,6 +925,12 @@ void DeviceEvictionCache::graph_reserve_step() {
 }
 
 void DeviceEvictionCache::graph_check_capturable() const {
+  if (slots_ == nullptr && !scores_by_attention(core_.policy().scoring)) {
+    // Its victims are erased from the host's block lists as rows arrive (a group closed up, the
+    // window compressed every `staging` rows): jobs copied from the host every step.
+    throw InputError(std::string(method()) + " cache (cuda): StepGraph: streaming over kivi codes decides each step's "
+                     "erasure on the host; decode it eagerly (fp16 slots replay as a graph)");
+  }
   if (squeeze_ && !squeeze_->adopted()) {
     throw InputError(std::string(method()) + " cache (cuda): StepGraph: capture a decode step once squeeze's schedule "
                      "is final and adopted (after the prompt of every layer and one decode step)");
