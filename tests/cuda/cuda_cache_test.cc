@@ -798,6 +798,12 @@ void expect_zip_state_equal(ZipPair& z, const ZipWidths& w, const std::string& w
           }
         }
         for (; r < (n + 31) / 32 * 32; ++r) ASSERT_EQ(set.pos[bh][unit0 * 32 + r], INT64_MAX) << at << " empty slot " << r;
+        // Which units begin a group of the set (what decode reads each group's parameters by): the
+        // set's rows from the block's first unit in groups of w.group.
+        for (std::size_t u = 0; u < (n + 31) / 32; ++u) {
+          ASSERT_EQ(set.unit_starts[unit0 + u], (32 * u) % static_cast<std::size_t>(w.group) == 0 ? 1 : 0)
+              << at << (which ? " lo" : " hi") << " unit " << u << " of the block's set";
+        }
       }
     }
     ASSERT_EQ(snap.stage_k[bh], head.stage_keys) << what << " window keys, head " << bh;
@@ -910,7 +916,9 @@ void check_zip_attend(ZipPair& z, std::size_t Hq, const std::vector<std::int64_t
 
 TEST(CudaZipcache, AttentionMatchesFloat64AndTheCpuCachesTolerance) {
   REQUIRE_GPU();
-  for (const ZipWidths& w : {ZipWidths{4, 2, 4, 32, 0.2}, ZipWidths{8, 2, 4, 64, 0.5}}) {
+  // Groups of 32 rows decode on the int8 kernel, longer ones on the fp16 kernel, each set's groups
+  // read by PackedRows::unit_starts (g128 h20: a block's salient set is one short group).
+  for (const ZipWidths& w : {ZipWidths{4, 2, 4, 32, 0.2}, ZipWidths{8, 2, 4, 64, 0.5}, ZipWidths{4, 2, 2, 128, 0.2}}) {
     for (std::size_t D : {64, 128}) {
       for (std::size_t G : {1, 4, 6}) {
         const std::string what = zip_name(w) + " D " + std::to_string(D) + " G " + std::to_string(G);

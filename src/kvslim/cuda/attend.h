@@ -69,6 +69,11 @@ struct PackedRows {
                                            // (zipcache's salient sets); INT64_MAX marks an empty slot
   int n_units = 0;                         // a multiple of group_units
   int group_units = 1;
+  // Groups of varying length (zipcache's sets: a block's set ends in a shorter group): group_units
+  // 1 (parameters stored per unit, repeated in each unit of a group) and unit_starts [n_units] (the
+  // same for every head) nonzero where a group begins, so that the decode kernel reads a group's
+  // parameters and builds its q' once (attend_codes_half.cu). null: groups of group_units.
+  const std::uint8_t* unit_starts = nullptr;
   int k_bits = 0, v_bits = 0;
   int row_offset = 0;                      // cache row of the first row
 };
