@@ -11,7 +11,8 @@
 #                    over kivi K4V2 g128, replayed steps (ab_unread/: the same with the decode
 #                    probabilities written, KVSLIM_CUDA_UNREAD_PROBS=0)
 #   attend.txt       kvslim bench attend at batch 1 and 8 x 32k (CACHES) and torch SDPA, merged in the
-#                    segments, then by combine_kernel (compare.txt)
+#                    segments, then by combine_kernel, then zipcache on the int8 codes kernel
+#                    (compare.txt)
 #   bash bench/cuda/device_branch.sh
 set -u
 OUT=${OUT:-/tmp/kvslim-device-out}
@@ -50,6 +51,11 @@ for merge in 1 0; do
   { echo "=== KVSLIM_CUDA_FUSED_MERGE=$merge"
     timeout 60 python3 bench/cuda/sdpa_bench.py --kvslim /tmp/attend_$merge.json --json /tmp/sdpa_$merge.json; } >> "$OUT"/compare.txt 2>&1
 done
+# zipcache on the int8 codes kernel (its decode before stop 47), against the fp16 one above
+KVSLIM_CUDA_DECODE_CODES=int8 timeout 60 devbin/kvslim bench attend --device cuda --batch 1 8 --context 32768 \
+  --head-dim 128 --cache zipcache --json /tmp/attend_int8.json >> "$OUT"/attend.txt 2>&1
+{ echo "=== zipcache, KVSLIM_CUDA_DECODE_CODES=int8"
+  timeout 60 python3 bench/cuda/sdpa_bench.py --kvslim /tmp/attend_int8.json --json /tmp/sdpa_int8.json; } >> "$OUT"/compare.txt 2>&1
 tail -n 3 "$OUT"/tests.txt "$OUT"/memcheck.txt "$OUT"/python.txt
 grep -E "replay|observe_packed" "$OUT"/hf_generate.txt "$OUT"/ab_unread/hf_generate.txt | cut -c 1-400
 cat "$OUT"/compare.txt
