@@ -6,13 +6,13 @@
 #   tests.txt        every CUDA test, then the graph and eviction tests with combine_kernel merging
 #                    (KVSLIM_CUDA_FUSED_MERGE=0)
 #   memcheck.txt     compute-sanitizer memcheck over the graph, eviction and cache tests
+#   attend.txt       kvslim bench attend at batch 1 and 8 x 32k (CACHES) and torch SDPA, merged in the
+#                    segments, then by combine_kernel, then zipcache on the int8 codes kernel
+#                    (compare.txt), while Python builds
 #   python.txt       the Python graph / streaming / squeeze / attend_and_observe GPU tests
 #   hf_generate.txt  8 layers of Llama-3-8B's shape at 1 x 32k: h2o keeping 25 % over fp16 slots and
 #                    over kivi K4V2 g128, replayed steps (ab_unread/: the same with the decode
 #                    probabilities written, KVSLIM_CUDA_UNREAD_PROBS=0)
-#   attend.txt       kvslim bench attend at batch 1 and 8 x 32k (CACHES) and torch SDPA, merged in the
-#                    segments, then by combine_kernel, then zipcache on the int8 codes kernel
-#                    (compare.txt)
 #   bash bench/cuda/device_branch.sh
 set -u
 OUT=${OUT:-/tmp/kvslim-device-out}
@@ -22,7 +22,7 @@ export LD_LIBRARY_PATH="$PWD/devbin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 for f in devbin/kvslim.xz devbin/cuda_tests.xz; do xz -dkf "$f"; done
 chmod +x devbin/kvslim devbin/cuda_tests
 [ -d python/third_party ] || { [ -f devbin/third_party.tar.xz ] && tar -xJf devbin/third_party.tar.xz; }
-( BUILD=/tmp/build-python JOBS=12 timeout 300 python/build.sh 2>&1 | tail -n 5 ) > "$OUT"/python_build.txt 2>&1 &
+( BUILD=/tmp/build-python JOBS=8 timeout 300 python/build.sh 2>&1 | tail -n 5 ) > "$OUT"/python_build.txt 2>&1 &
 BUILD_PID=$!
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   timeout 150 devbin/cuda_tests 2>&1 | grep -v "^\[       OK\|^\[ RUN" | tail -c 40000
@@ -34,16 +34,7 @@ BUILD_PID=$!
 { timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 devbin/cuda_tests \
     --gtest_filter='CudaStepGraph.*:CudaEviction.Streaming*:CudaEviction.Squeeze*:CudaCache.*:-CudaStepGraph.*LargerStores' 2>&1 | tail -n 20
   echo "memcheck exit: ${PIPESTATUS[0]}"; } > "$OUT"/memcheck.txt 2>&1
-wait $BUILD_PID
-(cd /tmp && PYTHONPATH=/tmp/build-python/python timeout 120 python3 -m pytest -q -p no:cacheprovider \
-  -k "graph or streaming or squeeze or attend_and_observe" \
-  "$ROOT"/python/tests/test_hf_cuda.py "$ROOT"/python/tests/test_cuda.py 2>&1 | tail -n 40) > "$OUT"/python.txt 2>&1
-GEN_ARGS=(--skip tiny --shapes 1x32768 --static-limit 0 --new-tokens 48)
-PYTHONPATH=/tmp/build-python/python timeout 120 python3 bench/cuda/hf_generate.py --out "$OUT" "${GEN_ARGS[@]}" \
-  --only "h2o 25% (cuda, graph),h2o 25% over kivi K4V2 g128 (cuda graph)" > "$OUT"/hf_generate.log 2>&1
-mkdir -p "$OUT"/ab_unread
-KVSLIM_CUDA_UNREAD_PROBS=0 PYTHONPATH=/tmp/build-python/python timeout 80 python3 bench/cuda/hf_generate.py \
-  --out "$OUT"/ab_unread "${GEN_ARGS[@]}" --only "h2o 25% over kivi K4V2 g128 (cuda graph)" > "$OUT"/ab_unread/hf_generate.log 2>&1
+# The attention bench while Python builds (8 of the 16 cores: the bench's host thread keeps one)
 ATTEND=(--batch 1 8 --context 32768 --head-dim 128 --cache ${CACHES:-full kivi4_g128 kivi2_g128 kivi_k4v2_g128 zipcache})
 for merge in 1 0; do
   KVSLIM_CUDA_FUSED_MERGE=$merge timeout 60 devbin/kvslim bench attend --device cuda "${ATTEND[@]}" \
@@ -56,6 +47,16 @@ KVSLIM_CUDA_DECODE_CODES=int8 timeout 60 devbin/kvslim bench attend --device cud
   --head-dim 128 --cache zipcache --json /tmp/attend_int8.json >> "$OUT"/attend.txt 2>&1
 { echo "=== zipcache, KVSLIM_CUDA_DECODE_CODES=int8"
   timeout 60 python3 bench/cuda/sdpa_bench.py --kvslim /tmp/attend_int8.json --json /tmp/sdpa_int8.json; } >> "$OUT"/compare.txt 2>&1
+wait $BUILD_PID
+(cd /tmp && PYTHONPATH=/tmp/build-python/python timeout 120 python3 -m pytest -q -p no:cacheprovider \
+  -k "graph or streaming or squeeze or attend_and_observe" \
+  "$ROOT"/python/tests/test_hf_cuda.py "$ROOT"/python/tests/test_cuda.py 2>&1 | tail -n 40) > "$OUT"/python.txt 2>&1
+GEN_ARGS=(--skip tiny --shapes 1x32768 --static-limit 0 --new-tokens 48)
+PYTHONPATH=/tmp/build-python/python timeout 120 python3 bench/cuda/hf_generate.py --out "$OUT" "${GEN_ARGS[@]}" \
+  --only "h2o 25% (cuda, graph),h2o 25% over kivi K4V2 g128 (cuda graph)" > "$OUT"/hf_generate.log 2>&1
+mkdir -p "$OUT"/ab_unread
+KVSLIM_CUDA_UNREAD_PROBS=0 PYTHONPATH=/tmp/build-python/python timeout 80 python3 bench/cuda/hf_generate.py \
+  --out "$OUT"/ab_unread "${GEN_ARGS[@]}" --only "h2o 25% over kivi K4V2 g128 (cuda graph)" > "$OUT"/ab_unread/hf_generate.log 2>&1
 tail -n 3 "$OUT"/tests.txt "$OUT"/memcheck.txt "$OUT"/python.txt
 grep -E "replay|observe_packed" "$OUT"/hf_generate.txt "$OUT"/ab_unread/hf_generate.txt | cut -c 1-400
 cat "$OUT"/compare.txt
