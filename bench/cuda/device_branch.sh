@@ -35,7 +35,7 @@ BUILD_PID=$!
     --gtest_filter='CudaStepGraph.*:CudaEviction.Streaming*:CudaEviction.Squeeze*:CudaCache.*:-CudaStepGraph.*LargerStores' 2>&1 | tail -n 20
   echo "memcheck exit: ${PIPESTATUS[0]}"; } > "$OUT"/memcheck.txt 2>&1
 # The attention bench while Python builds (8 of the 16 cores: the bench's host thread keeps one)
-ATTEND=(--batch 1 8 --context 32768 --head-dim 128 --cache ${CACHES:-full kivi4_g128 kivi2_g128 kivi_k4v2_g128 zipcache})
+ATTEND=(--batch 1 8 --context 32768 --head-dim 128 --cache ${CACHES:-full kivi4_g128 kivi2_g128 kivi_k4v2_g128 zipcache zipcache@zipcache_value_bits=2})
 for merge in 1 0; do
   KVSLIM_CUDA_FUSED_MERGE=$merge timeout 60 devbin/kvslim bench attend --device cuda "${ATTEND[@]}" \
     --json /tmp/attend_$merge.json >> "$OUT"/attend.txt 2>&1
