@@ -3,11 +3,11 @@
 # moved out of the tree): what it must pass, then what it must measure, most important first, in
 # one call of at most 600 s (each step with its own timeout; every result written into $OUT as it
 # finishes, so a call cut short keeps what it made):
-#   tests.txt        every CUDA test, then the graph and eviction tests with combine_kernel merging
-#                    (KVSLIM_CUDA_FUSED_MERGE=0)
+#   tests.txt        every CUDA test, then the graph and eviction tests with the segments merging
+#                    (KVSLIM_CUDA_FUSED_MERGE=1)
 #   memcheck.txt     compute-sanitizer memcheck over the graph, eviction and cache tests
 #   attend.txt       kvslim bench attend at batch 1 and 8 x 32k (CACHES) and torch SDPA, merged in the
-#                    segments, then by combine_kernel, then zipcache on the int8 codes kernel
+#                    segments, then by combine_kernel (the default), then zipcache on the int8 codes kernel
 #                    (compare.txt), while Python builds
 #   python.txt       the Python graph / streaming / squeeze / attend_and_observe GPU tests
 #   hf_generate.txt  8 layers of Llama-3-8B's shape at 1 x 32k: h2o keeping 25 % over fp16 slots and
@@ -27,10 +27,10 @@ BUILD_PID=$!
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   timeout 150 devbin/cuda_tests 2>&1 | grep -v "^\[       OK\|^\[ RUN" | tail -c 40000
   echo "tests exit: ${PIPESTATUS[0]}"
-  echo "=== graph and eviction tests with the partials merged by combine_kernel (KVSLIM_CUDA_FUSED_MERGE=0)"
-  KVSLIM_CUDA_FUSED_MERGE=0 timeout 60 devbin/cuda_tests --gtest_filter='CudaStepGraph.*:CudaEviction.*:-CudaStepGraph.*LargerStores' 2>&1 \
+  echo "=== graph and eviction tests with the partials merged in the segments (KVSLIM_CUDA_FUSED_MERGE=1)"
+  KVSLIM_CUDA_FUSED_MERGE=1 timeout 60 devbin/cuda_tests --gtest_filter='CudaStepGraph.*:CudaEviction.*:-CudaStepGraph.*LargerStores' 2>&1 \
     | grep -v "^\[       OK\|^\[ RUN" | tail -c 8000
-  echo "combine_kernel tests exit: ${PIPESTATUS[0]}"; } > "$OUT"/tests.txt 2>&1
+  echo "fused merge tests exit: ${PIPESTATUS[0]}"; } > "$OUT"/tests.txt 2>&1
 { timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 devbin/cuda_tests \
     --gtest_filter='CudaStepGraph.*:CudaEviction.Streaming*:CudaEviction.Squeeze*:CudaCache.*:-CudaStepGraph.*LargerStores' 2>&1 | tail -n 20
   echo "memcheck exit: ${PIPESTATUS[0]}"; } > "$OUT"/memcheck.txt 2>&1

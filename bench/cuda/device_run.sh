@@ -7,8 +7,8 @@
 #
 #   [CACHES="full kivi2 ..."] [COMPARE_INT8=1] [COMPARE_MERGE=1] bash bench/cuda/device_run.sh [tests|quick|mid|all] [profile]
 #     COMPARE_INT8=1: the bench again with decode on the int8 codes kernel, then on the fp16 one
-#     COMPARE_MERGE=1: the bench again with the partials merged by combine_kernel, then in the
-#       segments again (KVSLIM_CUDA_FUSED_MERGE=0 / 1)
+#     COMPARE_MERGE=1: the bench again with the partials merged in the segments, then by
+#       combine_kernel again (KVSLIM_CUDA_FUSED_MERGE=1 / 0)
 #     tests: the tests and sanitizers only
 #     quick: batch 1, 8 at 32k (D 128); mid: batch 1, 8, 32 at 32k and 128k (D 128); all: every shape
 #     profile: also Nsight Compute (32k, D=128) into ncu.txt and ncu_sass.csv (below)
@@ -29,12 +29,12 @@ echo "tests exit: ${PIPESTATUS[0]}" >> "$OUT"/tests.txt
   KVSLIM_CUDA_DECODE_CODES=int8 timeout 120 devbin/cuda_tests --gtest_filter='CudaAttend.*:CudaStepGraph.Kivi*' 2>&1 \
     | grep -v "^\[       OK\|^\[ RUN" | tail -c 20000
   echo "int8 tests exit: ${PIPESTATUS[0]}"; } >> "$OUT"/tests.txt
-# The suite merges each call's partials inside its segments (the default); replayed steps and the
-# eviction paths again with combine_kernel merging them (KVSLIM_CUDA_FUSED_MERGE=0).
-{ echo "=== graph and eviction tests with the partials merged by combine_kernel (KVSLIM_CUDA_FUSED_MERGE=0)"
-  KVSLIM_CUDA_FUSED_MERGE=0 timeout 120 devbin/cuda_tests --gtest_filter='CudaStepGraph.*:CudaEviction.*:-CudaStepGraph.*LargerStores' 2>&1 \
+# The suite merges each call's partials by combine_kernel (the default); replayed steps and the
+# eviction paths again with the segments merging them (KVSLIM_CUDA_FUSED_MERGE=1).
+{ echo "=== graph and eviction tests with the partials merged in the segments (KVSLIM_CUDA_FUSED_MERGE=1)"
+  KVSLIM_CUDA_FUSED_MERGE=1 timeout 120 devbin/cuda_tests --gtest_filter='CudaStepGraph.*:CudaEviction.*:-CudaStepGraph.*LargerStores' 2>&1 \
     | grep -v "^\[       OK\|^\[ RUN" | tail -c 20000
-  echo "combine_kernel tests exit: ${PIPESTATUS[0]}"; } >> "$OUT"/tests.txt
+  echo "fused merge tests exit: ${PIPESTATUS[0]}"; } >> "$OUT"/tests.txt
 SAN="CudaAttend.ZeroQueryAndFlatGroups:CudaAttend.BatchWithOwnLengthsAtTheKernelLevel:CudaCache.*:CudaKivi.*"
 SAN="$SAN:CudaEviction.Keeps*:CudaEviction.Pyramid*:CudaEviction.AnUnobserved*:CudaEviction.Kivi*:CudaEviction.SqueezeOverKivi*"
 SAN="$SAN:CudaStepGraph.*:CudaZipcache.SaliencyAndCodes*:CudaZipcache.Probabilities*:CudaSelectLowest.*"
@@ -74,7 +74,7 @@ bench_passes() {
 # decode on the int8 codes kernel, then the fp16 one again
 [ -n "${COMPARE_INT8:-}" ] && bench_passes KVSLIM_CUDA_DECODE_CODES int8 fp16
 # the partials merged by combine_kernel, then in the segments again
-[ -n "${COMPARE_MERGE:-}" ] && bench_passes KVSLIM_CUDA_FUSED_MERGE 0 1
+[ -n "${COMPARE_MERGE:-}" ] && bench_passes KVSLIM_CUDA_FUSED_MERGE 1 0
 if [ "${2:-}" = profile ]; then
   # ncu.txt: the codes kernel at batch 8 (sections), then every kernel's duration of one batch-1 call
   # (codes, window, merge) for kivi4 and full; ncu_sass.csv: the codes kernel's SASS with executed

@@ -453,7 +453,7 @@ bool fused_merge() {
     const std::string e = env == nullptr ? "" : env;
     if (!e.empty() && e != "0" && e != "1") throw InputError("KVSLIM_CUDA_FUSED_MERGE: '" + e + "' is not 0 or 1");
     int expected = -1;
-    g_fused_merge.compare_exchange_strong(expected, e == "0" ? 0 : 1);
+    g_fused_merge.compare_exchange_strong(expected, e == "1" ? 1 : 0);
     v = g_fused_merge.load(std::memory_order_relaxed);
   }
   return v == 1;

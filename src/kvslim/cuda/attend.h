@@ -48,8 +48,10 @@ struct Partials {
 };
 
 // Whether a call's segments merge their own partials (Partials::arrivals) instead of launching
-// combine_kernel: one launch fewer per attention call. On unless KVSLIM_CUDA_FUSED_MERGE=0 (the
-// benchmarks' A/B); set_fused_merge switches it for the calls that follow (tests).
+// combine_kernel: one launch fewer per attention call, but measured slower (the last CTA of a head
+// merges alone: 8 us more at batch 1 x 32k, 2 us at 8 x 32k on an H100, docs/cuda.md). Off unless
+// KVSLIM_CUDA_FUSED_MERGE=1 (the benchmarks' A/B); set_fused_merge switches it for the calls that
+// follow (tests).
 bool fused_merge();
 void set_fused_merge(bool on);
 
