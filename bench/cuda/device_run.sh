@@ -5,8 +5,10 @@
 # Compute on one launch of each attention kernel. Each result is written into $OUT as it finishes,
 # so a call cut short still brings back what it made.
 #
-#   [CACHES="full kivi2 ..."] [COMPARE_INT8=1] bash bench/cuda/device_run.sh [tests|quick|mid|all] [profile]
+#   [CACHES="full kivi2 ..."] [COMPARE_INT8=1] [COMPARE_MERGE=1] bash bench/cuda/device_run.sh [tests|quick|mid|all] [profile]
 #     COMPARE_INT8=1: the bench again with decode on the int8 codes kernel, then on the fp16 one
+#     COMPARE_MERGE=1: the bench again with the partials merged in the segments, then by
+#       combine_kernel again (KVSLIM_CUDA_FUSED_MERGE=1 / 0)
 #     tests: the tests and sanitizers only
 #     quick: batch 1, 8 at 32k (D 128); mid: batch 1, 8, 32 at 32k and 128k (D 128); all: every shape
 #     profile: also Nsight Compute (32k, D=128) into ncu.txt and ncu_sass.csv (below)
@@ -27,6 +29,12 @@ echo "tests exit: ${PIPESTATUS[0]}" >> "$OUT"/tests.txt
   KVSLIM_CUDA_DECODE_CODES=int8 timeout 120 devbin/cuda_tests --gtest_filter='CudaAttend.*:CudaStepGraph.Kivi*' 2>&1 \
     | grep -v "^\[       OK\|^\[ RUN" | tail -c 20000
   echo "int8 tests exit: ${PIPESTATUS[0]}"; } >> "$OUT"/tests.txt
+# The suite merges each call's partials by combine_kernel (the default); replayed steps and the
+# eviction paths again with the segments merging them (KVSLIM_CUDA_FUSED_MERGE=1).
+{ echo "=== graph and eviction tests with the partials merged in the segments (KVSLIM_CUDA_FUSED_MERGE=1)"
+  KVSLIM_CUDA_FUSED_MERGE=1 timeout 120 devbin/cuda_tests --gtest_filter='CudaStepGraph.*:CudaEviction.*:-CudaStepGraph.*LargerStores' 2>&1 \
+    | grep -v "^\[       OK\|^\[ RUN" | tail -c 20000
+  echo "fused merge tests exit: ${PIPESTATUS[0]}"; } >> "$OUT"/tests.txt
 SAN="CudaAttend.ZeroQueryAndFlatGroups:CudaAttend.BatchWithOwnLengthsAtTheKernelLevel:CudaCache.*:CudaKivi.*"
 SAN="$SAN:CudaEviction.Keeps*:CudaEviction.Pyramid*:CudaEviction.AnUnobserved*:CudaEviction.Kivi*:CudaEviction.SqueezeOverKivi*"
 SAN="$SAN:CudaStepGraph.*:CudaZipcache.SaliencyAndCodes*:CudaZipcache.Probabilities*:CudaSelectLowest.*"
@@ -51,15 +59,22 @@ BENCH_TIMEOUT=300
 [ -n "${CACHES:-}" ] && BENCH_ARGS="$BENCH_ARGS --cache $CACHES"
 timeout $BENCH_TIMEOUT devbin/kvslim bench attend --device cuda $BENCH_ARGS --json "$OUT"/attend_cuda.json > "$OUT"/attend_cuda.txt 2>&1
 timeout $BENCH_TIMEOUT python3 bench/cuda/sdpa_bench.py --kvslim "$OUT"/attend_cuda.json --json "$OUT"/sdpa.json > "$OUT"/compare.txt 2>&1
-if [ -n "${COMPARE_INT8:-}" ]; then  # the same bench with decode on the int8 codes kernel, then the fp16 one again
-  for pass in int8 fp16; do
-    KVSLIM_CUDA_DECODE_CODES=$pass timeout $BENCH_TIMEOUT devbin/kvslim bench attend --device cuda $BENCH_ARGS \
-      --json /tmp/attend_$pass.json >> "$OUT"/attend_cuda.txt 2>&1
-    { echo "=== decode codes kernel: $pass (KVSLIM_CUDA_DECODE_CODES=$pass)"
-      timeout $BENCH_TIMEOUT python3 bench/cuda/sdpa_bench.py --kvslim /tmp/attend_$pass.json --json /tmp/sdpa_$pass.json; } \
+# The bench again with VAR=value for each value (an A/B in one call), appended to attend_cuda.txt
+# and compare.txt under a heading.
+bench_passes() {
+  local var=$1; shift
+  for pass in "$@"; do
+    env "$var=$pass" timeout $BENCH_TIMEOUT devbin/kvslim bench attend --device cuda $BENCH_ARGS \
+      --json /tmp/attend_$var$pass.json >> "$OUT"/attend_cuda.txt 2>&1
+    { echo "=== $var=$pass"
+      timeout $BENCH_TIMEOUT python3 bench/cuda/sdpa_bench.py --kvslim /tmp/attend_$var$pass.json --json /tmp/sdpa_$var$pass.json; } \
       >> "$OUT"/compare.txt 2>&1
   done
-fi
+}
+# decode on the int8 codes kernel, then the fp16 one again
+[ -n "${COMPARE_INT8:-}" ] && bench_passes KVSLIM_CUDA_DECODE_CODES int8 fp16
+# the partials merged by combine_kernel, then in the segments again
+[ -n "${COMPARE_MERGE:-}" ] && bench_passes KVSLIM_CUDA_FUSED_MERGE 1 0
 if [ "${2:-}" = profile ]; then
   # ncu.txt: the codes kernel at batch 8 (sections), then every kernel's duration of one batch-1 call
   # (codes, window, merge) for kivi4 and full; ncu_sass.csv: the codes kernel's SASS with executed

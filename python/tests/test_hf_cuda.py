@@ -195,6 +195,21 @@ def test_streaming_on_device_keeps_the_cpu_caches_rows():
     assert_logits_close(ref, got, 1e-3, "streaming")
 
 
+def test_streaming_over_kivi_codes_on_device_keeps_the_cpu_caches_rows():
+    # StreamingLLM over KIVI codes on the GPU: the sinks and the newest tokens, exactly as the CPU
+    # cache keeps them, each erasure applied where the row lies in the device's groups; the codes
+    # are the CPU cache's (tests/cuda), so the logits differ by the attention kernels' rounding.
+    cfg = dict(method="streaming", streaming_budget=96, storage="kivi", kivi_bits=4, kivi_value_bits=2,
+               kivi_group_size=32, kivi_staging=32)
+    cpu, gpu, ref, got = cpu_and_gpu(cfg, seed=6, batch=2)
+    for c, d in zip(kept_positions(cpu), kept_positions(gpu)):
+        assert c == d and len(d) == 2 * 2 * 96
+    assert_logits_close(ref, got, 1e-2, "streaming over kivi")
+    for s in gpu.stats():
+        assert s["tokens_kept"] == 96
+        assert (s["figures"]["hi_bits"], s["figures"]["value_bits"]) == (4, 2)
+
+
 def test_kivi_with_own_widths_and_long_groups_on_device_decodes_like_the_cpu_cache():
     # Keys at 4 bits, values at 2, groups of 64 rows: the device's codes are the CPU cache's bit for
     # bit (tests/cuda), so the logits differ by the attention kernels' rounding only.

@@ -76,9 +76,10 @@ double storage_bytes(const KVCacheConfig& c, std::size_t B, std::size_t H, std::
   if (method_info(c.method).kind == MethodKind::dense) return static_cast<double>(B * H * N * D * 2 * 2 + N * 8);
   if (c.method == "zipcache") {
     // One block of the prompt's complete groups (DeviceZipCache): each set's 32-row units (the last
-    // part-filled) of keys at its width and values at value_bits, fp16 scale + zero per unit and
-    // channel, the newest position of each unit (the codes kernel reads one per unit unless a row
-    // may be newer than the query); then the window.
+    // part-filled) of keys at its width and values at value_bits, fp16 scale + zero per group of the
+    // set and channel (stored in each unit; decode reads them once a group when a group has two or
+    // more units, PackedRows::unit_starts), the newest position of each unit (the codes kernel reads
+    // one per unit unless a row may be newer than the query); then the window.
     const std::size_t group = static_cast<std::size_t>(c.zipcache_group_size);
     const std::size_t staged = N >= static_cast<std::size_t>(c.zipcache_staging) ? N % group : N, rows = N - staged;
     const std::size_t n_hi = salient_count(rows, c.zipcache_hi_fraction);
@@ -87,7 +88,9 @@ double storage_bytes(const KVCacheConfig& c, std::size_t B, std::size_t H, std::
     const double codes = static_cast<double>(B * H * 32 * D) *
                          static_cast<double>(hi_units * (static_cast<std::size_t>(c.zipcache_hi_bits) + vb) +
                                              lo_units * (static_cast<std::size_t>(c.zipcache_lo_bits) + vb)) / 8.0;
-    const double params = static_cast<double>(B * H * (hi_units + lo_units) * 2 * D * 2) * 2;
+    const std::size_t param_sets =
+        group >= 64 ? (n_hi + group - 1) / group + (rows - n_hi + group - 1) / group : hi_units + lo_units;
+    const double params = static_cast<double>(B * H * param_sets * 2 * D * 2) * 2;
     const double window = static_cast<double>(B * H * staged * D * 2 * 2);
     return codes + params + window + static_cast<double>(B * H * (hi_units + lo_units) * 8 + staged * 8);
   }

@@ -222,11 +222,6 @@ void KVCacheConfig::validate() const {
     fail("storage", "\"" + storage + "\"",
          "must be fp16 for full on a CUDA device (device = " + device + "): method=kivi is the same rows without a policy");
   }
-  if (storage == "kivi" && device != "cpu" && method == "streaming") {
-    fail("storage", "\"" + storage + "\"",
-         "must be fp16 for streaming on a CUDA device (device = " + device +
-             "): streaming admits rows into slots as they arrive; kivi codes take the attention-scored methods");
-  }
   if (device_index() < -1) fail("device", "\"" + device + "\"", "must be \"cpu\", \"cuda\" or \"cuda:N\" (N >= 0)");
   // The CUDA quantizer storages (DeviceKiviCache, DeviceZipCache) read 2-, 4- or 8-bit codes in
   // groups of whole 32-row units, behind a window; zipcache's saliency is by key norm (its sets keep

@@ -14,6 +14,7 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <random>
@@ -320,6 +321,28 @@ void gpu_attend(const KVCache& gpu, const std::vector<float>& q, std::size_t B, 
   if (with_probs) probs = download(dprobs, n_probs);
 }
 
+// The call's partials merged inside its segments (cuda::fused_merge, the default) and by
+// combine_kernel give the same bits: out (and probs, whose (max, sum) the merge writes).
+void expect_merges_agree(const KVCache& gpu, const std::vector<float>& q, std::size_t B, std::size_t S, std::size_t Hq,
+                         std::size_t D, const std::vector<std::int64_t>& qpos, bool with_probs, const std::string& what) {
+  std::vector<float> out[2], probs[2];
+  const bool was = cuda::fused_merge();
+  for (int fused = 0; fused < 2; ++fused) {
+    cuda::set_fused_merge(fused == 1);
+    gpu_attend(gpu, q, B, S, Hq, D, qpos, out[fused], probs[fused], with_probs);
+  }
+  cuda::set_fused_merge(was);
+  ASSERT_EQ(out[0].size(), out[1].size());
+  for (std::size_t i = 0; i < out[0].size(); ++i) {
+    ASSERT_EQ(std::memcmp(&out[0][i], &out[1][i], 4), 0) << what << ": out[" << i << "] fused " << out[1][i]
+                                                         << ", combine_kernel " << out[0][i];
+  }
+  if (with_probs) {
+    ASSERT_EQ(probs[0].size(), probs[1].size());
+    EXPECT_EQ(std::memcmp(probs[0].data(), probs[1].data(), probs[0].size() * 4), 0) << what << ": probs";
+  }
+}
+
 // Worst errors seen per kind, printed at the end of the suite (the device run keeps them).
 std::map<std::string, std::array<double, 3>>& worst_errors() {
   static std::map<std::string, std::array<double, 3>> w;  // out vs float64, probs vs float64, out vs CPU
@@ -373,6 +396,7 @@ void check_attend(Pair& p, int bits, std::size_t Hq, const std::vector<std::int6
   std::vector<float> out2, unused;
   gpu_attend(*p.gpu, q, B, S, Hq, D, qpos, out2, unused, false);
   for (std::size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out2[i], out[i], 1e-6 * (1.0 + std::fabs(out[i]))) << what;
+  expect_merges_agree(*p.gpu, q, B, S, Hq, D, qpos, true, what);
 }
 
 TEST(CudaAttend, EveryKindMatchesFloat64AndTheCpuCache) {
@@ -774,6 +798,12 @@ void expect_zip_state_equal(ZipPair& z, const ZipWidths& w, const std::string& w
           }
         }
         for (; r < (n + 31) / 32 * 32; ++r) ASSERT_EQ(set.pos[bh][unit0 * 32 + r], INT64_MAX) << at << " empty slot " << r;
+        // Which units begin a group of the set (what decode reads each group's parameters by): the
+        // set's rows from the block's first unit in groups of w.group.
+        for (std::size_t u = 0; u < (n + 31) / 32; ++u) {
+          ASSERT_EQ(set.unit_starts[unit0 + u], (32 * u) % static_cast<std::size_t>(w.group) == 0 ? 1 : 0)
+              << at << (which ? " lo" : " hi") << " unit " << u << " of the block's set";
+        }
       }
     }
     ASSERT_EQ(snap.stage_k[bh], head.stage_keys) << what << " window keys, head " << bh;
@@ -857,6 +887,7 @@ void check_zip_attend(ZipPair& z, std::size_t Hq, const std::vector<std::int64_t
   std::vector<float> out, unused;
   gpu_attend(*z.p.gpu, q, B, S, Hq, D, qpos, out, unused, false);
   for (std::size_t i = 0; i < out.size(); ++i) ASSERT_TRUE(std::isfinite(out[i])) << what << " out[" << i << "]";
+  expect_merges_agree(*z.p.gpu, q, B, S, Hq, D, qpos, false, what);  // two sets and the window: three segments
   std::vector<double> ref, probs;
   reference(zip_exact_rows(*z.p.gpu), q, S, Hq, qpos, ref, probs);
   const double exact = worst_relative(out, ref);
@@ -885,7 +916,9 @@ void check_zip_attend(ZipPair& z, std::size_t Hq, const std::vector<std::int64_t
 
 TEST(CudaZipcache, AttentionMatchesFloat64AndTheCpuCachesTolerance) {
   REQUIRE_GPU();
-  for (const ZipWidths& w : {ZipWidths{4, 2, 4, 32, 0.2}, ZipWidths{8, 2, 4, 64, 0.5}}) {
+  // Groups of 32 rows decode on the int8 kernel, longer ones on the fp16 kernel, each set's groups
+  // read by PackedRows::unit_starts (g128 h20: a block's salient set is one short group).
+  for (const ZipWidths& w : {ZipWidths{4, 2, 4, 32, 0.2}, ZipWidths{8, 2, 4, 64, 0.5}, ZipWidths{4, 2, 2, 128, 0.2}}) {
     for (std::size_t D : {64, 128}) {
       for (std::size_t G : {1, 4, 6}) {
         const std::string what = zip_name(w) + " D " + std::to_string(D) + " G " + std::to_string(G);

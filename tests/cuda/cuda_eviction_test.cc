@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -316,21 +317,32 @@ TEST(CudaEviction, KiviCodesAreRepackedAsTheCpuRepacksThem) {
 }
 
 // squeeze over kivi codes: the schedule's budgets (device key signal) and the CPU's rows.
-TEST(CudaEviction, SqueezeOverKiviCodesKeepsTheCpuRows) {
-  REQUIRE_GPU();
+// squeeze keeping 96 rows on average over 4 layers whose keys differ in spread (the schedule moves
+// budget toward the broad ones): `fields` set on top.
+Twin squeeze_twin(const std::function<void(KVCacheConfig&)>& fields) {
   KVCacheConfig c;
   c.method = "squeeze";
   c.squeeze_budget = 96;
-  c.storage = "kivi";
+  fields(c);
   Twin t(c, 4, 2, 2, 3, 128);
   t.key_offset = {0.f, 0.3f, 1.f, 3.f};
+  return t;
+}
+
+TEST(CudaEviction, SqueezeOverKiviCodesKeepsTheCpuRows) {
+  REQUIRE_GPU();
+  Twin t = squeeze_twin([](KVCacheConfig& c) { c.storage = "kivi"; });
   t.step(300);
   for (int s = 0; s < 30; ++s) t.step(1);
   t.expect_same_rows("squeeze over kivi after the prompt and 30 steps");
   EXPECT_GT(t.gpu.at(0).rows(), t.gpu.at(3).rows());
-  // The held prompt's rows were cut in the window on the device (DevicePackedRows::drop_lowest_on_device).
+  // The held prompt's rows were cut in the window on the device (DevicePackedRows::drop_lowest_on_device),
+  // each layer's prompt scored there first (the key dispersion is its layer signal).
   double on_device = 0;
-  for (std::size_t l = 0; l < 4; ++l) on_device += t.gpu.at(l).stats().figure("trims_on_device");
+  for (std::size_t l = 0; l < 4; ++l) {
+    on_device += t.gpu.at(l).stats().figure("trims_on_device");
+    EXPECT_EQ(t.gpu.at(l).stats().figure("prompts_on_device"), 1.0) << "layer " << l;
+  }
   EXPECT_GE(on_device, 3.0);
   EXPECT_LE(t.worst_probs, kCodesProbsTolerance);
 }
@@ -393,6 +405,37 @@ TEST(CudaEviction, StreamingKeepsTheCpuCachesRows) {
   }
 }
 
+// streaming over kivi codes: the core erases each victim where it lies on the device (a group closed
+// up, a window row masked) as the rows arrive; the rows, decoded from the same codes, and the
+// attention over them equal the CPU cache's, which writes its rows itself, through groups emptied
+// by the sliding window and blocks compressed every `staging` rows.
+TEST(CudaEviction, StreamingOverKiviCodesKeepsTheCpuCachesRows) {
+  REQUIRE_GPU();
+  struct Split {
+    int key_bits, value_bits, group, staging;
+  };
+  for (const std::size_t D : {64, 128}) {
+    for (const Split sp : {Split{4, 2, 32, 32}, Split{2, 2, 64, 64}, Split{4, 4, 32, 16}}) {
+      const std::string what = "D=" + std::to_string(D) + " K" + std::to_string(sp.key_bits) + "V" +
+                               std::to_string(sp.value_bits) + " g" + std::to_string(sp.group) + " staging " +
+                               std::to_string(sp.staging);
+      KVCacheConfig c = h2o_over_kivi(80, sp.key_bits, sp.value_bits, sp.group, sp.staging);
+      c.method = "streaming";
+      c.streaming_budget = 80;
+      Twin t(c, 2, 2, 2, 3, D);
+      t.prompt_decode_question(what);  // the prompt: 4 sinks + the newest 76
+      for (int s = 0; s < 150; ++s) t.step(1);
+      t.expect_same_rows(what + " after 150 more decode steps");
+      t.step(50);
+      t.expect_same_rows(what + " after a third call");
+      EXPECT_EQ(t.gpu.at(1).rows(), 80u) << what;
+      EXPECT_LE(t.worst_out, kCodesProbsTolerance) << what;
+      const CacheStats st = t.gpu.at(0).stats();
+      EXPECT_EQ(st.figure("decode_steps_on_device"), 0.0) << what << ": streaming observes nothing";
+    }
+  }
+}
+
 double figure(const CacheStats& st, const std::string& name) {
   for (const auto& [n, v] : st.figures) {
     if (n == name) return v;
@@ -407,13 +450,7 @@ double figure(const CacheStats& st, const std::string& name) {
 TEST(CudaEviction, SqueezeResolvesTheCpuBudgetsAndKeepsTheCpuRows) {
   REQUIRE_GPU();
   for (const std::string prefill : {"deferred", "eager"}) {
-    KVCacheConfig c;
-    c.method = "squeeze";
-    c.squeeze_budget = 96;
-    c.squeeze_prefill = prefill;
-    Twin t(c, 4, 2, 2, 3, 128);
-    // Layers whose keys differ in spread: the schedule moves budget toward the broad ones.
-    t.key_offset = {0.f, 0.3f, 1.f, 3.f};
+    Twin t = squeeze_twin([&](KVCacheConfig& c) { c.squeeze_prefill = prefill; });
     t.step(300);
     for (int s = 0; s < 6; ++s) t.step(1);  // the deferred layers adopt at their next call
     t.expect_same_rows("squeeze (" + prefill + ") after the prompt and 6 steps");
@@ -426,14 +463,30 @@ TEST(CudaEviction, SqueezeResolvesTheCpuBudgetsAndKeepsTheCpuRows) {
     EXPECT_GT(t.gpu.at(0).rows(), t.gpu.at(3).rows()) << prefill;  // broad keys keep more than aligned ones
     if (prefill == "deferred") {
       // The layers that held the whole prompt cut it to their budget on the device (select_lowest:
-      // no metadata read back); the last layer's prompt was cut by its own window, on the host.
+      // no metadata read back), the last one right after its prompt finalised the schedule.
       double on_device = 0;
       for (std::size_t l = 0; l < 4; ++l) on_device += figure(t.gpu.at(l).stats(), "trims_on_device");
       EXPECT_GE(on_device, 3.0);
     }
+    // Every layer's prompt was scored (and cut to its limit) on the device: the key dispersion,
+    // measured at the append, is the layer signal.
+    for (std::size_t l = 0; l < 4; ++l) {
+      EXPECT_EQ(figure(t.gpu.at(l).stats(), "prompts_on_device"), 1.0) << prefill << " layer " << l;
+    }
     for (int s = 0; s < 20; ++s) t.step(1);
     t.expect_same_rows("squeeze (" + prefill + ") after 26 steps");
     EXPECT_LE(t.worst_probs, 2e-5);
+  }
+  // A layer signal read from the prompt's probabilities (the attention's entropy) stays on the host:
+  // its prompt is decided there, with the same rows and budgets as the CPU cache.
+  Twin t = squeeze_twin([](KVCacheConfig& c) { c.squeeze_signal = "attention_entropy"; });
+  t.step(300);
+  for (int s = 0; s < 6; ++s) t.step(1);
+  t.expect_same_rows("squeeze (attention entropy) after the prompt and 6 steps");
+  for (std::size_t l = 0; l < 4; ++l) {
+    const CacheStats cs = t.cpu.at(l).stats(), gs = t.gpu.at(l).stats();
+    EXPECT_NEAR(figure(gs, "concentration"), figure(cs, "concentration"), 1e-6) << "entropy layer " << l;
+    EXPECT_EQ(figure(gs, "prompts_on_device"), 0.0) << "entropy layer " << l;
   }
 }
 

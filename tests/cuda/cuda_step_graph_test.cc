@@ -129,8 +129,9 @@ struct StepInputs {
 // A prompt of `rows` rows appended eagerly to both caches. An eviction cache then observes the
 // prompt's last query (cut to its budget) and takes one eager decode step, as kvslim.hf's
 // GraphDecoder does before it captures: the store keeps room for budget + 1 rows from then on.
-void prefill(KVCache& a, KVCache& b, const Shape& s, DType t, std::size_t rows, std::mt19937& rng,
+void prefill(const std::vector<KVCache*>& caches, const Shape& s, DType t, std::size_t rows, std::mt19937& rng,
              cudaStream_t st) {
+  KVCache& a = *caches.front();
   const std::size_t n = s.B * s.H * rows * s.D;
   const auto hk = random_half(n, rng, t), hv = random_half(n, rng, t);
   DeviceBuffer k, v;
@@ -138,7 +139,7 @@ void prefill(KVCache& a, KVCache& b, const Shape& s, DType t, std::size_t rows, 
   v.reserve(n * 2);
   ASSERT_EQ(cudaMemcpy(k.get(), hk.data(), n * 2, cudaMemcpyHostToDevice), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(v.get(), hv.data(), n * 2, cudaMemcpyHostToDevice), cudaSuccess);
-  for (KVCache* c : {&a, &b}) {
+  for (KVCache* c : caches) {
     c->append({k.get(), t, s.B, s.H, rows, s.D, MemorySpace::cuda, st}, {v.get(), t, s.B, s.H, rows, s.D, MemorySpace::cuda, st});
   }
   if (a.needs().attention) {  // an eviction cache: the prompt's last query observed, the cache cut to its budget
@@ -149,7 +150,7 @@ void prefill(KVCache& a, KVCache& b, const Shape& s, DType t, std::size_t rows, 
     probs.reserve(s.B * s.H * (rows + 1) * 4);  // the prompt's observation, then the step's (<= rows + 1)
     ASSERT_EQ(cudaMemcpy(q.get(), hq.data(), hq.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
     const std::int64_t pos = static_cast<std::int64_t>(rows) - 1;
-    for (KVCache* c : {&a, &b}) {
+    for (KVCache* c : caches) {
       c->attend({q.as<float>(), s.B, 1, s.Hq, s.D, 0.f, MemorySpace::cuda, st}, {&pos, 1}, out.as<float>(),
                 probs.as<float>());
       c->observe_attention(AttentionObservation{probs.as<float>(), s.B, s.H, 1, rows, rows, {&pos, 1},
@@ -163,7 +164,7 @@ void prefill(KVCache& a, KVCache& b, const Shape& s, DType t, std::size_t rows, 
     dv.reserve(sv.size() * 2);
     ASSERT_EQ(cudaMemcpy(dk.get(), sk.data(), sk.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
     ASSERT_EQ(cudaMemcpy(dv.get(), sv.data(), sv.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
-    for (KVCache* c : {&a, &b}) {
+    for (KVCache* c : caches) {
       c->append({dk.get(), t, s.B, s.H, 1, s.D, MemorySpace::cuda, st}, {dv.get(), t, s.B, s.H, 1, s.D, MemorySpace::cuda, st},
                 {&next, 1});
       c->attend({q.as<float>(), s.B, 1, s.Hq, s.D, 0.f, MemorySpace::cuda, st}, {&next, 1}, out.as<float>(),
@@ -176,9 +177,22 @@ void prefill(KVCache& a, KVCache& b, const Shape& s, DType t, std::size_t rows, 
   ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
 }
 
+void prefill(KVCache& a, KVCache& b, const Shape& s, DType t, std::size_t rows, std::mt19937& rng, cudaStream_t st) {
+  prefill(std::vector<KVCache*>{&a, &b}, s, t, rows, rng, st);
+}
+
+// How a step's attention reaches its observation: attend with probabilities, then
+// observe_attention of them; or KVCache::attend_and_observe, whose probabilities nobody reads.
+enum class StepCalls { attend_then_observe, attend_and_observe };
+
 // Replays of `config`'s cache against its eager twin; `after` inspects the replayed cache at the end.
+// StepCalls::attend_and_observe: the replayed cache's step is captured through attend_and_observe,
+// and a third cache takes the same steps eagerly through it; both must equal the twin's outputs,
+// rows and views, and an eviction step observed on the device must leave their probabilities'
+// workspace as it was (NaN bytes): nothing computes them into it.
 void expect_replays_equal_eager(const KVCacheConfig& config, const std::string& name, DType t, std::size_t prompt,
-                                int steps, const std::function<void(const KVCache&)>& after = {});
+                                int steps, const std::function<void(const KVCache&)>& after = {},
+                                StepCalls calls = StepCalls::attend_then_observe);
 
 void expect_replays_equal_eager(const std::string& method, int bits, DType t, std::size_t prompt, int steps,
                                 int value_bits = -1, int group = 32, int budget = 64) {
@@ -187,29 +201,44 @@ void expect_replays_equal_eager(const std::string& method, int bits, DType t, st
 }
 
 void expect_replays_equal_eager(const KVCacheConfig& config, const std::string& name, DType t, std::size_t prompt,
-                                int steps, const std::function<void(const KVCache&)>& after) {
-  const std::string what = name + " " + std::string(dtype_name(t)) + " prompt " + std::to_string(prompt);
+                                int steps, const std::function<void(const KVCache&)>& after, StepCalls calls) {
+  const bool one_call = calls == StepCalls::attend_and_observe;
+  const std::string what = name + " " + std::string(dtype_name(t)) + " prompt " + std::to_string(prompt) +
+                           (one_call ? " (attend_and_observe)" : "");
   const Shape s;
   OwnStream stream;
   cudaStream_t st = stream.s;
   auto graphed = KVCacheFactory::create(config), eager = KVCacheFactory::create(config);
+  // attend_and_observe: the same steps taken eagerly through it.
+  std::unique_ptr<KVCache> eager_one = one_call ? KVCacheFactory::create(config) : nullptr;
   std::mt19937 rng(7 + prompt);
-  prefill(*graphed, *eager, s, t, prompt, rng, st);
+  std::vector<KVCache*> all{graphed.get(), eager.get()};
+  if (eager_one) all.push_back(eager_one.get());
+  prefill(all, s, t, prompt, rng, st);
   const std::size_t first = prompt + (graphed->needs().attention ? 1 : 0);  // the eviction cache's eager step
   graphed->reserve(first + steps);
 
   StepInputs in(s, t);
-  DeviceBuffer out_graph, out_eager, probs_graph, probs_eager;
+  DeviceBuffer out_graph, out_eager, out_one, probs_graph, probs_eager, probs_one;
   const std::size_t out_n = s.B * s.Hq * s.D;
-  out_graph.reserve(out_n * 4);
-  out_eager.reserve(out_n * 4);
+  for (DeviceBuffer* o : {&out_graph, &out_eager, &out_one}) o->reserve(out_n * 4);
   // Eviction: each step attends with probabilities over budget + 1 rows and observes them.
   const bool observes = graphed->needs().attention;
   const std::size_t prob_rows = graphed->rows() + 1, probs_n = s.B * s.H * prob_rows;
-  probs_graph.reserve(probs_n * 4);
-  probs_eager.reserve(probs_n * 4);
-  const auto step_calls = [&](KVCache& c, std::int64_t pos, DeviceBuffer& out, DeviceBuffer& probs) {
+  for (DeviceBuffer* p : {&probs_graph, &probs_eager, &probs_one}) p->reserve(probs_n * 4);
+  // Unread probabilities keep these bytes (a NaN pattern) where no kernel wrote them.
+  constexpr unsigned char kUnwritten = 0xFF;
+  if (one_call) {
+    for (DeviceBuffer* p : {&probs_graph, &probs_one}) {
+      ASSERT_EQ(cudaMemsetAsync(p->get(), kUnwritten, probs_n * 4, st), cudaSuccess);
+    }
+  }
+  const auto step_calls = [&](KVCache& c, std::int64_t pos, DeviceBuffer& out, DeviceBuffer& probs, bool through_one) {
     c.append(in.keys(st), in.values(st), {&pos, 1});
+    if (through_one) {
+      c.attend_and_observe(in.queries(st), {&pos, 1}, out.as<float>(), observes ? probs.as<float>() : nullptr, s.H);
+      return;
+    }
     c.attend(in.queries(st), {&pos, 1}, out.as<float>(), observes ? probs.as<float>() : nullptr);
     if (observes) {
       c.observe_attention(AttentionObservation{probs.as<float>(), s.B, s.H, 1, prob_rows, prob_rows, {&pos, 1},
@@ -222,13 +251,14 @@ void expect_replays_equal_eager(const KVCacheConfig& config, const std::string& 
   graph.begin_capture(static_cast<int>(s.Hq), 1);
   {
     ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed), cudaSuccess);
-    step_calls(*graphed, static_cast<std::int64_t>(first), out_graph, probs_graph);
+    step_calls(*graphed, static_cast<std::int64_t>(first), out_graph, probs_graph, one_call);
     ASSERT_EQ(cudaStreamEndCapture(st, &captured.g), cudaSuccess);
   }
   graph.end_capture(captured.g);
   EXPECT_GT(graph.nodes(), 0u);
 
-  std::vector<float> a(out_n), b(out_n), pa(probs_n), pb(probs_n);
+  const std::vector<unsigned char> unwritten(probs_n * 4, kUnwritten);
+  std::vector<float> a(out_n), b(out_n), c1(out_n), pa(probs_n), pb(probs_n), pc(probs_n);
   for (int step = 0; step < steps; ++step) {
     const auto hk = random_half(s.B * s.H * s.D, rng, t), hv = random_half(s.B * s.H * s.D, rng, t);
     const auto hq = random_float(out_n, rng);
@@ -236,28 +266,49 @@ void expect_replays_equal_eager(const KVCacheConfig& config, const std::string& 
     graph.replay(st);
     ASSERT_EQ(cudaMemcpyAsync(a.data(), out_graph.get(), out_n * 4, cudaMemcpyDeviceToHost, st), cudaSuccess);
     ASSERT_EQ(cudaMemcpyAsync(pa.data(), probs_graph.get(), probs_n * 4, cudaMemcpyDeviceToHost, st), cudaSuccess);
-    step_calls(*eager, static_cast<std::int64_t>(first) + step, out_eager, probs_eager);
+    const std::int64_t pos = static_cast<std::int64_t>(first) + step;
+    step_calls(*eager, pos, out_eager, probs_eager, false);
     ASSERT_EQ(cudaMemcpyAsync(b.data(), out_eager.get(), out_n * 4, cudaMemcpyDeviceToHost, st), cudaSuccess);
     ASSERT_EQ(cudaMemcpyAsync(pb.data(), probs_eager.get(), probs_n * 4, cudaMemcpyDeviceToHost, st), cudaSuccess);
+    if (eager_one) {
+      step_calls(*eager_one, pos, out_one, probs_one, true);
+      ASSERT_EQ(cudaMemcpyAsync(c1.data(), out_one.get(), out_n * 4, cudaMemcpyDeviceToHost, st), cudaSuccess);
+      ASSERT_EQ(cudaMemcpyAsync(pc.data(), probs_one.get(), probs_n * 4, cudaMemcpyDeviceToHost, st), cudaSuccess);
+    }
     ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess) << what;
     ASSERT_EQ(std::memcmp(a.data(), b.data(), out_n * 4), 0) << what << ": step " << step << " differs from eager";
-    if (observes) {
+    if (observes && !one_call) {
       ASSERT_EQ(std::memcmp(pa.data(), pb.data(), probs_n * 4), 0) << what << ": probs of step " << step;
+    }
+    if (eager_one) {
+      ASSERT_EQ(std::memcmp(c1.data(), b.data(), out_n * 4), 0) << what << ": eager attend_and_observe, step " << step;
+      ASSERT_EQ(eager_one->rows(), eager->rows()) << what << " step " << step;
+      if (observes) {
+        ASSERT_EQ(std::memcmp(pa.data(), unwritten.data(), probs_n * 4), 0) << what << ": replayed step " << step
+                                                                           << " wrote its unread probabilities";
+        ASSERT_EQ(std::memcmp(pc.data(), unwritten.data(), probs_n * 4), 0) << what << ": eager step " << step
+                                                                           << " wrote its unread probabilities";
+      }
     }
     ASSERT_EQ(graphed->rows(), eager->rows()) << what << " step " << step;
   }
   EXPECT_EQ(graph.steps(), static_cast<std::size_t>(steps));
-  const CacheView va = graphed->materialize(), vb = eager->materialize();
-  ASSERT_EQ(va.tokens, vb.tokens) << what;
-  for (std::size_t bh = 0; bh < s.B * s.H; ++bh) {
-    EXPECT_EQ(std::memcmp(va.keys + bh * va.head_stride * s.D, vb.keys + bh * vb.head_stride * s.D, va.tokens * s.D * 2), 0)
-        << what << " keys of head " << bh;
-    EXPECT_EQ(std::memcmp(va.values + bh * va.head_stride * s.D, vb.values + bh * vb.head_stride * s.D,
-                          va.tokens * s.D * 2), 0)
-        << what << " values of head " << bh;
-    EXPECT_EQ(std::memcmp(va.positions + bh * va.head_stride, vb.positions + bh * vb.head_stride, va.tokens * 8), 0)
-        << what << " positions of head " << bh;
-  }
+  const CacheView vb = eager->materialize();
+  const auto expect_view_equal = [&](const KVCache& cache, const std::string& who) {
+    const CacheView va = cache.materialize();
+    ASSERT_EQ(va.tokens, vb.tokens) << who;
+    for (std::size_t bh = 0; bh < s.B * s.H; ++bh) {
+      EXPECT_EQ(std::memcmp(va.keys + bh * va.head_stride * s.D, vb.keys + bh * vb.head_stride * s.D, va.tokens * s.D * 2), 0)
+          << who << " keys of head " << bh;
+      EXPECT_EQ(std::memcmp(va.values + bh * va.head_stride * s.D, vb.values + bh * vb.head_stride * s.D,
+                            va.tokens * s.D * 2), 0)
+          << who << " values of head " << bh;
+      EXPECT_EQ(std::memcmp(va.positions + bh * va.head_stride, vb.positions + bh * vb.head_stride, va.tokens * 8), 0)
+          << who << " positions of head " << bh;
+    }
+  };
+  expect_view_equal(*graphed, what);
+  if (eager_one) expect_view_equal(*eager_one, what + ", eager");
   if (after) after(*graphed);
 }
 
@@ -356,6 +407,33 @@ TEST(CudaStepGraph, EvictionOverKiviCodesReplaysLargerStores) {
                              20500, 30);
 }
 
+// attend_and_observe (kvslim.hf's attention step): a decode step's probabilities are scored inside
+// the observation and written nowhere, replayed and eager, over fp16 slots and over kivi codes
+// (no slot-order scan), with the rows, outputs and views of attend + observe_attention.
+TEST(CudaStepGraph, AttendAndObserveScoresWithoutWritingProbabilities) {
+  REQUIRE_GPU();
+  const StepCalls one = StepCalls::attend_and_observe;
+  expect_replays_equal_eager(device_config("h2o"), "h2o", DType::bf16, 300, 150, {}, one);
+  expect_replays_equal_eager(device_config("h2o", 2, -1, 32, 2500), "h2o, 2,500 rows", DType::bf16, 3000, 60, {}, one);
+  expect_replays_equal_eager(device_config("streaming"), "streaming", DType::bf16, 300, 60, {}, one);  // observes nothing
+  {
+    KVCacheConfig c = codes_config(4, 2, 32, 32, 64);
+    c.evict_recent_window = 8;
+    c.evict_decay = 0.8;
+    expect_replays_equal_eager(c, "h2o over kivi K4V2 g32 (decayed)", DType::bf16, 300, 300, {}, one);
+  }
+}
+
+TEST(CudaStepGraph, AttendAndObserveOverLargerStores) {
+  REQUIRE_GPU();
+  const StepCalls one = StepCalls::attend_and_observe;
+  expect_replays_equal_eager(codes_config(4, 2, 128, 128, 2500), "h2o over kivi K4V2 g128, 2,500 rows", DType::bf16,
+                             3000, 60, {}, one);
+  // 16 parts a head of ~1,250 rows: the four-rows-a-thread kernel, two chunks a part.
+  expect_replays_equal_eager(codes_config(4, 2, 128, 128, 20000), "h2o over kivi K4V2 g128, 20,000 rows", DType::bf16,
+                             20500, 20, {}, one);
+}
+
 TEST(CudaStepGraph, RefusesWhatItCannotReplay) {
   REQUIRE_GPU();
   // An eviction cache below its budget: its probabilities would change shape every step.
@@ -372,6 +450,23 @@ TEST(CudaStepGraph, RefusesWhatItCannotReplay) {
       FAIL() << "an h2o cache below its budget was captured";
     } catch (const InputError& e) {
       EXPECT_NE(std::string(e.what()).find("budget"), std::string::npos) << e.what();
+    }
+  }
+  {
+    // streaming over kivi codes, at its budget: each step's erasure is the host's.
+    KVCacheConfig c = codes_config(4, 2, 32, 32, 64);
+    c.method = "streaming";
+    c.streaming_budget = 64;
+    auto streaming = KVCacheFactory::create(c), twin = KVCacheFactory::create(c);
+    std::mt19937 rng(6);
+    prefill(*streaming, *twin, s, DType::f16, 200, rng, st);
+    ASSERT_EQ(streaming->rows(), 64u);
+    cuda::StepGraph g({streaming.get()});
+    try {
+      g.begin_capture(static_cast<int>(s.Hq), 1);
+      FAIL() << "streaming over kivi codes was captured";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("eagerly"), std::string::npos) << e.what();
     }
   }
   KVCacheConfig host;

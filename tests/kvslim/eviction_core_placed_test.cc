@@ -1,7 +1,9 @@
 // The eviction core over a storage whose owner places the rows (EvictionCore::absorb_placed: what
-// the GPU's device slots do), checked on the host: streaming's admission (scoring none) by moves
-// keeps the rows the core keeps when it absorbs them itself, in the same slots, and the room the
-// rows arrived in is given back once they are admitted.
+// the GPU's device slots and kivi codes do), checked on the host: streaming's admission (scoring
+// none) by moves keeps the rows the core keeps when it absorbs them itself, in the same slots, and
+// the room the rows arrived in is given back once they are admitted; over a storage without slot
+// writes (kivi codes) it erases the victims and keeps the rows, in the order, of the CPU's kivi
+// storage under the same policy.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -11,6 +13,7 @@
 
 #include "cache/eviction_core.h"
 #include "kvslim/config.h"
+#include "storage/packed_rows.h"
 #include "storage/row_storage.h"
 
 namespace kvslim {
@@ -62,6 +65,45 @@ class PlacedPositions final : public RowStorage {
   }
 };
 
+// A storage without slot writes holding each row's position as its only content, in order:
+// prepare() appends the call's rows after the kept ones; the core's erasures close up the rest.
+class PlacedInOrder final : public RowStorage {
+ public:
+  std::vector<std::int64_t> arriving;           // the call's positions
+  std::vector<std::vector<std::int64_t>> rows;  // [heads][rows held]
+  int erased = 0, settles = 0;
+
+  std::string_view kind() const override { return "kivi"; }
+  bool slot_writes() const override { return false; }
+  void begin(std::size_t heads_total, std::size_t) override { rows.assign(heads_total, {}); }
+  void relayout(std::size_t, std::size_t) override {}
+  void prepare(std::size_t incoming) override {
+    ASSERT_EQ(incoming, arriving.size());
+    for (auto& head : rows) head.insert(head.end(), arriving.begin(), arriving.end());
+  }
+  void write(std::size_t, std::size_t, const std::uint16_t*, const std::uint16_t*) override {
+    ADD_FAILURE() << "the core wrote a placed row";
+  }
+  void move(std::size_t, std::size_t, std::size_t) override { ADD_FAILURE() << "rows without slots never move"; }
+  void erase(std::size_t head, std::span<const std::size_t> slots) override {
+    for (std::size_t i = slots.size(); i-- > 0;) {
+      ASSERT_LT(slots[i], rows[head].size()) << "an erasure past the rows held";
+      ASSERT_TRUE(i == 0 || slots[i - 1] < slots[i]) << "erasures must be ascending";
+      rows[head].erase(rows[head].begin() + static_cast<std::ptrdiff_t>(slots[i]));
+      ++erased;
+    }
+  }
+  void settle(std::size_t n, const Saliency&) override {
+    ++settles;
+    for (const auto& head : rows) ASSERT_EQ(head.size(), n) << "settled with rows the core does not hold";
+  }
+  void key_logits(std::size_t, std::size_t, const float*, float*) const override { ADD_FAILURE() << "no key proxy"; }
+  void feed(attend::HeadAttention&, std::size_t, const std::int64_t*, std::size_t) const override {}
+  CacheView view(std::size_t, std::size_t, std::size_t, const std::int64_t*, std::size_t) const override { return {}; }
+  std::size_t resident_bytes() const override { return 0; }
+  void reset() override { rows.clear(); }
+};
+
 TEST(EvictionCorePlaced, StreamingAdmitsPlacedRowsAsItAdmitsItsOwn) {
   KVCacheConfig c;
   c.streaming_budget = 80;
@@ -99,6 +141,50 @@ TEST(EvictionCorePlaced, StreamingAdmitsPlacedRowsAsItAdmitsItsOwn) {
   call(37, "a later call");
   call(50, "a third call");
   EXPECT_GT(placed_rows.moves, 0);
+}
+
+TEST(EvictionCorePlaced, StreamingErasesBeforePlacedRowsAsOverKiviCodes) {
+  KVCacheConfig c;
+  c.streaming_budget = 72;
+  c.streaming_n_sink = 3;
+  const EvictionPolicy policy = make_streaming_policy(c);
+  const std::size_t batch = 2, kv_heads = 2, heads = batch * kv_heads, D = 32, limit = 72;
+  PackedRowsOptions kivi;
+  kivi.group_size = 32;
+  kivi.staging = 32;
+  EvictionCore own(policy, std::make_unique<PackedRows>(kivi));  // the CPU cache: rows written by the core
+  auto placed_storage = std::make_unique<PlacedInOrder>();
+  PlacedInOrder& placed_rows = *placed_storage;
+  EvictionCore placed(policy, std::move(placed_storage));
+
+  std::int64_t next = 0;
+  const auto call = [&](std::size_t S, const std::string& what) {
+    std::vector<std::int64_t> pos(S);
+    for (std::size_t s = 0; s < S; ++s) pos[s] = next++;
+    std::vector<std::uint16_t> rows(heads * S * D);
+    for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<std::uint16_t>(0x3800 + i % 509);
+    own.absorb(batch, kv_heads, D, rows.data(), rows.data(), pos.data(), S, limit);
+    placed_rows.arriving = pos;
+    placed.absorb_placed(batch, kv_heads, D, pos.data(), S, limit);
+    ASSERT_EQ(placed.rows(), own.rows()) << what;
+    for (std::size_t h = 0; h < heads; ++h) {
+      ASSERT_EQ(placed_rows.rows[h].size(), placed.rows()) << what << ": head " << h;
+      for (std::size_t i = 0; i < own.rows(); ++i) {
+        ASSERT_EQ(placed.positions(h)[i], own.positions(h)[i]) << what << ": head " << h << " slot " << i;
+        ASSERT_EQ(placed_rows.rows[h][i], own.positions(h)[i])
+            << what << ": the storage's row in head " << h << " slot " << i << " is not the core's";
+      }
+    }
+  };
+  call(20, "a prompt under the budget");
+  call(300, "a prompt over the budget");
+  EXPECT_EQ(placed.rows(), limit);
+  EXPECT_EQ(placed.positions(0)[0], 0);  // the sinks stay
+  EXPECT_EQ(placed.positions(0)[3], 320 - (limit - 3)) << "after the sinks, the newest rows";
+  for (int s = 0; s < 90; ++s) call(1, "decode step " + std::to_string(s));
+  call(37, "a later call");
+  EXPECT_GT(placed_rows.erased, 300);
+  EXPECT_EQ(placed_rows.settles, 93) << "every call settles once its eviction is done";
 }
 
 TEST(EvictionCorePlaced, RefusesWhatItCannotPlace) {

@@ -165,11 +165,10 @@ void EvictionCore::absorb(std::size_t batch, std::size_t heads, std::size_t dim,
   }
   const bool placed = keys16 == nullptr && values16 == nullptr;  // absorb_placed
   // Placed rows: an attention scoring appends them at the end of every head (any storage); scoring
-  // none admits them into slots (slot storages only).
-  if (placed && (scoring() == Scoring::key_proxy || awaiting_observation_ || policy_.row_weight != nullptr ||
-                 (!storage_->slot_writes() && !scores_by_attention(scoring())))) {
+  // none admits them where they lie (moved into their slots, or their victims erased before them).
+  if (placed && (scoring() == Scoring::key_proxy || awaiting_observation_ || policy_.row_weight != nullptr)) {
     throw std::logic_error("eviction core: placed rows need an attention scoring (every update observed), or scoring "
-                           "none over slot writes, without a row score");
+                           "none, without a row score");
   }
   if (scores_by_attention(scoring()) && awaiting_observation_) {
     // The last update's attention never came: this integrator does not report attention. Score by
@@ -295,10 +294,11 @@ std::size_t EvictionCore::admit(std::size_t head, std::size_t& n, const std::uin
     place(victim);
     return victim;
   }
-  // A compressed storage takes rows at the end only: the victim leaves, the newcomer is appended.
+  // A compressed storage takes rows at the end only: the victim leaves, the newcomer is appended
+  // (a placed newcomer, right after the kept rows, moves down with them).
   const std::size_t one[1] = {victim};
   erase_rows(head, n, one);
-  write_row(head, n - 1, k, v, position, 0.0f);
+  place(n - 1);
   return n - 1;
 }
 
@@ -313,6 +313,15 @@ std::size_t EvictionCore::absorb_head_placed(std::size_t head, const std::int64_
       n = 1;
     } else {
       slot = admit(head, n, nullptr, nullptr, positions[s], limit, recent_threshold[s]);
+    }
+    if (!storage_->slot_writes()) {
+      // The kept rows, then this call's rows from token s on (earlier ones admitted or erased):
+      // a dropped newcomer lies at n.
+      if (slot == kNone) {
+        const std::size_t one[1] = {n};
+        storage_->erase(head, one);
+      }
+      continue;
     }
     if (slot != kNone && slot != arrived) storage_->move(head, arrived, slot);
   }

@@ -83,9 +83,11 @@ class EvictionCore {
   // The same for rows the storage's owner has already placed at slots rows()..rows()+S-1 of every
   // head (a device storage's append kernel), reached through RowStorage::prepare, which the core
   // calls once it has made room for them: the core takes their metadata only. Attention scorings
-  // append them; scoring none (streaming) admits them in arrival order as absorb() does, each
-  // admitted row moved (RowStorage::move) from where it arrived to the slot it takes, and gives
-  // back the room above the limit afterwards (slot storages only). No registered row score, no key
+  // append them; scoring none (streaming) admits them in arrival order as absorb() does: over slots
+  // each admitted row moves (RowStorage::move) from where it arrived to the slot it takes; over a
+  // storage without slot writes its victim is erased (the rows after it, the arrivals included,
+  // move down in order) and a dropped newcomer is erased where it lies. The room above the limit
+  // is given back afterwards. No registered row score, no key
   // proxy (it reads the rows), and never after an unobserved update (the fallback reads rows).
   void absorb_placed(std::size_t batch, std::size_t heads, std::size_t dim, const std::int64_t* positions,
                      std::size_t S, std::size_t limit);
@@ -185,7 +187,7 @@ class EvictionCore {
                                      const std::int64_t* positions, std::size_t S, std::size_t limit,
                                      const std::int64_t* recent_threshold, AbsorbScratch& scratch);
   // Scoring none over rows placed at rows_ .. rows_ + S - 1 (absorb_placed): the same admission,
-  // each admitted row moved to its slot.
+  // each admitted row moved to its slot (slot storages), or its victim erased before it (others).
   std::size_t absorb_head_placed(std::size_t head, const std::int64_t* positions, std::size_t S, std::size_t limit,
                                  const std::int64_t* recent_threshold);
   // The same for the key proxy with the dot products batched per block of kBlockTokens.

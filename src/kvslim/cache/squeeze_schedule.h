@@ -54,6 +54,12 @@ class SqueezeSchedule {
   // The layer signal is the key dispersion (the documented proxy), measured by the owner.
   bool key_signal() const { return !hidden_signal_ && !entropy_signal_ && !coverage_signal_ && !global_signal_; }
   bool hidden_signal() const { return hidden_signal_; }
+  // The next observation feeds the layer signal from the host's probabilities (entropy, coverage)
+  // or the core's scores (global top-k), not yet reported: an owner that scores a prompt on the
+  // device leaves that prompt to the host.
+  bool signal_reads_observation() const {
+    return coordinator_ && !reported_ && (entropy_signal_ || coverage_signal_ || global_signal_);
+  }
   bool eager() const { return eager_; }
 
  private:

@@ -12,6 +12,8 @@
 #include <atomic>
 #include <cfloat>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "cuda/attend.h"
 #include "cuda/attend_shared.cuh"
@@ -311,7 +313,6 @@ __global__ void __launch_bounds__(kThreads) attend_dense_kernel(QueryArgs a, Den
 // finds the largest split max itself), then the warps' sums meet in shared memory. The splits'
 // loads are independent and spread over 8 warps, so even at batch 1 (64 splits, 8 rows) the merge
 // takes a few memory latencies, not one per split.
-constexpr int kCombineWarps = 8;
 template <int D>
 __global__ void __launch_bounds__(32 * kCombineWarps) combine_kernel(QueryArgs a, Partials parts, int n_parts,
                                                                       float* out, float* final_ml) {
@@ -440,6 +441,25 @@ void launch_dense(const QueryArgs& q, const DenseRows& rows, const Partials& par
                             : dense_launch<DenseType::f16, 128>(q, rows, parts, part_base, splits, stream);
   throw InputError("cuda attend: no kernel for head_dim " + std::to_string(q.D) + " (64 or 128)");
 }
+
+namespace {
+std::atomic<int> g_fused_merge{-1};  // -1: not read from the environment yet
+}  // namespace
+
+bool fused_merge() {
+  int v = g_fused_merge.load(std::memory_order_relaxed);
+  if (v < 0) {
+    const char* env = std::getenv("KVSLIM_CUDA_FUSED_MERGE");
+    const std::string e = env == nullptr ? "" : env;
+    if (!e.empty() && e != "0" && e != "1") throw InputError("KVSLIM_CUDA_FUSED_MERGE: '" + e + "' is not 0 or 1");
+    int expected = -1;
+    g_fused_merge.compare_exchange_strong(expected, e == "1" ? 1 : 0);
+    v = g_fused_merge.load(std::memory_order_relaxed);
+  }
+  return v == 1;
+}
+
+void set_fused_merge(bool on) { g_fused_merge.store(on ? 1 : 0, std::memory_order_relaxed); }
 
 void launch_combine(const QueryArgs& q, const Partials& parts, int n_parts, float* out, float* final_ml,
                     cudaStream_t stream) {

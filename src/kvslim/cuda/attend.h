@@ -38,8 +38,22 @@ struct QueryArgs {
 struct Partials {
   float* acc = nullptr;  // [parts, tiles, B * Hkv, 8, D]
   float* ml = nullptr;   // [parts, tiles, B * Hkv, 8, 2]
-  int parts = 0;         // capacity
+  int parts = 0;         // the call's parts (every segment's splits)
+  // The merge inside the segments (fused_merge()): the last CTA of each (tile, b*h) to write its
+  // partial -- counted in arrivals, which it resets -- merges all `parts` of them into out and
+  // final_ml exactly as launch_combine would. Null arrivals: launch_combine merges.
+  unsigned* arrivals = nullptr;  // [tiles, B * Hkv], zero between calls
+  float* out = nullptr;          // [B, S, Hq, D]
+  float* final_ml = nullptr;     // [B * Hkv, S * G, 2] or null
 };
+
+// Whether a call's segments merge their own partials (Partials::arrivals) instead of launching
+// combine_kernel: one launch fewer per attention call, but measured slower (the last CTA of a head
+// merges alone: 8 us more at batch 1 x 32k, 2 us at 8 x 32k on an H100, docs/cuda.md). Off unless
+// KVSLIM_CUDA_FUSED_MERGE=1 (the benchmarks' A/B); set_fused_merge switches it for the calls that
+// follow (tests).
+bool fused_merge();
+void set_fused_merge(bool on);
 
 // kivi storage: n_units full units of 32 rows per (b, h), the kernels' unit of work. A quantization
 // group is group_units consecutive units (kivi_group_size = 32 * group_units rows) with one fp16
@@ -57,6 +71,11 @@ struct PackedRows {
                                            // (zipcache's salient sets); INT64_MAX marks an empty slot
   int n_units = 0;                         // a multiple of group_units
   int group_units = 1;
+  // Groups of varying length (zipcache's sets: a block's set ends in a shorter group): group_units
+  // 1 (parameters stored per unit, repeated in each unit of a group) and unit_starts [n_units] (the
+  // same for every head) nonzero where a group begins, so that the decode kernel reads a group's
+  // parameters and builds its q' once (attend_codes_half.cu). null: groups of group_units.
+  const std::uint8_t* unit_starts = nullptr;
   int k_bits = 0, v_bits = 0;
   int row_offset = 0;                      // cache row of the first row
 };

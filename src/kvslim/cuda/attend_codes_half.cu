@@ -18,9 +18,10 @@
 // Both products run in fp32 on exact codes; P and q' keep ~2^-22 of their largest element, the
 // int8 kernel's 2^-23 / 2^-22 -- the same tolerance against the CPU cache.
 //
-// A CTA of 4 warps takes a range of whole groups of one (b, h); each warp takes a contiguous quarter
-// of its units and streams them global -> shared (cp.async, kHalfStages stages; a group's parameters
-// with its first unit the warp loads, into the slot of the group's index modulo the stages). Lane
+// A CTA of 4 warps takes a range of units of one (b, h) (whole groups of group_units, or any units
+// where groups vary: PackedRows::unit_starts); each warp takes a contiguous quarter of its units and
+// streams them global -> shared (cp.async, kHalfStages stages; a group's parameters with its first
+// unit the warp loads, into the slot of the group's ordinal modulo the stages). Lane
 // (g, t) keeps vector t's online softmax and D/8 of its output channels (value_channel(i, g)). The
 // warps merge in shared memory and the CTA writes one partial (attend_shared.cuh); launch_combine
 // merges the splits.
@@ -173,8 +174,7 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
   const int w_begin = u_begin + n_split * warp / kWarps;
   const int n_mine = u_begin + n_split * (warp + 1) / kWarps - w_begin;
   // The next unit to load, as pointers advanced unit by unit; every lane copies 16-byte chunks
-  // lane, lane + 32, ... A group's parameters go into slot (group % kHalfStages) with its first unit
-  // the warp loads (the groups of the units in flight are consecutive: never the same slot).
+  // lane, lane + 32, ... A group's parameters come with its first unit the warp loads.
   const unsigned char* k_next = kc_head + static_cast<long long>(w_begin) * K_CODE_BYTES + 16 * lane;
   const unsigned char* v_next = vc_head + static_cast<long long>(w_begin) * Shape::V_CODE_BYTES + 16 * lane;
   const std::int64_t* pos_next = rows.pos + bh * rows.pos_head_stride + static_cast<long long>(w_begin) * kGroupRows + kGroupRows - 1;
@@ -184,9 +184,25 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
   const unsigned char* vp_next =
       reinterpret_cast<const unsigned char*>(vp_head + static_cast<long long>(first_group) * 2 * D) + 16 * lane;
   constexpr int K_CHUNKS = K_CODE_BYTES / 16, V_CHUNKS = Shape::V_CODE_BYTES / 16, P_CHUNKS = PARAM_BYTES / 16;
-  // (group, unit within it) of the next unit to load and of the unit read.
-  int igroup = first_group, iwi = w_begin - first_group * GU;
-  int group = igroup, wi = iwi;
+  // Where groups begin: every GU-th unit (iwi, the next unit's place in its group), or where
+  // rows.unit_starts says (GU 1: parameters stored per unit, read at a group's first unit only; the
+  // flags of 32 units at a time, one byte a lane, kept as a ballot).
+  const std::uint8_t* starts = rows.unit_starts;
+  int iwi = w_begin - first_group * GU;
+  unsigned starts_bits = 0;
+  int starts_base = -64;
+  const auto starts_group = [&](int u) {
+    if (u >= starts_base + 32) {
+      starts_base = u;
+      starts_bits = __ballot_sync(0xffffffffu, u + lane < rows.n_units && starts[u + lane] != 0);
+    }
+    return ((starts_bits >> (u - starts_base)) & 1u) != 0;
+  };
+  // Each stage's unit: whether it begins a group (bit = stage). A group's parameters go to slot
+  // (its ordinal from the warp's first group) % kHalfStages: the groups of the units in flight are
+  // consecutive, so they never share a slot.
+  unsigned stage_begins = 0;
+  int u_load = w_begin, load_group = -1, read_group = -1;
   auto issue = [&](bool first, int stage) {
     unsigned char* dst = my + stage * STAGE + 16 * lane;
 #pragma unroll
@@ -197,8 +213,9 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
     for (int i = 0; i < V_CHUNKS; i += 32) {
       if (V_CHUNKS % 32 == 0 || i + lane < V_CHUNKS) cp_async16(dst + K_CODE_BYTES + 16 * i, v_next + 16 * i);
     }
-    if (first || iwi == 0) {
-      unsigned char* pdst = pslots + (igroup % kHalfStages) * PSLOT + 16 * lane;
+    const bool begins = starts != nullptr ? starts_group(u_load) : iwi == 0;
+    if (first || begins) {
+      unsigned char* pdst = pslots + (++load_group % kHalfStages) * PSLOT + 16 * lane;
 #pragma unroll
       for (int i = 0; i < P_CHUNKS; i += 32) {
         if (P_CHUNKS % 32 == 0 || i + lane < P_CHUNKS) {
@@ -206,17 +223,18 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
           cp_async16(pdst + PARAM_BYTES + 16 * i, vp_next + 16 * i);
         }
       }
+    }
+    if (first || iwi == 0) {  // the next group's parameters (the next unit's, stored per unit)
       kp_next += PARAM_BYTES;
       vp_next += PARAM_BYTES;
     }
+    stage_begins = (stage_begins & ~(1u << stage)) | (static_cast<unsigned>(begins) << stage);
     cp_async8_if(lane == 0, my + stage * STAGE + Shape::POS_OFFSET, pos_next);
     k_next += K_CODE_BYTES;
     v_next += Shape::V_CODE_BYTES;
     pos_next += kGroupRows;
-    if (++iwi == GU) {
-      iwi = 0;
-      ++igroup;
-    }
+    ++u_load;
+    if (++iwi == GU) iwi = 0;
   };
 
   static_assert(kHalfStages >= 2, "a unit loads while another is read");
@@ -228,9 +246,11 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
   std::uint32_t bq[NR];  // the current group's q' part for column g, key register r's two channels
   float qscale = 0.f, bias = 0.f;
   for (int k = 0; k < n_mine; ++k) {
-    const bool first_of_group = k == 0 || wi == 0;
-    const bool last_of_group = wi + 1 == GU || k + 1 == n_mine;
     if (k + kHalfStages - 1 < n_mine) issue(false, (k + kHalfStages - 1) % kHalfStages);
+    // (Unit k + 1 is in flight already: kHalfStages >= 2.)
+    const bool first_of_group = k == 0 || ((stage_begins >> (k % kHalfStages)) & 1u);
+    const bool last_of_group = k + 1 == n_mine || ((stage_begins >> ((k + 1) % kHalfStages)) & 1u);
+    if (first_of_group) ++read_group;
     cp_async_commit();
     cp_async_wait<kHalfStages - 1>();
     __syncwarp();
@@ -239,7 +259,7 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
     const unsigned char* buf = my + (k % kHalfStages) * STAGE;
     const unsigned char* kc = buf;
     const unsigned char* vc = buf + K_CODE_BYTES;
-    const unsigned char* pslot = pslots + (group % kHalfStages) * PSLOT;
+    const unsigned char* pslot = pslots + (read_group % kHalfStages) * PSLOT;
     const __half* kp = reinterpret_cast<const __half*>(pslot);
     const __half* vp = reinterpret_cast<const __half*>(pslot + PARAM_BYTES);
 
@@ -425,10 +445,6 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
       psum_g = 0.f;
     }
     __syncwarp();  // pbuf and this stage are written again next
-    if (++wi == GU) {
-      wi = 0;
-      ++group;
-    }
   }
   cp_async_wait<0>();
 
@@ -493,7 +509,7 @@ void with_half_kernel(const QueryArgs& q, const PackedRows& rows, F&& f) {
 // kernel's int8 operands cost less (kivi2 / kivi4 at 32-row groups, batch 8 x 32k: 103.6 / 116.8 us
 // on the int8 kernel against 116.2 / 131.6 us here; device_s39/r3_compare.txt).
 bool half_codes_take(const QueryArgs& q, const PackedRows& rows) {
-  return static_cast<long long>(q.S) * q.G <= kDecodeVectors && rows.group_units >= 2;
+  return static_cast<long long>(q.S) * q.G <= kDecodeVectors && (rows.group_units >= 2 || rows.unit_starts != nullptr);
 }
 
 int half_codes_resident(const QueryArgs& q, const PackedRows& rows) {

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "cuda/attend.h"
+#include "cuda/cuda_common.cuh"
 #include "cuda/kernel_launch.h"
 
 namespace kvslim::cuda::attend_detail {
@@ -17,11 +18,85 @@ namespace kvslim::cuda::attend_detail {
 constexpr int kWarps = 4;  // a CTA: 4 warps, each streaming its own units of rows
 constexpr int kThreads = 32 * kWarps;
 
+// combine_kernel's warps (attend.cu): warp w merges splits w, w + 8, ..., then the warps' sums
+// meet in order. The fused merge (merge_parts) sums in that same order, so both give the same bits.
+constexpr int kCombineWarps = 8;
+
+// The fused merge (Partials::arrivals): the CTA that writes the last partial of (tile, bh) merges
+// all of them into out / final_ml, each output as combine_kernel computes it (its max over the
+// parts, then per combine warp w the parts w, w + 8, ... accumulated in order by fmaf, the warps'
+// sums added in order), so the fused and the launched merge agree to the bit. The partials of the
+// other CTAs (of this kernel or of another segment of the call) are read past L1. scratch: shared
+// memory of at least kTileRows floats.
+template <int D>
+__device__ void merge_parts(const QueryArgs& a, int tile, int bh, int rows, const Partials& parts, float* scratch) {
+  constexpr int CPL = D / 32;  // channels per item (combine_kernel's lane)
+  static_assert(CPL == 2 || CPL == 4, "head_dim 64 or 128");
+  const long long tiles = a.tiles(), BH = static_cast<long long>(a.B) * a.Hkv;
+  const int P = parts.parts;
+  const auto slot = [&](int p, int row) {
+    return ((static_cast<long long>(p) * tiles + tile) * BH + bh) * kTileRows + row;
+  };
+  float* row_max = scratch;  // [kTileRows]
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int row = warp; row < rows; row += kWarps) {
+    float M = -INFINITY;
+    for (int p = lane; p < P; p += 32) M = fmaxf(M, __ldcg(parts.ml + slot(p, row) * 2));
+    M = max_over(M, 1, 32);
+    if (lane == 0) row_max[row] = M;
+  }
+  __syncthreads();
+  const long long b = bh / a.Hkv, h = bh % a.Hkv;
+  for (int item = threadIdx.x; item < rows * 32; item += kThreads) {
+    const int row = item / 32, c0 = (item % 32) * CPL;
+    const float M = row_max[row];
+    float A[CPL], L = 0.f;
+#pragma unroll
+    for (int i = 0; i < CPL; ++i) A[i] = 0.f;
+    if (M != -INFINITY) {
+      for (int w = 0; w < kCombineWarps; ++w) {
+        float acc[CPL], l = 0.f;
+#pragma unroll
+        for (int i = 0; i < CPL; ++i) acc[i] = 0.f;
+#pragma unroll 4
+        for (int p = w; p < P; p += kCombineWarps) {
+          const float mp = __ldcg(parts.ml + slot(p, row) * 2), lp = __ldcg(parts.ml + slot(p, row) * 2 + 1);
+          const float f = mp == -INFINITY ? 0.f : exp2f(mp - M);
+          l = fmaf(f, lp, l);
+          const float* src = parts.acc + slot(p, row) * D + c0;
+          if constexpr (CPL == 4) {
+            const float4 v = __ldcg(reinterpret_cast<const float4*>(src));
+            acc[0] = fmaf(f, v.x, acc[0]), acc[1] = fmaf(f, v.y, acc[1]);
+            acc[2] = fmaf(f, v.z, acc[2]), acc[3] = fmaf(f, v.w, acc[3]);
+          } else {
+            const float2 v = __ldcg(reinterpret_cast<const float2*>(src));
+            acc[0] = fmaf(f, v.x, acc[0]), acc[1] = fmaf(f, v.y, acc[1]);
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < CPL; ++i) A[i] += acc[i];
+        L += l;
+      }
+    }
+    const long long m = static_cast<long long>(tile) * kTileRows + row;
+    const long long s = m / a.G, j = m % a.G;
+    float* dst = parts.out + ((b * a.S + s) * a.Hq + h * a.G + j) * D + c0;
+#pragma unroll
+    for (int i = 0; i < CPL; ++i) dst[i] = L > 0.f ? A[i] / L : 0.f;
+    if (c0 == 0 && parts.final_ml != nullptr) {
+      parts.final_ml[(bh * a.S * a.G + m) * 2] = M;
+      parts.final_ml[(bh * a.S * a.G + m) * 2 + 1] = L;
+    }
+  }
+}
+
 // red = [kWarps][kTileRows][D] unnormalised accumulators, then [kWarps][kTileRows][2] (max, sum),
 // filled by the kernel's warps -> one partial (the warps' online-softmax states merged). Only the
-// tile's rows that exist (query vectors < S * G) are read and written.
+// tile's rows that exist (query vectors < S * G) are read and written. With the fused merge
+// (parts.arrivals), the CTA then arrives at its (tile, bh) counter, and the last to arrive merges
+// every part (merge_parts, red as its scratch).
 template <int D>
-__device__ void merge_warps(const QueryArgs& a, int tile, int bh, const float* red, const Partials& parts, int part) {
+__device__ void merge_warps(const QueryArgs& a, int tile, int bh, float* red, const Partials& parts, int part) {
   const float* red_acc = red;
   const float* red_ml = red + kWarps * kTileRows * D;
   const long long tiles = a.tiles(), BH = static_cast<long long>(a.B) * a.Hkv;
@@ -49,6 +124,22 @@ __device__ void merge_warps(const QueryArgs& a, int tile, int bh, const float* r
       parts.ml[(base + row) * 2 + 1] = L;
     }
   }
+  if (parts.arrivals == nullptr) return;
+  // The fused merge: this CTA's partial is visible before it arrives; the last arrival reads them all.
+  __threadfence();
+  __syncthreads();  // (every thread's stores fenced; red is read no more)
+  int* last = reinterpret_cast<int*>(red);
+  if (threadIdx.x == 0) {
+    unsigned* counter = parts.arrivals + static_cast<long long>(tile) * BH + bh;
+    const bool is_last = atomicAdd(counter, 1u) + 1u == static_cast<unsigned>(parts.parts);
+    if (is_last) *counter = 0u;  // the next call (a replay) counts from zero
+    *last = is_last ? 1 : 0;
+  }
+  __syncthreads();
+  if (*last == 0) return;
+  __threadfence();
+  __syncthreads();  // (every thread read the flag before merge_parts reuses red)
+  merge_parts<D>(a, tile, bh, rows, parts, red);
 }
 
 // 2^x by the SFU alone (ex2.approx.ftz: exp2f's own instruction without its denormal handling):

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "cache/block_intake.h"
@@ -24,6 +25,15 @@ void reject(std::string_view method, const std::string& what) {
 namespace {
 
 std::size_t round_up(std::size_t x, std::size_t m) { return (x + m - 1) / m * m; }
+
+// Sets a flag for the scope (graph_arm's re-arming; attend_and_observe's unread probabilities).
+struct ScopedFlag {
+  bool& flag;
+  explicit ScopedFlag(bool& f) : flag(f) { flag = true; }
+  ~ScopedFlag() { flag = false; }
+  ScopedFlag(const ScopedFlag&) = delete;
+  ScopedFlag& operator=(const ScopedFlag&) = delete;
+};
 
 }  // namespace
 
@@ -228,15 +238,31 @@ void DeviceCache::attend(const QueryBlock& queries, std::span<const std::int64_t
     LaunchScope scope(step_->slots, LaunchSlots::Mode::capture);
     // A cache whose captured step must observe (graph_captured refuses one that does not) leaves
     // the probabilities to the observation's kernel.
-    attend_checked(q, out, probs, stream, probs_by_observation(probs, q.S));
+    attend_checked(q, out, probs, stream, probs_by(probs, q.S, true, probs_unread_));
     step_->queries = queries;
     step_->out = out;
     step_->probs = probs;
+    step_->probs_unread = probs_unread_;
     step_->probs_rows = orders_probs() ? static_cast<long long>(rows()) : q.rows_total;
     step_->attended = true;
     return;
   }
-  attend_checked(q, out, probs, stream);
+  attend_checked(q, out, probs, stream, probs_by(probs, q.S, false, probs_unread_));
+}
+
+void DeviceCache::attend_and_observe(const QueryBlock& queries, std::span<const std::int64_t> query_positions,
+                                     float* out, float* probs, std::size_t kv_heads, const ParallelFor* parallel) {
+  // KVCache's sequence, with attend told that only the observation reads its probabilities.
+  // KVSLIM_CUDA_UNREAD_PROBS=0 writes them as attend + observe_attention would (the benchmarks' A/B).
+  static const bool unread_allowed = [] {
+    const char* v = std::getenv("KVSLIM_CUDA_UNREAD_PROBS");
+    if (v == nullptr || *v == '\0' || std::string(v) == "1") return true;
+    if (std::string(v) == "0") return false;
+    throw InputError(std::string("KVSLIM_CUDA_UNREAD_PROBS: '") + v + "' is not 0 or 1");
+  }();
+  bool ignored = false;  // the A/B sets this flag instead, which nothing reads
+  const ScopedFlag unread(unread_allowed ? probs_unread_ : ignored);
+  KVCache::attend_and_observe(queries, query_positions, out, probs, kv_heads, parallel);
 }
 
 QueryArgs DeviceCache::query_args(const QueryBlock& queries, std::span<const std::int64_t> query_positions) const {
@@ -263,7 +289,7 @@ QueryArgs DeviceCache::query_args(const QueryBlock& queries, std::span<const std
 }
 
 void DeviceCache::attend_checked(const QueryArgs& q_in, float* out, float* probs, cudaStream_t stream,
-                                 bool probs_by_observation) const {
+                                 ProbsBy probs_by) const {
   QueryArgs q = q_in;
   deferred_probs_ = DeferredProbs{};
   spanned_probs_ = SpannedProbs{};
@@ -290,10 +316,23 @@ void DeviceCache::attend_checked(const QueryArgs& q_in, float* out, float* probs
   parts.acc = parts_acc_.as<float>();
   parts.ml = parts_ml_.as<float>();
   parts.parts = n_parts;
+  // The segments merge their own partials (fused_merge: one launch fewer). A call without parts (no
+  // rows) has no CTA to merge: combine_kernel writes its zeros.
+  const bool fused = n_parts > 0 && fused_merge();
+  if (fused) {
+    const std::size_t counters = static_cast<std::size_t>(q.tiles()) * BH * sizeof(unsigned);
+    if (capture && merge_arrivals_.bytes() < counters) {
+      reject(method_, "attend: the captured step needs more merge counters than graph_begin reserved (StepGraph)");
+    }
+    merge_arrivals_.reserve(counters, stream);  // zero-filled when new, on the stream the kernels run on
+    parts.arrivals = merge_arrivals_.as<unsigned>();
+    parts.out = out;
+    parts.final_ml = probs ? final_ml_.as<float>() : nullptr;
+  }
   launch_segments(q, parts, false, stream);
-  launch_combine(q, parts, n_parts, out, probs ? final_ml_.as<float>() : nullptr, stream);
-  if (probs && probs_by_observation) {
-    deferred_probs_ = DeferredProbs{probs, q, final_ml_.as<float>()};
+  if (!fused) launch_combine(q, parts, n_parts, out, probs ? final_ml_.as<float>() : nullptr, stream);
+  if (probs && probs_by != ProbsBy::attend) {
+    deferred_probs_ = DeferredProbs{probs, probs_by == ProbsBy::observation, q, final_ml_.as<float>()};
   } else if (probs && (q.rows_total != static_cast<long long>(rows()) || orders_probs())) {
     // Probabilities over the rows the kernels span, then in row order.
     const std::size_t spanned_bytes = BH * static_cast<std::size_t>(q.S) * static_cast<std::size_t>(q.rows_total) * sizeof(float);
@@ -369,6 +408,7 @@ void DeviceCache::graph_begin(int query_heads, int query_tokens) {
       static_cast<std::size_t>(std::max(parts_at_capacity(q), 1)) * q.tiles() * BH * kTileRows;
   parts_acc_.reserve(slots * dim_ * sizeof(float));
   parts_ml_.reserve(slots * 2 * sizeof(float));
+  merge_arrivals_.reserve(static_cast<std::size_t>(q.tiles()) * BH * sizeof(unsigned), stream_);
   reserve_step_workspace(q.S, q.G);
   step_->capturing = true;
 }
@@ -412,11 +452,7 @@ void DeviceCache::graph_arm(cudaGraphExec_t exec, cudaStream_t stream) {
   graph_between_steps(stream);  // on the stream, ahead of this step's replay
   reserve_step_workspace(S, static_cast<int>(step_->queries.heads / heads_));
   LaunchScope scope(step_->slots, LaunchSlots::Mode::update, exec);
-  struct Arming {
-    bool& flag;
-    explicit Arming(bool& f) : flag(f) { flag = true; }
-    ~Arming() { flag = false; }
-  } arming(arming_);
+  const ScopedFlag arming(arming_);
   absorb_step(in, positions, stream);
   QueryBlock queries = step_->queries;
   queries.stream = stream;
@@ -426,7 +462,7 @@ void DeviceCache::graph_arm(cudaGraphExec_t exec, cudaStream_t stream) {
     reject(method_, "StepGraph: the step attends over " + std::to_string(probs_rows) + " rows, the captured one over " +
                         std::to_string(step_->probs_rows) + " (its probabilities' shape); capture again");
   }
-  attend_checked(q, step_->out, step_->probs, stream, probs_by_observation(step_->probs, q.S));
+  attend_checked(q, step_->out, step_->probs, stream, probs_by(step_->probs, q.S, true, step_->probs_unread));
   if (step_->observed) {
     AttentionObservation obs = step_->observation;
     obs.query_positions = positions;
@@ -483,8 +519,8 @@ CacheStats DeviceCache::stats() const {
   st.tokens_kept = N;
   const std::size_t dev = device_bytes();
   st.resident_bytes = dev + host_bytes();
-  st.view_bytes = parts_acc_.bytes() + parts_ml_.bytes() + final_ml_.bytes() + logits_.bytes() + qpos_.bytes() +
-                  probs_spanned_.bytes() +
+  st.view_bytes = parts_acc_.bytes() + parts_ml_.bytes() + merge_arrivals_.bytes() + final_ml_.bytes() + logits_.bytes() +
+                  qpos_.bytes() + probs_spanned_.bytes() +
                   (view_keys_.capacity() + view_values_.capacity()) * sizeof(std::uint16_t);
   st.kept_fp16_bytes = 2 * BH * N * dim_ * 2;
   st.seen_fp16_bytes = static_cast<std::size_t>(tokens_seen_) * BH * dim_ * 2 * 2;
@@ -863,7 +899,8 @@ namespace {
 // kivi codes (validate() applied the device rules to the kivi fields).
 std::unique_ptr<DeviceRowStore> device_store(const KVCacheConfig& c) {
   if (c.storage == "kivi") {
-    const bool normalized = make_eviction_policy(c, c.*method_info(c.method).n_sink).scoring == Scoring::attention_normalized;
+    const bool normalized = c.method != "streaming" &&
+                            make_eviction_policy(c, c.*method_info(c.method).n_sink).scoring == Scoring::attention_normalized;
     return std::make_unique<DevicePackedRows>(c.kivi_keys_at(), c.kivi_values_at(), c.kivi_group_size, c.kivi_staging,
                                               normalized);
   }
@@ -881,13 +918,13 @@ std::unique_ptr<KVCache> make_cache(const KVCacheConfig& c, int layer_budget, st
                       " CUDA device(s)");
   }
   // validate() has checked that the registry marks the method `cuda` (config.cc): full (dense),
-  // streaming, h2o, squeeze and pyramidkv (the eviction core over device slots), zipcache and kivi
-  // (the quantizers' device storages).
+  // streaming, h2o, squeeze and pyramidkv (the eviction core over device slots or kivi codes),
+  // zipcache and kivi (the quantizers' device storages).
   const MethodInfo& info = method_info(c.method);
   if (info.kind == MethodKind::dense) return std::make_unique<DeviceDenseCache>(device);
   if (c.method == "streaming") {
     return std::make_unique<DeviceEvictionCache>(c.method, make_streaming_policy(c), static_cast<std::size_t>(c.streaming_budget),
-                                                 device);
+                                                 device, nullptr, device_store(c));
   }
   if (info.kind == MethodKind::eviction && info.cuda) {
     const EvictionPolicy policy = make_eviction_policy(c, c.*info.n_sink);

@@ -27,6 +27,11 @@ class DeviceCache : public KVCache {
   void append(const KVBlock& keys, const KVBlock& values, std::span<const std::int64_t> positions = {}) final;
   void attend(const QueryBlock& queries, std::span<const std::int64_t> query_positions, float* out,
               float* probs = nullptr, const ParallelFor* parallel = nullptr) const final;
+  // KVCache's attend + observe_attention, except that a one-query step of a cache that observes
+  // every step (an eviction cache's decode step, eager or replayed) leaves its probabilities to
+  // the observation, which scores each row from the attention's logits and writes none of them.
+  void attend_and_observe(const QueryBlock& queries, std::span<const std::int64_t> query_positions, float* out,
+                          float* probs, std::size_t kv_heads, const ParallelFor* parallel = nullptr) final;
   std::size_t rows() const override { return positions_.size(); }
   CacheView materialize() const final;
   CacheStats stats() const final;
@@ -82,6 +87,9 @@ class DeviceCache : public KVCache {
   // fewer per layer and step. What that kernel needs, taken once (null probs: nothing deferred).
   struct DeferredProbs {
     float* probs = nullptr;          // [B * Hkv, rows_total] (one query token); null: nothing deferred
+    // false: nobody reads them (attend_and_observe): the observation computes each row's weight
+    // and uses it, and writes nothing to probs (unless it runs on the host: fill_probs).
+    bool written = true;
     QueryArgs query;                 // the step: logits [B * Hkv, G, rows_total], G, rows_total
     const float* final_ml = nullptr;  // [B * Hkv, G, 2]
   };
@@ -133,6 +141,7 @@ class DeviceCache : public KVCache {
     QueryBlock queries;      // data, shape, scale
     float* out = nullptr;
     float* probs = nullptr;  // [B, Hkv, S, probs_rows] when the step observes its attention
+    bool probs_unread = false;  // captured by attend_and_observe: probs are never written (DeferredProbs)
     long long probs_rows = 0;  // rows_total, or rows() when the cache orders its probabilities
     AttentionObservation observation;  // query_positions set per step
     LaunchSlots slots;
@@ -155,16 +164,21 @@ class DeviceCache : public KVCache {
   // append / attend after their checks (shared by eager calls and a replayed step's re-arming).
   void absorb_step(const AppendInput& in, const std::vector<std::int64_t>& resolved, cudaStream_t stream);
   QueryArgs query_args(const QueryBlock& queries, std::span<const std::int64_t> query_positions) const;
-  // probs_by_observation: the step's observation computes probs (DeferredProbs), attend does not.
-  // True for a captured or re-armed one-token step of a cache that observes every step.
-  bool probs_by_observation(const float* probs, int query_tokens) const {
-    return probs != nullptr && graph_observes() && query_tokens == 1;
+  // Who produces the probabilities attend was asked for: attend's own kernels, or the step's
+  // observation from the attention's logits (DeferredProbs), writing them or (unread: the caller
+  // is attend_and_observe) not. The observation takes them for a one-token step of a cache that
+  // observes every step, when the step is captured or re-armed (its caller reads probs only
+  // through the observation) or when they are unread.
+  enum class ProbsBy { attend, observation, observation_unwritten };
+  ProbsBy probs_by(const float* probs, int query_tokens, bool graph_step, bool unread) const {
+    if (probs == nullptr || !graph_observes() || query_tokens != 1 || !(graph_step || unread)) return ProbsBy::attend;
+    return unread ? ProbsBy::observation_unwritten : ProbsBy::observation;
   }
   // The replayed step's logits workspace (and its (max, sum)) at attention_rows_capacity() (a
   // capture cannot allocate it; a re-armed step would re-allocate it as the rows grow).
   void reserve_step_workspace(int query_tokens, int query_groups);
   void attend_checked(const QueryArgs& q, float* out, float* probs, cudaStream_t stream,
-                      bool probs_by_observation = false) const;
+                      ProbsBy probs_by = ProbsBy::attend) const;
 
 
   std::string method_;
@@ -183,9 +197,11 @@ class DeviceCache : public KVCache {
   mutable std::string poison_message_;
   // Attention workspace (grown on demand).
   mutable DeviceBuffer parts_acc_, parts_ml_, final_ml_, logits_, qpos_;
+  mutable DeviceBuffer merge_arrivals_;  // [tiles, B*Hkv] counters of the fused merge (Partials::arrivals)
   mutable DeviceBuffer probs_spanned_;  // [B*Hkv, S, attention_rows()] when that is not rows()
   mutable SpannedProbs spanned_probs_;
   mutable DeferredProbs deferred_probs_;
+  bool probs_unread_ = false;  // inside attend_and_observe: attend's probs are read by its observation only
   bool arming_ = false;  // graph_arm runs the step's host logic
   // materialize() scratch.
   mutable std::vector<std::uint16_t> view_keys_, view_values_;

@@ -166,8 +166,9 @@ __global__ void fill_holes_kernel(const int* holes, const int* movers, const int
 struct DecodeObservation {
   const float* probs = nullptr;  // [heads, probs_stride]: the query's attention per row
   long long probs_stride = 0;
-  // A replayed step (DeviceCache::DeferredProbs): probs are not read but computed from logits and
-  // final_ml, and written here ([heads, probs_stride]); null otherwise.
+  // A deferred step's (DeviceCache::DeferredProbs: replayed, or attend_and_observe's): probs are
+  // not read but computed from logits and final_ml (non-null logits), and written to probs_out
+  // ([heads, probs_stride]) unless it is null (nobody reads them).
   float* probs_out = nullptr;
   const float* logits = nullptr;    // [heads, G, probs_stride]
   const float* final_ml = nullptr;  // [heads, G, 2]
@@ -200,9 +201,9 @@ __global__ void __launch_bounds__(kObserveThreads)
     float s = fresh ? 0.f : o.scores[base + i];
     if (o.decay != 1.f) s = __fmul_rn(s, o.decay);
     float pi;
-    if (o.probs_out != nullptr) {
+    if (o.logits != nullptr) {
       pi = summed_probability(o.logits, o.final_ml, static_cast<long long>(head) * o.G, o.G, o.probs_stride, i);
-      o.probs_out[probs_base + i] = pi;
+      if (o.probs_out != nullptr) o.probs_out[probs_base + i] = pi;
     } else {
       pi = o.probs[probs_base + i];
     }
@@ -663,11 +664,12 @@ void DeviceEvictionCache::observe_attention(const AttentionObservation& obs) {
                        "] (the rows after the last append), or its query positions do not match its queries");
     }
     check_device_pointer(method(), obs.probs, device(), "probs");
-    if (observe_on_device(obs)) {
+    if (observe_on_device(obs) || prompt_on_device(obs, who)) {
+      // squeeze: the step's pending report (the key dispersion measured at the append), and the
+      // budget to adopt if it finalised the schedule.
       if (squeeze_) adopt(squeeze_->after_step(core_), stream);
       return;
     }
-    if (prompt_on_device(obs, who)) return;
     KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream));
     host_times_.wait_ms += clock.lap();
     const std::size_t rows = obs.batch * obs.heads * obs.queries, floats = rows * obs.tokens;
@@ -725,9 +727,11 @@ std::shared_ptr<DeviceImportanceBoard> DeviceEvictionCache::device_board() const
 bool DeviceEvictionCache::prompt_on_device(const AttentionObservation& obs, const std::string& who) {
   const EvictionPolicy& policy = core_.policy();
   const std::size_t n = core_.rows();
-  // A first prompt of an attention-scored policy without a signal of its own (squeeze's reads the
-  // rows on the host), a prior or row weights, whose rows the store holds in position order.
-  if (obs.queries < 2 || squeeze_ || !prompt_from_empty_ || !scores_by_attention(policy.scoring) ||
+  // A first prompt of an attention-scored policy (squeeze's too, unless its layer signal still reads
+  // the probabilities or the scores on the host), without a prior or row weights, whose rows the
+  // store holds in position order.
+  if (obs.queries < 2 || (squeeze_ && squeeze_->signal_reads_observation()) || !prompt_from_empty_ ||
+      !scores_by_attention(policy.scoring) ||
       !core_.owner_may_score_prompt() || n == 0 || n > static_cast<std::size_t>(std::numeric_limits<int>::max()) ||
       obs.queries > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
     return false;
@@ -826,7 +830,7 @@ bool DeviceEvictionCache::observe_on_device(const AttentionObservation& obs) {
   o.probs = obs.probs;
   o.probs_stride = static_cast<long long>(obs.stride);
   if (computes_probs) {
-    o.probs_out = deferred.probs;
+    o.probs_out = deferred.written ? deferred.probs : nullptr;
     o.logits = deferred.query.logits;
     o.final_ml = deferred.final_ml;
     o.G = deferred.query.G;
@@ -876,10 +880,10 @@ bool DeviceEvictionCache::observe_codes_on_device(const AttentionObservation& ob
   const auto stream = static_cast<cudaStream_t>(obs.stream);
   DevicePackedRows::DecodeStep step;
   // This cache's own attend left its probabilities over the rows it spanned too: read those (or,
-  // in a replayed step, compute them from its logits and write them in slot order).
+  // deferred, compute them from its logits and write them in slot order unless nobody reads them).
   const SpannedProbs spanned = last_spanned_probs();
   if (deferred != nullptr) {
-    step.probs_out = deferred->probs;
+    step.probs_out = deferred->written ? deferred->probs : nullptr;
     step.logits = deferred->query.logits;
     step.final_ml = deferred->final_ml;
     step.G = deferred->query.G;
@@ -921,6 +925,12 @@ void DeviceEvictionCache::graph_reserve_step() {
 }
 
 void DeviceEvictionCache::graph_check_capturable() const {
+  if (slots_ == nullptr && !scores_by_attention(core_.policy().scoring)) {
+    // Its victims are erased from the host's block lists as rows arrive (a group closed up, the
+    // window compressed every `staging` rows): jobs copied from the host every step.
+    throw InputError(std::string(method()) + " cache (cuda): StepGraph: streaming over kivi codes decides each step's "
+                     "erasure on the host; decode it eagerly (fp16 slots replay as a graph)");
+  }
   if (squeeze_ && !squeeze_->adopted()) {
     throw InputError(std::string(method()) + " cache (cuda): StepGraph: capture a decode step once squeeze's schedule "
                      "is final and adopted (after the prompt of every layer and one decode step)");

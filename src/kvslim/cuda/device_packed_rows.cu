@@ -221,9 +221,10 @@ __global__ void close_window_kernel(const int* map, int n, WindowRows w, int D) 
 struct PackedObservation {
   const float* probs = nullptr;  // [H, probs_stride]: attention per spanned row (null: computed, below)
   long long probs_stride = 0;
-  // A replayed step (DeviceCache::DeferredProbs): each spanned row's probability computed from the
-  // attention's logits [H, G, probs_stride] and (max, sum) [H, G, 2] as attend's probs kernel would
-  // (row_probability.cuh: the same bits), and written in slot order to probs_out [H, out_stride].
+  // A deferred step (DeviceCache::DeferredProbs; non-null logits): each spanned row's probability
+  // computed from the attention's logits [H, G, probs_stride] and (max, sum) [H, G, 2] as attend's
+  // probs kernel would (row_probability.cuh: the same bits), and written in slot order to
+  // probs_out [H, out_stride] unless it is null (attend_and_observe: nobody reads them).
   float* probs_out = nullptr;
   const float* logits = nullptr;
   const float* final_ml = nullptr;
@@ -312,8 +313,9 @@ __global__ void __launch_bounds__(kObserveThreads, 3)
   const std::int64_t* wpos_of_head = o.w.pos + head * o.w.capacity;
   // Writing probabilities in slot order: a row's slot is the live rows before it, counted for this
   // part's first row here (each thread's share in `before`), then chunk by chunk (every thread runs
-  // the same chunks). The first chunk's prefix sum also sums `before`: one scan, not two.
-  const bool writes = o.probs_out != nullptr;
+  // the same chunks). The first chunk's prefix sum also sums `before`: one scan, not two. Unwritten
+  // (nobody reads them), there is no count and no scan.
+  const bool from_logits = o.logits != nullptr, writes = o.probs_out != nullptr;
   int before = 0;
   if (writes) {
     const int whole = static_cast<int>(min(static_cast<long long>(o.regions), first / G));
@@ -362,7 +364,7 @@ __global__ void __launch_bounds__(kObserveThreads, 3)
       p[j] = pos[at[j]];
       if (!fresh) old_score[j] = score[at[j]];
       if (expo != nullptr && !fresh) old_expo[j] = expo[at[j]];
-      prob[j] = writes ? summed_probability(o.logits, o.final_ml, static_cast<long long>(head) * o.G, o.G, o.probs_stride, i)
+      prob[j] = from_logits ? summed_probability(o.logits, o.final_ml, static_cast<long long>(head) * o.G, o.G, o.probs_stride, i)
                        : o.probs[head * o.probs_stride + i];
     }
 #pragma unroll
@@ -1060,7 +1062,7 @@ void DevicePackedRows::observe_decode(const DecodeStep& step, void* part_best, u
   const long long span = static_cast<long long>(R) * G + window_rows_;
   const float* probs = step.probs;
   long long stride = step.probs_stride;
-  if (step.probs_out != nullptr) {
+  if (step.logits != nullptr) {
     probs = nullptr;
     stride = span;  // the logits' rows
   } else if (step.slot_order && span != static_cast<long long>(step.rows)) {

@@ -103,9 +103,9 @@ class DevicePackedRows final : public DeviceRowStore {
     const float* probs = nullptr;
     long long probs_stride = 0;
     bool slot_order = false;
-    // A replayed step's probabilities, computed by the observation from attend's logits
-    // [H, G, attention_rows()] and (max, sum) [H, G, 2] and written in slot order to probs_out
-    // [H, out_stride] (probs unused).
+    // A deferred step's probabilities (non-null logits; probs unused), computed by the observation
+    // from attend's logits [H, G, attention_rows()] and (max, sum) [H, G, 2] and written in slot
+    // order to probs_out [H, out_stride] unless it is null (nobody reads them: no slot-order scan).
     float* probs_out = nullptr;
     const float* logits = nullptr;
     const float* final_ml = nullptr;

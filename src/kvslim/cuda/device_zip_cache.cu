@@ -68,12 +68,13 @@ void DeviceZipCache::grow_set(SetStore& s, std::size_t units, cudaStream_t strea
   const std::size_t cap = std::max(units, s.unit_capacity + std::max(s.unit_capacity / 8, std::size_t{8}));
   const std::size_t BH = batch_ * heads_, D = dim_;
   const std::size_t KRB = D * static_cast<std::size_t>(s.k_bits) / 8, VRB = D * static_cast<std::size_t>(s.v_bits) / 8;
-  DeviceBuffer kc, vc, kp, vp, pos;
+  DeviceBuffer kc, vc, kp, vp, pos, starts;
   kc.reserve(BH * cap * 32 * KRB);
   vc.reserve(BH * cap * 32 * VRB);
   kp.reserve(BH * cap * 2 * D * 2);
   vp.reserve(BH * cap * 2 * D * 2);
   pos.reserve(BH * cap * 32 * sizeof(std::int64_t));
+  starts.reserve(cap);
   if (s.units > 0) {
     const std::size_t u = static_cast<std::size_t>(s.units), old = s.unit_capacity;
     const auto copy = [&](DeviceBuffer& dst, const DeviceBuffer& src, std::size_t per_unit) {
@@ -85,6 +86,7 @@ void DeviceZipCache::grow_set(SetStore& s, std::size_t units, cudaStream_t strea
     copy(kp, s.k_params, 2 * D * 2);
     copy(vp, s.v_params, 2 * D * 2);
     copy(pos, s.pos, 32 * sizeof(std::int64_t));
+    KVSLIM_CUDA_CHECK(cudaMemcpyAsync(starts.get(), s.unit_starts.get(), u, cudaMemcpyDeviceToDevice, stream));
     KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream));
   }
   s.k_codes = std::move(kc);
@@ -92,6 +94,7 @@ void DeviceZipCache::grow_set(SetStore& s, std::size_t units, cudaStream_t strea
   s.k_params = std::move(kp);
   s.v_params = std::move(vp);
   s.pos = std::move(pos);
+  s.unit_starts = std::move(starts);
   s.unit_capacity = cap;
 }
 
@@ -102,6 +105,7 @@ ZipSet DeviceZipCache::zip_set(SetStore& s) const {
   z.k_params = s.k_params.as<std::uint16_t>();
   z.v_params = s.v_params.as<std::uint16_t>();
   z.pos = s.pos.as<std::int64_t>();
+  z.unit_starts = s.unit_starts.as<std::uint8_t>();
   z.capacity = static_cast<long long>(s.unit_capacity * 32);
   z.k_bits = s.k_bits;
   z.v_bits = s.v_bits;
@@ -248,6 +252,9 @@ PackedRows DeviceZipCache::packed(const SetStore& s) const {
   rows.pos_head_stride = static_cast<long long>(s.unit_capacity * 32);
   rows.n_units = s.units;
   rows.group_units = 1;  // a parameter set per unit
+  // Groups of 2+ units: the decode kernel reads each group's parameters once (attend.h); groups of
+  // one unit stay on the int8 kernel, which is faster there.
+  if (group_rows_ >= 64) rows.unit_starts = s.unit_starts.as<std::uint8_t>();
   rows.k_bits = s.k_bits;
   rows.v_bits = s.v_bits;
   return rows;
@@ -295,6 +302,10 @@ DeviceZipCache::SetSnapshot DeviceZipCache::set_snapshot(const SetStore& s, std:
     out.v_params[i].resize(U * 2 * D);
     out.pos[i].resize(U * 32);
     if (U == 0) continue;
+    if (i == 0) {
+      out.unit_starts.resize(U);
+      KVSLIM_CUDA_CHECK(cudaMemcpy(out.unit_starts.data(), s.unit_starts.get(), U, cudaMemcpyDeviceToHost));
+    }
     const std::size_t cap = s.unit_capacity;
     KVSLIM_CUDA_CHECK(cudaMemcpy(out.k_codes[i].data(), s.k_codes.as<std::uint8_t>() + bh * cap * 32 * KRB, U * 32 * KRB,
                                  cudaMemcpyDeviceToHost));
@@ -380,6 +391,7 @@ void DeviceZipCache::clear() {
     s->k_params.release();
     s->v_params.release();
     s->pos.release();
+    s->unit_starts.release();
     s->unit_capacity = 0;
     s->units = 0;
   }

@@ -34,6 +34,7 @@ class DeviceZipCache final : public DeviceCache {
     std::vector<std::vector<std::uint8_t>> k_codes, v_codes;
     std::vector<std::vector<std::uint16_t>> k_params, v_params;
     std::vector<std::vector<std::int64_t>> pos;
+    std::vector<std::uint8_t> unit_starts;  // [units]: 1 where a parameter group begins
   };
   struct Block {
     long long first_token = 0;  // the block's first token in the cache's order (a multiple of 32)
@@ -57,9 +58,12 @@ class DeviceZipCache final : public DeviceCache {
   struct SetStore {
     int k_bits = 4, v_bits = 4;
     DeviceBuffer k_codes, v_codes, k_params, v_params, pos;
+    DeviceBuffer unit_starts;  // [unit_capacity] bytes: 1 where a group begins (ZipSet::unit_starts)
     std::size_t unit_capacity = 0;
     int units = 0;
-    std::size_t bytes() const { return k_codes.bytes() + v_codes.bytes() + k_params.bytes() + v_params.bytes() + pos.bytes(); }
+    std::size_t bytes() const {
+      return k_codes.bytes() + v_codes.bytes() + k_params.bytes() + v_params.bytes() + pos.bytes() + unit_starts.bytes();
+    }
   };
 
   bool gives_probabilities() const override { return false; }

@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(kSelectThreads) zip_select_kernel(ZipFlush f) 
 // Grid (groups of the larger set, BH, 4 = set (hi, lo) x (keys, values)), D threads (a channel each):
 // the group's rows of its set, min / max per channel, the parameters (written for each of the group's
 // units), then each unit's codes through shared memory into the plane layout; the keys' blocks also
-// write the units' positions (INT64_MAX in an empty slot).
+// write the units' positions (INT64_MAX in an empty slot), and head 0's which of them begin the group.
 __global__ void zip_quantize_kernel(ZipFlush f) {
   extern __shared__ unsigned char codes[];  // [32][D]
   const int gi = blockIdx.x, bh = blockIdx.y, set = blockIdx.z / 2, which = blockIdx.z % 2, c = threadIdx.x, D = f.D;
@@ -150,6 +150,7 @@ __global__ void zip_quantize_kernel(ZipFlush f) {
   const long long unit0 = st.n_units + first / 32;  // the group's first unit in the set's store
   std::uint16_t* params = (which ? st.v_params : st.k_params) + (static_cast<long long>(bh) * (st.capacity / 32) + unit0) * 2 * D;
   std::uint8_t* out = (which ? st.v_codes : st.k_codes) + (static_cast<long long>(bh) * st.capacity + unit0 * 32) * RB;
+  if (bh == 0 && which == 0 && c < units) st.unit_starts[unit0 + c] = c == 0 ? 1 : 0;
   for (int u = 0; u < units; ++u) {
     params[u * 2 * D + c] = scale_h;
     params[u * 2 * D + D + c] = zero_h;

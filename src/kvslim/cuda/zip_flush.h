@@ -22,6 +22,7 @@ struct ZipSet {
   std::uint16_t* k_params = nullptr;  // [BH, capacity / 32, 2, D]
   std::uint16_t* v_params = nullptr;
   std::int64_t* pos = nullptr;        // [BH, capacity]
+  std::uint8_t* unit_starts = nullptr;  // [capacity / 32]: 1 where a group begins (every head alike)
   long long capacity = 0;             // rows per head, a multiple of 32
   int k_bits = 4, v_bits = 4;
   int n_units = 0;                    // units held before this block (where it starts)

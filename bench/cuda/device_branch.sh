@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# A branch's first call on the GPU machine (devbin/ and python/third_party carried, models/tiny
+# moved out of the tree): what it must pass, then what it must measure, most important first, in
+# one call of at most 600 s (each step with its own timeout; every result written into $OUT as it
+# finishes, so a call cut short keeps what it made):
+#   tests.txt        every CUDA test, then the graph and eviction tests with the segments merging
+#                    (KVSLIM_CUDA_FUSED_MERGE=1)
+#   memcheck.txt     compute-sanitizer memcheck over the graph, eviction and cache tests
+#   attend.txt       kvslim bench attend at batch 1 and 8 x 32k (CACHES) and torch SDPA, merged in the
+#                    segments, then by combine_kernel (the default), then zipcache on the int8 codes kernel
+#                    (compare.txt), while Python builds
+#   python.txt       the Python graph / streaming / squeeze / attend_and_observe GPU tests
+#   hf_generate.txt  8 layers of Llama-3-8B's shape at 1 x 32k: h2o keeping 25 % over fp16 slots and
+#                    over kivi K4V2 g128, replayed steps (ab_unread/: the same with the decode
+#                    probabilities written, KVSLIM_CUDA_UNREAD_PROBS=0)
+#   bash bench/cuda/device_branch.sh
+set -u
+OUT=${OUT:-/tmp/kvslim-device-out}
+mkdir -p "$OUT"
+ROOT=$PWD
+export LD_LIBRARY_PATH="$PWD/devbin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+for f in devbin/kvslim.xz devbin/cuda_tests.xz; do xz -dkf "$f"; done
+chmod +x devbin/kvslim devbin/cuda_tests
+[ -d python/third_party ] || { [ -f devbin/third_party.tar.xz ] && tar -xJf devbin/third_party.tar.xz; }
+( BUILD=/tmp/build-python JOBS=8 timeout 300 python/build.sh 2>&1 | tail -n 5 ) > "$OUT"/python_build.txt 2>&1 &
+BUILD_PID=$!
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  timeout 150 devbin/cuda_tests 2>&1 | grep -v "^\[       OK\|^\[ RUN" | tail -c 40000
+  echo "tests exit: ${PIPESTATUS[0]}"
+  echo "=== graph and eviction tests with the partials merged in the segments (KVSLIM_CUDA_FUSED_MERGE=1)"
+  KVSLIM_CUDA_FUSED_MERGE=1 timeout 60 devbin/cuda_tests --gtest_filter='CudaStepGraph.*:CudaEviction.*:-CudaStepGraph.*LargerStores' 2>&1 \
+    | grep -v "^\[       OK\|^\[ RUN" | tail -c 8000
+  echo "fused merge tests exit: ${PIPESTATUS[0]}"; } > "$OUT"/tests.txt 2>&1
+{ timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 devbin/cuda_tests \
+    --gtest_filter='CudaStepGraph.*:CudaEviction.Streaming*:CudaEviction.Squeeze*:CudaCache.*:-CudaStepGraph.*LargerStores' 2>&1 | tail -n 20
+  echo "memcheck exit: ${PIPESTATUS[0]}"; } > "$OUT"/memcheck.txt 2>&1
+# The attention bench while Python builds (8 of the 16 cores: the bench's host thread keeps one)
+ATTEND=(--batch 1 8 --context 32768 --head-dim 128 --cache ${CACHES:-full kivi4_g128 kivi2_g128 kivi_k4v2_g128 zipcache zipcache@zipcache_value_bits=2})
+for merge in 1 0; do
+  KVSLIM_CUDA_FUSED_MERGE=$merge timeout 60 devbin/kvslim bench attend --device cuda "${ATTEND[@]}" \
+    --json /tmp/attend_$merge.json >> "$OUT"/attend.txt 2>&1
+  { echo "=== KVSLIM_CUDA_FUSED_MERGE=$merge"
+    timeout 60 python3 bench/cuda/sdpa_bench.py --kvslim /tmp/attend_$merge.json --json /tmp/sdpa_$merge.json; } >> "$OUT"/compare.txt 2>&1
+done
+# zipcache on the int8 codes kernel (its decode before stop 47), against the fp16 one above
+KVSLIM_CUDA_DECODE_CODES=int8 timeout 60 devbin/kvslim bench attend --device cuda --batch 1 8 --context 32768 \
+  --head-dim 128 --cache zipcache --json /tmp/attend_int8.json >> "$OUT"/attend.txt 2>&1
+{ echo "=== zipcache, KVSLIM_CUDA_DECODE_CODES=int8"
+  timeout 60 python3 bench/cuda/sdpa_bench.py --kvslim /tmp/attend_int8.json --json /tmp/sdpa_int8.json; } >> "$OUT"/compare.txt 2>&1
+wait $BUILD_PID
+(cd /tmp && PYTHONPATH=/tmp/build-python/python timeout 120 python3 -m pytest -q -p no:cacheprovider \
+  -k "graph or streaming or squeeze or attend_and_observe" \
+  "$ROOT"/python/tests/test_hf_cuda.py "$ROOT"/python/tests/test_cuda.py 2>&1 | tail -n 40) > "$OUT"/python.txt 2>&1
+GEN_ARGS=(--skip tiny --shapes 1x32768 --static-limit 0 --new-tokens 48)
+PYTHONPATH=/tmp/build-python/python timeout 120 python3 bench/cuda/hf_generate.py --out "$OUT" "${GEN_ARGS[@]}" \
+  --only "h2o 25% (cuda, graph),h2o 25% over kivi K4V2 g128 (cuda graph)" > "$OUT"/hf_generate.log 2>&1
+mkdir -p "$OUT"/ab_unread
+KVSLIM_CUDA_UNREAD_PROBS=0 PYTHONPATH=/tmp/build-python/python timeout 80 python3 bench/cuda/hf_generate.py \
+  --out "$OUT"/ab_unread "${GEN_ARGS[@]}" --only "h2o 25% over kivi K4V2 g128 (cuda graph)" > "$OUT"/ab_unread/hf_generate.log 2>&1
+tail -n 3 "$OUT"/tests.txt "$OUT"/memcheck.txt "$OUT"/python.txt
+grep -E "replay|observe_packed" "$OUT"/hf_generate.txt "$OUT"/ab_unread/hf_generate.txt | cut -c 1-400
+cat "$OUT"/compare.txt
