@@ -6,9 +6,8 @@
 #   tests.txt        every CUDA test, then the graph and eviction tests with the segments merging
 #                    (KVSLIM_CUDA_FUSED_MERGE=1)
 #   memcheck.txt     compute-sanitizer memcheck over the graph, eviction and cache tests
-#   attend.txt       kvslim bench attend at batch 1 and 8 x 32k (CACHES) and torch SDPA, merged in the
-#                    segments, then by combine_kernel (the default), then zipcache on the int8 codes kernel
-#                    (compare.txt), while Python builds
+#   attend.txt       kvslim bench attend at batch 1 and 8 x 32k and 128k (CACHES), eager and replayed as a
+#                    CUDA graph, and torch SDPA both ways (compare.txt), while Python builds
 #   python.txt       the Python graph / streaming / squeeze / attend_and_observe GPU tests
 #   hf_generate.txt  8 layers of Llama-3-8B's shape at 1 x 32k: h2o keeping 25 % over fp16 slots and
 #                    over kivi K4V2 g128, replayed steps (ab_unread/: the same with the decode
@@ -34,19 +33,11 @@ BUILD_PID=$!
 { timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 devbin/cuda_tests \
     --gtest_filter='CudaStepGraph.*:CudaEviction.Streaming*:CudaEviction.Squeeze*:CudaCache.*:-CudaStepGraph.*LargerStores' 2>&1 | tail -n 20
   echo "memcheck exit: ${PIPESTATUS[0]}"; } > "$OUT"/memcheck.txt 2>&1
-# The attention bench while Python builds (8 of the 16 cores: the bench's host thread keeps one)
-ATTEND=(--batch 1 8 --context 32768 --head-dim 128 --cache ${CACHES:-full kivi4_g128 kivi2_g128 kivi_k4v2_g128 zipcache zipcache@zipcache_value_bits=2})
-for merge in 1 0; do
-  KVSLIM_CUDA_FUSED_MERGE=$merge timeout 60 devbin/kvslim bench attend --device cuda "${ATTEND[@]}" \
-    --json /tmp/attend_$merge.json >> "$OUT"/attend.txt 2>&1
-  { echo "=== KVSLIM_CUDA_FUSED_MERGE=$merge"
-    timeout 60 python3 bench/cuda/sdpa_bench.py --kvslim /tmp/attend_$merge.json --json /tmp/sdpa_$merge.json; } >> "$OUT"/compare.txt 2>&1
-done
-# zipcache on the int8 codes kernel (its decode before stop 47), against the fp16 one above
-KVSLIM_CUDA_DECODE_CODES=int8 timeout 60 devbin/kvslim bench attend --device cuda --batch 1 8 --context 32768 \
-  --head-dim 128 --cache zipcache --json /tmp/attend_int8.json >> "$OUT"/attend.txt 2>&1
-{ echo "=== zipcache, KVSLIM_CUDA_DECODE_CODES=int8"
-  timeout 60 python3 bench/cuda/sdpa_bench.py --kvslim /tmp/attend_int8.json --json /tmp/sdpa_int8.json; } >> "$OUT"/compare.txt 2>&1
+# The attention bench while Python builds (8 of the 16 cores: the bench's host thread keeps one):
+# eager calls and the same calls replayed as a CUDA graph, against torch SDPA both ways
+ATTEND=(--batch 1 8 --context 32768 131072 --head-dim 128 --cache ${CACHES:-full kivi4_g128 kivi2_g128 kivi_k4v2_g128 zipcache zipcache@zipcache_value_bits=2})
+timeout 150 devbin/kvslim bench attend --device cuda "${ATTEND[@]}" --json "$OUT"/attend.json >> "$OUT"/attend.txt 2>&1
+timeout 120 python3 bench/cuda/sdpa_bench.py --kvslim "$OUT"/attend.json --json "$OUT"/sdpa.json >> "$OUT"/compare.txt 2>&1
 wait $BUILD_PID
 (cd /tmp && PYTHONPATH=/tmp/build-python/python timeout 120 python3 -m pytest -q -p no:cacheprovider \
   -k "graph or streaming or squeeze or attend_and_observe" \

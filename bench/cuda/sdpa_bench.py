@@ -36,9 +36,36 @@ def sdpa_time(B, N, Hq, Hkv, D, repeats):
         e1.record()
         e1.synchronize()
         times.append(e0.elapsed_time(e1) * 1e3 / layers)
+    # The same calls captured as one CUDA graph and replayed (kvslim's "graph us" column): the
+    # kernels without the host's launches.
+    graph_us = -1.0
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for k, v in zip(ks, vs):
+                F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for k, v in zip(ks, vs):
+                F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        for _ in range(3):
+            graph.replay()
+        gtimes = []
+        for _ in range(repeats):
+            e0.record()
+            graph.replay()
+            e1.record()
+            e1.synchronize()
+            gtimes.append(e0.elapsed_time(e1) * 1e3 / layers)
+        graph_us = statistics.median(gtimes)
+        del graph
+    except RuntimeError as e:
+        print(f"# SDPA graph capture failed: {e}")
     del ks, vs
     torch.cuda.empty_cache()
-    return statistics.median(times), kv_bytes
+    return statistics.median(times), graph_us, kv_bytes
 
 
 def main():
@@ -52,17 +79,23 @@ def main():
     rows = [r for r in ks["rows"] if r["kind"] == "attend"]
     shapes = sorted({(r["head_dim"], r["batch"], r["context"], r["q_heads"], r["kv_heads"]) for r in rows})
     print(f"# {ks['device']}; torch {torch.__version__}; device copy {copy:.0f} GB/s (read + write)")
-    print(f"{'D':>4} {'B':>3} {'context':>7} {'SDPA us':>9} {'SDPA GB/s':>9} | cache  {'us':>9} {'x SDPA':>7} {'GB/s':>6} {'%copy':>6}")
+    print("# eager: one call after another from the host; graph: the same calls replayed as one CUDA graph")
+    print(f"{'D':>4} {'B':>3} {'context':>7} {'SDPA us':>9} {'graph':>7} {'SDPA GB/s':>9} | cache  {'us':>9} {'x SDPA':>7} "
+          f"{'graph us':>9} {'x SDPA':>7} {'GB/s':>6} {'%copy':>6}")
     out = []
     for D, B, N, Hq, Hkv in shapes:
-        us, kv_bytes = sdpa_time(B, N, Hq, Hkv, D, a.repeats)
+        us, graph_us, kv_bytes = sdpa_time(B, N, Hq, Hkv, D, a.repeats)
         sdpa_gbs = kv_bytes / (us * 1e-6) / 1e9
-        out.append({"head_dim": D, "batch": B, "context": N, "q_heads": Hq, "kv_heads": Hkv, "us": us, "gbs": sdpa_gbs})
+        out.append({"head_dim": D, "batch": B, "context": N, "q_heads": Hq, "kv_heads": Hkv, "us": us,
+                    "graph_us": graph_us, "gbs": sdpa_gbs})
         for r in rows:
             if (r["head_dim"], r["batch"], r["context"]) != (D, B, N):
                 continue
-            print(f"{D:4d} {B:3d} {N:7d} {us:9.1f} {sdpa_gbs:9.0f} | {r['cache']:<6} {r['us']:9.1f} "
-                  f"{us / r['us']:6.2f}x {r['gbs']:6.0f} {100 * r['gbs'] / copy:5.0f}%", flush=True)
+            g = r.get("graph_us", -1.0)
+            g_ratio = f"{graph_us / g:6.2f}x" if g > 0 and graph_us > 0 else "    n/a"
+            g_col = f"{g:9.1f}" if g > 0 else "      n/a"
+            print(f"{D:4d} {B:3d} {N:7d} {us:9.1f} {graph_us:7.1f} {sdpa_gbs:9.0f} | {r['cache']:<6} {r['us']:9.1f} "
+                  f"{us / r['us']:6.2f}x {g_col} {g_ratio} {r['gbs']:6.0f} {100 * r['gbs'] / copy:5.0f}%", flush=True)
     for r in ks["rows"]:
         if r["kind"] == "append":
             print(f"append 1 token, batch {r['batch']}, {r['cache']}: {r['us']:.2f} us/step vs bf16 copy "
