@@ -8,6 +8,7 @@
 #   memcheck.txt     compute-sanitizer memcheck over the graph, eviction and cache tests
 #   attend.txt       kvslim bench attend at batch 1 and 8 x 32k and 128k (CACHES), eager and replayed as a
 #                    CUDA graph, and torch SDPA both ways (compare.txt), while Python builds
+#   ab_base.txt      the same bench from devbin/kvslim_base (the base, when carried) and again from the branch
 #   python.txt       the Python graph / streaming / squeeze / attend_and_observe GPU tests
 #   hf_generate.txt  8 layers of Llama-3-8B's shape at 1 x 32k: h2o keeping 25 % over fp16 slots and
 #                    over kivi K4V2 g128, replayed steps (ab_unread/: the same with the decode
@@ -20,6 +21,7 @@ ROOT=$PWD
 export LD_LIBRARY_PATH="$PWD/devbin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 for f in devbin/kvslim.xz devbin/cuda_tests.xz; do xz -dkf "$f"; done
 chmod +x devbin/kvslim devbin/cuda_tests
+[ -f devbin/kvslim_base.xz ] && xz -dkf devbin/kvslim_base.xz && chmod +x devbin/kvslim_base
 [ -d python/third_party ] || { [ -f devbin/third_party.tar.xz ] && tar -xJf devbin/third_party.tar.xz; }
 ( BUILD=/tmp/build-python JOBS=8 timeout 300 python/build.sh 2>&1 | tail -n 5 ) > "$OUT"/python_build.txt 2>&1 &
 BUILD_PID=$!
@@ -38,6 +40,14 @@ BUILD_PID=$!
 ATTEND=(--batch 1 8 --context 32768 131072 --head-dim 128 --cache ${CACHES:-full kivi4_g128 kivi2_g128 kivi_k4v2_g128 zipcache zipcache@zipcache_value_bits=2})
 timeout 150 devbin/kvslim bench attend --device cuda "${ATTEND[@]}" --json "$OUT"/attend.json >> "$OUT"/attend.txt 2>&1
 timeout 120 python3 bench/cuda/sdpa_bench.py --kvslim "$OUT"/attend.json --json "$OUT"/sdpa.json >> "$OUT"/compare.txt 2>&1
+# A/B: devbin/kvslim_base (the branch's base, when carried) at batch 1 and 8 x 32k, right after
+if [ -x devbin/kvslim_base ]; then
+  for bin in kvslim_base kvslim; do
+    echo "=== devbin/$bin" >> "$OUT"/ab_base.txt
+    timeout 60 devbin/$bin bench attend --device cuda --batch 1 8 --context 32768 --head-dim 128 \
+      --cache ${AB_CACHES:-kivi4_g128 kivi2_g128 kivi_k4v2_g128 zipcache} >> "$OUT"/ab_base.txt 2>&1
+  done
+fi
 wait $BUILD_PID
 (cd /tmp && PYTHONPATH=/tmp/build-python/python timeout 120 python3 -m pytest -q -p no:cacheprovider \
   -k "graph or streaming or squeeze or attend_and_observe" \
