@@ -77,12 +77,6 @@ __device__ __forceinline__ void load_halves(const __half* p, float* out) {
   }
 }
 
-// fp16 pair (hi or lo part of x0, x1): hi = round(x), lo = round(x - hi).
-__device__ __forceinline__ std::uint32_t half_part(float x0, float x1, bool lo) {
-  const __half h0 = __float2half_rn(x0), h1 = __float2half_rn(x1);
-  return lo ? pack_half2(x0 - __half2float(h0), x1 - __half2float(h1)) : pack_half2(__half2float(h0), __half2float(h1));
-}
-
 // Per warp: kHalfStages unit stages [key codes | value codes | newest position], kHalfStages parameter
 // slots [key scale, zero | value scale, zero] (group g's in slot g % kHalfStages: the groups of
 // the units in flight are consecutive, so they never share a slot), P's parts [hi, lo][vector][token]
@@ -132,17 +126,6 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
   __half* pbuf = reinterpret_cast<__half*>(pslots + kHalfStages * PSLOT);  // [part][vector][token]
   float* qs = reinterpret_cast<float*>(smem + kWarps * Shape::WARP_BYTES);  // [vector][D]
 
-  for (int i = threadIdx.x; i < kDecodeVectors * D; i += kThreads) {
-    const int v = i / D, c = i % D;
-    const long long m = static_cast<long long>(tile) * kTileRows + v;
-    float x = 0.f;
-    if (m < SG) {
-      const long long sq = m / a.G, j = m % a.G;
-      x = a.q[((static_cast<long long>(b) * a.S + sq) * a.Hq + static_cast<long long>(h) * a.G + j) * D + c] * a.scale_log2;
-    }
-    qs[i] = x;
-  }
-  __syncthreads();
 
   // B column g: vector g / 2, part g % 2 (1 = lo). Softmax and output: vector t.
   const int bvec = g / 2;
@@ -243,6 +226,19 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
     if (s < n_mine) issue(s == 0, s);
     cp_async_commit();
   }
+  // q after the first units' copies are issued: its loads' latency overlaps theirs (batch 1 waits
+  // for both).
+  for (int i = threadIdx.x; i < kDecodeVectors * D; i += kThreads) {
+    const int v = i / D, c = i % D;
+    const long long m = static_cast<long long>(tile) * kTileRows + v;
+    float x = 0.f;
+    if (m < SG) {
+      const long long sq = m / a.G, j = m % a.G;
+      x = a.q[((static_cast<long long>(b) * a.S + sq) * a.Hq + static_cast<long long>(h) * a.G + j) * D + c] * a.scale_log2;
+    }
+    qs[i] = x;
+  }
+  __syncthreads();
   std::uint32_t bq[NR];  // the current group's q' part for column g, key register r's two channels
   float qscale = 0.f, bias = 0.f;
   for (int k = 0; k < n_mine; ++k) {
@@ -265,38 +261,56 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
 
     // 1. At a group's first unit (or the warp's first): column g's part of q' = q * key scale,
     //    relative to the vector's largest |q'|; the scale and q . zero of vector t.
+    //    Lanes g = 2v (hi part) and 2v + 1 (lo part) need the same q' values: each builds both parts
+    //    of half of the registers (its quads below) and they trade the parts the other keeps
+    //    (shuffle xor 4), so a group's q' costs each lane half the conversions.
     if (first_of_group) {
       const float* qv = qs + bvec * D;
-      float qp[NR][2];
+      // A quad: four consecutive channels c0 + {0..3}, read as one float4 of q and one 8-byte word of
+      // scales and of zeros; key registers (w, p = 0, j) and (w, 1, j) hold channels c0 + {0, 2} and
+      // c0 + {1, 3}. Quad k of this lane's half is quad k + half * QH of the row.
+      constexpr int QH = NR / 4;  // quads per half (NR / 2 quads of 2 registers)
+      const int half = lo_part ? 1 : 0;
+      float qp[2 * QH][2];        // [2k]: p = 0 register of quad k, [2k + 1]: p = 1
       float amax = 0.f, qz = 0.f;
-      // Registers (w, p = 0, j) and (w, 1, j) hold channels c0 + {0, 2} and c0 + {1, 3}: four
-      // consecutive channels, read as one float4 of q and one 8-byte word of scales and of zeros.
 #pragma unroll
-      for (int r = 0; r < NR; r += 2 * KMap::NJ) {
-#pragma unroll
-        for (int j = 0; j < KMap::NJ; ++j) {
-          const int c0 = KMap::key_channel(r + j, 0, t);
-          const float4 q4 = *reinterpret_cast<const float4*>(qv + c0);
-          const uint2 sw = *reinterpret_cast<const uint2*>(kp + c0), zw = *reinterpret_cast<const uint2*>(kp + D + c0);
-          const float2 s01 = __half22float2(*reinterpret_cast<const __half2*>(&sw.x));
-          const float2 s23 = __half22float2(*reinterpret_cast<const __half2*>(&sw.y));
-          const float2 z01 = __half22float2(*reinterpret_cast<const __half2*>(&zw.x));
-          const float2 z23 = __half22float2(*reinterpret_cast<const __half2*>(&zw.y));
-          float* even = qp[r + j];            // p = 0: channels c0, c0 + 2
-          float* odd = qp[r + KMap::NJ + j];  // p = 1: channels c0 + 1, c0 + 3
-          even[0] = q4.x * s01.x;
-          odd[0] = q4.y * s01.y;
-          even[1] = q4.z * s23.x;
-          odd[1] = q4.w * s23.y;
-          amax = fmaxf(amax, fmaxf(fmaxf(fabsf(even[0]), fabsf(odd[0])), fmaxf(fabsf(even[1]), fabsf(odd[1]))));
-          qz = fmaf(q4.x, z01.x, fmaf(q4.y, z01.y, fmaf(q4.z, z23.x, fmaf(q4.w, z23.y, qz))));
-        }
+      for (int k = 0; k < QH; ++k) {
+        const int q0 = k, q1 = k + QH;  // the quad in half 0 / half 1
+        const int c_lo = KMap::key_channel((q0 / KMap::NJ) * 2 * KMap::NJ + q0 % KMap::NJ, 0, t);
+        const int c_hi = KMap::key_channel((q1 / KMap::NJ) * 2 * KMap::NJ + q1 % KMap::NJ, 0, t);
+        const int c0 = half ? c_hi : c_lo;
+        const float4 q4 = *reinterpret_cast<const float4*>(qv + c0);
+        const uint2 sw = *reinterpret_cast<const uint2*>(kp + c0), zw = *reinterpret_cast<const uint2*>(kp + D + c0);
+        const float2 s01 = __half22float2(*reinterpret_cast<const __half2*>(&sw.x));
+        const float2 s23 = __half22float2(*reinterpret_cast<const __half2*>(&sw.y));
+        const float2 z01 = __half22float2(*reinterpret_cast<const __half2*>(&zw.x));
+        const float2 z23 = __half22float2(*reinterpret_cast<const __half2*>(&zw.y));
+        float* even = qp[2 * k];     // p = 0: channels c0, c0 + 2
+        float* odd = qp[2 * k + 1];  // p = 1: channels c0 + 1, c0 + 3
+        even[0] = q4.x * s01.x;
+        odd[0] = q4.y * s01.y;
+        even[1] = q4.z * s23.x;
+        odd[1] = q4.w * s23.y;
+        amax = fmaxf(amax, fmaxf(fmaxf(fabsf(even[0]), fabsf(odd[0])), fmaxf(fabsf(even[1]), fabsf(odd[1]))));
+        qz = fmaf(q4.x, z01.x, fmaf(q4.y, z01.y, fmaf(q4.z, z23.x, fmaf(q4.w, z23.y, qz))));
       }
-      amax = max_over(amax, 1, 4);  // the 4 t lanes of column g: every channel of vector g / 2
-      qz = sum_over(qz, 1, 4);
+      amax = max_over(amax, 1, 8);  // the 4 t lanes of both parts' lanes: every channel of vector g / 2
+      qz = sum_over(qz, 1, 8);
       const float inv = amax > 0.f ? 1.f / amax : 0.f;
 #pragma unroll
-      for (int r = 0; r < NR; ++r) bq[r] = half_part(qp[r][0] * inv, qp[r][1] * inv, lo_part);
+      for (int k = 0; k < QH; ++k) {
+#pragma unroll
+        for (int p = 0; p < 2; ++p) {
+          // Register of quad q in the row's order: (q / NJ, p, q % NJ).
+          const auto reg_of = [](int q, int pp) { return (q / KMap::NJ) * 2 * KMap::NJ + pp * KMap::NJ + q % KMap::NJ; };
+          std::uint32_t hi, lo;
+          split2<DenseType::f16>(qp[2 * k + p][0] * inv, qp[2 * k + p][1] * inv, hi, lo);
+          const std::uint32_t keep = lo_part ? lo : hi;  // this lane's part of its own register
+          const std::uint32_t got = __shfl_xor_sync(0xffffffffu, lo_part ? hi : lo, 4);  // its part of the other's
+          bq[reg_of(k, p)] = half ? got : keep;
+          bq[reg_of(k + QH, p)] = half ? keep : got;
+        }
+      }
       qscale = __shfl_sync(0xffffffffu, amax * 1024.f, 8 * t);  // lane (g = 2t, 0) built vector t
       bias = __shfl_sync(0xffffffffu, qz, 8 * t);
     }

@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Instruction census of a CUDA kernel's main loop, without a GPU: the SASS that ptxas makes for
+sm_90, read with nvdisasm, and the innermost loop that holds every tensor-core instruction (HMMA /
+IMMA) counted by opcode. A kernel change's cost per loop trip, before a device run measures it.
+
+    bench/cuda/sass_loop.py src/kvslim/cuda/attend_codes_half.cu 'half_kernelILi4ELi2ELi128' [--list]
+
+Needs nvcc (12+, the build's) and nvdisasm / ptxas from Debian's nvidia-cuda-toolkit 11.8
+(non-free; its nvdisasm cannot read CUDA 13's cubins, so the PTX is assembled again by its ptxas):
+    apt-get download nvidia-cuda-toolkit && dpkg-deb -x nvidia-cuda-toolkit_*.deb /opt/cuda118
+NVDISASM_ROOT (default /opt/cuda118/usr/bin) names where they are. The build directory's include
+paths come from build/src/kvslim (cmake's CUDA response file). Rare branches stay in the count:
+compile them out in a scratch copy of the source (e.g. `if (false && ...)`) to see the common path.
+"""
+import argparse
+import collections
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def sass_of(source, build):
+    tools = os.environ.get("NVDISASM_ROOT", "/opt/cuda118/usr/bin")
+    rsp = os.path.join(build, "src/kvslim/CMakeFiles/kvslim.dir/includes_CUDA.rsp")
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx, ptx78, cubin = (os.path.join(tmp, n) for n in ("k.ptx", "k78.ptx", "k.cubin"))
+        subprocess.run(["nvcc", "-DKVSLIM_HAVE_CUDA=1", "--options-file", rsp, "-O3", "-DNDEBUG", "-arch=sm_90",
+                        "-ptx", "-std=c++20", "--diag-suppress=177", os.path.abspath(source), "-o", ptx],
+                       check=True, cwd=os.path.join(build, "src/kvslim"))
+        text = open(ptx).read()
+        open(ptx78, "w").write(re.sub(r"^\.version .*$", ".version 7.8", text, count=1, flags=re.M))
+        subprocess.run([os.path.join(tools, "ptxas"), "-arch=sm_90", "-O3", ptx78, "-o", cubin], check=True,
+                       stderr=subprocess.DEVNULL)
+        return subprocess.run([os.path.join(tools, "nvdisasm"), "-c", cubin], check=True, capture_output=True,
+                              text=True).stdout
+
+
+def loop_census(sass, pattern):
+    for f in re.split(r"//-+ \.text\.", sass):
+        if not f.strip() or pattern not in f.split()[0]:
+            continue
+        ins, labels, pending = [], {}, []
+        for line in f.splitlines():
+            m = re.match(r"^\s*(\.L_x_\d+):", line)
+            if m:
+                pending.append(m.group(1))
+                continue
+            m = re.match(r"\s*/\*([0-9a-f]+)\*/\s+(.*?);", line)
+            if m:
+                a = int(m.group(1), 16)
+                for p in pending:
+                    labels[p] = a
+                pending = []
+                ins.append((a, m.group(2).strip()))
+        mma = [a for a, b in ins if re.search(r"\b[HI]MMA", b)]
+        if not mma:
+            sys.exit(f"{pattern}: no tensor-core instruction")
+        best = None
+        for a, b in ins:  # the smallest backward branch's range holding every mma
+            m = re.search(r"BRA.*\((\.L_x_\d+)\)", b)
+            if m and labels.get(m.group(1), 1 << 60) < a:
+                t = labels[m.group(1)]
+                if t <= min(mma) and a >= max(mma) and (best is None or a - t < best[1] - best[0]):
+                    best = (t, a)
+        if best is None:
+            sys.exit(f"{pattern}: no loop holds every mma")
+        body = [(a, b) for a, b in ins if best[0] <= a <= best[1]]
+        return f.split()[0], best, body
+    sys.exit(f"{pattern}: no such kernel")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("source")
+    ap.add_argument("kernel", help="a substring of the kernel's mangled name")
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--list", action="store_true", help="print the loop's instructions too")
+    a = ap.parse_args()
+    name, (t, e), body = loop_census(sass_of(a.source, a.build), a.kernel)
+    ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", b).split()[0].split(".")[0] for _, b in body)
+    print(f"{name[:160]}\nloop {t:#x}-{e:#x}: {len(body)} instructions a trip (every branch in it counted)")
+    print("  " + ", ".join(f"{k} {v}" for k, v in ops.most_common()))
+    if a.list:
+        for addr, b in body:
+            print(f"{addr:05x} {b}")
+
+
+if __name__ == "__main__":
+    main()
