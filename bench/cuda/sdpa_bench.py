@@ -16,6 +16,19 @@ import torch
 import torch.nn.functional as F
 
 
+def median_us(run, repeats, calls):
+    """Median us per call of run() (`calls` calls each time) over `repeats` runs, by CUDA events."""
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(repeats):
+        e0.record()
+        run()
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1) * 1e3 / calls)
+    return statistics.median(times)
+
+
 def sdpa_time(B, N, Hq, Hkv, D, repeats):
     kv_bytes = B * Hkv * N * D * 2 * 2
     layers = int(min(16, max(1, math.ceil(512e6 / kv_bytes))))
@@ -23,19 +36,15 @@ def sdpa_time(B, N, Hq, Hkv, D, repeats):
     ks = [torch.randn(B, Hkv, N, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(layers)]
     vs = [torch.randn(B, Hkv, N, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(layers)]
     q = torch.randn(B, Hq, 1, D, device="cuda", dtype=torch.bfloat16, generator=g)
+
+    def layers_once():
+        for k, v in zip(ks, vs):
+            F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
     for _ in range(3):
-        for k, v in zip(ks, vs):
-            F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        layers_once()
     torch.cuda.synchronize()
-    times = []
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(repeats):
-        e0.record()
-        for k, v in zip(ks, vs):
-            F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1) * 1e3 / layers)
+    eager_us = median_us(layers_once, repeats, layers)
     # The same calls captured as one CUDA graph and replayed (kvslim's "graph us" column): the
     # kernels without the host's launches.
     graph_us = -1.0
@@ -43,29 +52,21 @@ def sdpa_time(B, N, Hq, Hkv, D, repeats):
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            for k, v in zip(ks, vs):
-                F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+            layers_once()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            for k, v in zip(ks, vs):
-                F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+            layers_once()
         for _ in range(3):
             graph.replay()
-        gtimes = []
-        for _ in range(repeats):
-            e0.record()
-            graph.replay()
-            e1.record()
-            e1.synchronize()
-            gtimes.append(e0.elapsed_time(e1) * 1e3 / layers)
-        graph_us = statistics.median(gtimes)
+        graph_us = median_us(graph.replay, repeats, layers)
         del graph
     except RuntimeError as e:
         print(f"# SDPA graph capture failed: {e}")
-    del ks, vs
+    ks.clear()  # the KV freed before the next shape
+    vs.clear()
     torch.cuda.empty_cache()
-    return statistics.median(times), graph_us, kv_bytes
+    return eager_us, graph_us, kv_bytes
 
 
 def main():

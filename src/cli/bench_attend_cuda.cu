@@ -2,6 +2,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -122,6 +123,20 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// Median us per call of `run` (`calls` calls each time) over `repeats` runs on `stream`, by events.
+double median_us(const std::function<void()>& run, int repeats, double calls, cudaEvent_t e0, cudaEvent_t e1,
+                 cudaStream_t stream) {
+  std::vector<double> t;
+  for (int r = 0; r < repeats; ++r) {
+    check(cudaEventRecord(e0, stream), "record");
+    run();
+    check(cudaEventRecord(e1, stream), "record");
+    check(cudaEventSynchronize(e1), "sync");
+    t.push_back(elapsed_ms(e0, e1) * 1e3 / calls);
+  }
+  return median(t);
+}
+
 // The same calls (one attend per layer) captured once as a CUDA graph and replayed: the kernels'
 // time without the host's launches, as a replayed decode step runs them (kvslim.hf's graph decoder).
 // Median us per call over `repeats` replays; -1 where the capture fails (the error is printed).
@@ -146,15 +161,8 @@ double graph_time_us(const std::vector<std::unique_ptr<KVCache>>& caches, QueryB
     check(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
     check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
     for (int w = 0; w < 3; ++w) check(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
-    std::vector<double> t;
-    for (int r = 0; r < repeats; ++r) {
-      check(cudaEventRecord(e0, stream), "record");
-      check(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
-      check(cudaEventRecord(e1, stream), "record");
-      check(cudaEventSynchronize(e1), "sync");
-      t.push_back(elapsed_ms(e0, e1) * 1e3 / static_cast<double>(caches.size()));
-    }
-    us = median(t);
+    us = median_us([&] { check(cudaGraphLaunch(exec, stream), "cudaGraphLaunch"); }, repeats,
+                   static_cast<double>(caches.size()), e0, e1, stream);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "graph timing: %s\n", e.what());
     cudaGetLastError();  // the capture's error is reported, not left for the next call
@@ -228,15 +236,9 @@ int run_cuda_attend_bench(const CudaAttendOptions& o) {
             for (auto& c : caches) c->attend(qb, qpos, static_cast<float*>(out.p));
           }
           check(cudaDeviceSynchronize(), "warm-up");
-          std::vector<double> t;
-          for (int r = 0; r < o.repeats; ++r) {
-            check(cudaEventRecord(e0), "record");
-            for (auto& c : caches) c->attend(qb, qpos, static_cast<float*>(out.p));
-            check(cudaEventRecord(e1), "record");
-            check(cudaEventSynchronize(e1), "sync");
-            t.push_back(elapsed_ms(e0, e1) * 1e3 / layers);
-          }
-          const double us = median(t), gbs = bytes / (us * 1e-6) / 1e9;
+          const double us = median_us([&] { for (auto& c : caches) c->attend(qb, qpos, static_cast<float*>(out.p)); },
+                                      o.repeats, layers, e0, e1, nullptr);
+          const double gbs = bytes / (us * 1e-6) / 1e9;
           const double graph_us = graph_time_us(caches, qb, qpos, static_cast<float*>(out.p), o.repeats, e0, e1, graph_stream);
           char graph_col[32] = "n/a";
           if (graph_us > 0) std::snprintf(graph_col, sizeof graph_col, "%.1f", graph_us);

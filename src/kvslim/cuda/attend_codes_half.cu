@@ -126,7 +126,6 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
   __half* pbuf = reinterpret_cast<__half*>(pslots + kHalfStages * PSLOT);  // [part][vector][token]
   float* qs = reinterpret_cast<float*>(smem + kWarps * Shape::WARP_BYTES);  // [vector][D]
 
-
   // B column g: vector g / 2, part g % 2 (1 = lo). Softmax and output: vector t.
   const int bvec = g / 2;
   const bool lo_part = g % 2;
