@@ -56,7 +56,7 @@ cat "$OUT"/python_build.txt >> "$OUT"/tests.txt; rm -f "$OUT"/python_build.txt
   "$ROOT"/python/tests/test_hf_cuda.py "$ROOT"/python/tests/test_cuda.py 2>&1 | tail -n 40) >> "$OUT"/tests.txt 2>&1
 GEN_ARGS=(--skip tiny --shapes 1x32768 --static-limit 0 --new-tokens 48)
 PYTHONPATH=/tmp/build-python/python timeout 120 python3 bench/cuda/hf_generate.py --out "$OUT" "${GEN_ARGS[@]}" \
-  --only "h2o 25%" > "$OUT"/hf_generate.log 2>&1
+  --only "h2o 25%,streaming 25%" > "$OUT"/hf_generate.log 2>&1
 mkdir -p /tmp/ab_unread
 KVSLIM_CUDA_UNREAD_PROBS=0 PYTHONPATH=/tmp/build-python/python timeout 80 python3 bench/cuda/hf_generate.py \
   --out /tmp/ab_unread "${GEN_ARGS[@]}" --only "over kivi K4V2 g128 (cuda graph)" > /tmp/ab_unread/hf_generate.log 2>&1

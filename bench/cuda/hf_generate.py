@@ -298,6 +298,7 @@ def measure_graph(model, ids, new, label, make_cache, reference=None, log=print,
         rec["replay_kernel_ms_per_step"] = round(rec["replay_kernel_ms_per_step"], 3)
         log(f"  {label}: replayed step's kvslim kernels, ms/step: {rec['replay_top_kernels_ms']}")
         rec["graph_nodes_kvslim"] = int(dec._step_graph.nodes)
+        rec["eager_steps"] = int(dec.eager_steps)  # steps a cache decided on the host (not replayed)
         cache_figures(rec, cache, seq, reference)
         rec["prefill_s"] = round(t_one, 4)
         rec["decode_tok_s"] = round((new - 1) / decode_s, 2)
@@ -309,7 +310,8 @@ def measure_graph(model, ids, new, label, make_cache, reference=None, log=print,
         f"prefill {rec['prefill_s']:8.3f} s  generate {rec['decode_tok_s']:8.2f} tok/s/seq "
         f"({rec['decode_ms_per_step']:7.2f} ms/step, eager step + capture included)  replay "
         f"{rec['graph_step_ms']:7.3f} ms/step  K/V {rec['kv_bytes'] / 1e9:8.3f} GB  peak {rec['peak_gb']:7.2f} GB{agree}"
-        f"  replay kernels {rec['replay_kernel_ms_per_step']:.3f} ms/step"))
+        f"  replay kernels {rec['replay_kernel_ms_per_step']:.3f} ms/step"
+        + (f"  eager steps {rec['eager_steps']}" if rec.get("eager_steps") else "")))
 
 
 ONLY = []  # --only
@@ -363,6 +365,12 @@ def variants():
                                                                  "storage": "kivi", "kivi_bits": 4,
                                                                  "kivi_value_bits": 2, "kivi_group_size": 128,
                                                                  "device": "cuda"}, "graph"),
+        # StreamingLLM keeping 25 % (its sinks and the newest tokens) over the same codes: each
+        # step's row admitted on the device, replayed.
+        ("kvslim streaming 25% over kivi K4V2 g128 (cuda graph)", {"method": "streaming", "streaming_budget": 0.25,
+                                                                   "storage": "kivi", "kivi_bits": 4,
+                                                                   "kivi_value_bits": 2, "kivi_group_size": 128,
+                                                                   "device": "cuda"}, "graph"),
     ]
 
 
@@ -394,7 +402,7 @@ def bench_model(model, ids, new, log, cpu_reference=False, with_static=True):
             continue
         kvslim.hf.prepare(model)
         fields = dict(fields)
-        for budget in ("h2o_budget", "squeeze_budget"):
+        for budget in ("h2o_budget", "squeeze_budget", "streaming_budget"):
             if isinstance(fields.get(budget), float):  # a share of the prompt's tokens
                 fields[budget] = int(fields[budget] * ids.shape[1])
         cfg = kvslim.Config(**fields)

@@ -71,6 +71,13 @@ class StepGraph {
   void end_capture(void* graph);
   // Runs the next step on `stream` (a cudaStream_t): the captured step first, then later ones.
   void replay(void* stream);
+  // Whether the next step can be replayed. Enqueues on `stream` what the last replay left to the
+  // host (what its eager twin did after its attention: a kivi window compressed), so ask before
+  // every step. false: take that step eagerly through the caches (append, attend, observe), then
+  // ask again -- a step whose cache decides on the host before it attends (streaming over kivi
+  // codes compressing its window: the CPU cache's order) cannot be replayed. Before begin_capture
+  // it says whether a step may be captured now.
+  bool next_step_replays(void* stream);
   std::size_t steps() const;   // replays so far
   std::size_t nodes() const;   // the caches' kernel nodes in the graph
 

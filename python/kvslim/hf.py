@@ -203,11 +203,13 @@ class GraphDecoder:
         tokens = dec.generate(prompt_ids, new)   # greedy: [B, new]
         # or, after a prefill of your own: logits = dec.step(next_ids)   # [B, 1, vocab]
 
-    Caches "full", "kivi", "h2o" and "pyramidkv" on the GPU (an eviction cache once it holds its
-    budget: from then on every step attends over budget + 1 rows and evicts one on the device), one
-    token per sequence per step, batches without padding.
+    Caches "full", "kivi", "zipcache", "h2o", "pyramidkv", "squeeze" and "streaming" (over fp16 or
+    kivi codes) on the GPU (an eviction cache once it holds its budget: from then on every step
+    evicts one row on the device), one token per sequence per step, batches without padding.
     The first step runs eagerly (lazy initialisation stays out of the graph), the second is
-    captured and runs, later ones replay. step()'s logits live in the graph's output buffer: the
+    captured and runs, later ones replay -- except a step a cache decides on the host before it
+    attends (streaming over kivi codes compressing its window: once every kivi_staging steps), which
+    runs eagerly (eager_steps counts them). step()'s logits live in the graph's output buffer: the
     next step overwrites them. Needs torch's CUDAGraph(keep_graph=True) (torch >= 2.7)."""
 
     def __init__(self, model, cache: "KVSlimCache", max_tokens: int):
@@ -222,6 +224,7 @@ class GraphDecoder:
         self.model, self.cache, self.max_tokens = model, cache, max_tokens
         self.heads = cache.query_heads  # this rank's query heads (all of them without tensor parallelism)
         self.steps = 0                         # steps run by step()
+        self.eager_steps = 0                   # steps after the first run eagerly (next_step_replays said no)
         self._graph = self._step_graph = None  # torch's CUDAGraph (keeps its pool and cudaGraph_t alive), kvslim's StepGraph
         self._ids = self._position = self._logits = None
 
@@ -238,9 +241,13 @@ class GraphDecoder:
         with torch.no_grad():
             if self.steps == 0:  # eager: lazy initialisation (cuBLAS handles, kernel attributes) outside any capture
                 self.cache.kvslim.reserve(self.max_tokens)  # the capacity a captured step may not allocate
-                logits = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True,
-                                    cache_position=torch.tensor([seen], device=input_ids.device)).logits
-            elif self._step_graph is None:
+                logits = self._eager(input_ids, seen)
+            elif not self._kv_graph().next_step_replays(raw_stream(input_ids.device)):
+                # A step the caches decide on the host before they attend (streaming over kivi codes
+                # compressing its window, once every kivi_staging steps): eager, as its CPU twin.
+                logits = self._eager(input_ids, seen)
+                self.eager_steps += 1
+            elif self._graph is None:
                 logits = self._capture(input_ids, seen)
             else:
                 self._ids.copy_(input_ids)
@@ -252,8 +259,18 @@ class GraphDecoder:
         self.steps += 1
         return logits
 
+    def _eager(self, input_ids: torch.Tensor, seen: int) -> torch.Tensor:
+        return self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True,
+                          cache_position=torch.tensor([seen], device=input_ids.device)).logits
+
+    def _kv_graph(self):
+        """kvslim's StepGraph over the layers' caches (made once, captured at the first step it may)."""
+        if self._step_graph is None:
+            from ._kvslim import StepGraph
+            self._step_graph = StepGraph([layer.state.cache._core for layer in self.cache.layers])
+        return self._step_graph
+
     def _capture(self, input_ids: torch.Tensor, seen: int) -> torch.Tensor:
-        from ._kvslim import StepGraph
         try:
             graph = torch.cuda.CUDAGraph(keep_graph=True)
         except TypeError as e:
@@ -264,7 +281,7 @@ class GraphDecoder:
         # Both passed as tensors: a position the model derived from the cache's length on the host
         # would be a constant of the graph (RoPE at the captured position in every replay).
         positions = self._position.view(1, 1).expand(input_ids.shape[0], 1)
-        step_graph = StepGraph([layer.state.cache._core for layer in self.cache.layers])
+        step_graph = self._kv_graph()
         step_graph.begin_capture(self.heads, 1)
         # The captured step counts as run: the caches and the layers' positions advance as in an
         # eager step, and the first replay runs its kernels. Captured on a side stream (as
@@ -283,7 +300,7 @@ class GraphDecoder:
                 graph.capture_end()
         torch.cuda.current_stream(device).wait_stream(side)
         step_graph.end_capture(graph.raw_cuda_graph())
-        self._graph, self._step_graph, self._logits = graph, step_graph, out.logits
+        self._graph, self._logits = graph, out.logits
         step_graph.replay(raw_stream(input_ids.device))
         return self._logits
 

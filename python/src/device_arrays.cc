@@ -110,6 +110,10 @@ void bind_device_methods(py::module_& m, py::class_<KVCache>& cls) {
       .def(
           "replay", [](cuda::StepGraph& g, std::uintptr_t stream) { g.replay(reinterpret_cast<void*>(stream)); },
           py::arg("stream"))
+      .def(
+          "next_step_replays",
+          [](cuda::StepGraph& g, std::uintptr_t stream) { return g.next_step_replays(reinterpret_cast<void*>(stream)); },
+          py::arg("stream"))
       .def_property_readonly("steps", &cuda::StepGraph::steps)
       .def_property_readonly("nodes", &cuda::StepGraph::nodes);
   // probs: device fp32 [B, H_kv, Q, T] (attend_device's), observed by a device cache (which copies

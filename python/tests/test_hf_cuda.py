@@ -245,7 +245,10 @@ def eager_greedy(model, ids, cache, new):
                                     # eviction over kivi codes: compressions (and re-packs) between replays
                                     dict(method="h2o", h2o_budget=64, storage="kivi", kivi_bits=4, kivi_value_bits=2,
                                          kivi_group_size=32, kivi_staging=32),
-                                    dict(method="h2o", h2o_budget=96, storage="kivi")])
+                                    dict(method="h2o", h2o_budget=96, storage="kivi"),
+                                    # streaming over kivi codes: each step's row admitted on the device
+                                    dict(method="streaming", streaming_budget=64, storage="kivi", kivi_bits=4,
+                                         kivi_value_bits=2, kivi_group_size=32, kivi_staging=32)])
 def test_graph_decoder_replays_the_eager_steps(fields):
     """GraphDecoder's replayed steps produce the eager steps' logits, across kivi's window flushes
     and zipcache's blocks (staging 128: the 170 steps cross one) and h2o's eviction of a row every step (its prompt cut to
@@ -273,7 +276,11 @@ def test_graph_decoder_replays_the_eager_steps(fields):
             tokens.append(step[:, -1:].argmax(-1))
     finally:
         kvslim.hf.restore(model)
-    assert dec._step_graph is not None and dec._step_graph.steps == new - 2  # one eager step, then the graph
+    # One eager step, then the graph; streaming over kivi codes takes the steps that compress its
+    # window (one in kivi_staging) eagerly, as its CPU twin compresses before it attends.
+    assert dec._step_graph is not None and dec._step_graph.steps + dec.eager_steps == new - 2
+    over_codes = fields["method"] == "streaming" and fields.get("storage") == "kivi"
+    assert (dec.eager_steps > 0) == over_codes and dec._step_graph.steps > 4 * dec.eager_steps
     torch.testing.assert_close(torch.stack(logits), ref_logits, atol=1e-4 * ref_logits.abs().max().item(), rtol=0)
     assert torch.equal(torch.cat(tokens, 1), ref_tokens)
     assert cache.get_seq_length() == ids.shape[1] + new - 1

@@ -17,6 +17,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cuda/device_buffer.h"
@@ -126,11 +127,19 @@ struct StepInputs {
   }
 };
 
+// Whether a cache's first decode step must run eagerly before a capture without any observation:
+// streaming over kivi codes (its first step on the device uploads the host's metadata).
+bool steps_eagerly_first(const KVCache& c) {
+  const auto* e = dynamic_cast<const cuda::DeviceEvictionCache*>(&c);
+  return e != nullptr && !c.needs().attention && e->store().kind() == "kivi";
+}
+
 // A prompt of `rows` rows appended eagerly to both caches. An eviction cache then observes the
 // prompt's last query (cut to its budget) and takes one eager decode step, as kvslim.hf's
 // GraphDecoder does before it captures: the store keeps room for budget + 1 rows from then on.
+// Streaming over kivi codes takes that eager step too (no observation), unless `eager_step` is off.
 void prefill(const std::vector<KVCache*>& caches, const Shape& s, DType t, std::size_t rows, std::mt19937& rng,
-             cudaStream_t st) {
+             cudaStream_t st, bool eager_step = true) {
   KVCache& a = *caches.front();
   const std::size_t n = s.B * s.H * rows * s.D;
   const auto hk = random_half(n, rng, t), hv = random_half(n, rng, t);
@@ -141,6 +150,25 @@ void prefill(const std::vector<KVCache*>& caches, const Shape& s, DType t, std::
   ASSERT_EQ(cudaMemcpy(v.get(), hv.data(), n * 2, cudaMemcpyHostToDevice), cudaSuccess);
   for (KVCache* c : caches) {
     c->append({k.get(), t, s.B, s.H, rows, s.D, MemorySpace::cuda, st}, {v.get(), t, s.B, s.H, rows, s.D, MemorySpace::cuda, st});
+  }
+  if (eager_step && steps_eagerly_first(a)) {
+    const std::int64_t next = static_cast<std::int64_t>(rows);
+    const auto sk = random_half(s.B * s.H * s.D, rng, t), sv = random_half(s.B * s.H * s.D, rng, t);
+    const auto hq = random_float(s.B * s.Hq * s.D, rng);
+    DeviceBuffer dk, dv, q, out;
+    dk.reserve(sk.size() * 2);
+    dv.reserve(sv.size() * 2);
+    q.reserve(hq.size() * 4);
+    out.reserve(hq.size() * 4);
+    ASSERT_EQ(cudaMemcpy(dk.get(), sk.data(), sk.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dv.get(), sv.data(), sv.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(q.get(), hq.data(), hq.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    for (KVCache* c : caches) {
+      c->append({dk.get(), t, s.B, s.H, 1, s.D, MemorySpace::cuda, st}, {dv.get(), t, s.B, s.H, 1, s.D, MemorySpace::cuda, st},
+                {&next, 1});
+      c->attend({q.as<float>(), s.B, 1, s.Hq, s.D, 0.f, MemorySpace::cuda, st}, {&next, 1}, out.as<float>());
+    }
+    ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);  // dk, dv, q and out die here
   }
   if (a.needs().attention) {  // an eviction cache: the prompt's last query observed, the cache cut to its budget
     const auto hq = random_float(s.B * s.Hq * s.D, rng);
@@ -177,8 +205,9 @@ void prefill(const std::vector<KVCache*>& caches, const Shape& s, DType t, std::
   ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
 }
 
-void prefill(KVCache& a, KVCache& b, const Shape& s, DType t, std::size_t rows, std::mt19937& rng, cudaStream_t st) {
-  prefill(std::vector<KVCache*>{&a, &b}, s, t, rows, rng, st);
+void prefill(KVCache& a, KVCache& b, const Shape& s, DType t, std::size_t rows, std::mt19937& rng, cudaStream_t st,
+             bool eager_step = true) {
+  prefill(std::vector<KVCache*>{&a, &b}, s, t, rows, rng, st, eager_step);
 }
 
 // How a step's attention reaches its observation: attend with probabilities, then
@@ -215,7 +244,8 @@ void expect_replays_equal_eager(const KVCacheConfig& config, const std::string& 
   std::vector<KVCache*> all{graphed.get(), eager.get()};
   if (eager_one) all.push_back(eager_one.get());
   prefill(all, s, t, prompt, rng, st);
-  const std::size_t first = prompt + (graphed->needs().attention ? 1 : 0);  // the eviction cache's eager step
+  // the eviction cache's eager step
+  const std::size_t first = prompt + (graphed->needs().attention || steps_eagerly_first(*graphed) ? 1 : 0);
   graphed->reserve(first + steps);
 
   StepInputs in(s, t);
@@ -259,14 +289,20 @@ void expect_replays_equal_eager(const KVCacheConfig& config, const std::string& 
 
   const std::vector<unsigned char> unwritten(probs_n * 4, kUnwritten);
   std::vector<float> a(out_n), b(out_n), c1(out_n), pa(probs_n), pb(probs_n), pc(probs_n);
+  std::size_t eager_steps = 0;  // the graphed cache's steps next_step_replays sent through the eager calls
   for (int step = 0; step < steps; ++step) {
     const auto hk = random_half(s.B * s.H * s.D, rng, t), hv = random_half(s.B * s.H * s.D, rng, t);
     const auto hq = random_float(out_n, rng);
     in.write(hk, hv, hq, st);
-    graph.replay(st);
+    const std::int64_t pos = static_cast<std::int64_t>(first) + step;
+    if (graph.next_step_replays(st)) {
+      graph.replay(st);
+    } else {
+      step_calls(*graphed, pos, out_graph, probs_graph, one_call);
+      ++eager_steps;
+    }
     ASSERT_EQ(cudaMemcpyAsync(a.data(), out_graph.get(), out_n * 4, cudaMemcpyDeviceToHost, st), cudaSuccess);
     ASSERT_EQ(cudaMemcpyAsync(pa.data(), probs_graph.get(), probs_n * 4, cudaMemcpyDeviceToHost, st), cudaSuccess);
-    const std::int64_t pos = static_cast<std::int64_t>(first) + step;
     step_calls(*eager, pos, out_eager, probs_eager, false);
     ASSERT_EQ(cudaMemcpyAsync(b.data(), out_eager.get(), out_n * 4, cudaMemcpyDeviceToHost, st), cudaSuccess);
     ASSERT_EQ(cudaMemcpyAsync(pb.data(), probs_eager.get(), probs_n * 4, cudaMemcpyDeviceToHost, st), cudaSuccess);
@@ -292,7 +328,14 @@ void expect_replays_equal_eager(const KVCacheConfig& config, const std::string& 
     }
     ASSERT_EQ(graphed->rows(), eager->rows()) << what << " step " << step;
   }
-  EXPECT_EQ(graph.steps(), static_cast<std::size_t>(steps));
+  EXPECT_EQ(graph.steps() + eager_steps, static_cast<std::size_t>(steps)) << what;
+  if (steps_eagerly_first(*graphed)) {
+    // streaming over kivi codes: the steps that compress the window (one in `staging`) run eagerly
+    EXPECT_GT(eager_steps, 0u) << what;
+    EXPECT_GT(graph.steps(), 4 * eager_steps) << what;
+  } else {
+    EXPECT_EQ(eager_steps, 0u) << what;
+  }
   const CacheView vb = eager->materialize();
   const auto expect_view_equal = [&](const KVCache& cache, const std::string& who) {
     const CacheView va = cache.materialize();
@@ -393,6 +436,26 @@ TEST(CudaStepGraph, EvictionOverKiviCodesReplaysEqualEagerSteps) {
   }
   // A window shorter than a group (one short group per compression), 2-bit keys and values.
   expect_replays_equal_eager(codes_config(2, 2, 64, 16, 96), "h2o over kivi K2V2 g64 staging 16", DType::bf16, 200, 200);
+  // streaming over kivi codes: each replayed step's row admitted on the device (the decode
+  // observation by position erases the oldest row after the sinks), the window compressed between
+  // replays; groups emptied by the sliding window leave the store.
+  for (const auto& [k, v, g, staging, budget] : {std::tuple{4, 2, 32, 32, 64}, std::tuple{2, 2, 64, 16, 96}}) {
+    KVCacheConfig c = codes_config(k, v, g, staging, budget);
+    c.method = "streaming";
+    c.streaming_budget = budget;
+    const int steps = 300;
+    const std::size_t kept = static_cast<std::size_t>(budget);
+    expect_replays_equal_eager(c, "streaming over kivi K" + std::to_string(k) + "V" + std::to_string(v) + " g" +
+                                      std::to_string(g) + " staging " + std::to_string(staging),
+                               DType::bf16, 200, steps, [&](const KVCache& cache) {
+                                 EXPECT_EQ(cache.rows(), kept);
+                                 // the eager step and the replays
+                                 EXPECT_EQ(cache.stats().figure("decode_steps_on_device"), steps + 1.0);
+                                 std::size_t blocks = 0;
+                                 for (const auto& h : store_of(cache).heads()) blocks += h.blocks.size();
+                                 EXPECT_GT(blocks, 0u);
+                               });
+  }
 }
 
 TEST(CudaStepGraph, EvictionOverKiviCodesReplaysLargerStores) {
@@ -453,13 +516,14 @@ TEST(CudaStepGraph, RefusesWhatItCannotReplay) {
     }
   }
   {
-    // streaming over kivi codes, at its budget: each step's erasure is the host's.
+    // streaming over kivi codes at its budget before any decode step on the device: its first one
+    // uploads the host's metadata, a copy no capture may hold.
     KVCacheConfig c = codes_config(4, 2, 32, 32, 64);
     c.method = "streaming";
     c.streaming_budget = 64;
     auto streaming = KVCacheFactory::create(c), twin = KVCacheFactory::create(c);
     std::mt19937 rng(6);
-    prefill(*streaming, *twin, s, DType::f16, 200, rng, st);
+    prefill(*streaming, *twin, s, DType::f16, 200, rng, st, /*eager_step=*/false);
     ASSERT_EQ(streaming->rows(), 64u);
     cuda::StepGraph g({streaming.get()});
     try {
@@ -468,6 +532,27 @@ TEST(CudaStepGraph, RefusesWhatItCannotReplay) {
     } catch (const InputError& e) {
       EXPECT_NE(std::string(e.what()).find("eagerly"), std::string::npos) << e.what();
     }
+    // Eager steps on the device up to the one that compresses its window before it attends: that
+    // step is not replayable, and no capture takes it.
+    StepInputs in(s, DType::f16);
+    DeviceBuffer out;
+    out.reserve(s.B * s.Hq * s.D * 4);
+    std::int64_t pos = 200;
+    int eager = 0;
+    for (; eager < 40 && (eager == 0 || g.next_step_replays(st)); ++eager, ++pos) {
+      in.write(random_half(s.B * s.H * s.D, rng, DType::f16), random_half(s.B * s.H * s.D, rng, DType::f16),
+               random_float(s.B * s.Hq * s.D, rng), st);
+      streaming->append(in.keys(st), in.values(st), {&pos, 1});
+      streaming->attend(in.queries(st), {&pos, 1}, out.as<float>());
+    }
+    ASSERT_LT(eager, 40) << "no step of a window of 32 compressed it";
+    try {
+      g.begin_capture(static_cast<int>(s.Hq), 1);
+      FAIL() << "streaming over kivi codes was captured at a step that compresses its window";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("compresses"), std::string::npos) << e.what();
+    }
+    ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
   }
   KVCacheConfig host;
   host.method = "kivi";

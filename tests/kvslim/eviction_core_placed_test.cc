@@ -187,6 +187,80 @@ TEST(EvictionCorePlaced, StreamingErasesBeforePlacedRowsAsOverKiviCodes) {
   EXPECT_EQ(placed_rows.settles, 93) << "every call settles once its eviction is done";
 }
 
+// The device's streaming over kivi codes: at its limit a decode row is admitted by the owner
+// (owner_may_admit, admit_by_owner): it places the row after the kept ones and erases the oldest
+// row after the sinks below the core's threshold (the decode observation by position); the core's
+// metadata is written back before it decides on the host again. The rows equal the CPU kivi
+// cache's, whose core admits every row itself, through 150 steps and the host calls around them.
+TEST(EvictionCorePlaced, StreamingOwnerEvictsTheRowTheCoreWould) {
+  KVCacheConfig c;
+  c.streaming_budget = 72;
+  c.streaming_n_sink = 3;
+  const EvictionPolicy policy = make_streaming_policy(c);
+  const std::size_t batch = 2, kv_heads = 2, heads = batch * kv_heads, D = 32, limit = 72, n_sink = 3;
+  PackedRowsOptions kivi;
+  kivi.group_size = 32;
+  kivi.staging = 32;
+  EvictionCore own(policy, std::make_unique<PackedRows>(kivi));
+  auto placed_storage = std::make_unique<PlacedInOrder>();
+  PlacedInOrder& placed_rows = *placed_storage;
+  EvictionCore placed(policy, std::move(placed_storage));
+
+  bool stale = false;  // the owner's steps since the core last decided
+  int by_owner = 0;
+  std::int64_t next = 0;
+  const auto call = [&](std::size_t S, const std::string& what) {
+    std::vector<std::int64_t> pos(S);
+    for (std::size_t s = 0; s < S; ++s) pos[s] = next++;
+    std::vector<std::uint16_t> rows(heads * S * D);
+    for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<std::uint16_t>(0x3800 + i % 509);
+    own.absorb(batch, kv_heads, D, rows.data(), rows.data(), pos.data(), S, limit);
+    if (S == 1 && placed.owner_may_admit(limit, pos[0])) {
+      const std::int64_t threshold = placed.admit_by_owner(pos[0], limit);
+      for (auto& head : placed_rows.rows) {
+        head.push_back(pos[0]);
+        std::size_t victim = head.size();
+        for (std::size_t i = 0; i < head.size(); ++i) {
+          if (head[i] > head[n_sink - 1] && head[i] < threshold && (victim == head.size() || head[i] < head[victim])) victim = i;
+        }
+        ASSERT_LT(victim, head.size()) << what << ": no victim";
+        head.erase(head.begin() + static_cast<std::ptrdiff_t>(victim));
+      }
+      placed.observed_by_owner(limit, limit);
+      stale = true;
+      ++by_owner;
+    } else {
+      if (stale) {  // the owner's rows back into the core before it decides
+        const EvictionCore::Metadata m = placed.metadata();
+        for (std::size_t h = 0; h < heads; ++h) {
+          for (std::size_t i = 0; i < placed.rows(); ++i) m.positions[h * m.stride + i] = placed_rows.rows[h][i];
+        }
+        stale = false;
+      }
+      placed_rows.arriving = pos;
+      placed.absorb_placed(batch, kv_heads, D, pos.data(), S, limit);
+    }
+    ASSERT_EQ(placed.rows(), own.rows()) << what;
+    for (std::size_t h = 0; h < heads; ++h) {
+      ASSERT_EQ(placed_rows.rows[h].size(), own.rows()) << what << ": head " << h;
+      for (std::size_t i = 0; i < own.rows(); ++i) {
+        ASSERT_EQ(placed_rows.rows[h][i], own.positions(h)[i]) << what << ": head " << h << " slot " << i;
+      }
+    }
+  };
+  call(20, "a prompt under the budget");
+  EXPECT_FALSE(placed.owner_may_admit(limit, next)) << "below its limit the core appends";
+  call(300, "a prompt over the budget");
+  EXPECT_FALSE(placed.owner_may_admit(limit, next - 1)) << "a newcomer older than the window";
+  for (int s = 0; s < 150; ++s) call(1, "decode step " + std::to_string(s));
+  EXPECT_EQ(by_owner, 150);
+  call(37, "a later call");
+  for (int s = 0; s < 40; ++s) call(1, "decode step after the call " + std::to_string(s));
+  EXPECT_EQ(by_owner, 190);
+  EXPECT_EQ(placed.positions(0)[0], 0);  // the sinks stay
+  EXPECT_THROW(placed.admit_by_owner(next - 1, limit), std::logic_error);
+}
+
 TEST(EvictionCorePlaced, RefusesWhatItCannotPlace) {
   KVCacheConfig c;
   c.evict_profile = "original";  // the key proxy reads the rows, which the core never sees

@@ -191,6 +191,7 @@ void EvictionCore::absorb(std::size_t batch, std::size_t heads, std::size_t dim,
   for (std::size_t s = 0; s < S; ++s) {
     if (policy_.recent_window > 0) {
       recent_.push_back(positions[s]);
+      newest_ = std::max(newest_, positions[s]);
       if (recent_.size() > policy_.recent_window) recent_.pop_front();
     }
     thresholds_[s] = recent_threshold(limit);
@@ -492,6 +493,26 @@ std::size_t EvictionCore::pick_victim(std::size_t head, std::size_t n, std::int6
     }
   }
   return best;
+}
+
+bool EvictionCore::owner_may_admit(std::size_t limit, std::int64_t position) const {
+  // A newcomer after every position the window saw is the window's newest, so at or above its
+  // threshold: never the victim, as absorb() never picks it either.
+  return scoring() == Scoring::none && policy_.row_weight == nullptr && batch_ > 0 &&
+         limit != EvictionPolicy::kUnbounded && rows_ == limit && limit > policy_.n_sink &&
+         newcomer_protected(limit) && position > newest_;
+}
+
+std::int64_t EvictionCore::admit_by_owner(std::int64_t position, std::size_t limit) {
+  if (!owner_may_admit(limit, position)) {
+    throw std::logic_error("eviction core: an owner admits a row only for scoring none at the limit, after every "
+                           "position held (position " + std::to_string(position) + ")");
+  }
+  recent_.push_back(position);
+  newest_ = position;
+  if (recent_.size() > policy_.recent_window) recent_.pop_front();
+  last_limit_ = limit;
+  return recent_threshold(limit);
 }
 
 void EvictionCore::observed_by_owner(std::size_t rows, std::size_t limit) {
@@ -862,6 +883,7 @@ void EvictionCore::reset() {
   weight_.release();
   positions_.release();
   recent_.clear();
+  newest_ = std::numeric_limits<std::int64_t>::min();
   prefill_calls_ = 0;
   last_limit_ = kNone;
   awaiting_observation_ = fallback_ = false;

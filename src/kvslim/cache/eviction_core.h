@@ -91,6 +91,17 @@ class EvictionCore {
   // proxy (it reads the rows), and never after an unobserved update (the fallback reads rows).
   void absorb_placed(std::size_t batch, std::size_t heads, std::size_t dim, const std::int64_t* positions,
                      std::size_t S, std::size_t limit);
+  // Scoring none (streaming) at its limit, one decode row at a time, decided by an owner that
+  // mirrors the metadata (the device's kivi codes): the owner places the row after the kept ones and
+  // erases the victim absorb() would pick -- the oldest row after the sinks below the protection
+  // threshold (every score 0; ties by position) -- so the newcomer is never the victim. It may while
+  // the core holds exactly `limit` rows and the newcomer, after every position so far, falls in the
+  // recent window (never dropped).
+  bool owner_may_admit(std::size_t limit, std::int64_t position) const;
+  // Records the newcomer's position (the recent window moves on) and returns the threshold at or
+  // above which rows are protected for this admission; the owner then erases its victim and reports
+  // the rows with observed_by_owner(limit, limit). Its mirror is the truth until it writes it back.
+  std::int64_t admit_by_owner(std::int64_t position, std::size_t limit);
   // True after an attention-scored append whose attention has not been observed yet.
   bool awaiting_observation() const { return awaiting_observation_; }
   // An owner that mirrors the metadata and runs a single-query observation itself (the device
@@ -229,6 +240,7 @@ class EvictionCore {
   // else split across threads (exceptions rethrown on the caller's).
   static void split_heads(std::size_t total, double work, const std::function<void(std::size_t, std::size_t, std::size_t)>& task);
   std::size_t recent_count(std::size_t limit) const;
+  std::int64_t newest_ = std::numeric_limits<std::int64_t>::min();  // the highest position the recent window saw
   Scoring scoring() const { return fallback_ ? Scoring::key_proxy : policy_.scoring; }
   // Working memory of one thread of observe(), per head in turn (each thread its own).
   struct ObserveScratch {

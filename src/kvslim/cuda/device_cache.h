@@ -61,6 +61,12 @@ class DeviceCache : public KVCache {
   void graph_arm(cudaGraphExec_t exec, cudaStream_t stream);
   // After a replay's launch: the input-error flag is ordered after it.
   void graph_launched(cudaStream_t stream);
+  // Before the next step (StepGraph::next_step_replays): after replays (`replayed`), the host work
+  // the last one left, on `stream`; then whether the next step can be replayed (or captured).
+  bool graph_prepare_next(cudaStream_t stream, bool replayed) {
+    if (replayed) graph_between_steps(stream);
+    return graph_next_step_replays();
+  }
   // Back to eager steps only.
   void graph_end();
 
@@ -132,6 +138,9 @@ class DeviceCache : public KVCache {
   virtual void graph_between_steps(cudaStream_t) {}
   // Room for the captured step, made before the capture (which may not allocate).
   virtual void graph_reserve_step() {}
+  // Whether the next step's host logic fits a replay (false: it decides on the host before its
+  // attention; the caller takes that step eagerly).
+  virtual bool graph_next_step_replays() const { return true; }
 
   // A captured decode step: the calls' device addresses (fixed while the graph is replayed) and
   // the nodes their kernels made.

@@ -624,9 +624,51 @@ void DeviceEvictionCache::absorb(const AppendInput& in, const std::vector<std::i
   // The rows land after the kept ones once the core has made room (DeviceRowStore::prepare),
   // before it admits them (streaming moves them to their slots; attention scorings keep them there).
   store_->set_arrival([&] { store_->place(in, n0, stream); });
+  if (streams_on_device(in, positions)) {
+    evict_oldest_on_device(positions[0], stream);
+    return;
+  }
+  if (!scores_by_attention(core_.policy().scoring)) {
+    pull_metadata();  // streaming over codes: the rows the device's steps erased, before the host decides
+    streaming_mirror_current_ = false;
+  }
   hold_while_uncertain();
   core_.absorb_placed(batch_, heads_, dim_, positions.data(), static_cast<std::size_t>(in.S), limit());
   store_->flush();  // streaming's moves of this step, before the next append lands where they read
+}
+
+bool DeviceEvictionCache::streams_on_device(const AppendInput& in, const std::vector<std::int64_t>& positions) const {
+  return slots_ == nullptr && !squeeze_ && in.S == 1 && core_.policy().scoring == Scoring::none &&
+         core_.owner_may_admit(limit(), positions[0]);
+}
+
+void DeviceEvictionCache::evict_oldest_on_device(std::int64_t position, cudaStream_t stream) {
+  auto* codes = static_cast<DevicePackedRows*>(store_);
+  const std::size_t limit = this->limit();
+  if (!streaming_mirror_current_) {
+    // The host decided the steps before: its metadata (the sinks, the scores) into the mirror once.
+    // (graph_check_capturable refuses a capture until then: this copy waits for the stream.)
+    if (in_graph_step()) throw std::logic_error("streaming over kivi codes: a replayed step found its mirror stale");
+    push_metadata(stream);
+    streaming_mirror_current_ = true;
+  }
+  store_->prepare(1);  // room in the window, then the append kernel places the row after the kept ones
+  DevicePackedRows::DecodeStep step;  // no probabilities: by position
+  step.rows = limit + 1;
+  step.limit = limit;
+  step.qpos = std::numeric_limits<std::int64_t>::max();
+  step.threshold = core_.admit_by_owner(position, limit);
+  step.decay = 1.f;  // scoring none never decays (every score stays as the host left it)
+  const std::size_t parts = observe_parts(batch_ * heads_, limit + 1, sm_count_);
+  reserve_observe_parts(parts, stream);
+  codes->observe_decode(step, observe_best_.get(), observe_arrivals_.as<unsigned>(), parts, stream);
+  core_.observed_by_owner(limit, limit);
+  fresh_from_ = limit;
+  host_stale_ = true;
+  ++decode_steps_on_device_;
+  // What the core's settle() runs after an admission (a window at `staging` compressed, a head
+  // re-packed); a replayed step's runs between two replays (graph_between_steps).
+  if (!in_graph_step() && codes->settle_would_act()) codes->settle(limit, {});
 }
 
 void DeviceEvictionCache::observe_attention(const AttentionObservation& obs) {
@@ -925,11 +967,15 @@ void DeviceEvictionCache::graph_reserve_step() {
 }
 
 void DeviceEvictionCache::graph_check_capturable() const {
-  if (slots_ == nullptr && !scores_by_attention(core_.policy().scoring)) {
-    // Its victims are erased from the host's block lists as rows arrive (a group closed up, the
-    // window compressed every `staging` rows): jobs copied from the host every step.
-    throw InputError(std::string(method()) + " cache (cuda): StepGraph: streaming over kivi codes decides each step's "
-                     "erasure on the host; decode it eagerly (fp16 slots replay as a graph)");
+  if (slots_ == nullptr && !scores_by_attention(core_.policy().scoring) && !streaming_mirror_current_) {
+    // Its first decode step on the device uploads the host's metadata (a copy that waits).
+    throw InputError(std::string(method()) + " cache (cuda): StepGraph: streaming over kivi codes replays after one "
+                     "decode step at its budget (" + std::to_string(budget_) + " rows per head) ran eagerly on the "
+                     "device; decode one step eagerly first");
+  }
+  if (!graph_next_step_replays()) {
+    throw InputError(std::string(method()) + " cache (cuda): StepGraph: the next step compresses the window before it "
+                     "attends (StepGraph::next_step_replays is false): take it eagerly, then capture");
   }
   if (squeeze_ && !squeeze_->adopted()) {
     throw InputError(std::string(method()) + " cache (cuda): StepGraph: capture a decode step once squeeze's schedule "
@@ -940,6 +986,13 @@ void DeviceEvictionCache::graph_check_capturable() const {
                      "budget (" + std::to_string(budget_) + " rows per head, now " + std::to_string(core_.rows()) +
                      "), every step observed: until then a step's probabilities change shape");
   }
+}
+
+bool DeviceEvictionCache::graph_next_step_replays() const {
+  if (slots_ != nullptr || scores_by_attention(core_.policy().scoring)) return true;
+  // streaming over kivi codes: the core compresses (or re-packs) right after it admits a row, before
+  // the step attends (the CPU cache's order), which no replay can hold: such a step runs eagerly.
+  return !static_cast<const DevicePackedRows*>(store_)->settle_may_act_after_step();
 }
 
 void DeviceEvictionCache::graph_observe(const AttentionObservation& obs) {
@@ -994,6 +1047,7 @@ void DeviceEvictionCache::clear() {
   device_trim_ms_ = 0;
   fresh_from_ = 0;
   host_stale_ = false;
+  streaming_mirror_current_ = false;
   if (squeeze_) budget_ = squeeze_->reset(budget_);
 }
 

@@ -119,7 +119,9 @@ class DeviceSlots final : public DeviceRowStore {
 // caller observes (attend with probs, then observe_attention with them, as on the CPU). streaming
 // (scoring none) too: the core admits each appended row on the host (it needs only positions) and
 // the rows move on the device (a decode step's one move per head as kernel arguments, so its steps
-// replay as a graph too). squeeze: the same cache with the layer's part in the shared schedule
+// replay as a graph too); over kivi codes a decode step at the budget is admitted by the device
+// (evict_oldest_on_device: the decode observation by position erases the oldest evictable row),
+// so it replays as a graph as well. squeeze: the same cache with the layer's part in the shared schedule
 // (SqueezeSchedule, the host cache's own): its key signal is measured on the device (one kernel
 // over the first call's keys), its attention signals on the prompt window's probabilities the
 // host decision copies over anyway, and an adopted budget trims the device store.
@@ -173,6 +175,7 @@ class DeviceEvictionCache final : public DeviceCache, public SharesImportance {
   void graph_reserve_step() override;
   bool graph_observes() const override { return scores_by_attention(core_.policy().scoring); }
   void graph_check_capturable() const override;
+  bool graph_next_step_replays() const override;
   void graph_observe(const AttentionObservation& obs) override;
   void absorb(const AppendInput& in, const std::vector<std::int64_t>& positions, cudaStream_t stream) override;
   int launch_segments(const QueryArgs& q, const Partials& parts, bool count_only, cudaStream_t stream) const override;
@@ -183,6 +186,13 @@ class DeviceEvictionCache final : public DeviceCache, public SharesImportance {
   void clear() override;
   void add_figures(CacheStats& st) const override;
 
+  // streaming over kivi codes at its budget, one decode row: the core lets the device admit it
+  // (EvictionCore::owner_may_admit).
+  bool streams_on_device(const AppendInput& in, const std::vector<std::int64_t>& positions) const;
+  // That admission: the row placed after the kept ones, then the decode observation by position
+  // (no probabilities: the victim is the oldest row after the sinks below the core's threshold,
+  // the row absorb() would erase), then the compression the core's settle() would run.
+  void evict_oldest_on_device(std::int64_t position, cudaStream_t stream);
   // Runs a one-query device observation in the decode kernel; false: the host must decide.
   bool observe_on_device(const AttentionObservation& obs);
   // The same over kivi codes (DevicePackedRows::observe_decode), then the host's compression.
@@ -216,13 +226,16 @@ class DeviceEvictionCache final : public DeviceCache, public SharesImportance {
   std::unique_ptr<SqueezeSchedule> squeeze_;
   std::size_t fresh_from_ = 0;  // rows at or past this were appended after the last observation
   bool host_stale_ = false;     // the decode kernel changed the mirror since the core last decided
+  // streaming over codes: the mirror holds the host's metadata since its last decision (pushed by
+  // the first device step after it); a capture needs it, as the push waits for the stream.
+  bool streaming_mirror_current_ = false;
   float* probs_host_ = nullptr;  // pinned [B * Hkv * Q * rows] copy of a device observation
   std::size_t probs_host_floats_ = 0;
   // The decode observation split over several CTAs per head: each part's lowest candidate
   // [heads_total, parts] and each head's count of parts done [heads_total] (zero between steps).
   DeviceBuffer observe_best_, observe_arrivals_;
   std::size_t observe_parts_capacity_ = 0;
-  std::size_t decode_steps_on_device_ = 0;  // observations decided by a device kernel (a figure)
+  std::size_t decode_steps_on_device_ = 0;  // decode steps whose eviction a device kernel decided (a figure)
   // Host wall time of the decisions the host core still makes (a prompt's window, squeeze's
   // adopted budget), by phase, summed over calls (figures host_decision_*_ms): what moving them
   // to the device would save. wait: the stream's queued work (the model's, not the decision's).

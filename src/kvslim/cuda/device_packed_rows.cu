@@ -316,6 +316,7 @@ __global__ void __launch_bounds__(kObserveThreads, 3)
   // the same chunks). The first chunk's prefix sum also sums `before`: one scan, not two. Unwritten
   // (nobody reads them), there is no count and no scan.
   const bool from_logits = o.logits != nullptr, writes = o.probs_out != nullptr;
+  const bool by_attention = from_logits || o.probs != nullptr;  // else by position: every row adds 0 (streaming)
   int before = 0;
   if (writes) {
     const int whole = static_cast<int>(min(static_cast<long long>(o.regions), first / G));
@@ -364,8 +365,9 @@ __global__ void __launch_bounds__(kObserveThreads, 3)
       p[j] = pos[at[j]];
       if (!fresh) old_score[j] = score[at[j]];
       if (expo != nullptr && !fresh) old_expo[j] = expo[at[j]];
-      prob[j] = from_logits ? summed_probability(o.logits, o.final_ml, static_cast<long long>(head) * o.G, o.G, o.probs_stride, i)
-                       : o.probs[head * o.probs_stride + i];
+      prob[j] = from_logits      ? summed_probability(o.logits, o.final_ml, static_cast<long long>(head) * o.G, o.G, o.probs_stride, i)
+                : by_attention ? o.probs[head * o.probs_stride + i]
+                               : 0.f;
     }
 #pragma unroll
     for (int j = 0; j < kObserveRows; ++j) {
@@ -1168,6 +1170,24 @@ bool DevicePackedRows::settle_would_act() const {
     if (h.blocks.size() >= 4 && 4 * (h.packed - std::min(pending, h.packed)) < h.made) return true;
   }
   return false;
+}
+
+bool DevicePackedRows::settle_may_act_after_step() const {
+  if (flush_) return true;
+  // Each step not yet read took one row of every head (from its window or a group), as will the
+  // next one: the lists, which may still hold those rows, count a window too long and, taking every
+  // such victim from the groups, too few packed rows: both only err towards true.
+  const auto may_act = [&](std::size_t taken) {
+    for (const Head& h : heads_) {
+      if (static_cast<int>(h.window.size()) + 1 >= staging_) return true;
+      if (h.blocks.size() >= 4 && 4 * (h.packed - std::min(taken, h.packed)) < h.made) return true;
+    }
+    return false;
+  };
+  if (!may_act(pending_.size() + 1)) return false;
+  if (pending_.empty()) return true;
+  apply_victims();  // unsure: the lists as they are (a wait, at most once a window's worth of steps)
+  return may_act(1);
 }
 
 void DevicePackedRows::between_replays(std::size_t rows, bool settle_now, cudaStream_t stream) {

@@ -99,6 +99,8 @@ class DevicePackedRows final : public DeviceRowStore {
   // A decode step's observation and eviction on the device (see the file comment): probs over the
   // rows the last attend spanned ([H, probs_stride], attention_rows() of them), or in slot order
   // ([H, probs_stride] over `rows`) when `slot_order`. The host's lists learn its victims (one int a head) lazily: the step does not wait.
+  // No probabilities and no logits: by position (streaming's admission): every row adds 0, so the
+  // victim is the oldest row after the sinks below the threshold.
   struct DecodeStep {
     const float* probs = nullptr;
     long long probs_stride = 0;
@@ -121,6 +123,9 @@ class DevicePackedRows final : public DeviceRowStore {
   // needs no host work at all. A group emptied by a victim needs none either: its region is all
   // padding on the device, and the next settle that acts re-lays the store out.
   bool settle_would_act() const;
+  // The same after one more decode step (a row into every window, a victim taken), counted so that
+  // it never says false where that step's settle would act (streaming's steps that must run eagerly).
+  bool settle_may_act_after_step() const;
   // Between two replayed decode steps (StepGraph), on the stream ahead of the next replay: what an
   // eager step's observation would have settled (compression, re-packs), room in the window for the
   // next row, and the victims read once the ring of unread steps is full. `settle` false: squeeze's

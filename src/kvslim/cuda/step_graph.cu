@@ -233,7 +233,14 @@ void StepGraph::begin_capture(int query_heads, int query_tokens) {
   }
   DeviceGuard guard(impl_->device);
   prepare_side_stream();
-  for (DeviceCache* c : impl_->caches) c->graph_begin(query_heads, query_tokens);
+  try {
+    for (DeviceCache* c : impl_->caches) c->graph_begin(query_heads, query_tokens);
+  } catch (...) {
+    // A cache refused: the ones before it leave their capture too (eager steps go on, a later
+    // begin_capture may try again).
+    for (DeviceCache* c : impl_->caches) c->graph_end();
+    throw;
+  }
   impl_->capturing = true;
 }
 
@@ -260,6 +267,16 @@ void StepGraph::replay(void* stream) {
   KVSLIM_CUDA_CHECK(cudaGraphLaunch(impl_->exec, s));
   for (DeviceCache* c : impl_->caches) c->graph_launched(s);
   ++impl_->steps;
+}
+
+bool StepGraph::next_step_replays(void* stream) {
+  if (impl_->capturing) graph_error("next_step_replays while a step is being captured");
+  if (impl_->captured_step_pending) return true;  // the captured step itself, whose nodes hold its arguments
+  DeviceGuard guard(impl_->device);
+  const auto s = static_cast<cudaStream_t>(stream);
+  bool replays = true;
+  for (DeviceCache* c : impl_->caches) replays = c->graph_prepare_next(s, impl_->exec != nullptr) && replays;
+  return replays;
 }
 
 std::size_t StepGraph::steps() const { return impl_->steps; }
