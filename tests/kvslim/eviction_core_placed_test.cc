@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <deque>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -259,6 +261,130 @@ TEST(EvictionCorePlaced, StreamingOwnerEvictsTheRowTheCoreWould) {
   EXPECT_EQ(by_owner, 190);
   EXPECT_EQ(placed.positions(0)[0], 0);  // the sinks stay
   EXPECT_THROW(placed.admit_by_owner(next - 1, limit), std::logic_error);
+}
+
+// Scoring none's admission, token by token as the core documents it (admit(): append below the
+// limit, else the lowest (score, position) after the sinks below the token's threshold leaves, or
+// an unprotected newcomer is dropped), over positions and scores only: the reference the core's
+// one-pass admission (admit_in_order) must equal.
+struct ReferenceRows {
+  std::vector<std::int64_t> pos;
+  std::vector<float> score;
+};
+void reference_admit(ReferenceRows& r, const EvictionPolicy& p, bool slot_writes, std::deque<std::int64_t>& recent,
+                     const std::vector<std::int64_t>& call, std::size_t limit) {
+  std::size_t window = p.recent_window;
+  if (p.recent_fits_budget) window = std::min(window, (limit > p.n_sink ? limit - p.n_sink : 0) / 2);
+  std::vector<std::int64_t> thresholds;
+  for (const std::int64_t x : call) {
+    if (p.recent_window > 0) {
+      recent.push_back(x);
+      if (recent.size() > p.recent_window) recent.pop_front();
+    }
+    const std::size_t w = std::min(window, recent.size());
+    thresholds.push_back(w == 0 ? std::numeric_limits<std::int64_t>::max() : recent[recent.size() - w]);
+  }
+  const bool protect = p.recent_window > 0 && std::min(window, recent.size()) > 0;
+  for (std::size_t s = 0; s < call.size(); ++s) {
+    const std::size_t n = r.pos.size();
+    if (n == 0 || n < limit) {
+      r.pos.push_back(call[s]);
+      r.score.push_back(n == 0 ? 1.0f : 0.0f);
+      continue;
+    }
+    std::size_t victim = n;
+    for (std::size_t j = p.n_sink; j < n; ++j) {
+      if (r.pos[j] >= thresholds[s]) continue;
+      if (victim == n || r.score[j] < r.score[victim] || (r.score[j] == r.score[victim] && r.pos[j] < r.pos[victim])) victim = j;
+    }
+    if (!protect && (victim == n || r.score[victim] > 0.0f)) continue;
+    ASSERT_LT(victim, n) << "no evictable row";
+    if (slot_writes) {
+      r.pos[victim] = call[s];
+      r.score[victim] = 0.0f;
+    } else {
+      r.pos.erase(r.pos.begin() + static_cast<std::ptrdiff_t>(victim));
+      r.score.erase(r.score.begin() + static_cast<std::ptrdiff_t>(victim));
+      r.pos.push_back(call[s]);
+      r.score.push_back(0.0f);
+    }
+  }
+}
+
+// Streaming's calls (rising positions) are admitted in one pass: the rows, scores and slots equal
+// the token-by-token reference for every storage (fp16 slots and kivi codes written by the core,
+// both placed by an owner), with and without sinks (the first token's score 1.0 then shields it),
+// with a recent window, a window fitted to the budget, and none (newcomers dropped when the only
+// candidate is that first row).
+TEST(EvictionCorePlaced, StreamingAdmitsACallInOnePassAsTokenByToken) {
+  struct Case {
+    std::size_t n_sink, recent_window, limit;
+    bool fits;
+  };
+  for (const Case cs : {Case{4, 68, 72, false}, Case{0, 71, 72, false}, Case{3, 500, 40, true}, Case{0, 0, 1, false},
+                        Case{2, 0, 16, false}}) {
+    EvictionPolicy policy;
+    policy.scoring = Scoring::none;
+    policy.n_sink = cs.n_sink;
+    policy.recent_window = cs.recent_window;
+    policy.recent_fits_budget = cs.fits;
+    const std::size_t batch = 1, kv_heads = 2, heads = 2, D = 32;
+    PackedRowsOptions kivi;
+    kivi.group_size = 32;
+    kivi.staging = 32;
+    for (int kind = 0; kind < 4; ++kind) {  // fp16 slots, kivi codes, placed slots, placed in order
+      const bool slot_writes = kind == 0 || kind == 2, placed = kind >= 2;
+      std::unique_ptr<RowStorage> storage;
+      PlacedPositions* placed_slots = nullptr;
+      PlacedInOrder* placed_order = nullptr;
+      if (kind == 1) storage = std::make_unique<PackedRows>(kivi);
+      if (kind == 2) {
+        auto st = std::make_unique<PlacedPositions>();
+        placed_slots = st.get();
+        storage = std::move(st);
+      }
+      if (kind == 3) {
+        auto st = std::make_unique<PlacedInOrder>();
+        placed_order = st.get();
+        storage = std::move(st);
+      }
+      EvictionCore core(policy, std::move(storage));
+      ReferenceRows ref;
+      std::deque<std::int64_t> recent;
+      std::int64_t next = 5;
+      const std::string what = "n_sink " + std::to_string(cs.n_sink) + ", window " + std::to_string(cs.recent_window) +
+                               (cs.fits ? " (fitted)" : "") + ", limit " + std::to_string(cs.limit) + ", storage " +
+                               std::to_string(kind);
+      for (const std::size_t S : {std::size_t{20}, std::size_t{300}, std::size_t{1}, std::size_t{1}, std::size_t{37},
+                                  std::size_t{1}, std::size_t{500}, std::size_t{3}}) {
+        std::vector<std::int64_t> pos(S);
+        for (std::size_t i = 0; i < S; ++i) pos[i] = next + static_cast<std::int64_t>(2 * i);  // gaps: any rising positions
+        next += static_cast<std::int64_t>(2 * S);
+        std::vector<std::uint16_t> rows(heads * S * D);
+        for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<std::uint16_t>(0x3800 + i % 509);
+        reference_admit(ref, policy, slot_writes, recent, pos, cs.limit);
+        if (placed) {
+          if (placed_slots) {
+            placed_slots->kept = core.rows();
+            placed_slots->arriving = pos;
+          }
+          if (placed_order) placed_order->arriving = pos;
+          core.absorb_placed(batch, kv_heads, D, pos.data(), S, cs.limit);
+        } else {
+          core.absorb(batch, kv_heads, D, rows.data(), rows.data(), pos.data(), S, cs.limit);
+        }
+        ASSERT_EQ(core.rows(), ref.pos.size()) << what << ", call of " << S;
+        for (std::size_t h = 0; h < heads; ++h) {
+          for (std::size_t i = 0; i < ref.pos.size(); ++i) {
+            ASSERT_EQ(core.positions(h)[i], ref.pos[i]) << what << ", call of " << S << ": head " << h << " slot " << i;
+            ASSERT_EQ(core.scores(h)[i], ref.score[i]) << what << ", call of " << S << ": head " << h << " slot " << i;
+            if (placed_slots) ASSERT_EQ(placed_slots->slots[h * placed_slots->capacity + i], ref.pos[i]) << what;
+            if (placed_order) ASSERT_EQ(placed_order->rows[h][i], ref.pos[i]) << what;
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST(EvictionCorePlaced, RefusesWhatItCannotPlace) {

@@ -2,6 +2,7 @@
 #include "cache/observation_check.h"
 
 #include <algorithm>
+#include <queue>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -186,12 +187,16 @@ void EvictionCore::absorb(std::size_t batch, std::size_t heads, std::size_t dim,
   if (limit != EvictionPolicy::kUnbounded) bound = std::max(needed, append_only ? limit + 1 : limit);
   reserve_rows(needed, bound);
 
+  // A call whose positions rise past every position held: its thresholds rise too, which scoring
+  // none's admission in one pass needs (admit_in_order).
+  in_order_call_ = S > 0 && positions[0] > newest_;
+  for (std::size_t s = 1; s < S && in_order_call_; ++s) in_order_call_ = positions[s] > positions[s - 1];
   // The recent-window threshold after each token: rows at or above it are protected.
   thresholds_.resize(S);
   for (std::size_t s = 0; s < S; ++s) {
+    newest_ = std::max(newest_, positions[s]);
     if (policy_.recent_window > 0) {
       recent_.push_back(positions[s]);
-      newest_ = std::max(newest_, positions[s]);
       if (recent_.size() > policy_.recent_window) recent_.pop_front();
     }
     thresholds_[s] = recent_threshold(limit);
@@ -249,6 +254,8 @@ void EvictionCore::absorb_heads(std::size_t head_begin, std::size_t head_end, co
       if (scores_by_attention(scoring_now)) {
         for (std::size_t s = 0; s < S; ++s) write_metadata(head, rows_ + s, positions[s], 0.0f);
         final_rows = rows_ + S;
+      } else if (in_order_call_) {
+        final_rows = admit_in_order(head, nullptr, nullptr, positions, S, limit, recent_threshold);
       } else {
         final_rows = absorb_head_placed(head, positions, S, limit, recent_threshold);
       }
@@ -259,6 +266,8 @@ void EvictionCore::absorb_heads(std::size_t head_begin, std::size_t head_end, co
     if (scores_by_attention(scoring_now)) {
       for (std::size_t s = 0; s < S; ++s) write_row(head, rows_ + s, k + s * D, v + s * D, positions[s], 0.0f);
       final_rows = rows_ + S;
+    } else if (scoring_now == Scoring::none && in_order_call_) {
+      final_rows = admit_in_order(head, k, v, positions, S, limit, recent_threshold);
     } else if (blocked) {
       final_rows = absorb_head_blocked(head, k, v, positions, S, limit, recent_threshold, scratch);
     } else {
@@ -301,6 +310,104 @@ std::size_t EvictionCore::admit(std::size_t head, std::size_t& n, const std::uin
   erase_rows(head, n, one);
   place(n - 1);
   return n - 1;
+}
+
+std::size_t EvictionCore::admit_in_order(std::size_t head, const std::uint16_t* keys16, const std::uint16_t* values16,
+                                         const std::int64_t* positions, std::size_t S, std::size_t limit,
+                                         const std::int64_t* recent_threshold) {
+  // Rows by id: id < n0 the row held in slot id, n0 + s the call's token s. Token by token, the
+  // admission of absorb_head_sequential / absorb_head_placed (admit(), scoring none): below the
+  // limit a token is appended; at the limit the lowest (score, position) among the rows after the
+  // sinks below the token's threshold leaves and the token comes in (or the token is dropped). The
+  // thresholds only rise (in_order_call_), so a row, once below one, stays a candidate: candidates
+  // enter a heap in position order instead of a scan of every row per token. Then the outcome is
+  // applied at once (one erasure, or each token's final slot).
+  const std::size_t n0 = rows_, D = dim_;
+  const bool placed = keys16 == nullptr, slots = storage_->slot_writes(), protect = newcomer_protected(limit);
+  const std::int64_t* held_pos = positions_.data() + head * capacity_;
+  const auto pos_of = [&](std::size_t id) { return id < n0 ? held_pos[id] : positions[id - n0]; };
+  std::vector<float> token_score(S, 0.0f);  // the bootstrap token's 1.0, else 0
+  const auto score_of = [&](std::size_t id) { return id < n0 ? effective_score(head, id) : token_score[id - n0]; };
+  struct Candidate {
+    float score;
+    std::int64_t pos;
+    std::size_t id;
+  };
+  const auto higher = [](const Candidate& a, const Candidate& b) {
+    return a.score > b.score || (a.score == b.score && a.pos > b.pos);
+  };
+  std::priority_queue<Candidate, std::vector<Candidate>, decltype(higher)> candidates(higher);
+  // The rows after the sinks not yet below a threshold, in position order: the held ones by position
+  // (slot storages keep them in any order), then each token admitted.
+  std::vector<std::size_t> waiting;
+  waiting.reserve(n0 + S);
+  for (std::size_t id = std::min(policy_.n_sink, n0); id < n0; ++id) waiting.push_back(id);
+  std::stable_sort(waiting.begin(), waiting.end(), [&](std::size_t a, std::size_t b) { return held_pos[a] < held_pos[b]; });
+  std::size_t next_waiting = 0;
+  std::vector<std::uint8_t> alive(n0 + S, 0);
+  std::vector<std::size_t> slot_of(n0 + S, kNone);  // slot storages: where each row ends up
+  std::fill(alive.begin(), alive.begin() + static_cast<std::ptrdiff_t>(n0), 1);
+  for (std::size_t id = 0; id < n0; ++id) slot_of[id] = id;
+  std::size_t n = n0;
+  for (std::size_t s = 0; s < S; ++s) {
+    const std::size_t id = n0 + s;
+    if (n < limit || n == 0) {  // appended (the first token ever: the bootstrap row, score 1.0)
+      if (n == 0) token_score[s] = 1.0f;
+      alive[id] = 1;
+      slot_of[id] = n;
+      if (n >= policy_.n_sink) waiting.push_back(id);
+      ++n;
+      continue;
+    }
+    for (; next_waiting < waiting.size() && pos_of(waiting[next_waiting]) < recent_threshold[s]; ++next_waiting) {
+      const std::size_t w = waiting[next_waiting];
+      if (alive[w]) candidates.push(Candidate{score_of(w), pos_of(w), w});
+    }
+    const bool none = candidates.empty();
+    if (!protect && (none || candidates.top().score > 0.0f)) continue;  // the token is dropped
+    if (none) throw std::logic_error("eviction core: no evictable row (sinks + recent window >= budget)");
+    const std::size_t victim = candidates.top().id;
+    candidates.pop();
+    alive[victim] = 0;
+    alive[id] = 1;
+    slot_of[id] = slot_of[victim];  // (slot storages: the token takes the victim's slot)
+    waiting.push_back(id);
+  }
+  const auto token = [&](std::size_t s, const std::uint16_t* base) { return base + s * D; };  // (the head's [S, D])
+  if (!slots) {
+    // Rows in arrival order: the held ones left, then the tokens admitted, each in its order.
+    std::vector<std::size_t> gone;
+    if (placed) {  // the storage holds [held | the call's tokens]: one erasure of every row that left
+      for (std::size_t s = 0; s < S; ++s) write_metadata(head, n0 + s, positions[s], token_score[s]);
+      for (std::size_t id = 0; id < n0 + S; ++id) {
+        if (!alive[id]) gone.push_back(id);
+      }
+      if (!gone.empty()) erase_rows(head, n0 + S, gone);
+      return n;
+    }
+    for (std::size_t id = 0; id < n0; ++id) {
+      if (!alive[id]) gone.push_back(id);
+    }
+    if (!gone.empty()) erase_rows(head, n0, gone);
+    std::size_t at = n0 - gone.size();
+    for (std::size_t s = 0; s < S; ++s) {
+      if (alive[n0 + s]) write_row(head, at++, token(s, keys16), token(s, values16), positions[s], token_score[s]);
+    }
+    return n;
+  }
+  // Slot storages: each token admitted in its final slot (a placed one moved there from where it
+  // arrived; no final slot is another's arrival: those above the limit are never a victim's).
+  for (std::size_t s = 0; s < S; ++s) {
+    if (!alive[n0 + s]) continue;
+    const std::size_t slot = slot_of[n0 + s];
+    if (placed) {
+      if (slot != n0 + s) storage_->move(head, n0 + s, slot);
+      write_metadata(head, slot, positions[s], token_score[s]);
+    } else {
+      write_row(head, slot, token(s, keys16), token(s, values16), positions[s], token_score[s]);
+    }
+  }
+  return n;
 }
 
 std::size_t EvictionCore::absorb_head_placed(std::size_t head, const std::int64_t* positions, std::size_t S,

@@ -199,6 +199,12 @@ class EvictionCore {
                                      const std::int64_t* recent_threshold, AbsorbScratch& scratch);
   // Scoring none over rows placed at rows_ .. rows_ + S - 1 (absorb_placed): the same admission,
   // each admitted row moved to its slot (slot storages), or its victim erased before it (others).
+  // Scoring none over a call whose positions rise past every position held (in_order_call_): the
+  // same admission decided in one pass (a heap of the rows below the threshold) and applied at once.
+  // keys16 / values16 null: placed rows. O((rows + S) log rows) a head instead of a scan per token.
+  std::size_t admit_in_order(std::size_t head, const std::uint16_t* keys16, const std::uint16_t* values16,
+                             const std::int64_t* positions, std::size_t S, std::size_t limit,
+                             const std::int64_t* recent_threshold);
   std::size_t absorb_head_placed(std::size_t head, const std::int64_t* positions, std::size_t S, std::size_t limit,
                                  const std::int64_t* recent_threshold);
   // The same for the key proxy with the dot products batched per block of kBlockTokens.
@@ -240,7 +246,8 @@ class EvictionCore {
   // else split across threads (exceptions rethrown on the caller's).
   static void split_heads(std::size_t total, double work, const std::function<void(std::size_t, std::size_t, std::size_t)>& task);
   std::size_t recent_count(std::size_t limit) const;
-  std::int64_t newest_ = std::numeric_limits<std::int64_t>::min();  // the highest position the recent window saw
+  std::int64_t newest_ = std::numeric_limits<std::int64_t>::min();  // the highest position absorbed
+  bool in_order_call_ = false;  // this call's positions rise past every position held
   Scoring scoring() const { return fallback_ ? Scoring::key_proxy : policy_.scoring; }
   // Working memory of one thread of observe(), per head in turn (each thread its own).
   struct ObserveScratch {
