@@ -106,6 +106,28 @@ class PlacedInOrder final : public RowStorage {
   void reset() override { rows.clear(); }
 };
 
+// kivi codes as the tests' CPU caches keep them: groups of 32 rows, a window compressed every 32.
+PackedRowsOptions kivi_g32() {
+  PackedRowsOptions o;
+  o.group_size = 32;
+  o.staging = 32;
+  return o;
+}
+
+// One call: `S` rising positions from `next` on (`stride` apart; `next` moves past them) and rows
+// whose content does not matter, [heads, S, D] fp16.
+struct Call {
+  std::vector<std::int64_t> pos;
+  std::vector<std::uint16_t> rows;
+};
+Call next_call(std::int64_t& next, std::size_t S, std::size_t heads, std::size_t D, std::int64_t stride = 1) {
+  Call c{std::vector<std::int64_t>(S), std::vector<std::uint16_t>(heads * S * D)};
+  for (std::size_t s = 0; s < S; ++s) c.pos[s] = next + stride * static_cast<std::int64_t>(s);
+  next += stride * static_cast<std::int64_t>(S);
+  for (std::size_t i = 0; i < c.rows.size(); ++i) c.rows[i] = static_cast<std::uint16_t>(0x3800 + i % 509);
+  return c;
+}
+
 TEST(EvictionCorePlaced, StreamingAdmitsPlacedRowsAsItAdmitsItsOwn) {
   KVCacheConfig c;
   c.streaming_budget = 80;
@@ -151,23 +173,17 @@ TEST(EvictionCorePlaced, StreamingErasesBeforePlacedRowsAsOverKiviCodes) {
   c.streaming_n_sink = 3;
   const EvictionPolicy policy = make_streaming_policy(c);
   const std::size_t batch = 2, kv_heads = 2, heads = batch * kv_heads, D = 32, limit = 72;
-  PackedRowsOptions kivi;
-  kivi.group_size = 32;
-  kivi.staging = 32;
-  EvictionCore own(policy, std::make_unique<PackedRows>(kivi));  // the CPU cache: rows written by the core
+  EvictionCore own(policy, std::make_unique<PackedRows>(kivi_g32()));  // the CPU cache: rows written by the core
   auto placed_storage = std::make_unique<PlacedInOrder>();
   PlacedInOrder& placed_rows = *placed_storage;
   EvictionCore placed(policy, std::move(placed_storage));
 
   std::int64_t next = 0;
   const auto call = [&](std::size_t S, const std::string& what) {
-    std::vector<std::int64_t> pos(S);
-    for (std::size_t s = 0; s < S; ++s) pos[s] = next++;
-    std::vector<std::uint16_t> rows(heads * S * D);
-    for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<std::uint16_t>(0x3800 + i % 509);
-    own.absorb(batch, kv_heads, D, rows.data(), rows.data(), pos.data(), S, limit);
-    placed_rows.arriving = pos;
-    placed.absorb_placed(batch, kv_heads, D, pos.data(), S, limit);
+    const Call in = next_call(next, S, heads, D);
+    own.absorb(batch, kv_heads, D, in.rows.data(), in.rows.data(), in.pos.data(), S, limit);
+    placed_rows.arriving = in.pos;
+    placed.absorb_placed(batch, kv_heads, D, in.pos.data(), S, limit);
     ASSERT_EQ(placed.rows(), own.rows()) << what;
     for (std::size_t h = 0; h < heads; ++h) {
       ASSERT_EQ(placed_rows.rows[h].size(), placed.rows()) << what << ": head " << h;
@@ -200,23 +216,18 @@ TEST(EvictionCorePlaced, StreamingOwnerEvictsTheRowTheCoreWould) {
   c.streaming_n_sink = 3;
   const EvictionPolicy policy = make_streaming_policy(c);
   const std::size_t batch = 2, kv_heads = 2, heads = batch * kv_heads, D = 32, limit = 72, n_sink = 3;
-  PackedRowsOptions kivi;
-  kivi.group_size = 32;
-  kivi.staging = 32;
-  EvictionCore own(policy, std::make_unique<PackedRows>(kivi));
-  auto placed_storage = std::make_unique<PlacedInOrder>();
-  PlacedInOrder& placed_rows = *placed_storage;
-  EvictionCore placed(policy, std::move(placed_storage));
+  EvictionCore own(policy, std::make_unique<PackedRows>(kivi_g32()));
+  auto placed_rows_owned = std::make_unique<PlacedInOrder>();
+  PlacedInOrder& placed_rows = *placed_rows_owned;
+  EvictionCore placed(policy, std::move(placed_rows_owned));
 
   bool stale = false;  // the owner's steps since the core last decided
   int by_owner = 0;
   std::int64_t next = 0;
   const auto call = [&](std::size_t S, const std::string& what) {
-    std::vector<std::int64_t> pos(S);
-    for (std::size_t s = 0; s < S; ++s) pos[s] = next++;
-    std::vector<std::uint16_t> rows(heads * S * D);
-    for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<std::uint16_t>(0x3800 + i % 509);
-    own.absorb(batch, kv_heads, D, rows.data(), rows.data(), pos.data(), S, limit);
+    const Call in = next_call(next, S, heads, D);
+    const std::vector<std::int64_t>& pos = in.pos;
+    own.absorb(batch, kv_heads, D, in.rows.data(), in.rows.data(), pos.data(), S, limit);
     if (S == 1 && placed.owner_may_admit(limit, pos[0])) {
       const std::int64_t threshold = placed.admit_by_owner(pos[0], limit);
       for (auto& head : placed_rows.rows) {
@@ -329,15 +340,12 @@ TEST(EvictionCorePlaced, StreamingAdmitsACallInOnePassAsTokenByToken) {
     policy.recent_window = cs.recent_window;
     policy.recent_fits_budget = cs.fits;
     const std::size_t batch = 1, kv_heads = 2, heads = 2, D = 32;
-    PackedRowsOptions kivi;
-    kivi.group_size = 32;
-    kivi.staging = 32;
     for (int kind = 0; kind < 4; ++kind) {  // fp16 slots, kivi codes, placed slots, placed in order
       const bool slot_writes = kind == 0 || kind == 2, placed = kind >= 2;
       std::unique_ptr<RowStorage> storage;
       PlacedPositions* placed_slots = nullptr;
       PlacedInOrder* placed_order = nullptr;
-      if (kind == 1) storage = std::make_unique<PackedRows>(kivi);
+      if (kind == 1) storage = std::make_unique<PackedRows>(kivi_g32());
       if (kind == 2) {
         auto st = std::make_unique<PlacedPositions>();
         placed_slots = st.get();
@@ -357,11 +365,8 @@ TEST(EvictionCorePlaced, StreamingAdmitsACallInOnePassAsTokenByToken) {
                                std::to_string(kind);
       for (const std::size_t S : {std::size_t{20}, std::size_t{300}, std::size_t{1}, std::size_t{1}, std::size_t{37},
                                   std::size_t{1}, std::size_t{500}, std::size_t{3}}) {
-        std::vector<std::int64_t> pos(S);
-        for (std::size_t i = 0; i < S; ++i) pos[i] = next + static_cast<std::int64_t>(2 * i);  // gaps: any rising positions
-        next += static_cast<std::int64_t>(2 * S);
-        std::vector<std::uint16_t> rows(heads * S * D);
-        for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<std::uint16_t>(0x3800 + i % 509);
+        const Call in = next_call(next, S, heads, D, /*stride=*/2);  // gaps: any rising positions
+        const std::vector<std::int64_t>& pos = in.pos;
         reference_admit(ref, policy, slot_writes, recent, pos, cs.limit);
         if (placed) {
           if (placed_slots) {
@@ -371,15 +376,19 @@ TEST(EvictionCorePlaced, StreamingAdmitsACallInOnePassAsTokenByToken) {
           if (placed_order) placed_order->arriving = pos;
           core.absorb_placed(batch, kv_heads, D, pos.data(), S, cs.limit);
         } else {
-          core.absorb(batch, kv_heads, D, rows.data(), rows.data(), pos.data(), S, cs.limit);
+          core.absorb(batch, kv_heads, D, in.rows.data(), in.rows.data(), pos.data(), S, cs.limit);
         }
         ASSERT_EQ(core.rows(), ref.pos.size()) << what << ", call of " << S;
         for (std::size_t h = 0; h < heads; ++h) {
           for (std::size_t i = 0; i < ref.pos.size(); ++i) {
             ASSERT_EQ(core.positions(h)[i], ref.pos[i]) << what << ", call of " << S << ": head " << h << " slot " << i;
             ASSERT_EQ(core.scores(h)[i], ref.score[i]) << what << ", call of " << S << ": head " << h << " slot " << i;
-            if (placed_slots) ASSERT_EQ(placed_slots->slots[h * placed_slots->capacity + i], ref.pos[i]) << what;
-            if (placed_order) ASSERT_EQ(placed_order->rows[h][i], ref.pos[i]) << what;
+            if (placed_slots) {
+              ASSERT_EQ(placed_slots->slots[h * placed_slots->capacity + i], ref.pos[i]) << what;
+            }
+            if (placed_order) {
+              ASSERT_EQ(placed_order->rows[h][i], ref.pos[i]) << what;
+            }
           }
         }
       }

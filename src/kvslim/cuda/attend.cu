@@ -65,28 +65,6 @@ __device__ TileRows tile_rows(const QueryArgs& a) {
   return r;
 }
 
-// q_s [8][D] = queries of the tile times the logit scale (log2 units); rows past S*G are zero.
-// Every load of a thread is issued before the first is used (as in attend_codes_half.cu: dependent
-// load-multiply-store rounds were that kernel's most sampled stall, device_s49/r5).
-template <int D>
-__device__ void load_queries(const QueryArgs& a, const TileRows& r, float* q_s) {
-  static_assert(kTileRows * D % kThreads == 0, "whole rounds of q elements per thread");
-  constexpr int kPerThread = kTileRows * D / kThreads;
-  float v[kPerThread];
-#pragma unroll
-  for (int k = 0; k < kPerThread; ++k) {
-    const int i = threadIdx.x + k * kThreads, row = i / D, c = i % D;
-    const long long m = static_cast<long long>(r.tile) * kTileRows + row;
-    v[k] = 0.f;
-    if (m < static_cast<long long>(a.S) * a.G) {
-      const long long s = m / a.G, j = m % a.G;
-      v[k] = a.q[((static_cast<long long>(r.b) * a.S + s) * a.Hq + static_cast<long long>(r.h) * a.G + j) * D + c];
-    }
-  }
-#pragma unroll
-  for (int k = 0; k < kPerThread; ++k) q_s[threadIdx.x + k * kThreads] = v[k] * a.scale_log2;
-}
-
 // Online softmax state of a lane's row, and its accumulators: channel value_channel(nt, 2t + e).
 template <int D>
 struct RowState {
@@ -190,7 +168,7 @@ __global__ void __launch_bounds__(kThreads) attend_dense_kernel(QueryArgs a, Den
 
   pdl_launch_dependents();  // the merge may launch; it waits for this kernel before reading
   const TileRows r = tile_rows(a);
-  load_queries<D>(a, r, q_s);
+  load_tile_queries<kTileRows, D>(a, r.tile, r.b, r.h, q_s);  // q_s [8][D]
   __syncthreads();
 
   // Query fragments once: (hi, lo) of q scaled by a power of two per row.

@@ -226,23 +226,8 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
     cp_async_commit();
   }
   // q after the first units' copies are issued: its loads' latency overlaps theirs (batch 1 waits
-  // for both). Every load of a thread is issued before the first is used (a loop of dependent
-  // load-multiply-store rounds was the most sampled stall of the kernel: ncu, device_s49/r5).
-  static_assert(kDecodeVectors * D % kThreads == 0, "whole rounds of q elements per thread");
-  constexpr int kQPerThread = kDecodeVectors * D / kThreads;
-  float qx[kQPerThread];
-#pragma unroll
-  for (int r = 0; r < kQPerThread; ++r) {
-    const int i = threadIdx.x + r * kThreads, v = i / D, c = i % D;
-    const long long m = static_cast<long long>(tile) * kTileRows + v;
-    qx[r] = 0.f;
-    if (m < SG) {
-      const long long sq = m / a.G, j = m % a.G;
-      qx[r] = a.q[((static_cast<long long>(b) * a.S + sq) * a.Hq + static_cast<long long>(h) * a.G + j) * D + c];
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < kQPerThread; ++r) qs[threadIdx.x + r * kThreads] = qx[r] * a.scale_log2;
+  // for both).
+  load_tile_queries<kDecodeVectors, D>(a, tile, b, h, qs);
   __syncthreads();
   std::uint32_t bq[NR];  // the current group's q' part for column g, key register r's two channels
   float qscale = 0.f, bias = 0.f;

@@ -18,6 +18,30 @@ namespace kvslim::cuda::attend_detail {
 constexpr int kWarps = 4;  // a CTA: 4 warps, each streaming its own units of rows
 constexpr int kThreads = 32 * kWarps;
 
+// dst [ROWS][D] = the query vectors tile * kTileRows + 0 .. ROWS - 1 of KV head (b, h) times the
+// logit scale (log2 units); vectors past S * G are zero. Each thread issues all of its loads before
+// it uses the first: rounds of dependent load, multiply, store were the codes kernel's most sampled
+// stall (docs/cuda.md, stop 49).
+template <int ROWS, int D>
+__device__ __forceinline__ void load_tile_queries(const QueryArgs& a, int tile, int b, int h, float* dst) {
+  static_assert(ROWS * D % kThreads == 0, "whole rounds of query elements per thread");
+  constexpr int kPerThread = ROWS * D / kThreads;
+  const long long SG = static_cast<long long>(a.S) * a.G;
+  float x[kPerThread];
+#pragma unroll
+  for (int k = 0; k < kPerThread; ++k) {
+    const int i = threadIdx.x + k * kThreads, v = i / D, c = i % D;
+    const long long m = static_cast<long long>(tile) * kTileRows + v;
+    x[k] = 0.f;
+    if (m < SG) {
+      const long long sq = m / a.G, j = m % a.G;
+      x[k] = a.q[((static_cast<long long>(b) * a.S + sq) * a.Hq + static_cast<long long>(h) * a.G + j) * D + c];
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kPerThread; ++k) dst[threadIdx.x + k * kThreads] = x[k] * a.scale_log2;
+}
+
 // combine_kernel's warps (attend.cu): warp w merges splits w, w + 8, ..., then the warps' sums
 // meet in order. The fused merge (merge_parts) sums in that same order, so both give the same bits.
 constexpr int kCombineWarps = 8;
