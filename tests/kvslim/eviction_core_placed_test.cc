@@ -363,8 +363,9 @@ TEST(EvictionCorePlaced, StreamingAdmitsACallInOnePassAsTokenByToken) {
       const std::string what = "n_sink " + std::to_string(cs.n_sink) + ", window " + std::to_string(cs.recent_window) +
                                (cs.fits ? " (fitted)" : "") + ", limit " + std::to_string(cs.limit) + ", storage " +
                                std::to_string(kind);
+      // (calls of 64 tokens or more take the one pass; shorter ones the scan per token, between them)
       for (const std::size_t S : {std::size_t{20}, std::size_t{300}, std::size_t{1}, std::size_t{1}, std::size_t{37},
-                                  std::size_t{1}, std::size_t{500}, std::size_t{3}}) {
+                                  std::size_t{64}, std::size_t{1}, std::size_t{500}, std::size_t{63}, std::size_t{3}}) {
         const Call in = next_call(next, S, heads, D, /*stride=*/2);  // gaps: any rising positions
         const std::vector<std::int64_t>& pos = in.pos;
         reference_admit(ref, policy, slot_writes, recent, pos, cs.limit);

@@ -188,8 +188,9 @@ void EvictionCore::absorb(std::size_t batch, std::size_t heads, std::size_t dim,
   reserve_rows(needed, bound);
 
   // A call whose positions rise past every position held: its thresholds rise too, which scoring
-  // none's admission in one pass needs (admit_in_order).
-  in_order_call_ = S > 0 && positions[0] > newest_;
+  // none's admission in one pass needs (admit_in_order). Shorter calls (a decode step) keep the scan
+  // per token: cheaper than the pass's ordering of the rows held.
+  in_order_call_ = S >= kOnePassTokens && positions[0] > newest_;
   for (std::size_t s = 1; s < S && in_order_call_; ++s) in_order_call_ = positions[s] > positions[s - 1];
   // The recent-window threshold after each token: rows at or above it are protected.
   thresholds_.resize(S);
@@ -342,7 +343,10 @@ std::size_t EvictionCore::admit_in_order(std::size_t head, const std::uint16_t* 
   std::vector<std::size_t> waiting;
   waiting.reserve(n0 + S);
   for (std::size_t id = std::min(policy_.n_sink, n0); id < n0; ++id) waiting.push_back(id);
-  std::stable_sort(waiting.begin(), waiting.end(), [&](std::size_t a, std::size_t b) { return held_pos[a] < held_pos[b]; });
+  const auto by_position = [&](std::size_t a, std::size_t b) { return held_pos[a] < held_pos[b]; };
+  if (!std::is_sorted(waiting.begin(), waiting.end(), by_position)) {
+    std::stable_sort(waiting.begin(), waiting.end(), by_position);
+  }
   std::size_t next_waiting = 0;
   std::vector<std::uint8_t> alive(n0 + S, 0);
   std::vector<std::size_t> slot_of(n0 + S, kNone);  // slot storages: where each row ends up

@@ -190,6 +190,8 @@ class EvictionCore {
  private:
   // Incoming tokens scored together by the blocked key proxy (a prefill; decode stays per token).
   static constexpr std::size_t kBlockTokens = 64;
+  // Scoring none admits a call of at least this many tokens in one pass (admit_in_order).
+  static constexpr std::size_t kOnePassTokens = 64;
   void absorb_heads(std::size_t head_begin, std::size_t head_end, const std::uint16_t* keys16,
                     const std::uint16_t* values16, const std::int64_t* positions, std::size_t S,
                     std::size_t limit, const std::int64_t* recent_threshold, AbsorbScratch& scratch);
