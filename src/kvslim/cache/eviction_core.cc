@@ -2,11 +2,11 @@
 #include "cache/observation_check.h"
 
 #include <algorithm>
-#include <queue>
 #include <cmath>
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <queue>
 #include <stdexcept>
 #include <exception>
 #include <functional>
@@ -88,6 +88,15 @@ struct AbsorbScratch {
 };
 
 namespace {
+// A newcomer at the limit: dropped where it is not protected and the lowest evictable row (if any)
+// scores above 0 (it would outrank the newcomer's 0); protected with no evictable row, the budget
+// cannot hold the sinks and the window.
+bool drops_newcomer(bool newcomer_protected, bool has_victim, float victim_score) {
+  if (!newcomer_protected && (!has_victim || victim_score > 0.0f)) return true;
+  if (!has_victim) throw std::logic_error("eviction core: no evictable row (sinks + recent window >= budget)");
+  return false;
+}
+
 // Below this much scoring work per call (multiply-adds) a second thread costs more than it saves.
 constexpr double kThreadWork = 4e6;
 // Below this much observation work (heads x rows x window queries) a prompt's scoring stays on one
@@ -299,8 +308,9 @@ std::size_t EvictionCore::admit(std::size_t head, std::size_t& n, const std::uin
   // Over the limit: evict the lowest score among the stored rows and the newcomer (score 0,
   // highest position, so it loses every tie).
   const std::size_t victim = pick_victim(head, n, recent_threshold);
-  if (!newcomer_protected(limit) && (victim == kNone || effective_score(head, victim) > 0.0f)) return kNone;
-  if (victim == kNone) throw std::logic_error("eviction core: no evictable row (sinks + recent window >= budget)");
+  if (drops_newcomer(newcomer_protected(limit), victim != kNone, victim != kNone ? effective_score(head, victim) : 0.0f)) {
+    return kNone;
+  }
   if (storage_->slot_writes()) {
     place(victim);
     return victim;
@@ -367,9 +377,8 @@ std::size_t EvictionCore::admit_in_order(std::size_t head, const std::uint16_t* 
       const std::size_t w = waiting[next_waiting];
       if (alive[w]) candidates.push(Candidate{score_of(w), pos_of(w), w});
     }
-    const bool none = candidates.empty();
-    if (!protect && (none || candidates.top().score > 0.0f)) continue;  // the token is dropped
-    if (none) throw std::logic_error("eviction core: no evictable row (sinks + recent window >= budget)");
+    const bool has_victim = !candidates.empty();
+    if (drops_newcomer(protect, has_victim, has_victim ? candidates.top().score : 0.0f)) continue;
     const std::size_t victim = candidates.top().id;
     candidates.pop();
     alive[victim] = 0;
