@@ -643,7 +643,6 @@ bool DeviceEvictionCache::streams_on_device(const AppendInput& in, const std::ve
 }
 
 void DeviceEvictionCache::evict_oldest_on_device(std::int64_t position, cudaStream_t stream) {
-  auto* codes = static_cast<DevicePackedRows*>(store_);
   const std::size_t limit = this->limit();
   if (!streaming_mirror_current_) {
     // The host decided the steps before: its metadata (the sinks, the scores) into the mirror once.
@@ -659,16 +658,23 @@ void DeviceEvictionCache::evict_oldest_on_device(std::int64_t position, cudaStre
   step.qpos = std::numeric_limits<std::int64_t>::max();
   step.threshold = core_.admit_by_owner(position, limit);
   step.decay = 1.f;  // scoring none never decays (every score stays as the host left it)
-  const std::size_t parts = observe_parts(batch_ * heads_, limit + 1, sm_count_);
+  // (then the compression the core's settle() runs after an admission)
+  decode_codes_step(step, stream);
+}
+
+void DeviceEvictionCache::decode_codes_step(const DevicePackedRows::DecodeStep& step, cudaStream_t stream) {
+  auto* codes = static_cast<DevicePackedRows*>(store_);
+  const std::size_t parts = observe_parts(batch_ * heads_, step.rows, sm_count_);
   reserve_observe_parts(parts, stream);
   codes->observe_decode(step, observe_best_.get(), observe_arrivals_.as<unsigned>(), parts, stream);
-  core_.observed_by_owner(limit, limit);
-  fresh_from_ = limit;
+  core_.observed_by_owner(std::min(step.rows, step.limit), step.limit);
+  fresh_from_ = core_.rows();
   host_stale_ = true;
   ++decode_steps_on_device_;
-  // What the core's settle() runs after an admission (a window at `staging` compressed, a head
-  // re-packed); a replayed step's runs between two replays (graph_between_steps).
-  if (!in_graph_step() && codes->settle_would_act()) codes->settle(limit, {});
+  // What the host core's observe() / settle() ends with: the rows that waited may be compressed now
+  // (held while squeeze's deferred schedule may still cut rows, as the core holds them). A replayed
+  // step's graph cannot hold that work: it runs between this replay and the next (graph_between_steps).
+  if (!in_graph_step() && !compression_held() && codes->settle_would_act()) codes->settle(core_.rows(), {});
 }
 
 void DeviceEvictionCache::observe_attention(const AttentionObservation& obs) {
@@ -917,7 +923,6 @@ void DeviceEvictionCache::reserve_observe_parts(std::size_t parts, cudaStream_t 
 }
 
 bool DeviceEvictionCache::observe_codes_on_device(const AttentionObservation& obs, const DeferredProbs* deferred) {
-  auto* codes = static_cast<DevicePackedRows*>(store_);
   const std::size_t n = core_.rows(), limit = this->limit();
   const auto stream = static_cast<cudaStream_t>(obs.stream);
   DevicePackedRows::DecodeStep step;
@@ -943,17 +948,7 @@ bool DeviceEvictionCache::observe_codes_on_device(const AttentionObservation& ob
   step.qpos = obs.query_positions.empty() ? std::numeric_limits<std::int64_t>::max() : obs.query_positions[0];
   step.threshold = core_.recent_threshold(n > limit ? limit : n);
   step.decay = core_.policy().decay;
-  const std::size_t parts = observe_parts(batch_ * heads_, n, sm_count_);
-  reserve_observe_parts(parts, stream);
-  codes->observe_decode(step, observe_best_.get(), observe_arrivals_.as<unsigned>(), parts, stream);
-  core_.observed_by_owner(std::min(n, limit), limit);
-  fresh_from_ = core_.rows();
-  host_stale_ = true;
-  ++decode_steps_on_device_;
-  // What the host core's observe() ends with: the rows that waited may be compressed now (held while
-  // squeeze's deferred schedule may still cut rows, as the core holds them). A replayed step's
-  // graph cannot hold that work: it runs between this replay and the next (graph_between_steps).
-  if (!in_graph_step() && !compression_held() && codes->settle_would_act()) codes->settle(core_.rows(), {});
+  decode_codes_step(step, stream);
   return true;
 }
 

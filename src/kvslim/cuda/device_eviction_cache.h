@@ -25,6 +25,7 @@
 #include "cache/eviction_core.h"
 #include "cache/squeeze_schedule.h"
 #include "cuda/device_cache.h"
+#include "cuda/device_packed_rows.h"
 #include "cuda/device_prompt_scoring.h"
 #include "cuda/device_row_store.h"
 
@@ -193,6 +194,9 @@ class DeviceEvictionCache final : public DeviceCache, public SharesImportance {
   // (no probabilities: the victim is the oldest row after the sinks below the core's threshold,
   // the row absorb() would erase), then the compression the core's settle() would run.
   void evict_oldest_on_device(std::int64_t position, cudaStream_t stream);
+  // A decode step over kivi codes decided on the device (observe_decode over step.rows rows, one
+  // dropped past step.limit), the core told, then the compression an eager step ends with.
+  void decode_codes_step(const DevicePackedRows::DecodeStep& step, cudaStream_t stream);
   // Runs a one-query device observation in the decode kernel; false: the host must decide.
   bool observe_on_device(const AttentionObservation& obs);
   // The same over kivi codes (DevicePackedRows::observe_decode), then the host's compression.

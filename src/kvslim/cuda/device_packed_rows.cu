@@ -1160,34 +1160,26 @@ void DevicePackedRows::apply_step_victims(const int* victims, int regions) const
   }
 }
 
-bool DevicePackedRows::settle_would_act() const {
+bool DevicePackedRows::settle_acts(int more_rows, std::size_t taken) const {
   if (flush_) return true;
-  // Before the pending victims are read: each pending step took one row of each head, from its
-  // window or one of its groups (so the window may hold fewer rows, the groups fewer packed ones).
-  const std::size_t pending = pending_.size();
+  // Each step whose victims are not read yet took one row of each head, from its window or one of
+  // its groups: the lists, which may still hold those rows, count a window too long and, taking
+  // every such victim from the groups, too few packed rows -- both only err towards acting.
   for (const Head& h : heads_) {
-    if (static_cast<int>(h.window.size()) >= staging_) return true;
-    if (h.blocks.size() >= 4 && 4 * (h.packed - std::min(pending, h.packed)) < h.made) return true;
+    if (static_cast<int>(h.window.size()) + more_rows >= staging_) return true;
+    if (h.blocks.size() >= 4 && 4 * (h.packed - std::min(taken, h.packed)) < h.made) return true;
   }
   return false;
 }
 
+bool DevicePackedRows::settle_would_act() const { return settle_acts(0, pending_.size()); }
+
 bool DevicePackedRows::settle_may_act_after_step() const {
-  if (flush_) return true;
-  // Each step not yet read took one row of every head (from its window or a group), as will the
-  // next one: the lists, which may still hold those rows, count a window too long and, taking every
-  // such victim from the groups, too few packed rows: both only err towards true.
-  const auto may_act = [&](std::size_t taken) {
-    for (const Head& h : heads_) {
-      if (static_cast<int>(h.window.size()) + 1 >= staging_) return true;
-      if (h.blocks.size() >= 4 && 4 * (h.packed - std::min(taken, h.packed)) < h.made) return true;
-    }
-    return false;
-  };
-  if (!may_act(pending_.size() + 1)) return false;
+  // The next step adds a row to every window and takes a victim.
+  if (!settle_acts(1, pending_.size() + 1)) return false;
   if (pending_.empty()) return true;
   apply_victims();  // unsure: the lists as they are (a wait, at most once a window's worth of steps)
-  return may_act(1);
+  return settle_acts(1, 1);
 }
 
 void DevicePackedRows::between_replays(std::size_t rows, bool settle_now, cudaStream_t stream) {

@@ -217,6 +217,9 @@ class DevicePackedRows final : public DeviceRowStore {
   mutable std::vector<PendingStep> pending_;
   int ring_next_ = 0;
   void apply_victims() const;
+  // Whether settle() may act with `more_rows` more rows in every window and `taken` victims taken
+  // since the lists were last read (settle_would_act, settle_may_act_after_step).
+  bool settle_acts(int more_rows, std::size_t taken) const;
   void apply_step_victims(const int* victims, int regions) const;  // one step's [H], in step order
   // Recorded erasures, enqueued by flush(): window rows masked [flat index], groups closed up.
   std::vector<long long> masked_;
