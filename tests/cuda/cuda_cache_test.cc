@@ -457,6 +457,36 @@ TEST(CudaAttend, EveryKindMatchesFloat64AndTheCpuCache) {
   }
 }
 
+// Scores that climb along the rows (keys along one direction, their length growing row by row), then
+// jump: the online softmax's reference moves unit after unit, by less than the lean form's slack
+// (P up to 2^8 before it moves) and by more (a rescale). Half the query heads see the scores fall
+// instead. Run under each softmax form of the fp16 codes kernel (KVSLIM_CUDA_HALF_SOFTMAX).
+TEST(CudaAttend, ScoresClimbingAlongTheRowsKeepTheirPrecision) {
+  REQUIRE_GPU();
+  for (const Widths w : {Widths{4, 2, 128}, Widths{2, 2, 64}}) {
+    for (std::size_t D : {64, 128}) {
+      Pair p = make_pair("kivi", w.key_bits, DType::f16, w.key_bits, w.value_bits, w.group);
+      const std::size_t B = 1, H = 2, S = 1024, Hq = 4 * H;
+      Step st(B, H, S, D, 31);
+      const auto dir = normal(D, 32), noise = normal(B * H * S * D, 33);
+      for (std::size_t bh = 0; bh < B * H; ++bh) {
+        for (std::size_t t = 0; t < S; ++t) {
+          // About 0.9 |q . dir| / sqrt(D) more score a 32-row unit (~1.3 log2 units for a typical
+          // query: ~40 over the rows); rows 700..731 four times longer.
+          const float len = 0.9f * static_cast<float>(t) / 32.f * (t >= 700 && t < 732 ? 4.f : 1.f);
+          for (std::size_t c = 0; c < D; ++c) st.k[(bh * S + t) * D + c] = len * dir[c] + 0.2f * noise[(bh * S + t) * D + c];
+        }
+      }
+      p.append(st);
+      const std::string what = "climbing " + widths_name(w) + " D " + std::to_string(D);
+      check_attend(p, w.key_bits, Hq, {p.next - 1}, 34, what);
+      check_attend(p, w.key_bits, Hq, {p.next - 1, p.next - 300, p.next - 600}, 35, what + " 3 queries");
+      for (int i = 0; i < 40; ++i) p.append(Step(B, H, 1, D, 36 + i));
+      check_attend(p, w.key_bits, Hq, {p.next - 1}, 80, what + " decode");
+    }
+  }
+}
+
 TEST(CudaAttend, ZeroQueryAndFlatGroups) {
   REQUIRE_GPU();
   for (int bits : {0, 2, 4}) {

@@ -187,6 +187,10 @@ std::uint32_t hmul2(std::uint32_t a, std::uint32_t b) { return pack(half_of(a, 0
 // The fp16 codes kernel's view of one unit of 32 tokens: codes masked into subnormal halves (code *
 // 2^(o - 24)) and normalised (times 2^(14 - o): code * 2^-10); keys as A with q as B, values transposed
 // into A by pair_bytes with P as B. Every sum must be exact: C = 2^-10 sum q code (keys), 2^-10 sum P code.
+template <int BITS, int D, bool LEAN>
+void check_half_values(const std::vector<std::uint8_t>& codes, const std::vector<std::uint8_t>& packed,
+                       const std::vector<int>& P);
+
 template <int BITS, int D>
 void check_half_codes() {
   using Map = HalfCodeMap<BITS, D>;
@@ -237,20 +241,62 @@ void check_half_codes() {
       for (int h = 0; h < 2; ++h) seen.insert(Map::key_channel(r, h, t));
   for (int c = 0; c < D; ++c) ASSERT_EQ(seen.count(c), 1u) << "key channel " << c;
 
-  // Values: lane t's tokens in k-step ks are 16 ks + 4t + {0, 1} (slot 0) and + {2, 3} (slot 1).
+  check_half_values<BITS, D, false>(codes, packed, P);
+  check_half_values<BITS, D, true>(codes, packed, P);
+}
+
+// The value product of one unit under either token order of the kernel (HalfUnitOrder): lane t's
+// tokens value_token(ks, t, 0..3), their codes' rows paired, P read as 4 halves from the layout the
+// softmax lanes wrote (p_index). P [8 columns][32 tokens].
+template <int BITS, int D, bool LEAN>
+void check_half_values(const std::vector<std::uint8_t>& codes, const std::vector<std::uint8_t>& packed,
+                       const std::vector<int>& P) {
+  using Map = HalfCodeMap<BITS, D>;
+  using Order = HalfUnitOrder<LEAN>;
+  constexpr int RB = Map::RB;
+  const char* form = LEAN ? "lean" : "exact";
+  const auto word = [&](int tok, int byte, int bytes = 4) { return load32(packed.data() + tok * RB + byte, bytes); };
+  // The softmax lanes' writes: lane (g, t) holds tokens 16 mt + g + 8 rh of vector t; lean writes
+  // them as one word at p_index(g), so they must lie there in the order j = 2 mt + rh.
+  std::vector<int> pbuf(8 * 32, 1 << 20);
+  std::multiset<int> places;
+  for (int n = 0; n < 8; ++n) {
+    for (int tok = 0; tok < 32; ++tok) {
+      pbuf[n * 32 + Order::p_index(tok)] = P[n * 32 + tok];
+      if (n == 0) places.insert(Order::p_index(tok));
+    }
+  }
+  for (int i = 0; i < 32; ++i) ASSERT_EQ(places.count(i), 1u) << form << ": P index " << i;
+  if constexpr (LEAN) {
+    for (int g = 0; g < 8; ++g) {
+      for (int mt = 0; mt < 2; ++mt)
+        for (int rh = 0; rh < 2; ++rh) ASSERT_EQ(Order::p_index(16 * mt + g + 8 * rh), Order::p_index(g) + 2 * mt + rh) << g;
+    }
+  }
+  std::multiset<int> tokens;
+  for (int ks = 0; ks < 2; ++ks) {
+    for (int t = 0; t < 4; ++t) {
+      for (int j = 0; j < 4; ++j) {
+        tokens.insert(Order::value_token(ks, t, j));
+        ASSERT_EQ(Order::value_token(ks, t, j), Order::value_token(ks, t, 0) + j * Order::kRowStride) << form;
+      }
+    }
+  }
+  for (int k = 0; k < 32; ++k) ASSERT_EQ(tokens.count(k), 1u) << form << ": token " << k;
+
   std::multiset<int> vseen;
   for (int mt = 0; mt < Map::MT; ++mt) {
     double O[16][8] = {};
     for (int ks = 0; ks < 2; ++ks) {
       std::uint32_t a[32][4], b[32][2];
       for (int lane = 0; lane < 32; ++lane) {
-        const int g = lane / 4, t = lane % 4, tok0 = 16 * ks + 4 * t;
+        const int g = lane / 4, t = lane % 4;
         std::uint32_t xb[2][Map::BPLV];
         for (int pr = 0; pr < 2; ++pr) {
           for (int bi = 0; bi < Map::BPLV; ++bi) {
             const int bytes = Map::BPLV >= 4 ? 4 : Map::BPLV;
-            const std::uint32_t wa = word(tok0 + 2 * pr, g * Map::BPLV + 4 * (bi / 4), bytes);
-            const std::uint32_t wb = word(tok0 + 2 * pr + 1, g * Map::BPLV + 4 * (bi / 4), bytes);
+            const std::uint32_t wa = word(Order::value_token(ks, t, 2 * pr), g * Map::BPLV + 4 * (bi / 4), bytes);
+            const std::uint32_t wb = word(Order::value_token(ks, t, 2 * pr + 1), g * Map::BPLV + 4 * (bi / 4), bytes);
             xb[pr][bi] = Map::pair_bytes(wa, wb, bi % 4);
           }
         }
@@ -259,8 +305,9 @@ void check_half_codes() {
         a[lane][1] = reg(xb[0], 2 * mt + 1);
         a[lane][2] = reg(xb[1], 2 * mt);
         a[lane][3] = reg(xb[1], 2 * mt + 1);
-        b[lane][0] = pack(P[g * 32 + tok0], P[g * 32 + tok0 + 1]);
-        b[lane][1] = pack(P[g * 32 + tok0 + 2], P[g * 32 + tok0 + 3]);
+        const int at = g * 32 + Order::p_index(Order::value_token(ks, t, 0));  // one 8-byte word: 4 halves
+        b[lane][0] = pack(pbuf[at], pbuf[at + 1]);
+        b[lane][1] = pack(pbuf[at + 2], pbuf[at + 3]);
       }
       emulate_mma(a, b, O);
     }
@@ -272,7 +319,7 @@ void check_half_codes() {
           double want = 0;
           for (int k = 0; k < 32; ++k) want += static_cast<double>(P[n * 32 + k]) * codes[k * D + ch];
           ASSERT_EQ(O[g + 8 * rh][n], std::ldexp(want, -10))
-              << "values bits " << BITS << " D " << D << " m-tile " << mt << " row " << g + 8 * rh;
+              << form << " values bits " << BITS << " D " << D << " m-tile " << mt << " row " << g + 8 * rh;
         }
       }
     }

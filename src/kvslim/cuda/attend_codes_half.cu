@@ -28,11 +28,14 @@
 #include <atomic>
 #include <cfloat>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "cuda/attend.h"
 #include "cuda/attend_codes_half.h"
 #include "cuda/attend_shared.cuh"
 #include "cuda/fragment_maps.h"
+#include "kvslim/errors.h"
 
 namespace kvslim::cuda {
 namespace {
@@ -47,6 +50,19 @@ using namespace attend_detail;
 #endif
 constexpr int kHalfStages = KVSLIM_HALF_STAGES;
 constexpr int kDecodeVectors = 4;  // query vectors a CTA takes: B's 8 columns are their hi and lo parts
+
+// The softmax of a unit, two forms (KVSLIM_CUDA_HALF_SOFTMAX, read once per process):
+// - exact (default): every unit reduces its largest score over the vector's 8 lanes (3 shuffles on
+//   the unit's dependency chain), rescales when it grew, and sums P over the lanes (3 more);
+// - lean: the reference m_run moves only when some score passes it by more than kLeanSlack
+//   (log2 units; P = 2^(s - m_run) <= 2^kLeanSlack otherwise, far inside fp16's range, and its
+//   hi + lo parts keep their ~22 bits), so a unit whose scores stay below pays one vote instead of
+//   the max's shuffles; each lane sums its own rows' P (l and the group's sum of P reduced once,
+//   at the end and at the group's last unit); and a unit kept whole masks nothing (no per-row
+//   selects). The same softmax to rounding: any reference gives the same ratios, and the merges
+//   take each part's (m, l) as they come.
+enum class HalfSoftmax { exact, lean };
+constexpr float kLeanSlack = 8.f;
 
 // Two fp16 products (mul.rn.f16x2 keeps subnormal inputs: a masked code times its normalizer).
 __device__ __forceinline__ std::uint32_t hmul2_bits(std::uint32_t a, std::uint32_t b) {
@@ -105,7 +121,7 @@ struct HalfShape {
 #endif
 constexpr int half_min_ctas(int D) { return D == 128 ? KVSLIM_HALF_CTAS_D128 : 4; }
 
-template <int KB, int VB, int D>
+template <int KB, int VB, int D, HalfSoftmax SOFTMAX>
 __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
     attend_codes_half_kernel(QueryArgs a, PackedRows rows, Partials parts, int part_base, int units_per_split) {
   using Shape = HalfShape<KB, VB, D>;
@@ -115,6 +131,8 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
   constexpr int VRB = VMap::RB, BPLV = VMap::BPLV, NWV = VMap::NWV, NC = VMap::NC, MT = VMap::MT;
   constexpr int K_CODE_BYTES = Shape::K_CODE_BYTES, STAGE = Shape::STAGE, PSLOT = Shape::PSLOT;
   constexpr int PARAM_BYTES = Shape::PARAM_BYTES;
+  constexpr bool LEAN = SOFTMAX == HalfSoftmax::lean;
+  using Order = HalfUnitOrder<LEAN>;  // the unit's tokens in the value product, P's layout (fragment_maps.h)
   extern __shared__ __align__(16) unsigned char smem[];
 
   pdl_launch_dependents();  // the window's dense rows and the merge may launch (attend_shared.cuh)
@@ -329,7 +347,7 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
     // 3. Online softmax of vector t over the unit; P's hi and lo parts into pbuf.
     const long long row0 = rows.row_offset + static_cast<long long>(u) * kGroupRows;
     const std::int64_t newest = *reinterpret_cast<const std::int64_t*>(buf + Shape::POS_OFFSET);
-    {
+    if constexpr (!LEAN) {
       bool keep[2][2];
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
@@ -394,27 +412,95 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
         psum_g *= alpha;
       }
       psum_g += ps;
+    } else {
+      // A lane past the tile's vectors, a unit that runs past the sequence's rows or holds a row
+      // newer than the query (causal by true position): rows checked one by one. Others: kept whole.
+      if (!valid || row0 + kGroupRows > seq_limit || newest > qpos) {
+        const std::int64_t* upos = rows.pos + bh * rows.pos_head_stride + static_cast<long long>(u) * kGroupRows;
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+          for (int rh = 0; rh < 2; ++rh) {
+            const int tok = 16 * mt + g + 8 * rh;
+            const bool keep = valid && row0 + tok < seq_limit && upos[tok] <= qpos;
+            sc[mt][rh] = keep ? sc[mt][rh] : -INFINITY;
+          }
+        }
+      }
+      float mx = fmaxf(fmaxf(sc[0][0], sc[0][1]), fmaxf(sc[1][0], sc[1][1]));  // this lane's rows
+      if (a.logits && valid) {
+        float* dst = a.logits + (static_cast<long long>(bh) * SG + vec) * a.rows_total + row0 + g;
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+          for (int rh = 0; rh < 2; ++rh) dst[16 * mt + 8 * rh] = sc[mt][rh];
+        }
+      }
+      // (m_run -inf: any finite score passes it.)
+      if (__any_sync(0xffffffffu, mx > m_run + kLeanSlack)) {
+        mx = max_over(mx, 4, 32);  // the 8 g lanes of vector t
+        const float m_new = fmaxf(m_run, mx);
+        const float alpha = exp2_sfu(m_run - (m_new == -INFINITY ? 0.f : m_new));
+        if (__any_sync(0xffffffffu, m_run != -INFINITY && alpha != 1.f)) {  // else acc holds zeros or stays
+#pragma unroll
+          for (int i = 0; i < NC; ++i) acc[i] *= alpha;
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) cv[mt][e] *= alpha;
+          }
+          psum_g *= alpha;
+          l_run *= alpha;
+        }
+        m_run = m_new;
+      }
+      const float msub = m_run == -INFINITY ? 0.f : m_run;
+      float ps = 0.f;
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+        for (int rh = 0; rh < 2; ++rh) {
+          sc[mt][rh] = exp2_sfu(sc[mt][rh] - msub);
+          ps += sc[mt][rh];
+        }
+      }
+      l_run += ps;   // this lane's rows: summed over the vector's lanes at the end
+      psum_g += ps;  // and at the group's last unit
+    }
+    if constexpr (LEAN) {
+      // P's parts at [part][vector][Order::p_index(token)]: the lane's tokens g + 8 j (j = 2 mt + rh)
+      // side by side at 4g + j, one 8-byte store a part.
+      const __half2 h01 = __floats2half2_rn(sc[0][0], sc[0][1]), h23 = __floats2half2_rn(sc[1][0], sc[1][1]);
+      const float2 f01 = __half22float2(h01), f23 = __half22float2(h23);
+      const __half2 l01 = __floats2half2_rn(sc[0][0] - f01.x, sc[0][1] - f01.y);
+      const __half2 l23 = __floats2half2_rn(sc[1][0] - f23.x, sc[1][1] - f23.y);
+      const auto bits = [](__half2 h) { return *reinterpret_cast<const std::uint32_t*>(&h); };
+      const int at = Order::p_index(g);  // = 4g: tokens g, g + 8, g + 16, g + 24 follow
+      *reinterpret_cast<uint2*>(pbuf + t * kGroupRows + at) = make_uint2(bits(h01), bits(h23));
+      *reinterpret_cast<uint2*>(pbuf + (kDecodeVectors + t) * kGroupRows + at) = make_uint2(bits(l01), bits(l23));
+    } else {
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
         for (int rh = 0; rh < 2; ++rh) {
           const int tok = 16 * mt + g + 8 * rh;
           const __half hi = __float2half_rn(sc[mt][rh]);
-          pbuf[t * kGroupRows + tok] = hi;
-          pbuf[(kDecodeVectors + t) * kGroupRows + tok] = __float2half_rn(sc[mt][rh] - __half2float(hi));
+          pbuf[t * kGroupRows + Order::p_index(tok)] = hi;
+          pbuf[(kDecodeVectors + t) * kGroupRows + Order::p_index(tok)] = __float2half_rn(sc[mt][rh] - __half2float(hi));
         }
       }
     }
     __syncwarp();
 
-    // 4. Values: tokens 16 ks + 4t + {0, 1} (k-slots 2t, 2t + 1) and + {2, 3} (2t + 8, 2t + 9),
-    //    paired by PRMT into A (rows = channels); column g of B = P's part of vector g / 2.
+    // 4. Values: the lane's tokens Order::value_token(ks, t, 0..3) (k-slots 2t, 2t + 1, 2t + 8,
+    //    2t + 9), paired by PRMT into A (rows = channels); column g of B = P's part of vector g / 2.
 #pragma unroll
     for (int ks = 0; ks < 2; ++ks) {
-      const int tok0 = 16 * ks + 4 * t;
-      const uint2 pv = *reinterpret_cast<const uint2*>(pbuf + (lo_part * kDecodeVectors + bvec) * kGroupRows + tok0);
+      const int tok0 = Order::value_token(ks, t, 0);
+      const uint2 pv = *reinterpret_cast<const uint2*>(pbuf + (lo_part * kDecodeVectors + bvec) * kGroupRows +
+                                                       Order::p_index(tok0));
       std::uint32_t w[4][NWV];  // the lane's share of each of the 4 tokens
-      load_quad_rows<BPLV, NWV, VRB>(vc + tok0 * VRB + g * BPLV, w);
+      load_quad_rows<BPLV, NWV, Order::kRowStride * VRB>(vc + tok0 * VRB + g * BPLV, w);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         const int b0 = (2 * mt) / VMap::NJ, b1 = (2 * mt + 1) / VMap::NJ;  // the bytes rows g, g + 8 come from
@@ -432,6 +518,7 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
     }
     // 5. At a group's last unit (or the warp's last): acc += scale * 2^10 * sums + zero * sum of P.
     if (last_of_group) {
+      const float psum = LEAN ? sum_over(psum_g, 4, 32) : psum_g;  // sum of the group's P, vector t
       // Plane j's channels of this lane are BPLV consecutive ones (g BPLV + j RB + byte): read as words.
 #pragma unroll
       for (int j = 0; j < VMap::NJ; ++j) {
@@ -441,7 +528,7 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
 #pragma unroll
         for (int bi = 0; bi < BPLV; ++bi) {
           const int i = bi * VMap::NJ + j, mt = i / 2, e = 2 * (i % 2);
-          acc[i] = fmaf(cv[mt][e] + cv[mt][e + 1], vs[bi] * 1024.f, fmaf(vz[bi], psum_g, acc[i]));
+          acc[i] = fmaf(cv[mt][e] + cv[mt][e + 1], vs[bi] * 1024.f, fmaf(vz[bi], psum, acc[i]));
         }
       }
 #pragma unroll
@@ -451,6 +538,7 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
     __syncwarp();  // pbuf and this stage are written again next
   }
   cp_async_wait<0>();
+  if constexpr (LEAN) l_run = sum_over(l_run, 4, 32);
 
   __syncthreads();  // every warp is done with its stages: the memory becomes the merge scratch
   float* red = reinterpret_cast<float*>(smem);
@@ -466,35 +554,49 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
   pdl_wait();  // launched early after another codes segment (part_base > 0): finish after it
 }
 
-template <int KB, int VB, int D>
+template <int KB, int VB, int D, HalfSoftmax SOFTMAX>
 int half_resident() {
   static const int n = [] {
     constexpr int smem = HalfShape<KB, VB, D>::SMEM;
-    set_smem_always(attend_codes_half_kernel<KB, VB, D>, smem);
-    return resident_ctas(attend_codes_half_kernel<KB, VB, D>, smem);
+    set_smem_always(attend_codes_half_kernel<KB, VB, D, SOFTMAX>, smem);
+    return resident_ctas(attend_codes_half_kernel<KB, VB, D, SOFTMAX>, smem);
   }();
   return n;
 }
 
-template <int KB, int VB, int D>
+template <int KB, int VB, int D, HalfSoftmax SOFTMAX>
 void half_launch(const QueryArgs& q, const PackedRows& rows, const Partials& parts, int part_base, int splits,
                  int units_per_split, cudaStream_t stream) {
   constexpr int smem = HalfShape<KB, VB, D>::SMEM;
-  auto kernel = attend_codes_half_kernel<KB, VB, D>;
+  auto kernel = attend_codes_half_kernel<KB, VB, D, SOFTMAX>;
   static std::atomic<unsigned long long> done{0};
   set_smem(kernel, smem, done);
   launch_kernel(splits > 0, part_base > 0, kernel, dim3(splits, q.tiles(), q.B * q.Hkv), dim3(kThreads), smem, stream, q, rows,
                 parts, part_base, units_per_split);
 }
 
-// f<KB, VB, D>() for the widths and head_dim of `rows` / `q` (checked by the caller).
+// KVSLIM_CUDA_HALF_SOFTMAX: "exact" (default) or "lean" (see HalfSoftmax), read once per process.
+HalfSoftmax half_softmax() {
+  static const HalfSoftmax form = [] {
+    const char* v = std::getenv("KVSLIM_CUDA_HALF_SOFTMAX");
+    const std::string e = v == nullptr ? "" : v;
+    if (e.empty() || e == "exact") return HalfSoftmax::exact;
+    if (e == "lean") return HalfSoftmax::lean;
+    throw InputError("KVSLIM_CUDA_HALF_SOFTMAX: '" + e + "' is not a softmax form (exact or lean)");
+  }();
+  return form;
+}
+
+// f<KB, VB, D, SOFTMAX>() for the widths and head_dim of `rows` / `q` (checked by the caller) and
+// the process's softmax form.
 template <typename F>
 void with_half_kernel(const QueryArgs& q, const PackedRows& rows, F&& f) {
   auto values = [&]<int KB, int D>() {
+    const bool lean = half_softmax() == HalfSoftmax::lean;
     switch (rows.v_bits) {
-      case 2: return f.template operator()<KB, 2, D>();
-      case 4: return f.template operator()<KB, 4, D>();
-      default: return f.template operator()<KB, 8, D>();
+      case 2: return lean ? f.template operator()<KB, 2, D, HalfSoftmax::lean>() : f.template operator()<KB, 2, D, HalfSoftmax::exact>();
+      case 4: return lean ? f.template operator()<KB, 4, D, HalfSoftmax::lean>() : f.template operator()<KB, 4, D, HalfSoftmax::exact>();
+      default: return lean ? f.template operator()<KB, 8, D, HalfSoftmax::lean>() : f.template operator()<KB, 8, D, HalfSoftmax::exact>();
     }
   };
   auto keys = [&]<int D>() {
@@ -518,14 +620,14 @@ bool half_codes_take(const QueryArgs& q, const PackedRows& rows) {
 
 int half_codes_resident(const QueryArgs& q, const PackedRows& rows) {
   int n = 2;
-  with_half_kernel(q, rows, [&]<int KB, int VB, int D>() { n = half_resident<KB, VB, D>(); });
+  with_half_kernel(q, rows, [&]<int KB, int VB, int D, HalfSoftmax SOFTMAX>() { n = half_resident<KB, VB, D, SOFTMAX>(); });
   return n;
 }
 
 void launch_half_codes(const QueryArgs& q, const PackedRows& rows, const Partials& parts, int part_base, int splits,
                        int units_per_split, cudaStream_t stream) {
-  with_half_kernel(q, rows, [&]<int KB, int VB, int D>() {
-    half_launch<KB, VB, D>(q, rows, parts, part_base, splits, units_per_split, stream);
+  with_half_kernel(q, rows, [&]<int KB, int VB, int D, HalfSoftmax SOFTMAX>() {
+    half_launch<KB, VB, D, SOFTMAX>(q, rows, parts, part_base, splits, units_per_split, stream);
   });
 }
 
