@@ -254,7 +254,7 @@ void check_half_values(const std::vector<std::uint8_t>& codes, const std::vector
   using Map = HalfCodeMap<BITS, D>;
   using Order = HalfUnitOrder<LEAN>;
   constexpr int RB = Map::RB;
-  const char* form = LEAN ? "lean" : "exact";
+  const char* form = LEAN ? "lean" : "base";
   const auto word = [&](int tok, int byte, int bytes = 4) { return load32(packed.data() + tok * RB + byte, bytes); };
   // The softmax lanes' writes: lane (g, t) holds tokens 16 mt + g + 8 rh of vector t; lean writes
   // them as one word at p_index(g), so they must lie there in the order j = 2 mt + rh.

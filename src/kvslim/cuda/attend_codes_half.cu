@@ -30,6 +30,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "cuda/attend.h"
 #include "cuda/attend_codes_half.h"
@@ -51,17 +52,22 @@ using namespace attend_detail;
 constexpr int kHalfStages = KVSLIM_HALF_STAGES;
 constexpr int kDecodeVectors = 4;  // query vectors a CTA takes: B's 8 columns are their hi and lo parts
 
-// The softmax of a unit, two forms (KVSLIM_CUDA_HALF_SOFTMAX, read once per process):
-// - exact (default): every unit reduces its largest score over the vector's 8 lanes (3 shuffles on
-//   the unit's dependency chain), rescales when it grew, and sums P over the lanes (3 more);
+// The loop over a warp's units, two forms (KVSLIM_CUDA_HALF_FORM, read once per process):
+// - base (default; the kernel stops 39-49 measured): every unit reduces its largest score over the
+//   vector's 8 lanes (3 shuffles on the unit's dependency chain), rescales when it grew, and sums P
+//   over the lanes (3 more);
 // - lean: the reference m_run moves only when some score passes it by more than kLeanSlack
 //   (log2 units; P = 2^(s - m_run) <= 2^kLeanSlack otherwise, far inside fp16's range, and its
 //   hi + lo parts keep their ~22 bits), so a unit whose scores stay below pays one vote instead of
 //   the max's shuffles; each lane sums its own rows' P (l and the group's sum of P reduced once,
-//   at the end and at the group's last unit); and a unit kept whole masks nothing (no per-row
-//   selects). The same softmax to rounding: any reference gives the same ratios, and the merges
-//   take each part's (m, l) as they come.
-enum class HalfSoftmax { exact, lean };
+//   at the end and at the group's last unit); a unit kept whole masks nothing (no per-row
+//   selects); the value product takes the unit's tokens in another order (HalfUnitOrder), so P
+//   leaves the softmax lanes as one 8-byte store a part and the value codes are read without bank
+//   conflicts; and the loop's bookkeeping (the unit count, the stages' shared address, the thread
+//   index) stays in registers instead of being re-derived from special registers every unit. The
+//   same softmax to rounding: any reference gives the same ratios, and the merges take each part's
+//   (m, l) as they come.
+enum class HalfForm { base, lean };
 constexpr float kLeanSlack = 8.f;
 
 // Two fp16 products (mul.rn.f16x2 keeps subnormal inputs: a masked code times its normalizer).
@@ -121,7 +127,7 @@ struct HalfShape {
 #endif
 constexpr int half_min_ctas(int D) { return D == 128 ? KVSLIM_HALF_CTAS_D128 : 4; }
 
-template <int KB, int VB, int D, HalfSoftmax SOFTMAX>
+template <int KB, int VB, int D, HalfForm FORM>
 __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
     attend_codes_half_kernel(QueryArgs a, PackedRows rows, Partials parts, int part_base, int units_per_split) {
   using Shape = HalfShape<KB, VB, D>;
@@ -131,12 +137,17 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
   constexpr int VRB = VMap::RB, BPLV = VMap::BPLV, NWV = VMap::NWV, NC = VMap::NC, MT = VMap::MT;
   constexpr int K_CODE_BYTES = Shape::K_CODE_BYTES, STAGE = Shape::STAGE, PSLOT = Shape::PSLOT;
   constexpr int PARAM_BYTES = Shape::PARAM_BYTES;
-  constexpr bool LEAN = SOFTMAX == HalfSoftmax::lean;
+  constexpr bool LEAN = FORM == HalfForm::lean;
   using Order = HalfUnitOrder<LEAN>;  // the unit's tokens in the value product, P's layout (fragment_maps.h)
   extern __shared__ __align__(16) unsigned char smem[];
 
   pdl_launch_dependents();  // the window's dense rows and the merge may launch (attend_shared.cuh)
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
+  // (Lean: the thread index as an int through an empty asm, so that what derives from it -- lane,
+  // g, t, the stage addresses -- is kept or recomputed from a register, not read again from SR_TID
+  // each unit: 13-26 fewer instructions a unit in the census, stop 50.)
+  std::conditional_t<LEAN, int, unsigned> tid = threadIdx.x;
+  if constexpr (LEAN) asm("" : "+r"(tid));
+  const int lane = tid % 32, warp = tid / 32, g = lane / 4, t = lane % 4;
   const int tile = blockIdx.y, bh = blockIdx.z, b = bh / a.Hkv, h = bh % a.Hkv;
   const long long SG = static_cast<long long>(a.S) * a.G;
   unsigned char* my = smem + warp * Shape::WARP_BYTES;
@@ -203,24 +214,37 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
   // consecutive, so they never share a slot.
   unsigned stage_begins = 0;
   int u_load = w_begin, load_group = -1, read_group = -1;
+  // Lean: the warp's stages as one address in the shared window (this lane's 16 bytes), held in a
+  // register for the loop, as is the count of units (the empty asm below): else the compiler
+  // re-derives both from the thread index and the CTA's shared window (S2R) every unit, a quarter
+  // of the unit's bookkeeping stalls in stop 49's samples.
+  unsigned my_to = static_cast<unsigned>(__cvta_generic_to_shared(my)) + 16 * lane;
+  int my_off = warp * Shape::WARP_BYTES;  // my - smem (lean: the loop's reads from it)
+  // Where this lane's 16 bytes at `offset` from my land (lane_bytes false: the byte at `offset`
+  // itself), as an address in the shared window.
+  const auto to = [&](int offset, bool lane_bytes = true) -> unsigned {
+    if constexpr (LEAN) return my_to + offset - (lane_bytes ? 0 : 16 * lane);
+    return static_cast<unsigned>(__cvta_generic_to_shared(my + offset + (lane_bytes ? 16 * lane : 0)));
+  };
   auto issue = [&](bool first, int stage) {
-    unsigned char* dst = my + stage * STAGE + 16 * lane;
 #pragma unroll
     for (int i = 0; i < K_CHUNKS; i += 32) {
-      if (K_CHUNKS % 32 == 0 || i + lane < K_CHUNKS) cp_async16(dst + 16 * i, k_next + 16 * i);
+      if (K_CHUNKS % 32 == 0 || i + lane < K_CHUNKS) cp_async16_to(to(stage * STAGE + 16 * i), k_next + 16 * i);
     }
 #pragma unroll
     for (int i = 0; i < V_CHUNKS; i += 32) {
-      if (V_CHUNKS % 32 == 0 || i + lane < V_CHUNKS) cp_async16(dst + K_CODE_BYTES + 16 * i, v_next + 16 * i);
+      if (V_CHUNKS % 32 == 0 || i + lane < V_CHUNKS) {
+        cp_async16_to(to(stage * STAGE + K_CODE_BYTES + 16 * i), v_next + 16 * i);
+      }
     }
     const bool begins = starts != nullptr ? starts_group(u_load) : iwi == 0;
     if (first || begins) {
-      unsigned char* pdst = pslots + (++load_group % kHalfStages) * PSLOT + 16 * lane;
+      const int slot = kHalfStages * STAGE + (++load_group % kHalfStages) * PSLOT;  // pslots' slot, from my
 #pragma unroll
       for (int i = 0; i < P_CHUNKS; i += 32) {
         if (P_CHUNKS % 32 == 0 || i + lane < P_CHUNKS) {
-          cp_async16(pdst + 16 * i, kp_next + 16 * i);
-          cp_async16(pdst + PARAM_BYTES + 16 * i, vp_next + 16 * i);
+          cp_async16_to(to(slot + 16 * i), kp_next + 16 * i);
+          cp_async16_to(to(slot + PARAM_BYTES + 16 * i), vp_next + 16 * i);
         }
       }
     }
@@ -229,7 +253,7 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
       vp_next += PARAM_BYTES;
     }
     stage_begins = (stage_begins & ~(1u << stage)) | (static_cast<unsigned>(begins) << stage);
-    cp_async8_if(lane == 0, my + stage * STAGE + Shape::POS_OFFSET, pos_next);
+    cp_async8_if_to(lane == 0, to(stage * STAGE + Shape::POS_OFFSET, false), pos_next);
     k_next += K_CODE_BYTES;
     v_next += Shape::V_CODE_BYTES;
     pos_next += kGroupRows;
@@ -249,21 +273,25 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
   __syncthreads();
   std::uint32_t bq[NR];  // the current group's q' part for column g, key register r's two channels
   float qscale = 0.f, bias = 0.f;
-  for (int k = 0; k < n_mine; ++k) {
-    if (k + kHalfStages - 1 < n_mine) issue(false, (k + kHalfStages - 1) % kHalfStages);
+  int n_units = n_mine;
+  for (int k = 0; k < n_units; ++k) {
+    if constexpr (LEAN) asm("" : "+r"(n_units), "+r"(my_to), "+r"(my_off));  // held, not re-derived (above)
+    if (k + kHalfStages - 1 < n_units) issue(false, (k + kHalfStages - 1) % kHalfStages);
     // (Unit k + 1 is in flight already: kHalfStages >= 2.)
     const bool first_of_group = k == 0 || ((stage_begins >> (k % kHalfStages)) & 1u);
-    const bool last_of_group = k + 1 == n_mine || ((stage_begins >> ((k + 1) % kHalfStages)) & 1u);
+    const bool last_of_group = k + 1 == n_units || ((stage_begins >> ((k + 1) % kHalfStages)) & 1u);
     if (first_of_group) ++read_group;
     cp_async_commit();
     cp_async_wait<kHalfStages - 1>();
     __syncwarp();
 
     const int u = w_begin + k;
-    const unsigned char* buf = my + (k % kHalfStages) * STAGE;
+    unsigned char* const my_k = LEAN ? smem + my_off : my;
+    const unsigned char* buf = my_k + (k % kHalfStages) * STAGE;
+    __half* const pb = LEAN ? reinterpret_cast<__half*>(my_k + kHalfStages * (STAGE + PSLOT)) : pbuf;
     const unsigned char* kc = buf;
     const unsigned char* vc = buf + K_CODE_BYTES;
-    const unsigned char* pslot = pslots + (read_group % kHalfStages) * PSLOT;
+    const unsigned char* pslot = (LEAN ? my_k + kHalfStages * STAGE : pslots) + (read_group % kHalfStages) * PSLOT;
     const __half* kp = reinterpret_cast<const __half*>(pslot);
     const __half* vp = reinterpret_cast<const __half*>(pslot + PARAM_BYTES);
 
@@ -476,8 +504,8 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
       const __half2 l23 = __floats2half2_rn(sc[1][0] - f23.x, sc[1][1] - f23.y);
       const auto bits = [](__half2 h) { return *reinterpret_cast<const std::uint32_t*>(&h); };
       const int at = Order::p_index(g);  // = 4g: tokens g, g + 8, g + 16, g + 24 follow
-      *reinterpret_cast<uint2*>(pbuf + t * kGroupRows + at) = make_uint2(bits(h01), bits(h23));
-      *reinterpret_cast<uint2*>(pbuf + (kDecodeVectors + t) * kGroupRows + at) = make_uint2(bits(l01), bits(l23));
+      *reinterpret_cast<uint2*>(pb + t * kGroupRows + at) = make_uint2(bits(h01), bits(h23));
+      *reinterpret_cast<uint2*>(pb + (kDecodeVectors + t) * kGroupRows + at) = make_uint2(bits(l01), bits(l23));
     } else {
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
@@ -497,7 +525,7 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
 #pragma unroll
     for (int ks = 0; ks < 2; ++ks) {
       const int tok0 = Order::value_token(ks, t, 0);
-      const uint2 pv = *reinterpret_cast<const uint2*>(pbuf + (lo_part * kDecodeVectors + bvec) * kGroupRows +
+      const uint2 pv = *reinterpret_cast<const uint2*>(pb + (lo_part * kDecodeVectors + bvec) * kGroupRows +
                                                        Order::p_index(tok0));
       std::uint32_t w[4][NWV];  // the lane's share of each of the 4 tokens
       load_quad_rows<BPLV, NWV, Order::kRowStride * VRB>(vc + tok0 * VRB + g * BPLV, w);
@@ -554,49 +582,49 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
   pdl_wait();  // launched early after another codes segment (part_base > 0): finish after it
 }
 
-template <int KB, int VB, int D, HalfSoftmax SOFTMAX>
+template <int KB, int VB, int D, HalfForm FORM>
 int half_resident() {
   static const int n = [] {
     constexpr int smem = HalfShape<KB, VB, D>::SMEM;
-    set_smem_always(attend_codes_half_kernel<KB, VB, D, SOFTMAX>, smem);
-    return resident_ctas(attend_codes_half_kernel<KB, VB, D, SOFTMAX>, smem);
+    set_smem_always(attend_codes_half_kernel<KB, VB, D, FORM>, smem);
+    return resident_ctas(attend_codes_half_kernel<KB, VB, D, FORM>, smem);
   }();
   return n;
 }
 
-template <int KB, int VB, int D, HalfSoftmax SOFTMAX>
+template <int KB, int VB, int D, HalfForm FORM>
 void half_launch(const QueryArgs& q, const PackedRows& rows, const Partials& parts, int part_base, int splits,
                  int units_per_split, cudaStream_t stream) {
   constexpr int smem = HalfShape<KB, VB, D>::SMEM;
-  auto kernel = attend_codes_half_kernel<KB, VB, D, SOFTMAX>;
+  auto kernel = attend_codes_half_kernel<KB, VB, D, FORM>;
   static std::atomic<unsigned long long> done{0};
   set_smem(kernel, smem, done);
   launch_kernel(splits > 0, part_base > 0, kernel, dim3(splits, q.tiles(), q.B * q.Hkv), dim3(kThreads), smem, stream, q, rows,
                 parts, part_base, units_per_split);
 }
 
-// KVSLIM_CUDA_HALF_SOFTMAX: "exact" (default) or "lean" (see HalfSoftmax), read once per process.
-HalfSoftmax half_softmax() {
-  static const HalfSoftmax form = [] {
-    const char* v = std::getenv("KVSLIM_CUDA_HALF_SOFTMAX");
+// KVSLIM_CUDA_HALF_FORM: "base" (default) or "lean" (see HalfForm), read once per process.
+HalfForm half_form() {
+  static const HalfForm form = [] {
+    const char* v = std::getenv("KVSLIM_CUDA_HALF_FORM");
     const std::string e = v == nullptr ? "" : v;
-    if (e.empty() || e == "exact") return HalfSoftmax::exact;
-    if (e == "lean") return HalfSoftmax::lean;
-    throw InputError("KVSLIM_CUDA_HALF_SOFTMAX: '" + e + "' is not a softmax form (exact or lean)");
+    if (e.empty() || e == "base") return HalfForm::base;
+    if (e == "lean") return HalfForm::lean;
+    throw InputError("KVSLIM_CUDA_HALF_FORM: '" + e + "' is not a form of the fp16 codes kernel (base or lean)");
   }();
   return form;
 }
 
-// f<KB, VB, D, SOFTMAX>() for the widths and head_dim of `rows` / `q` (checked by the caller) and
-// the process's softmax form.
+// f<KB, VB, D, FORM>() for the widths and head_dim of `rows` / `q` (checked by the caller) and the
+// process's form of the kernel.
 template <typename F>
 void with_half_kernel(const QueryArgs& q, const PackedRows& rows, F&& f) {
   auto values = [&]<int KB, int D>() {
-    const bool lean = half_softmax() == HalfSoftmax::lean;
+    const bool lean = half_form() == HalfForm::lean;
     switch (rows.v_bits) {
-      case 2: return lean ? f.template operator()<KB, 2, D, HalfSoftmax::lean>() : f.template operator()<KB, 2, D, HalfSoftmax::exact>();
-      case 4: return lean ? f.template operator()<KB, 4, D, HalfSoftmax::lean>() : f.template operator()<KB, 4, D, HalfSoftmax::exact>();
-      default: return lean ? f.template operator()<KB, 8, D, HalfSoftmax::lean>() : f.template operator()<KB, 8, D, HalfSoftmax::exact>();
+      case 2: return lean ? f.template operator()<KB, 2, D, HalfForm::lean>() : f.template operator()<KB, 2, D, HalfForm::base>();
+      case 4: return lean ? f.template operator()<KB, 4, D, HalfForm::lean>() : f.template operator()<KB, 4, D, HalfForm::base>();
+      default: return lean ? f.template operator()<KB, 8, D, HalfForm::lean>() : f.template operator()<KB, 8, D, HalfForm::base>();
     }
   };
   auto keys = [&]<int D>() {
@@ -620,14 +648,14 @@ bool half_codes_take(const QueryArgs& q, const PackedRows& rows) {
 
 int half_codes_resident(const QueryArgs& q, const PackedRows& rows) {
   int n = 2;
-  with_half_kernel(q, rows, [&]<int KB, int VB, int D, HalfSoftmax SOFTMAX>() { n = half_resident<KB, VB, D, SOFTMAX>(); });
+  with_half_kernel(q, rows, [&]<int KB, int VB, int D, HalfForm FORM>() { n = half_resident<KB, VB, D, FORM>(); });
   return n;
 }
 
 void launch_half_codes(const QueryArgs& q, const PackedRows& rows, const Partials& parts, int part_base, int splits,
                        int units_per_split, cudaStream_t stream) {
-  with_half_kernel(q, rows, [&]<int KB, int VB, int D, HalfSoftmax SOFTMAX>() {
-    half_launch<KB, VB, D, SOFTMAX>(q, rows, parts, part_base, splits, units_per_split, stream);
+  with_half_kernel(q, rows, [&]<int KB, int VB, int D, HalfForm FORM>() {
+    half_launch<KB, VB, D, FORM>(q, rows, parts, part_base, splits, units_per_split, stream);
   });
 }
 

@@ -90,17 +90,22 @@ __device__ __forceinline__ void mma16816(float c[4], const std::uint32_t a[4], s
   }
 }
 
-// 16 bytes global -> shared without registers (sm_80+), completed by cp_async_wait.
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+// 16 bytes global -> shared without registers (sm_80+), completed by cp_async_wait. `s`: an address
+// in the shared window (__cvta_generic_to_shared).
+__device__ __forceinline__ void cp_async16_to(unsigned s, const void* gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  cp_async16_to(static_cast<unsigned>(__cvta_generic_to_shared(smem)), gmem);
 }
 // 8 bytes global -> shared (through L1: .cg takes 16 only) in the lanes where `on` holds: a
 // predicated instruction, no branch around it.
-__device__ __forceinline__ void cp_async8_if(bool on, void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+__device__ __forceinline__ void cp_async8_if_to(bool on, unsigned s, const void* gmem) {
   asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n @p cp.async.ca.shared.global [%0], [%1], 8;\n}\n" ::"r"(s),
                "l"(gmem), "r"(static_cast<int>(on)));
+}
+__device__ __forceinline__ void cp_async8_if(bool on, void* smem, const void* gmem) {
+  cp_async8_if_to(on, static_cast<unsigned>(__cvta_generic_to_shared(smem)), gmem);
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>

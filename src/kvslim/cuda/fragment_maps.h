@@ -120,13 +120,13 @@ struct HalfCodeMap {
 };
 
 // The order of a 32-row unit's tokens in the fp16 codes kernel's value product (attend_codes_half.cu),
-// for its two softmax forms. Lane t's j-th token of k-step ks (j 0, 1: k-slots 2t, 2t + 1; j 2, 3:
+// for its two forms (HalfForm). Lane t's j-th token of k-step ks (j 0, 1: k-slots 2t, 2t + 1; j 2, 3:
 // k-slots 2t + 8, 2t + 9), whose value-code rows the lane pairs (pair_bytes) and whose P it reads as
 // one 8-byte word of the vector's 32 halves, at p_index(value_token(ks, t, 0)):
-// - exact: tokens 16 ks + 4t + j, P in token order (the softmax lane writes its 4 rows one by one);
+// - base: tokens 16 ks + 4t + j, P in token order (the softmax lane writes its 4 rows one by one);
 // - lean: tokens x + 8 j, x = 4 ks + t, P at 4 (token % 8) + token / 8: the softmax lane (g, t) holds
 //   tokens g + 8 j and writes them as one 8-byte word, and the 4 t lanes read neighbouring rows of
-//   codes (exact: rows 4 apart, on the same banks).
+//   codes (base: rows 4 apart, on the same banks).
 template <bool LEAN>
 struct HalfUnitOrder {
   KVSLIM_MAP_FN static int value_token(int ks, int t, int j) { return LEAN ? 4 * ks + t + 8 * j : 16 * ks + 4 * t + j; }
