@@ -4,14 +4,11 @@
 # one call of at most 600 s (each step with its own timeout; every result written into $OUT as it
 # finishes, so a call cut short keeps what it made):
 #   tests.txt        every CUDA test, then the graph and eviction tests with the segments merging
-#                    (KVSLIM_CUDA_FUSED_MERGE=1), the codes kernels' tests under the fp16 codes
-#                    kernel's lean form (KVSLIM_CUDA_HALF_FORM=lean), compute-sanitizer memcheck
-#                    over the graph, eviction and cache tests (and the attention tests, lean), the
-#                    Python GPU tests (graph, streaming, squeeze, attend_and_observe)
+#                    (KVSLIM_CUDA_FUSED_MERGE=1), compute-sanitizer memcheck over the graph, eviction
+#                    and cache tests, the Python GPU tests (graph, streaming, squeeze, attend_and_observe)
 #   attend.txt       kvslim bench attend at batch 1 and 8 x 32k and 128k (CACHES), eager and replayed as a
 #                    CUDA graph, and torch SDPA both ways (compare.txt), while Python builds
-#                    (compare.txt also: the A/B of devbin/kvslim_base, the branch's base, when carried,
-#                    and of the kernel's two forms, base / lean, twice each in turn)
+#                    (compare.txt also: the A/B of devbin/kvslim_base, the branch's base, when carried)
 #   hf_generate.txt  8 layers of Llama-3-8B's shape at 1 x 32k: h2o keeping 25 % over fp16 slots and
 #                    over kivi K4V2 g128, replayed steps (hf_generate_unread_probs_written.txt: the
 #                    same with the decode probabilities written, KVSLIM_CUDA_UNREAD_PROBS=0)
@@ -34,19 +31,11 @@ BUILD_PID=$!
   echo "=== graph and eviction tests with the partials merged in the segments (KVSLIM_CUDA_FUSED_MERGE=1)"
   KVSLIM_CUDA_FUSED_MERGE=1 timeout 60 devbin/cuda_tests --gtest_filter='CudaStepGraph.*:CudaEviction.*:-CudaStepGraph.*LargerStores' 2>&1 \
     | grep -v "^\[       OK\|^\[ RUN" | tail -c 8000
-  echo "fused merge tests exit: ${PIPESTATUS[0]}"
-  echo "=== the codes kernels' tests under the fp16 codes kernel's lean form (KVSLIM_CUDA_HALF_FORM=lean)"
-  KVSLIM_CUDA_HALF_FORM=lean timeout 90 devbin/cuda_tests \
-    --gtest_filter='CudaAttend.*:CudaZipcache.*:CudaStepGraph.*:CudaEviction.Kivi*:CudaEviction.Streaming*:-CudaStepGraph.*LargerStores' \
-    2>&1 | grep -v "^\[       OK\|^\[ RUN" | tail -c 8000
-  echo "lean form tests exit: ${PIPESTATUS[0]}"; } > "$OUT"/tests.txt 2>&1
+  echo "fused merge tests exit: ${PIPESTATUS[0]}"; } > "$OUT"/tests.txt 2>&1
 { echo "=== compute-sanitizer memcheck"
   timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 devbin/cuda_tests \
     --gtest_filter='CudaStepGraph.*:CudaEviction.Streaming*:CudaEviction.Squeeze*:CudaCache.*:-CudaStepGraph.*LargerStores' 2>&1 | tail -n 20
-  echo "memcheck exit: ${PIPESTATUS[0]}"
-  KVSLIM_CUDA_HALF_FORM=lean timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 devbin/cuda_tests \
-    --gtest_filter='CudaAttend.ScoresClimbing*:CudaAttend.BatchWithOwnLengths*:CudaZipcache.Attention*' 2>&1 | tail -n 8
-  echo "memcheck (lean form) exit: ${PIPESTATUS[0]}"; } >> "$OUT"/tests.txt 2>&1
+  echo "memcheck exit: ${PIPESTATUS[0]}"; } >> "$OUT"/tests.txt 2>&1
 # The attention bench while Python builds (8 of the 16 cores: the bench's host thread keeps one):
 # eager calls and the same calls replayed as a CUDA graph, against torch SDPA both ways
 ATTEND=(--batch 1 8 --context 32768 131072 --head-dim 128 --cache ${CACHES:-full kivi4_g128 kivi2_g128 kivi_k4v2_g128 zipcache zipcache@zipcache_value_bits=2})
@@ -60,12 +49,6 @@ if [ -x devbin/kvslim_base ]; then
       --cache ${AB_CACHES:-kivi4_g128 kivi2_g128 kivi_k4v2_g128 zipcache} 2>&1 | grep -v "^graph timing" >> "$OUT"/compare.txt
   done
 fi
-# A/B of the fp16 codes kernel's two forms in the same binary, alternating
-for form in base lean base lean; do
-  echo "=== A/B: KVSLIM_CUDA_HALF_FORM=$form" >> "$OUT"/compare.txt
-  KVSLIM_CUDA_HALF_FORM=$form timeout 60 devbin/kvslim bench attend --device cuda --batch 1 8 --context 32768 \
-    --head-dim 128 --cache ${AB_CACHES:-kivi4_g128 kivi2_g128 kivi_k4v2_g128 zipcache} 2>&1 | grep -v "^graph timing" >> "$OUT"/compare.txt
-done
 wait $BUILD_PID
 cat "$OUT"/python_build.txt >> "$OUT"/tests.txt; rm -f "$OUT"/python_build.txt
 (echo "=== Python GPU tests"; cd /tmp && PYTHONPATH=/tmp/build-python/python timeout 120 python3 -m pytest -q -p no:cacheprovider \

@@ -187,6 +187,98 @@ std::uint32_t hmul2(std::uint32_t a, std::uint32_t b) { return pack(half_of(a, 0
 // The fp16 codes kernel's view of one unit of 32 tokens: codes masked into subnormal halves (code *
 // 2^(o - 24)) and normalised (times 2^(14 - o): code * 2^-10); keys as A with q as B, values transposed
 // into A by pair_bytes with P as B. Every sum must be exact: C = 2^-10 sum q code (keys), 2^-10 sum P code.
+// The fp16 codes kernel's integer keys (InPlaceKeyMap): codes masked in place (code * 2^(BITS *
+// plane)), q' / max|q'| as four s8 digits scaled per plane, digits 3, 2 in one mma's columns 2v,
+// 2v + 1 and digits 1, 0 in a second's. The combined sums must equal sum_c code_c 2^(BITS plane)
+// round(q'_c 2^scale_bits) exactly, stay within 2^22 per column, and be q . code * 2^kTotalBits to
+// the worst plane's rounding.
+template <int BITS, int D>
+void check_in_place_keys() {
+  using IK = InPlaceKeyMap<BITS, D>;
+  using Map = typename IK::Map;
+  constexpr int RB = Map::RB;
+  std::mt19937 rng(BITS * 100 + D + 3);
+  for (int trial = 0; trial < 3; ++trial) {
+    std::vector<std::uint8_t> codes(32 * D), packed(32 * RB);
+    // Trial 2: every code at its largest and q' at +-1: the column sums' bound.
+    for (auto& c : codes) c = static_cast<std::uint8_t>(trial == 2 ? (1u << BITS) - 1 : rng() % (1u << BITS));
+    quant::scalar_kernels().pack_rows(codes.data(), 32, D, BITS, packed.data());
+    std::vector<float> q(4 * D);  // 4 vectors of q' / max|q'|
+    std::uniform_real_distribution<float> uni(-1.f, 1.f);
+    for (auto& x : q) x = trial == 2 ? (rng() % 2 ? 1.f : -1.f) : uni(rng) * (trial == 1 ? 1e-3f : 1.f);
+    const auto word = [&](int tok, int byte) { return load32(packed.data() + tok * RB + byte); };
+    // The integer each channel's q' became, as the kernel's digits hold it.
+    const auto integer_of = [&](int v, int c, int r) {
+      return static_cast<std::int64_t>(std::nearbyint(static_cast<double>(q[v * D + c]) * std::ldexp(1.0, IK::scale_bits(r))));
+    };
+    for (int mt = 0; mt < 2; ++mt) {
+      std::int64_t C1[16][8] = {}, C2[16][8] = {};
+      for (int ks = 0; ks < Map::KS; ++ks) {
+        std::uint32_t a[32][4], b1[32][2], b2[32][2];
+        for (int lane = 0; lane < 32; ++lane) {
+          const int g = lane / 4, t = lane % 4, v = g / 2;
+          std::uint32_t w0[Map::KW], w1[Map::KW];
+          for (int i = 0; i < Map::KW; ++i) {
+            w0[i] = word(16 * mt + g, t * (RB / 4) + 4 * i);
+            w1[i] = word(16 * mt + g + 8, t * (RB / 4) + 4 * i);
+          }
+          a[lane][0] = IK::key_reg(w0, 2 * ks);
+          a[lane][1] = IK::key_reg(w1, 2 * ks);
+          a[lane][2] = IK::key_reg(w0, 2 * ks + 1);
+          a[lane][3] = IK::key_reg(w1, 2 * ks + 1);
+          for (int slot = 0; slot < 2; ++slot) {
+            const int r = 2 * ks + slot;
+            float x[4];
+            for (int e = 0; e < 4; ++e) x[e] = q[v * D + Map::key_channel(r, e, t)];
+            std::uint32_t d[4];
+            IK::q_digits(x, r, d);
+            b1[lane][slot] = g % 2 ? d[2] : d[3];
+            b2[lane][slot] = g % 2 ? d[0] : d[1];
+          }
+        }
+        emulate_imma(a, b1, C1);
+        emulate_imma(a, b2, C2);
+      }
+      for (int r = 0; r < 16; ++r) {
+        for (int v = 0; v < 4; ++v) {
+          for (int col = 2 * v; col < 2 * v + 2; ++col) {
+            ASSERT_LT(std::llabs(C1[r][col]), 1LL << 22) << "bits " << BITS << " D " << D;
+            ASSERT_LT(std::llabs(C2[r][col]), 1LL << 22) << "bits " << BITS << " D " << D;
+          }
+          const std::int64_t got = C1[r][2 * v] * (1LL << 24) + C1[r][2 * v + 1] * (1LL << 16) + C2[r][2 * v] * 256 + C2[r][2 * v + 1];
+          std::int64_t want = 0;
+          double exact = 0, bound = 0;
+          const int tok = 16 * mt + r;
+          for (int t = 0; t < 4; ++t) {
+            for (int reg = 0; reg < Map::NR; ++reg) {
+              for (int e = 0; e < 4; ++e) {
+                const int c = Map::key_channel(reg, e, t);
+                want += static_cast<std::int64_t>(codes[tok * D + c]) * (1LL << (BITS * IK::plane(reg))) * integer_of(v, c, reg);
+                exact += static_cast<double>(codes[tok * D + c]) * q[v * D + c];
+                bound += static_cast<double>(codes[tok * D + c]);
+              }
+            }
+          }
+          ASSERT_EQ(got, want) << "bits " << BITS << " D " << D << " trial " << trial << " token " << tok << " vector " << v;
+          // Each product is off by at most half a unit of the worst plane's 2^-kFixedBits.
+          EXPECT_LE(std::fabs(std::ldexp(static_cast<double>(got), -IK::kTotalBits) - exact),
+                    bound * std::ldexp(0.5, -IK::kFixedBits) + 1e-12)
+              << "bits " << BITS << " D " << D << " token " << tok << " vector " << v;
+        }
+      }
+    }
+  }
+}
+
+TEST(FragmentMaps, CodesInPlaceThroughTheInt8ProductWithPlaneScaledDigits) {
+  check_in_place_keys<2, 64>();
+  check_in_place_keys<4, 64>();
+  check_in_place_keys<8, 64>();
+  check_in_place_keys<2, 128>();
+  check_in_place_keys<4, 128>();
+  check_in_place_keys<8, 128>();
+}
+
 template <int BITS, int D, bool LEAN>
 void check_half_values(const std::vector<std::uint8_t>& codes, const std::vector<std::uint8_t>& packed,
                        const std::vector<int>& P);

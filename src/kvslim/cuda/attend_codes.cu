@@ -45,28 +45,6 @@ using namespace attend_detail;
 
 constexpr int kCodeStages = 2;
 constexpr float kOperandRange = 4194304.f;  // q' and P become integers in [-2^22, 2^22]
-// The s32 accumulators start at the bits of 1.5 * 2^23 (as a float): a sum s with |s| < 2^22 leaves
-// them holding the float 1.5 * 2^23 + s exactly, so one FADD converts it (sum_of) where I2F, a
-// quarter-rate conversion, would (|s| <= 128 * 255 * 128 < 2^22: D = 128 channels of 8-bit codes
-// times a digit; values: 32 tokens).
-constexpr int kSumBias = 0x4B400000;
-__device__ __forceinline__ float sum_of(int biased) { return __int_as_float(biased) - 12582912.f; }
-
-// C (s32) += A (16 x 32 u8) B (32 x 8 s8).
-__device__ __forceinline__ void imma16832(int (&c)[4], std::uint32_t a0, std::uint32_t a1, std::uint32_t a2,
-                                          std::uint32_t a3, std::uint32_t b0, std::uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// D (s32) = A (16 x 32 u8) B (32 x 8 s8) + cin in every element (one register: no moves to start a sum).
-__device__ __forceinline__ void imma16832_from(int (&d)[4], std::uint32_t a0, std::uint32_t a1, std::uint32_t a2,
-                                               std::uint32_t a3, std::uint32_t b0, std::uint32_t b1, int cin) {
-  asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
-      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(cin));
-}
 
 // Per warp: kCodeStages unit stages [key codes | value codes | newest position], two parameter slots
 // [key scale, zero | value scale, zero] (a group's, alternating by group), the P digits. After the

@@ -66,8 +66,13 @@ constexpr int kDecodeVectors = 4;  // query vectors a CTA takes: B's 8 columns a
 //   conflicts; and the loop's bookkeeping (the unit count, the stages' shared address, the thread
 //   index) stays in registers instead of being re-derived from special registers every unit. The
 //   same softmax to rounding: any reference gives the same ratios, and the merges take each part's
-//   (m, l) as they come.
-enum class HalfForm { base, lean };
+//   (m, l) as they come;
+// - lean_int_keys: lean, with the key product on the int8 tensor cores (InPlaceKeyMap in
+//   fragment_maps.h): a key register is one LOP3 of the codes where they lie (4 codes), where the
+//   fp16 product takes a LOP3 and an HMUL2 for 2; q' becomes four s8 digits a channel, scaled per
+//   plane, once a group (two mma a k-step: digits 3, 2 and 1, 0). q' keeps 2^-22 of its largest
+//   element or better, as the fp16 parts' ~22 bits.
+enum class HalfForm { base, lean, lean_int_keys };
 constexpr float kLeanSlack = 8.f;
 
 // Two fp16 products (mul.rn.f16x2 keeps subnormal inputs: a masked code times its normalizer).
@@ -137,7 +142,11 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
   constexpr int VRB = VMap::RB, BPLV = VMap::BPLV, NWV = VMap::NWV, NC = VMap::NC, MT = VMap::MT;
   constexpr int K_CODE_BYTES = Shape::K_CODE_BYTES, STAGE = Shape::STAGE, PSLOT = Shape::PSLOT;
   constexpr int PARAM_BYTES = Shape::PARAM_BYTES;
-  constexpr bool LEAN = FORM == HalfForm::lean;
+  constexpr bool LEAN = FORM != HalfForm::base;
+  constexpr bool INT_KEYS = FORM == HalfForm::lean_int_keys;
+  using IK = InPlaceKeyMap<KB, D>;  // the integer keys' registers and q' digits
+  constexpr int IK_NR = IK::Map::NR, IK_KS = IK::Map::KS;  // D / 16 key registers a token, D / 32 k-steps
+  static_assert(2 * IK_NR == NR, "the integer keys' two digit sets fill the fp16 q' registers");
   using Order = HalfUnitOrder<LEAN>;  // the unit's tokens in the value product, P's layout (fragment_maps.h)
   extern __shared__ __align__(16) unsigned char smem[];
 
@@ -300,7 +309,52 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
     //    Lanes g = 2v (hi part) and 2v + 1 (lo part) need the same q' values: each builds both parts
     //    of half of the registers (its quads below) and they trade the parts the other keeps
     //    (shuffle xor 4), so a group's q' costs each lane half the conversions.
-    if (first_of_group) {
+    if (INT_KEYS && first_of_group) {
+      // Column g of the two mma: vector g / 2, digits 3 / 2 (g even / odd) in the first, 1 / 0 in
+      // the second (bq[0, IK_NR) and bq[IK_NR, NR)). Lanes g = 2v and 2v + 1 each build half of the
+      // registers' digits and trade what the other's columns take (shuffle xor 4).
+      const float* qv = qs + bvec * D;
+      constexpr int HALF = IK_NR / 2;
+      const int half = lo_part ? 1 : 0;
+      float qp[HALF][4];
+      float amax = 0.f, qz = 0.f;
+#pragma unroll
+      for (int i = 0; i < HALF; ++i) {
+        // Register half * HALF + i: four consecutive channels, their q, key scales and zeros.
+        const int c0 = IK::Map::key_channel(half * HALF + i, 0, t);
+        const float4 q4 = *reinterpret_cast<const float4*>(qv + c0);
+        const uint2 sw = *reinterpret_cast<const uint2*>(kp + c0), zw = *reinterpret_cast<const uint2*>(kp + D + c0);
+        const float2 s01 = __half22float2(*reinterpret_cast<const __half2*>(&sw.x));
+        const float2 s23 = __half22float2(*reinterpret_cast<const __half2*>(&sw.y));
+        const float2 z01 = __half22float2(*reinterpret_cast<const __half2*>(&zw.x));
+        const float2 z23 = __half22float2(*reinterpret_cast<const __half2*>(&zw.y));
+        qp[i][0] = q4.x * s01.x;
+        qp[i][1] = q4.y * s01.y;
+        qp[i][2] = q4.z * s23.x;
+        qp[i][3] = q4.w * s23.y;
+        amax = fmaxf(amax, fmaxf(fmaxf(fabsf(qp[i][0]), fabsf(qp[i][1])), fmaxf(fabsf(qp[i][2]), fabsf(qp[i][3]))));
+        qz = fmaf(q4.x, z01.x, fmaf(q4.y, z01.y, fmaf(q4.z, z23.x, fmaf(q4.w, z23.y, qz))));
+      }
+      amax = max_over(amax, 1, 8);  // the 4 t lanes of both lanes of the vector: all its channels
+      qz = sum_over(qz, 1, 8);
+      const float inv = amax > 0.f ? 1.f / amax : 0.f;
+#pragma unroll
+      for (int i = 0; i < HALF; ++i) {
+        const float x[4] = {qp[i][0] * inv, qp[i][1] * inv, qp[i][2] * inv, qp[i][3] * inv};
+        std::uint32_t d[4];  // digit j of the 4 channels
+        IK::q_digits(x, half * HALF + i, d);
+        const std::uint32_t mine1 = lo_part ? d[2] : d[3], other1 = lo_part ? d[3] : d[2];
+        const std::uint32_t mine2 = lo_part ? d[0] : d[1], other2 = lo_part ? d[1] : d[0];
+        const std::uint32_t recv1 = __shfl_xor_sync(0xffffffffu, other1, 4);
+        const std::uint32_t recv2 = __shfl_xor_sync(0xffffffffu, other2, 4);
+        bq[i] = half ? recv1 : mine1;
+        bq[HALF + i] = half ? mine1 : recv1;
+        bq[IK_NR + i] = half ? recv2 : mine2;
+        bq[IK_NR + HALF + i] = half ? mine2 : recv2;
+      }
+      qscale = __shfl_sync(0xffffffffu, amax * (1.f / static_cast<float>(1u << IK::kTotalBits)), 8 * t);  // lane (2t, 0)
+      bias = __shfl_sync(0xffffffffu, qz, 8 * t);
+    } else if (first_of_group) {
       const float* qv = qs + bvec * D;
       // A quad: four consecutive channels c0 + {0..3}, read as one float4 of q and one 8-byte word of
       // scales and of zeros; key registers (w, p = 0, j) and (w, 1, j) hold channels c0 + {0, 2} and
@@ -351,13 +405,36 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
       bias = __shfl_sync(0xffffffffu, qz, 8 * t);
     }
 
-    // 2. Scores of tokens 16 mt + g (+ 8) for vector t: keys as A, q' parts as B.
+    // 2. Scores of tokens 16 mt + g (+ 8) for vector t: keys as A, q' parts (or digits) as B.
     float sc[2][2];
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt) {
       std::uint32_t w0[KW], w1[KW];
       load_words<KW>(kc + (16 * mt + g) * KRB + t * (KRB / 4), w0);
       load_words<KW>(kc + (16 * mt + g + 8) * KRB + t * (KRB / 4), w1);
+      if constexpr (INT_KEYS) {
+        static_assert(IK::Map::KW == KW, "the same words of a token's row");
+        int c1[4], c2[4];  // digits 3, 2 and 1, 0 of vector t: columns 2t, 2t + 1
+#pragma unroll
+        for (int ks = 0; ks < IK_KS; ++ks) {
+          const std::uint32_t a0 = IK::key_reg(w0, 2 * ks), a1 = IK::key_reg(w1, 2 * ks);
+          const std::uint32_t a2 = IK::key_reg(w0, 2 * ks + 1), a3 = IK::key_reg(w1, 2 * ks + 1);
+          if (ks == 0) {
+            imma16832_from(c1, a0, a1, a2, a3, bq[0], bq[1], kSumBias);
+            imma16832_from(c2, a0, a1, a2, a3, bq[IK_NR], bq[IK_NR + 1], kSumBias);
+          } else {
+            imma16832(c1, a0, a1, a2, a3, bq[2 * ks], bq[2 * ks + 1]);
+            imma16832(c2, a0, a1, a2, a3, bq[IK_NR + 2 * ks], bq[IK_NR + 2 * ks + 1]);
+          }
+        }
+#pragma unroll
+        for (int rh = 0; rh < 2; ++rh) {
+          const float sum = fmaf(sum_of(c1[2 * rh]), 16777216.f,
+                                 fmaf(sum_of(c1[2 * rh + 1]), 65536.f, fmaf(sum_of(c2[2 * rh]), 256.f, sum_of(c2[2 * rh + 1]))));
+          sc[mt][rh] = fmaf(sum, qscale, bias);
+        }
+        continue;
+      }
       // Two accumulators (even and odd k-steps): two mma chains of KS / 2 instead of one of KS.
       float c[2][4] = {};
 #pragma unroll
@@ -603,14 +680,16 @@ void half_launch(const QueryArgs& q, const PackedRows& rows, const Partials& par
                 parts, part_base, units_per_split);
 }
 
-// KVSLIM_CUDA_HALF_FORM: "base" (default) or "lean" (see HalfForm), read once per process.
+// KVSLIM_CUDA_HALF_FORM: "base" (default), "lean" or "lean_int_keys" (see HalfForm), read once per
+// process.
 HalfForm half_form() {
   static const HalfForm form = [] {
     const char* v = std::getenv("KVSLIM_CUDA_HALF_FORM");
     const std::string e = v == nullptr ? "" : v;
     if (e.empty() || e == "base") return HalfForm::base;
     if (e == "lean") return HalfForm::lean;
-    throw InputError("KVSLIM_CUDA_HALF_FORM: '" + e + "' is not a form of the fp16 codes kernel (base or lean)");
+    if (e == "lean_int_keys") return HalfForm::lean_int_keys;
+    throw InputError("KVSLIM_CUDA_HALF_FORM: '" + e + "' is not a form of the fp16 codes kernel (base, lean or lean_int_keys)");
   }();
   return form;
 }
@@ -619,12 +698,18 @@ HalfForm half_form() {
 // process's form of the kernel.
 template <typename F>
 void with_half_kernel(const QueryArgs& q, const PackedRows& rows, F&& f) {
+  auto form = [&]<int KB, int VB, int D>() {
+    switch (half_form()) {
+      case HalfForm::lean: return f.template operator()<KB, VB, D, HalfForm::lean>();
+      case HalfForm::lean_int_keys: return f.template operator()<KB, VB, D, HalfForm::lean_int_keys>();
+      default: return f.template operator()<KB, VB, D, HalfForm::base>();
+    }
+  };
   auto values = [&]<int KB, int D>() {
-    const bool lean = half_form() == HalfForm::lean;
     switch (rows.v_bits) {
-      case 2: return lean ? f.template operator()<KB, 2, D, HalfForm::lean>() : f.template operator()<KB, 2, D, HalfForm::base>();
-      case 4: return lean ? f.template operator()<KB, 4, D, HalfForm::lean>() : f.template operator()<KB, 4, D, HalfForm::base>();
-      default: return lean ? f.template operator()<KB, 8, D, HalfForm::lean>() : f.template operator()<KB, 8, D, HalfForm::base>();
+      case 2: return form.template operator()<KB, 2, D>();
+      case 4: return form.template operator()<KB, 4, D>();
+      default: return form.template operator()<KB, 8, D>();
     }
   };
   auto keys = [&]<int D>() {

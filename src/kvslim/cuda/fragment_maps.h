@@ -176,6 +176,42 @@ KVSLIM_MAP_FN void gather_quad(std::uint32_t w0, std::uint32_t w1, std::uint32_t
   }
 }
 
+// kivi keys through the int8 tensor cores with the codes left where they lie (the fp16 codes
+// kernel's integer-keys form, attend_codes_half.cu): CodeMap's key register r masked in place,
+// without its shift, so its bytes are code * 2^(BITS * plane(r)) -- one LOP3 for 4 codes. The query
+// side compensates: channel c of register r takes the integer round(q'_c / max|q'| * 2^scale_bits(r))
+// as four balanced s8 digits (q_digits), so every product is code * q'_c / max|q'| * 2^kTotalBits
+// to within the rounding of the worst plane's 2^-kFixedBits (the int8 kernel's three digits').
+// Digits 3, 2 of a vector go to columns 2v, 2v + 1 of one mma, digits 1, 0 to those of a second;
+// each column's sum stays below 2^22 (128 channels * 255 * 128), the int8 kernel's sum_of range.
+template <int BITS, int D>
+struct InPlaceKeyMap {
+  using Map = CodeMap<BITS, D>;
+  static constexpr int kFixedBits = 22;
+  static constexpr int kTotalBits = kFixedBits + BITS * (Map::NJ - 1);  // <= 28: four s8 digits hold it
+  KVSLIM_MAP_FN static int plane(int r) { return r / Map::KW; }
+  KVSLIM_MAP_FN static std::uint32_t key_reg(const std::uint32_t* w, int r) {
+    return w[r % Map::KW] & (Map::MASK << (BITS * plane(r)));
+  }
+  KVSLIM_MAP_FN static int scale_bits(int r) { return kFixedBits + BITS * (Map::NJ - 1 - plane(r)); }
+  // x: the 4 channels key_channel(r, 0..3, t) of q' / max|q'| (in [-1, 1]); d[i]: digit i of each
+  // (channel e in byte e), s8.
+  KVSLIM_MAP_FN static void q_digits(const float x[4], int r, std::uint32_t d[4]) {
+    const float scale = static_cast<float>(1u << scale_bits(r));  // exact: x * scale only moves the exponent
+    std::uint32_t u[4];
+    for (int e = 0; e < 4; ++e) {
+#ifdef __CUDA_ARCH__
+      const int v = __float2int_rn(x[e] * scale);
+#else
+      const int v = static_cast<int>(std::nearbyint(x[e] * scale));  // round to nearest even, as rn
+#endif
+      u[e] = static_cast<std::uint32_t>(v) + 0x80808080u;  // balanced digits + 128 in each byte (|v| < 2^30)
+    }
+    gather_quad(u[0], u[1], u[2], u[3], 4, d);
+    for (int i = 0; i < 4; ++i) d[i] ^= 0x80808080u;
+  }
+};
+
 // Dense rows. Keys (lane t): 16-byte chunks 4c + t of the row, c < D/32; pair p = 4c + wi holds
 // channels (4c + t)*8 + 2wi + {0, 1} -- the loaded words are the B registers as they are.
 // Values (lane g = n): chunks n + 8c, c < D/64; n-tile nt = (c*4 + wi)*2 + e: channel (n + 8c)*8 + 2wi + e.
