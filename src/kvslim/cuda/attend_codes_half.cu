@@ -82,6 +82,25 @@ __device__ __forceinline__ std::uint32_t hmul2_bits(std::uint32_t a, std::uint32
   return d;
 }
 
+// A group's q' = q * key scale for four consecutive channels c0.. (out), from q (fp32, qv[c0..]) and
+// the group's fp16 key scales and zeros (scale[0..3], zero[0..3]; 8-byte aligned); qz += q . zero over
+// them. Returns the four's largest |q'|.
+__device__ __forceinline__ float quad_q_prime(const float* qv, const __half* scale, const __half* zero, int c0,
+                                              float (&out)[4], float& qz) {
+  const float4 q4 = *reinterpret_cast<const float4*>(qv + c0);
+  const uint2 sw = *reinterpret_cast<const uint2*>(scale), zw = *reinterpret_cast<const uint2*>(zero);
+  const float2 s01 = __half22float2(*reinterpret_cast<const __half2*>(&sw.x));
+  const float2 s23 = __half22float2(*reinterpret_cast<const __half2*>(&sw.y));
+  const float2 z01 = __half22float2(*reinterpret_cast<const __half2*>(&zw.x));
+  const float2 z23 = __half22float2(*reinterpret_cast<const __half2*>(&zw.y));
+  out[0] = q4.x * s01.x;
+  out[1] = q4.y * s01.y;
+  out[2] = q4.z * s23.x;
+  out[3] = q4.w * s23.y;
+  qz = fmaf(q4.x, z01.x, fmaf(q4.y, z01.y, fmaf(q4.z, z23.x, fmaf(q4.w, z23.y, qz))));
+  return fmaxf(fmaxf(fabsf(out[0]), fabsf(out[1])), fmaxf(fabsf(out[2]), fabsf(out[3])));
+}
+
 // N consecutive fp16 values from shared memory (aligned to 2N bytes, N = 2, 4, 8 or 16) as floats.
 template <int N>
 __device__ __forceinline__ void load_halves(const __half* p, float* out) {
@@ -322,18 +341,7 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
       for (int i = 0; i < HALF; ++i) {
         // Register half * HALF + i: four consecutive channels, their q, key scales and zeros.
         const int c0 = IK::Map::key_channel(half * HALF + i, 0, t);
-        const float4 q4 = *reinterpret_cast<const float4*>(qv + c0);
-        const uint2 sw = *reinterpret_cast<const uint2*>(kp + c0), zw = *reinterpret_cast<const uint2*>(kp + D + c0);
-        const float2 s01 = __half22float2(*reinterpret_cast<const __half2*>(&sw.x));
-        const float2 s23 = __half22float2(*reinterpret_cast<const __half2*>(&sw.y));
-        const float2 z01 = __half22float2(*reinterpret_cast<const __half2*>(&zw.x));
-        const float2 z23 = __half22float2(*reinterpret_cast<const __half2*>(&zw.y));
-        qp[i][0] = q4.x * s01.x;
-        qp[i][1] = q4.y * s01.y;
-        qp[i][2] = q4.z * s23.x;
-        qp[i][3] = q4.w * s23.y;
-        amax = fmaxf(amax, fmaxf(fmaxf(fabsf(qp[i][0]), fabsf(qp[i][1])), fmaxf(fabsf(qp[i][2]), fabsf(qp[i][3]))));
-        qz = fmaf(q4.x, z01.x, fmaf(q4.y, z01.y, fmaf(q4.z, z23.x, fmaf(q4.w, z23.y, qz))));
+        amax = fmaxf(amax, quad_q_prime(qv, kp + c0, kp + D + c0, c0, qp[i], qz));
       }
       amax = max_over(amax, 1, 8);  // the 4 t lanes of both lanes of the vector: all its channels
       qz = sum_over(qz, 1, 8);
@@ -369,20 +377,14 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
         const int c_lo = KMap::key_channel((q0 / KMap::NJ) * 2 * KMap::NJ + q0 % KMap::NJ, 0, t);
         const int c_hi = KMap::key_channel((q1 / KMap::NJ) * 2 * KMap::NJ + q1 % KMap::NJ, 0, t);
         const int c0 = half ? c_hi : c_lo;
-        const float4 q4 = *reinterpret_cast<const float4*>(qv + c0);
-        const uint2 sw = *reinterpret_cast<const uint2*>(kp + c0), zw = *reinterpret_cast<const uint2*>(kp + D + c0);
-        const float2 s01 = __half22float2(*reinterpret_cast<const __half2*>(&sw.x));
-        const float2 s23 = __half22float2(*reinterpret_cast<const __half2*>(&sw.y));
-        const float2 z01 = __half22float2(*reinterpret_cast<const __half2*>(&zw.x));
-        const float2 z23 = __half22float2(*reinterpret_cast<const __half2*>(&zw.y));
+        float quad[4];
+        amax = fmaxf(amax, quad_q_prime(qv, kp + c0, kp + D + c0, c0, quad, qz));
         float* even = qp[2 * k];     // p = 0: channels c0, c0 + 2
         float* odd = qp[2 * k + 1];  // p = 1: channels c0 + 1, c0 + 3
-        even[0] = q4.x * s01.x;
-        odd[0] = q4.y * s01.y;
-        even[1] = q4.z * s23.x;
-        odd[1] = q4.w * s23.y;
-        amax = fmaxf(amax, fmaxf(fmaxf(fabsf(even[0]), fabsf(odd[0])), fmaxf(fabsf(even[1]), fabsf(odd[1]))));
-        qz = fmaf(q4.x, z01.x, fmaf(q4.y, z01.y, fmaf(q4.z, z23.x, fmaf(q4.w, z23.y, qz))));
+        even[0] = quad[0];
+        odd[0] = quad[1];
+        even[1] = quad[2];
+        odd[1] = quad[3];
       }
       amax = max_over(amax, 1, 8);  // the 4 t lanes of both parts' lanes: every channel of vector g / 2
       qz = sum_over(qz, 1, 8);
@@ -452,6 +454,25 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
     // 3. Online softmax of vector t over the unit; P's hi and lo parts into pbuf.
     const long long row0 = rows.row_offset + static_cast<long long>(u) * kGroupRows;
     const std::int64_t newest = *reinterpret_cast<const std::int64_t*>(buf + Shape::POS_OFFSET);
+    // (Both forms.) The unit's scores into the caller's logits; the running sums times alpha.
+    const auto write_logits = [&] {
+      float* dst = a.logits + (static_cast<long long>(bh) * SG + vec) * a.rows_total + row0 + g;
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+        for (int rh = 0; rh < 2; ++rh) dst[16 * mt + 8 * rh] = sc[mt][rh];
+      }
+    };
+    const auto rescale_sums = [&](float alpha) {
+#pragma unroll
+      for (int i = 0; i < NC; ++i) acc[i] *= alpha;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) cv[mt][e] *= alpha;
+      }
+      psum_g *= alpha;
+    };
     if constexpr (!LEAN) {
       bool keep[2][2];
 #pragma unroll
@@ -481,14 +502,7 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
           mx = fmaxf(mx, sc[mt][rh]);
         }
       }
-      if (a.logits && valid) {
-        float* dst = a.logits + (static_cast<long long>(bh) * SG + vec) * a.rows_total + row0 + g;
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-          for (int rh = 0; rh < 2; ++rh) dst[16 * mt + 8 * rh] = sc[mt][rh];
-        }
-      }
+      if (a.logits && valid) write_logits();
       mx = max_over(mx, 4, 32);  // the 8 g lanes of vector t
       const float m_new = fmaxf(m_run, mx);
       const float msub = m_new == -INFINITY ? 0.f : m_new;
@@ -506,16 +520,7 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
       ps = sum_over(ps, 4, 32);
       l_run = l_run * alpha + ps;
       m_run = m_new;
-      if (__any_sync(0xffffffffu, rescale)) {
-#pragma unroll
-        for (int i = 0; i < NC; ++i) acc[i] *= alpha;
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) cv[mt][e] *= alpha;
-        }
-        psum_g *= alpha;
-      }
+      if (__any_sync(0xffffffffu, rescale)) rescale_sums(alpha);
       psum_g += ps;
     } else {
       // A lane past the tile's vectors, a unit that runs past the sequence's rows or holds a row
@@ -533,28 +538,14 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
         }
       }
       float mx = fmaxf(fmaxf(sc[0][0], sc[0][1]), fmaxf(sc[1][0], sc[1][1]));  // this lane's rows
-      if (a.logits && valid) {
-        float* dst = a.logits + (static_cast<long long>(bh) * SG + vec) * a.rows_total + row0 + g;
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-          for (int rh = 0; rh < 2; ++rh) dst[16 * mt + 8 * rh] = sc[mt][rh];
-        }
-      }
+      if (a.logits && valid) write_logits();
       // (m_run -inf: any finite score passes it.)
       if (__any_sync(0xffffffffu, mx > m_run + kLeanSlack)) {
         mx = max_over(mx, 4, 32);  // the 8 g lanes of vector t
         const float m_new = fmaxf(m_run, mx);
         const float alpha = exp2_sfu(m_run - (m_new == -INFINITY ? 0.f : m_new));
         if (__any_sync(0xffffffffu, m_run != -INFINITY && alpha != 1.f)) {  // else acc holds zeros or stays
-#pragma unroll
-          for (int i = 0; i < NC; ++i) acc[i] *= alpha;
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) cv[mt][e] *= alpha;
-          }
-          psum_g *= alpha;
+          rescale_sums(alpha);
           l_run *= alpha;
         }
         m_run = m_new;
