@@ -52,7 +52,7 @@ using namespace attend_detail;
 constexpr int kHalfStages = KVSLIM_HALF_STAGES;
 constexpr int kDecodeVectors = 4;  // query vectors a CTA takes: B's 8 columns are their hi and lo parts
 
-// The loop over a warp's units, two forms (KVSLIM_CUDA_HALF_FORM, read once per process):
+// The loop over a warp's units, three forms (KVSLIM_CUDA_HALF_FORM, read once per process):
 // - base (default; the kernel stops 39-49 measured): every unit reduces its largest score over the
 //   vector's 8 lanes (3 shuffles on the unit's dependency chain), rescales when it grew, and sums P
 //   over the lanes (3 more);
