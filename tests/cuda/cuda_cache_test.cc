@@ -460,8 +460,7 @@ TEST(CudaAttend, EveryKindMatchesFloat64AndTheCpuCache) {
 // Scores that climb along the rows (keys along one direction, their length growing row by row), then
 // jump: the online softmax's reference moves unit after unit, by less than the lean form's slack
 // (P up to 2^8 before it moves) and by more (a rescale). Half the query heads see the scores fall
-// instead. Run under each form of the fp16 codes kernel (KVSLIM_CUDA_HALF_FORM=base / lean /
-// lean_int_keys: bench/cuda/device_forms.sh).
+// instead.
 TEST(CudaAttend, ScoresClimbingAlongTheRowsKeepTheirPrecision) {
   REQUIRE_GPU();
   for (const Widths w : {Widths{4, 2, 128}, Widths{2, 2, 64}}) {

@@ -184,10 +184,7 @@ TEST(FragmentMaps, CodesThroughTheInt8ProductGiveExactDotProducts) {
 // HMUL2 of two fp16 halves (exact here: a power of two times a subnormal code, the result normal).
 std::uint32_t hmul2(std::uint32_t a, std::uint32_t b) { return pack(half_of(a, 0) * half_of(b, 0), half_of(a, 1) * half_of(b, 1)); }
 
-// The fp16 codes kernel's view of one unit of 32 tokens: codes masked into subnormal halves (code *
-// 2^(o - 24)) and normalised (times 2^(14 - o): code * 2^-10); keys as A with q as B, values transposed
-// into A by pair_bytes with P as B. Every sum must be exact: C = 2^-10 sum q code (keys), 2^-10 sum P code.
-// The fp16 codes kernel's integer keys (InPlaceKeyMap): codes masked in place (code * 2^(BITS *
+// The decode codes kernel's keys (attend_codes_half.cu, InPlaceKeyMap): codes masked in place (code * 2^(BITS *
 // plane)), q' / max|q'| as four s8 digits scaled per plane, digits 3, 2 in one mma's columns 2v,
 // 2v + 1 and digits 1, 0 in a second's. The combined sums must equal sum_c code_c 2^(BITS plane)
 // round(q'_c 2^scale_bits) exactly, stay within 2^22 per column, and be q . code * 2^kTotalBits to
@@ -279,76 +276,23 @@ TEST(FragmentMaps, CodesInPlaceThroughTheInt8ProductWithPlaneScaledDigits) {
   check_in_place_keys<8, 128>();
 }
 
-template <int BITS, int D, bool LEAN>
-void check_half_values(const std::vector<std::uint8_t>& codes, const std::vector<std::uint8_t>& packed,
-                       const std::vector<int>& P);
-
+// The value product of one unit in attend_codes_half.cu (HalfCodeMap, HalfUnitOrder): codes masked
+// into subnormal halves and normalised (code * 2^-10), lane t's tokens value_token(ks, t, 0..3)
+// paired by pair_bytes as A, P read as 4 halves from the layout the softmax lanes wrote (p_index)
+// as B. Every sum must be exact: 2^-10 sum_tok P code.
 template <int BITS, int D>
-void check_half_codes() {
+void check_half_values() {
   using Map = HalfCodeMap<BITS, D>;
+  using Order = HalfUnitOrder;
   constexpr int RB = Map::RB;
   std::mt19937 rng(BITS * 1000 + D + 7);
   std::vector<std::uint8_t> codes(32 * D), packed(32 * RB);
   for (auto& c : codes) c = static_cast<std::uint8_t>(rng() % (1u << BITS));
   quant::scalar_kernels().pack_rows(codes.data(), 32, D, BITS, packed.data());
-  std::vector<int> q(8 * D), P(8 * 32);
-  for (auto& x : q) x = static_cast<int>(rng() % 255) - 127;
+  std::vector<int> P(8 * 32);  // [column][token]
   for (auto& x : P) x = static_cast<int>(rng() % 255) - 127;
   const auto word = [&](int tok, int byte, int bytes = 4) { return load32(packed.data() + tok * RB + byte, bytes); };
-
-  for (int mt = 0; mt < 2; ++mt) {
-    double C[16][8] = {};
-    for (int ks = 0; ks < Map::KS; ++ks) {
-      std::uint32_t a[32][4], b[32][2];
-      for (int lane = 0; lane < 32; ++lane) {
-        const int g = lane / 4, t = lane % 4;
-        std::uint32_t w0[Map::KW], w1[Map::KW];
-        for (int i = 0; i < Map::KW; ++i) {
-          w0[i] = word(16 * mt + g, t * (RB / 4) + 4 * i);
-          w1[i] = word(16 * mt + g + 8, t * (RB / 4) + 4 * i);
-        }
-        const auto reg = [&](const std::uint32_t* w, int r) { return hmul2(Map::key_reg(w, r), Map::normalizer(Map::key_shift(r))); };
-        a[lane][0] = reg(w0, 2 * ks);
-        a[lane][1] = reg(w1, 2 * ks);
-        a[lane][2] = reg(w0, 2 * ks + 1);
-        a[lane][3] = reg(w1, 2 * ks + 1);
-        for (int slot = 0; slot < 2; ++slot) {
-          const int r = 2 * ks + slot;
-          b[lane][slot] = pack(q[g * D + Map::key_channel(r, 0, t)], q[g * D + Map::key_channel(r, 1, t)]);
-        }
-      }
-      emulate_mma(a, b, C);
-    }
-    for (int r = 0; r < 16; ++r) {
-      for (int n = 0; n < 8; ++n) {
-        double want = 0;
-        for (int c = 0; c < D; ++c) want += static_cast<double>(q[n * D + c]) * codes[(16 * mt + r) * D + c];
-        ASSERT_EQ(C[r][n], std::ldexp(want, -10)) << "keys bits " << BITS << " D " << D << " token " << 16 * mt + r << " column " << n;
-      }
-    }
-  }
-  std::multiset<int> seen;
-  for (int t = 0; t < 4; ++t)
-    for (int r = 0; r < Map::NR; ++r)
-      for (int h = 0; h < 2; ++h) seen.insert(Map::key_channel(r, h, t));
-  for (int c = 0; c < D; ++c) ASSERT_EQ(seen.count(c), 1u) << "key channel " << c;
-
-  check_half_values<BITS, D, false>(codes, packed, P);
-  check_half_values<BITS, D, true>(codes, packed, P);
-}
-
-// The value product of one unit under either token order of the kernel (HalfUnitOrder): lane t's
-// tokens value_token(ks, t, 0..3), their codes' rows paired, P read as 4 halves from the layout the
-// softmax lanes wrote (p_index). P [8 columns][32 tokens].
-template <int BITS, int D, bool LEAN>
-void check_half_values(const std::vector<std::uint8_t>& codes, const std::vector<std::uint8_t>& packed,
-                       const std::vector<int>& P) {
-  using Map = HalfCodeMap<BITS, D>;
-  using Order = HalfUnitOrder<LEAN>;
-  constexpr int RB = Map::RB;
-  const char* form = LEAN ? "lean" : "base";
-  const auto word = [&](int tok, int byte, int bytes = 4) { return load32(packed.data() + tok * RB + byte, bytes); };
-  // The softmax lanes' writes: lane (g, t) holds tokens 16 mt + g + 8 rh of vector t; lean writes
+  // The softmax lanes' writes: lane (g, t) holds tokens 16 mt + g + 8 rh of vector t and writes
   // them as one word at p_index(g), so they must lie there in the order j = 2 mt + rh.
   std::vector<int> pbuf(8 * 32, 1 << 20);
   std::multiset<int> places;
@@ -358,23 +302,21 @@ void check_half_values(const std::vector<std::uint8_t>& codes, const std::vector
       if (n == 0) places.insert(Order::p_index(tok));
     }
   }
-  for (int i = 0; i < 32; ++i) ASSERT_EQ(places.count(i), 1u) << form << ": P index " << i;
-  if constexpr (LEAN) {
-    for (int g = 0; g < 8; ++g) {
-      for (int mt = 0; mt < 2; ++mt)
-        for (int rh = 0; rh < 2; ++rh) ASSERT_EQ(Order::p_index(16 * mt + g + 8 * rh), Order::p_index(g) + 2 * mt + rh) << g;
-    }
+  for (int i = 0; i < 32; ++i) ASSERT_EQ(places.count(i), 1u) << "P index " << i;
+  for (int g = 0; g < 8; ++g) {
+    for (int mt = 0; mt < 2; ++mt)
+      for (int rh = 0; rh < 2; ++rh) ASSERT_EQ(Order::p_index(16 * mt + g + 8 * rh), Order::p_index(g) + 2 * mt + rh) << g;
   }
   std::multiset<int> tokens;
   for (int ks = 0; ks < 2; ++ks) {
     for (int t = 0; t < 4; ++t) {
       for (int j = 0; j < 4; ++j) {
         tokens.insert(Order::value_token(ks, t, j));
-        ASSERT_EQ(Order::value_token(ks, t, j), Order::value_token(ks, t, 0) + j * Order::kRowStride) << form;
+        ASSERT_EQ(Order::value_token(ks, t, j), Order::value_token(ks, t, 0) + j * Order::kRowStride);
       }
     }
   }
-  for (int k = 0; k < 32; ++k) ASSERT_EQ(tokens.count(k), 1u) << form << ": token " << k;
+  for (int k = 0; k < 32; ++k) ASSERT_EQ(tokens.count(k), 1u) << "token " << k;
 
   std::multiset<int> vseen;
   for (int mt = 0; mt < Map::MT; ++mt) {
@@ -411,7 +353,7 @@ void check_half_values(const std::vector<std::uint8_t>& codes, const std::vector
           double want = 0;
           for (int k = 0; k < 32; ++k) want += static_cast<double>(P[n * 32 + k]) * codes[k * D + ch];
           ASSERT_EQ(O[g + 8 * rh][n], std::ldexp(want, -10))
-              << form << " values bits " << BITS << " D " << D << " m-tile " << mt << " row " << g + 8 * rh;
+              << "values bits " << BITS << " D " << D << " m-tile " << mt << " row " << g + 8 * rh;
         }
       }
     }
@@ -419,13 +361,13 @@ void check_half_values(const std::vector<std::uint8_t>& codes, const std::vector
   for (int c = 0; c < D; ++c) ASSERT_EQ(vseen.count(c), 1u) << "value channel " << c;
 }
 
-TEST(FragmentMaps, CodesAsSubnormalHalvesGiveExactDotProducts) {
-  check_half_codes<2, 64>();
-  check_half_codes<4, 64>();
-  check_half_codes<8, 64>();
-  check_half_codes<2, 128>();
-  check_half_codes<4, 128>();
-  check_half_codes<8, 128>();
+TEST(FragmentMaps, ValueCodesAsSubnormalHalvesGiveExactDotProducts) {
+  check_half_values<2, 64>();
+  check_half_values<4, 64>();
+  check_half_values<8, 64>();
+  check_half_values<2, 128>();
+  check_half_values<4, 128>();
+  check_half_values<8, 128>();
 }
 
 template <int D>

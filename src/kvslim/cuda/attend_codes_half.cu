@@ -1,22 +1,27 @@
-// Split-K decode attention over kivi codes on the fp16 tensor cores: the decode step's kernel (up
-// to 4 query vectors per KV head -- Llama's 32/8 heads, one token). The int8 kernel
-// (attend_codes.cu) re-rounds q' and P into three s8 digits per 32-row unit and passes the digits
-// through shared memory, ~900 instructions a unit and warp at D = 128, so it is bound by issue,
-// not bytes. Here two codes become two exact fp16 numbers (code * 2^-10) by one LOP3 and one HMUL2
-// (fragment_maps.h, HalfCodeMap), and each operand that is not a code is an fp16 pair hi + lo
-// (~22 bits):
+// Split-K decode attention over kivi codes on the tensor cores: the decode step's kernel (up to 4
+// query vectors per KV head -- Llama's 32/8 heads, one token). The int8 kernel (attend_codes.cu)
+// re-rounds q' and P into three s8 digits per 32-row unit and passes the digits through shared
+// memory, ~900 instructions a unit and warp at D = 128, so it is bound by issue, not bytes. Here:
 //
-//   keys:   q . k = sum_c (q_c scale_c) code_c + q . zero per group. B column 2v is vector v's
-//           q' / max|q'| rounded to fp16 (hi), column 2v + 1 the remainder (lo), so one mma gives
-//           both parts and lane (g, t) holds vector t's two partial sums side by side:
-//           score = (c_hi + c_lo) * 2^10 * max|q'| + q . zero.
-//   values: sum_t p_t v_tc = scale_c sum_t p_t code_tc + zero_c sum_t p_t; the codes, paired by
-//           token in registers (PRMT), are A (rows = channels), P's hi and lo parts columns 2v,
-//           2v + 1 of B; the group's sums stay in the mma accumulators and take scale * 2^10 and
-//           zero once, at the group's last unit.
+//   keys:   q . k = sum_c (q_c scale_c) code_c + q . zero per group, on the int8 tensor cores with
+//           the codes where they lie (InPlaceKeyMap, fragment_maps.h): a key register is one LOP3
+//           of a packed word (4 codes, each code * 2^(bits * plane)); q' / max|q'| becomes four s8
+//           digits a channel once a group, scaled per plane so that every product carries the same
+//           power of 2; digits 3, 2 of vector v are columns 2v, 2v + 1 of one mma, digits 1, 0 of a
+//           second, and lane (g, t) holds vector t's four partial sums:
+//           score = ((d3 * 256 + d2) * 256 + d1) * 256 + d0, times max|q'| 2^-kTotalBits, + q . zero.
+//   values: sum_t p_t v_tc = scale_c sum_t p_t code_tc + zero_c sum_t p_t on the fp16 tensor cores:
+//           two codes become two exact fp16 numbers (code * 2^-10) by one LOP3 and one HMUL2
+//           (HalfCodeMap), paired by token in registers (PRMT) as A (rows = channels); P's hi and
+//           lo fp16 parts are columns 2v, 2v + 1 of B; the group's sums stay in the mma
+//           accumulators and take scale * 2^10 and zero once, at the group's last unit.
 //
-// Both products run in fp32 on exact codes; P and q' keep ~2^-22 of their largest element, the
-// int8 kernel's 2^-23 / 2^-22 -- the same tolerance against the CPU cache.
+// Both products are exact on the codes; q' keeps 2^-22 of its largest element or better and P
+// ~2^-22 (its hi + lo parts) -- the int8 kernel's 2^-23 / 2^-22, the same tolerance against the CPU
+// cache. The softmax's reference moves only when a score passes it by more than kLeanSlack (P stays
+// below 2^kLeanSlack, far inside fp16's range), so most units skip the max's shuffles; each lane
+// sums its own rows' P. (Stop 50 measured this form against the earlier one -- keys on the fp16
+// product, a max and a sum over the lanes every unit: docs/cuda.md, "Stop 50".)
 //
 // A CTA of 4 warps takes a range of units of one (b, h) (whole groups of group_units, or any units
 // where groups vary: PackedRows::unit_starts); each warp takes a contiguous quarter of its units and
@@ -28,15 +33,12 @@
 #include <atomic>
 #include <cfloat>
 #include <cmath>
-#include <cstdlib>
-#include <string>
 #include <type_traits>
 
 #include "cuda/attend.h"
 #include "cuda/attend_codes_half.h"
 #include "cuda/attend_shared.cuh"
 #include "cuda/fragment_maps.h"
-#include "kvslim/errors.h"
 
 namespace kvslim::cuda {
 namespace {
@@ -50,29 +52,10 @@ using namespace attend_detail;
 #define KVSLIM_HALF_STAGES 2
 #endif
 constexpr int kHalfStages = KVSLIM_HALF_STAGES;
-constexpr int kDecodeVectors = 4;  // query vectors a CTA takes: B's 8 columns are their hi and lo parts
+constexpr int kDecodeVectors = 4;  // query vectors a CTA takes: B's 8 columns are 2 digits (keys) or P's 2 parts (values) each
 
-// The loop over a warp's units, three forms (KVSLIM_CUDA_HALF_FORM, read once per process):
-// - base (default; the kernel stops 39-49 measured): every unit reduces its largest score over the
-//   vector's 8 lanes (3 shuffles on the unit's dependency chain), rescales when it grew, and sums P
-//   over the lanes (3 more);
-// - lean: the reference m_run moves only when some score passes it by more than kLeanSlack
-//   (log2 units; P = 2^(s - m_run) <= 2^kLeanSlack otherwise, far inside fp16's range, and its
-//   hi + lo parts keep their ~22 bits), so a unit whose scores stay below pays one vote instead of
-//   the max's shuffles; each lane sums its own rows' P (l and the group's sum of P reduced once,
-//   at the end and at the group's last unit); a unit kept whole masks nothing (no per-row
-//   selects); the value product takes the unit's tokens in another order (HalfUnitOrder), so P
-//   leaves the softmax lanes as one 8-byte store a part and the value codes are read without bank
-//   conflicts; and the loop's bookkeeping (the unit count, the stages' shared address, the thread
-//   index) stays in registers instead of being re-derived from special registers every unit. The
-//   same softmax to rounding: any reference gives the same ratios, and the merges take each part's
-//   (m, l) as they come;
-// - lean_int_keys: lean, with the key product on the int8 tensor cores (InPlaceKeyMap in
-//   fragment_maps.h): a key register is one LOP3 of the codes where they lie (4 codes), where the
-//   fp16 product takes a LOP3 and an HMUL2 for 2; q' becomes four s8 digits a channel, scaled per
-//   plane, once a group (two mma a k-step: digits 3, 2 and 1, 0). q' keeps 2^-22 of its largest
-//   element or better, as the fp16 parts' ~22 bits.
-enum class HalfForm { base, lean, lean_int_keys };
+// A unit's scores may pass the softmax's reference by this much (log2 units) before it moves: P =
+// 2^(s - m_run) <= 2^8 then.
 constexpr float kLeanSlack = 8.f;
 
 // Two fp16 products (mul.rn.f16x2 keeps subnormal inputs: a masked code times its normalizer).
@@ -129,7 +112,7 @@ __device__ __forceinline__ void load_halves(const __half* p, float* out) {
 // (fp16). After the warps: q (times the logit scale) of the 4 vectors, [vector][D] fp32.
 template <int KB, int VB, int D>
 struct HalfShape {
-  using KMap = HalfCodeMap<KB, D>;
+  using KMap = CodeMap<KB, D>;
   using VMap = HalfCodeMap<VB, D>;
   static constexpr int K_CODE_BYTES = kGroupRows * KMap::RB;
   static constexpr int V_CODE_BYTES = kGroupRows * VMap::RB;
@@ -151,36 +134,31 @@ struct HalfShape {
 #endif
 constexpr int half_min_ctas(int D) { return D == 128 ? KVSLIM_HALF_CTAS_D128 : 4; }
 
-template <int KB, int VB, int D, HalfForm FORM>
+template <int KB, int VB, int D>
 __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
     attend_codes_half_kernel(QueryArgs a, PackedRows rows, Partials parts, int part_base, int units_per_split) {
   using Shape = HalfShape<KB, VB, D>;
   using KMap = typename Shape::KMap;
   using VMap = typename Shape::VMap;
-  constexpr int KRB = KMap::RB, KW = KMap::KW, NR = KMap::NR, KS = KMap::KS;
+  using IK = InPlaceKeyMap<KB, D>;  // the keys' registers and q' digits
+  static_assert(std::is_same_v<typename IK::Map, KMap>, "the stages' key rows are the int8 map's");
+  constexpr int KRB = KMap::RB, KW = KMap::KW, NR = KMap::NR, KS = KMap::KS;  // NR: D / 16 registers a token
   constexpr int VRB = VMap::RB, BPLV = VMap::BPLV, NWV = VMap::NWV, NC = VMap::NC, MT = VMap::MT;
   constexpr int K_CODE_BYTES = Shape::K_CODE_BYTES, STAGE = Shape::STAGE, PSLOT = Shape::PSLOT;
   constexpr int PARAM_BYTES = Shape::PARAM_BYTES;
-  constexpr bool LEAN = FORM != HalfForm::base;
-  constexpr bool INT_KEYS = FORM == HalfForm::lean_int_keys;
-  using IK = InPlaceKeyMap<KB, D>;  // the integer keys' registers and q' digits
-  constexpr int IK_NR = IK::Map::NR, IK_KS = IK::Map::KS;  // D / 16 key registers a token, D / 32 k-steps
-  static_assert(2 * IK_NR == NR, "the integer keys' two digit sets fill the fp16 q' registers");
-  using Order = HalfUnitOrder<LEAN>;  // the unit's tokens in the value product, P's layout (fragment_maps.h)
+  using Order = HalfUnitOrder;  // the unit's tokens in the value product, P's layout (fragment_maps.h)
   extern __shared__ __align__(16) unsigned char smem[];
 
   pdl_launch_dependents();  // the window's dense rows and the merge may launch (attend_shared.cuh)
-  // (Lean: the thread index as an int through an empty asm, so that what derives from it -- lane,
-  // g, t, the stage addresses -- is kept or recomputed from a register, not read again from SR_TID
-  // each unit: 13-26 fewer instructions a unit in the census, stop 50.)
-  std::conditional_t<LEAN, int, unsigned> tid = threadIdx.x;
-  if constexpr (LEAN) asm("" : "+r"(tid));
+  // The thread index as an int through an empty asm, so that what derives from it -- lane, g, t,
+  // the stage addresses -- is kept or recomputed from a register, not read again from SR_TID each
+  // unit (13-26 fewer instructions a unit, stop 50's census).
+  int tid = threadIdx.x;
+  asm("" : "+r"(tid));
   const int lane = tid % 32, warp = tid / 32, g = lane / 4, t = lane % 4;
   const int tile = blockIdx.y, bh = blockIdx.z, b = bh / a.Hkv, h = bh % a.Hkv;
   const long long SG = static_cast<long long>(a.S) * a.G;
   unsigned char* my = smem + warp * Shape::WARP_BYTES;
-  unsigned char* pslots = my + kHalfStages * STAGE;
-  __half* pbuf = reinterpret_cast<__half*>(pslots + kHalfStages * PSLOT);  // [part][vector][token]
   float* qs = reinterpret_cast<float*>(smem + kWarps * Shape::WARP_BYTES);  // [vector][D]
 
   // B column g: vector g / 2, part g % 2 (1 = lo). Softmax and output: vector t.
@@ -242,18 +220,15 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
   // consecutive, so they never share a slot.
   unsigned stage_begins = 0;
   int u_load = w_begin, load_group = -1, read_group = -1;
-  // Lean: the warp's stages as one address in the shared window (this lane's 16 bytes), held in a
-  // register for the loop, as is the count of units (the empty asm below): else the compiler
-  // re-derives both from the thread index and the CTA's shared window (S2R) every unit, a quarter
-  // of the unit's bookkeeping stalls in stop 49's samples.
+  // The warp's stages as one address in the shared window (this lane's 16 bytes) and as an offset
+  // from smem, held in registers for the loop, as is the count of units (the empty asm below):
+  // else the compiler re-derives them from the thread index and the CTA's shared window (S2R) every
+  // unit, a quarter of the unit's bookkeeping stalls in stop 49's samples.
   unsigned my_to = static_cast<unsigned>(__cvta_generic_to_shared(my)) + 16 * lane;
-  int my_off = warp * Shape::WARP_BYTES;  // my - smem (lean: the loop's reads from it)
+  int my_off = warp * Shape::WARP_BYTES;
   // Where this lane's 16 bytes at `offset` from my land (lane_bytes false: the byte at `offset`
   // itself), as an address in the shared window.
-  const auto to = [&](int offset, bool lane_bytes = true) -> unsigned {
-    if constexpr (LEAN) return my_to + offset - (lane_bytes ? 0 : 16 * lane);
-    return static_cast<unsigned>(__cvta_generic_to_shared(my + offset + (lane_bytes ? 16 * lane : 0)));
-  };
+  const auto to = [&](int offset, bool lane_bytes = true) { return my_to + offset - (lane_bytes ? 0 : 16 * lane); };
   auto issue = [&](bool first, int stage) {
 #pragma unroll
     for (int i = 0; i < K_CHUNKS; i += 32) {
@@ -267,7 +242,7 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
     }
     const bool begins = starts != nullptr ? starts_group(u_load) : iwi == 0;
     if (first || begins) {
-      const int slot = kHalfStages * STAGE + (++load_group % kHalfStages) * PSLOT;  // pslots' slot, from my
+      const int slot = kHalfStages * STAGE + (++load_group % kHalfStages) * PSLOT;  // its parameter slot, from my
 #pragma unroll
       for (int i = 0; i < P_CHUNKS; i += 32) {
         if (P_CHUNKS % 32 == 0 || i + lane < P_CHUNKS) {
@@ -299,11 +274,11 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
   // for both).
   load_tile_queries<kDecodeVectors, D>(a, tile, b, h, qs);
   __syncthreads();
-  std::uint32_t bq[NR];  // the current group's q' part for column g, key register r's two channels
+  std::uint32_t bq[2 * NR];  // the current group's q' digits for column g: [0, NR) the first mma's, then the second's
   float qscale = 0.f, bias = 0.f;
   int n_units = n_mine;
   for (int k = 0; k < n_units; ++k) {
-    if constexpr (LEAN) asm("" : "+r"(n_units), "+r"(my_to), "+r"(my_off));  // held, not re-derived (above)
+    asm("" : "+r"(n_units), "+r"(my_to), "+r"(my_off));  // held, not re-derived (above)
     if (k + kHalfStages - 1 < n_units) issue(false, (k + kHalfStages - 1) % kHalfStages);
     // (Unit k + 1 is in flight already: kHalfStages >= 2.)
     const bool first_of_group = k == 0 || ((stage_begins >> (k % kHalfStages)) & 1u);
@@ -314,26 +289,23 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
     __syncwarp();
 
     const int u = w_begin + k;
-    unsigned char* const my_k = LEAN ? smem + my_off : my;
+    unsigned char* const my_k = smem + my_off;  // = my
     const unsigned char* buf = my_k + (k % kHalfStages) * STAGE;
-    __half* const pb = LEAN ? reinterpret_cast<__half*>(my_k + kHalfStages * (STAGE + PSLOT)) : pbuf;
+    __half* const pb = reinterpret_cast<__half*>(my_k + kHalfStages * (STAGE + PSLOT));  // P: [part][vector][p_index]
     const unsigned char* kc = buf;
     const unsigned char* vc = buf + K_CODE_BYTES;
-    const unsigned char* pslot = (LEAN ? my_k + kHalfStages * STAGE : pslots) + (read_group % kHalfStages) * PSLOT;
+    const unsigned char* pslot = my_k + kHalfStages * STAGE + (read_group % kHalfStages) * PSLOT;
     const __half* kp = reinterpret_cast<const __half*>(pslot);
     const __half* vp = reinterpret_cast<const __half*>(pslot + PARAM_BYTES);
 
-    // 1. At a group's first unit (or the warp's first): column g's part of q' = q * key scale,
+    // 1. At a group's first unit (or the warp's first): column g's digits of q' = q * key scale,
     //    relative to the vector's largest |q'|; the scale and q . zero of vector t.
-    //    Lanes g = 2v (hi part) and 2v + 1 (lo part) need the same q' values: each builds both parts
-    //    of half of the registers (its quads below) and they trade the parts the other keeps
-    //    (shuffle xor 4), so a group's q' costs each lane half the conversions.
-    if (INT_KEYS && first_of_group) {
+    if (first_of_group) {
       // Column g of the two mma: vector g / 2, digits 3 / 2 (g even / odd) in the first, 1 / 0 in
-      // the second (bq[0, IK_NR) and bq[IK_NR, NR)). Lanes g = 2v and 2v + 1 each build half of the
+      // the second (bq[0, NR) and bq[NR, 2 NR)). Lanes g = 2v and 2v + 1 each build half of the
       // registers' digits and trade what the other's columns take (shuffle xor 4).
       const float* qv = qs + bvec * D;
-      constexpr int HALF = IK_NR / 2;
+      constexpr int HALF = NR / 2;
       const int half = lo_part ? 1 : 0;
       float qp[HALF][4];
       float amax = 0.f, qz = 0.f;
@@ -357,172 +329,45 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
         const std::uint32_t recv2 = __shfl_xor_sync(0xffffffffu, other2, 4);
         bq[i] = half ? recv1 : mine1;
         bq[HALF + i] = half ? mine1 : recv1;
-        bq[IK_NR + i] = half ? recv2 : mine2;
-        bq[IK_NR + HALF + i] = half ? mine2 : recv2;
+        bq[NR + i] = half ? recv2 : mine2;
+        bq[NR + HALF + i] = half ? mine2 : recv2;
       }
       qscale = __shfl_sync(0xffffffffu, amax * (1.f / static_cast<float>(1u << IK::kTotalBits)), 8 * t);  // lane (2t, 0)
       bias = __shfl_sync(0xffffffffu, qz, 8 * t);
-    } else if (first_of_group) {
-      const float* qv = qs + bvec * D;
-      // A quad: four consecutive channels c0 + {0..3}, read as one float4 of q and one 8-byte word of
-      // scales and of zeros; key registers (w, p = 0, j) and (w, 1, j) hold channels c0 + {0, 2} and
-      // c0 + {1, 3}. Quad k of this lane's half is quad k + half * QH of the row.
-      constexpr int QH = NR / 4;  // quads per half (NR / 2 quads of 2 registers)
-      const int half = lo_part ? 1 : 0;
-      float qp[2 * QH][2];        // [2k]: p = 0 register of quad k, [2k + 1]: p = 1
-      float amax = 0.f, qz = 0.f;
-#pragma unroll
-      for (int k = 0; k < QH; ++k) {
-        const int q0 = k, q1 = k + QH;  // the quad in half 0 / half 1
-        const int c_lo = KMap::key_channel((q0 / KMap::NJ) * 2 * KMap::NJ + q0 % KMap::NJ, 0, t);
-        const int c_hi = KMap::key_channel((q1 / KMap::NJ) * 2 * KMap::NJ + q1 % KMap::NJ, 0, t);
-        const int c0 = half ? c_hi : c_lo;
-        float quad[4];
-        amax = fmaxf(amax, quad_q_prime(qv, kp + c0, kp + D + c0, c0, quad, qz));
-        float* even = qp[2 * k];     // p = 0: channels c0, c0 + 2
-        float* odd = qp[2 * k + 1];  // p = 1: channels c0 + 1, c0 + 3
-        even[0] = quad[0];
-        odd[0] = quad[1];
-        even[1] = quad[2];
-        odd[1] = quad[3];
-      }
-      amax = max_over(amax, 1, 8);  // the 4 t lanes of both parts' lanes: every channel of vector g / 2
-      qz = sum_over(qz, 1, 8);
-      const float inv = amax > 0.f ? 1.f / amax : 0.f;
-#pragma unroll
-      for (int k = 0; k < QH; ++k) {
-#pragma unroll
-        for (int p = 0; p < 2; ++p) {
-          // Register of quad q in the row's order: (q / NJ, p, q % NJ).
-          const auto reg_of = [](int q, int pp) { return (q / KMap::NJ) * 2 * KMap::NJ + pp * KMap::NJ + q % KMap::NJ; };
-          std::uint32_t hi, lo;
-          split2<DenseType::f16>(qp[2 * k + p][0] * inv, qp[2 * k + p][1] * inv, hi, lo);
-          const std::uint32_t keep = lo_part ? lo : hi;  // this lane's part of its own register
-          const std::uint32_t got = __shfl_xor_sync(0xffffffffu, lo_part ? hi : lo, 4);  // its part of the other's
-          bq[reg_of(k, p)] = half ? got : keep;
-          bq[reg_of(k + QH, p)] = half ? keep : got;
-        }
-      }
-      qscale = __shfl_sync(0xffffffffu, amax * 1024.f, 8 * t);  // lane (g = 2t, 0) built vector t
-      bias = __shfl_sync(0xffffffffu, qz, 8 * t);
     }
 
-    // 2. Scores of tokens 16 mt + g (+ 8) for vector t: keys as A, q' parts (or digits) as B.
+    // 2. Scores of tokens 16 mt + g (+ 8) for vector t: keys as A, q' digits as B.
     float sc[2][2];
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt) {
       std::uint32_t w0[KW], w1[KW];
       load_words<KW>(kc + (16 * mt + g) * KRB + t * (KRB / 4), w0);
       load_words<KW>(kc + (16 * mt + g + 8) * KRB + t * (KRB / 4), w1);
-      if constexpr (INT_KEYS) {
-        static_assert(IK::Map::KW == KW, "the same words of a token's row");
-        int c1[4], c2[4];  // digits 3, 2 and 1, 0 of vector t: columns 2t, 2t + 1
-#pragma unroll
-        for (int ks = 0; ks < IK_KS; ++ks) {
-          const std::uint32_t a0 = IK::key_reg(w0, 2 * ks), a1 = IK::key_reg(w1, 2 * ks);
-          const std::uint32_t a2 = IK::key_reg(w0, 2 * ks + 1), a3 = IK::key_reg(w1, 2 * ks + 1);
-          if (ks == 0) {
-            imma16832_from(c1, a0, a1, a2, a3, bq[0], bq[1], kSumBias);
-            imma16832_from(c2, a0, a1, a2, a3, bq[IK_NR], bq[IK_NR + 1], kSumBias);
-          } else {
-            imma16832(c1, a0, a1, a2, a3, bq[2 * ks], bq[2 * ks + 1]);
-            imma16832(c2, a0, a1, a2, a3, bq[IK_NR + 2 * ks], bq[IK_NR + 2 * ks + 1]);
-          }
-        }
-#pragma unroll
-        for (int rh = 0; rh < 2; ++rh) {
-          const float sum = fmaf(sum_of(c1[2 * rh]), 16777216.f,
-                                 fmaf(sum_of(c1[2 * rh + 1]), 65536.f, fmaf(sum_of(c2[2 * rh]), 256.f, sum_of(c2[2 * rh + 1]))));
-          sc[mt][rh] = fmaf(sum, qscale, bias);
-        }
-        continue;
-      }
-      // Two accumulators (even and odd k-steps): two mma chains of KS / 2 instead of one of KS.
-      float c[2][4] = {};
+      int c1[4], c2[4];  // digits 3, 2 and 1, 0 of vector t: columns 2t, 2t + 1
 #pragma unroll
       for (int ks = 0; ks < KS; ++ks) {
-        const auto reg = [&](const std::uint32_t* w, int r) {
-          return hmul2_bits(KMap::key_reg(w, r), KMap::normalizer(KMap::key_shift(r)));
-        };
-        const std::uint32_t av[4] = {reg(w0, 2 * ks), reg(w1, 2 * ks), reg(w0, 2 * ks + 1), reg(w1, 2 * ks + 1)};
-        mma16816<DenseType::f16>(c[ks % 2], av, bq[2 * ks], bq[2 * ks + 1]);
+        const std::uint32_t a0 = IK::key_reg(w0, 2 * ks), a1 = IK::key_reg(w1, 2 * ks);
+        const std::uint32_t a2 = IK::key_reg(w0, 2 * ks + 1), a3 = IK::key_reg(w1, 2 * ks + 1);
+        if (ks == 0) {
+          imma16832_from(c1, a0, a1, a2, a3, bq[0], bq[1], kSumBias);
+          imma16832_from(c2, a0, a1, a2, a3, bq[NR], bq[NR + 1], kSumBias);
+        } else {
+          imma16832(c1, a0, a1, a2, a3, bq[2 * ks], bq[2 * ks + 1]);
+          imma16832(c2, a0, a1, a2, a3, bq[NR + 2 * ks], bq[NR + 2 * ks + 1]);
+        }
       }
-      sc[mt][0] = fmaf((c[0][0] + c[1][0]) + (c[0][1] + c[1][1]), qscale, bias);
-      sc[mt][1] = fmaf((c[0][2] + c[1][2]) + (c[0][3] + c[1][3]), qscale, bias);
+#pragma unroll
+      for (int rh = 0; rh < 2; ++rh) {
+        const float sum = fmaf(sum_of(c1[2 * rh]), 16777216.f,
+                               fmaf(sum_of(c1[2 * rh + 1]), 65536.f, fmaf(sum_of(c2[2 * rh]), 256.f, sum_of(c2[2 * rh + 1]))));
+        sc[mt][rh] = fmaf(sum, qscale, bias);
+      }
     }
 
-    // 3. Online softmax of vector t over the unit; P's hi and lo parts into pbuf.
+    // 3. Online softmax of vector t over the unit; P's hi and lo parts into pb.
     const long long row0 = rows.row_offset + static_cast<long long>(u) * kGroupRows;
     const std::int64_t newest = *reinterpret_cast<const std::int64_t*>(buf + Shape::POS_OFFSET);
-    // (Both forms.) The unit's scores into the caller's logits; the running sums times alpha.
-    const auto write_logits = [&] {
-      float* dst = a.logits + (static_cast<long long>(bh) * SG + vec) * a.rows_total + row0 + g;
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-        for (int rh = 0; rh < 2; ++rh) dst[16 * mt + 8 * rh] = sc[mt][rh];
-      }
-    };
-    const auto rescale_sums = [&](float alpha) {
-#pragma unroll
-      for (int i = 0; i < NC; ++i) acc[i] *= alpha;
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) cv[mt][e] *= alpha;
-      }
-      psum_g *= alpha;
-    };
-    if constexpr (!LEAN) {
-      bool keep[2][2];
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-        for (int rh = 0; rh < 2; ++rh) keep[mt][rh] = valid;
-      }
-      // Rows are checked one by one only in a unit that runs past the sequence's rows or holds a row
-      // newer than the query (causal by true position); every other unit is kept whole.
-      if (row0 + kGroupRows > seq_limit || newest > qpos) {
-        const std::int64_t* upos = rows.pos + bh * rows.pos_head_stride + static_cast<long long>(u) * kGroupRows;
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-          for (int rh = 0; rh < 2; ++rh) {
-            const int tok = 16 * mt + g + 8 * rh;
-            keep[mt][rh] = keep[mt][rh] && row0 + tok < seq_limit && upos[tok] <= qpos;
-          }
-        }
-      }
-      float mx = -INFINITY;
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-        for (int rh = 0; rh < 2; ++rh) {
-          sc[mt][rh] = keep[mt][rh] ? sc[mt][rh] : -INFINITY;
-          mx = fmaxf(mx, sc[mt][rh]);
-        }
-      }
-      if (a.logits && valid) write_logits();
-      mx = max_over(mx, 4, 32);  // the 8 g lanes of vector t
-      const float m_new = fmaxf(m_run, mx);
-      const float msub = m_new == -INFINITY ? 0.f : m_new;
-      const float alpha = exp2_sfu(m_run - msub);
-      const bool rescale = m_run != -INFINITY && alpha != 1.f;  // else acc holds zeros or stays
-      float ps = 0.f;
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-        for (int rh = 0; rh < 2; ++rh) {
-          sc[mt][rh] = exp2_sfu(sc[mt][rh] - msub);
-          ps += sc[mt][rh];
-        }
-      }
-      ps = sum_over(ps, 4, 32);
-      l_run = l_run * alpha + ps;
-      m_run = m_new;
-      if (__any_sync(0xffffffffu, rescale)) rescale_sums(alpha);
-      psum_g += ps;
-    } else {
+    {
       // A lane past the tile's vectors, a unit that runs past the sequence's rows or holds a row
       // newer than the query (causal by true position): rows checked one by one. Others: kept whole.
       if (!valid || row0 + kGroupRows > seq_limit || newest > qpos) {
@@ -538,14 +383,28 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
         }
       }
       float mx = fmaxf(fmaxf(sc[0][0], sc[0][1]), fmaxf(sc[1][0], sc[1][1]));  // this lane's rows
-      if (a.logits && valid) write_logits();
-      // (m_run -inf: any finite score passes it.)
+      if (a.logits && valid) {
+        float* dst = a.logits + (static_cast<long long>(bh) * SG + vec) * a.rows_total + row0 + g;
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+          for (int rh = 0; rh < 2; ++rh) dst[16 * mt + 8 * rh] = sc[mt][rh];
+        }
+      }
+      // The reference moves only past the slack (m_run -inf: any finite score passes it).
       if (__any_sync(0xffffffffu, mx > m_run + kLeanSlack)) {
         mx = max_over(mx, 4, 32);  // the 8 g lanes of vector t
         const float m_new = fmaxf(m_run, mx);
         const float alpha = exp2_sfu(m_run - (m_new == -INFINITY ? 0.f : m_new));
         if (__any_sync(0xffffffffu, m_run != -INFINITY && alpha != 1.f)) {  // else acc holds zeros or stays
-          rescale_sums(alpha);
+#pragma unroll
+          for (int i = 0; i < NC; ++i) acc[i] *= alpha;
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) cv[mt][e] *= alpha;
+          }
+          psum_g *= alpha;
           l_run *= alpha;
         }
         m_run = m_new;
@@ -562,8 +421,6 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
       }
       l_run += ps;   // this lane's rows: summed over the vector's lanes at the end
       psum_g += ps;  // and at the group's last unit
-    }
-    if constexpr (LEAN) {
       // P's parts at [part][vector][Order::p_index(token)]: the lane's tokens g + 8 j (j = 2 mt + rh)
       // side by side at 4g + j, one 8-byte store a part.
       const __half2 h01 = __floats2half2_rn(sc[0][0], sc[0][1]), h23 = __floats2half2_rn(sc[1][0], sc[1][1]);
@@ -574,17 +431,6 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
       const int at = Order::p_index(g);  // = 4g: tokens g, g + 8, g + 16, g + 24 follow
       *reinterpret_cast<uint2*>(pb + t * kGroupRows + at) = make_uint2(bits(h01), bits(h23));
       *reinterpret_cast<uint2*>(pb + (kDecodeVectors + t) * kGroupRows + at) = make_uint2(bits(l01), bits(l23));
-    } else {
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-        for (int rh = 0; rh < 2; ++rh) {
-          const int tok = 16 * mt + g + 8 * rh;
-          const __half hi = __float2half_rn(sc[mt][rh]);
-          pbuf[t * kGroupRows + Order::p_index(tok)] = hi;
-          pbuf[(kDecodeVectors + t) * kGroupRows + Order::p_index(tok)] = __float2half_rn(sc[mt][rh] - __half2float(hi));
-        }
-      }
     }
     __syncwarp();
 
@@ -614,7 +460,7 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
     }
     // 5. At a group's last unit (or the warp's last): acc += scale * 2^10 * sums + zero * sum of P.
     if (last_of_group) {
-      const float psum = LEAN ? sum_over(psum_g, 4, 32) : psum_g;  // sum of the group's P, vector t
+      const float psum = sum_over(psum_g, 4, 32);  // sum of the group's P, vector t
       // Plane j's channels of this lane are BPLV consecutive ones (g BPLV + j RB + byte): read as words.
 #pragma unroll
       for (int j = 0; j < VMap::NJ; ++j) {
@@ -631,10 +477,10 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
       for (int mt = 0; mt < MT; ++mt) cv[mt][0] = cv[mt][1] = cv[mt][2] = cv[mt][3] = 0.f;
       psum_g = 0.f;
     }
-    __syncwarp();  // pbuf and this stage are written again next
+    __syncwarp();  // pb and this stage are written again next
   }
   cp_async_wait<0>();
-  if constexpr (LEAN) l_run = sum_over(l_run, 4, 32);
+  l_run = sum_over(l_run, 4, 32);  // each lane summed its own rows' P
 
   __syncthreads();  // every warp is done with its stages: the memory becomes the merge scratch
   float* red = reinterpret_cast<float*>(smem);
@@ -650,57 +496,35 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
   pdl_wait();  // launched early after another codes segment (part_base > 0): finish after it
 }
 
-template <int KB, int VB, int D, HalfForm FORM>
+template <int KB, int VB, int D>
 int half_resident() {
   static const int n = [] {
     constexpr int smem = HalfShape<KB, VB, D>::SMEM;
-    set_smem_always(attend_codes_half_kernel<KB, VB, D, FORM>, smem);
-    return resident_ctas(attend_codes_half_kernel<KB, VB, D, FORM>, smem);
+    set_smem_always(attend_codes_half_kernel<KB, VB, D>, smem);
+    return resident_ctas(attend_codes_half_kernel<KB, VB, D>, smem);
   }();
   return n;
 }
 
-template <int KB, int VB, int D, HalfForm FORM>
+template <int KB, int VB, int D>
 void half_launch(const QueryArgs& q, const PackedRows& rows, const Partials& parts, int part_base, int splits,
                  int units_per_split, cudaStream_t stream) {
   constexpr int smem = HalfShape<KB, VB, D>::SMEM;
-  auto kernel = attend_codes_half_kernel<KB, VB, D, FORM>;
+  auto kernel = attend_codes_half_kernel<KB, VB, D>;
   static std::atomic<unsigned long long> done{0};
   set_smem(kernel, smem, done);
   launch_kernel(splits > 0, part_base > 0, kernel, dim3(splits, q.tiles(), q.B * q.Hkv), dim3(kThreads), smem, stream, q, rows,
                 parts, part_base, units_per_split);
 }
 
-// KVSLIM_CUDA_HALF_FORM: "base" (default), "lean" or "lean_int_keys" (see HalfForm), read once per
-// process.
-HalfForm half_form() {
-  static const HalfForm form = [] {
-    const char* v = std::getenv("KVSLIM_CUDA_HALF_FORM");
-    const std::string e = v == nullptr ? "" : v;
-    if (e.empty() || e == "base") return HalfForm::base;
-    if (e == "lean") return HalfForm::lean;
-    if (e == "lean_int_keys") return HalfForm::lean_int_keys;
-    throw InputError("KVSLIM_CUDA_HALF_FORM: '" + e + "' is not a form of the fp16 codes kernel (base, lean or lean_int_keys)");
-  }();
-  return form;
-}
-
-// f<KB, VB, D, FORM>() for the widths and head_dim of `rows` / `q` (checked by the caller) and the
-// process's form of the kernel.
+// f<KB, VB, D>() for the widths and head_dim of `rows` / `q` (checked by the caller).
 template <typename F>
 void with_half_kernel(const QueryArgs& q, const PackedRows& rows, F&& f) {
-  auto form = [&]<int KB, int VB, int D>() {
-    switch (half_form()) {
-      case HalfForm::lean: return f.template operator()<KB, VB, D, HalfForm::lean>();
-      case HalfForm::lean_int_keys: return f.template operator()<KB, VB, D, HalfForm::lean_int_keys>();
-      default: return f.template operator()<KB, VB, D, HalfForm::base>();
-    }
-  };
   auto values = [&]<int KB, int D>() {
     switch (rows.v_bits) {
-      case 2: return form.template operator()<KB, 2, D>();
-      case 4: return form.template operator()<KB, 4, D>();
-      default: return form.template operator()<KB, 8, D>();
+      case 2: return f.template operator()<KB, 2, D>();
+      case 4: return f.template operator()<KB, 4, D>();
+      default: return f.template operator()<KB, 8, D>();
     }
   };
   auto keys = [&]<int D>() {
@@ -724,14 +548,14 @@ bool half_codes_take(const QueryArgs& q, const PackedRows& rows) {
 
 int half_codes_resident(const QueryArgs& q, const PackedRows& rows) {
   int n = 2;
-  with_half_kernel(q, rows, [&]<int KB, int VB, int D, HalfForm FORM>() { n = half_resident<KB, VB, D, FORM>(); });
+  with_half_kernel(q, rows, [&]<int KB, int VB, int D>() { n = half_resident<KB, VB, D>(); });
   return n;
 }
 
 void launch_half_codes(const QueryArgs& q, const PackedRows& rows, const Partials& parts, int part_base, int splits,
                        int units_per_split, cudaStream_t stream) {
-  with_half_kernel(q, rows, [&]<int KB, int VB, int D, HalfForm FORM>() {
-    half_launch<KB, VB, D, FORM>(q, rows, parts, part_base, splits, units_per_split, stream);
+  with_half_kernel(q, rows, [&]<int KB, int VB, int D>() {
+    half_launch<KB, VB, D>(q, rows, parts, part_base, splits, units_per_split, stream);
   });
 }
 

@@ -1,4 +1,5 @@
-// The decode step's kernel over kivi codes on the fp16 tensor cores (attend_codes_half.cu), behind
+// The decode step's kernel over kivi codes (attend_codes_half.cu: keys on the int8 tensor cores,
+// values on the fp16 ones), behind
 // launch_packed / packed_splits (attend_codes.cu), which choose between it and the int8 kernel.
 #pragma once
 #include <cuda_runtime.h>

@@ -64,20 +64,15 @@ struct CodeMap {
 };
 
 // ---------------------------------------------------------------------------------------------
-// kivi codes through the fp16 tensor cores (mma.m16n8k16, fp32 sums): a code masked in place into
-// a 16-bit half whose exponent bits are zero IS an fp16 number -- the subnormal code * 2^o * 2^-24,
-// o its bit offset in the half -- so one LOP3 turns two codes into two halves, and one HMUL2 by
-// normalizer(o) = 2^(14 - o) makes them code * 2^-10, a normal number, for every plane alike. (The
-// tensor cores take subnormals, but align a product by its exponent field, not by its value: a
-// subnormal code's product kept only ~13 - o bits -- 2-5e-4 of the output on H200,
-// docs/benchmarks/cuda/device_s39/r1_tests.txt.) Only offsets o <= 10 - BITS are mantissa bits: a
-// register takes its two codes from the low bytes of a word's halves (bytes 0 and 2, p = 0) or,
-// after a shift by 8, from bytes 1 and 3 (p = 1); in the plane layout byte B holds channels
-// B + j * RB at o = j * BITS.
-//
-// Keys (A rows = tokens): lane t reads KW words of a token's row, bytes [t RB/4, (t+1) RB/4); key
-// register r = (word r / (2 NJ), p = (r / NJ) % 2, plane j = r % NJ) is k-step r / 2, slot r % 2,
-// its halves h = 0, 1 channels key_channel(r, h, t).
+// kivi values through the fp16 tensor cores (mma.m16n8k16, fp32 sums; the keys take the int8 ones,
+// InPlaceKeyMap below): a code masked in place into a 16-bit half whose exponent bits are zero IS
+// an fp16 number -- the subnormal code * 2^o * 2^-24, o its bit offset in the half -- so one LOP3
+// turns two codes into two halves, and one HMUL2 by normalizer(o) = 2^(14 - o) makes them
+// code * 2^-10, a normal number, for every plane alike. (The tensor cores take subnormals, but
+// align a product by its exponent field, not by its value: a subnormal code's product kept only
+// ~13 - o bits -- 2-5e-4 of the output on H200, docs/benchmarks/cuda/device_s39/r1_tests.txt.)
+// Only offsets o <= 10 - BITS are mantissa bits: a register takes its two codes from the low byte of
+// each half; in the plane layout byte B holds channels B + j * RB at o = j * BITS.
 // Values (A rows = channels, k = tokens): lane g reads BPLV bytes of each of its tokens at g BPLV;
 // pair_bytes() puts byte b of two tokens' words into the two halves, and value register i =
 // (byte i / NJ, plane i % NJ) of a token pair is channel value_channel(i, g): m-tile i / 2, row g
@@ -86,27 +81,15 @@ template <int BITS, int D>
 struct HalfCodeMap {
   static constexpr int RB = D * BITS / 8;  // packed row bytes
   static constexpr int NJ = 8 / BITS;      // planes (codes per byte)
-  static constexpr int KW = RB / 16;       // key words per lane and token
-  static constexpr int NR = D / 8;         // key registers per token (2 per k-step)
-  static constexpr int KS = D / 16;        // k-steps of the key product
   static constexpr int BPLV = RB / 8;      // value bytes per lane and token
   static constexpr int NWV = BPLV >= 4 ? BPLV / 4 : 1;  // value words per lane and token
   static constexpr int NC = D / 8;         // value channels per lane
   static constexpr int MT = D / 16;        // m-tiles of the value product
   static constexpr std::uint32_t MASK = ((1u << BITS) - 1u) * 0x00010001u;  // plane 0 of both halves' low bytes
-  static_assert(KW >= 1 && KW * 2 * NJ == NR && BPLV * NJ == NC, "head_dim 64 or 128 with 2, 4 or 8 bits");
+  static_assert(BPLV * NJ == NC, "head_dim 64 or 128 with 2, 4 or 8 bits");
 
-  KVSLIM_MAP_FN static int key_channel(int r, int h, int t) {
-    return t * (RB / 4) + 4 * (r / (2 * NJ)) + (r / NJ) % 2 + 2 * h + (r % NJ) * RB;
-  }
-  KVSLIM_MAP_FN static int key_shift(int r) { return (r % NJ) * BITS; }
   // 2^(14 - o) in both fp16 halves: a masked code (code * 2^(o - 24)) times it is code * 2^-10, exactly.
   KVSLIM_MAP_FN static std::uint32_t normalizer(int o) { return static_cast<std::uint32_t>(29 - o) * 0x04000400u; }
-  // w = the lane's KW words of one token's row.
-  KVSLIM_MAP_FN static std::uint32_t key_reg(const std::uint32_t* w, int r) {
-    const std::uint32_t word = w[r / (2 * NJ)];
-    return ((r / NJ) % 2 ? word >> 8 : word) & (MASK << key_shift(r));
-  }
   // Byte b (0..3) of w0 into bits 0-7, of w1 into bits 16-23 (bits 8-15 and 24-31: masked off).
   KVSLIM_MAP_FN static std::uint32_t pair_bytes(std::uint32_t w0, std::uint32_t w1, int b) {
     return prmt(w0, w1, static_cast<std::uint32_t>(b | (b << 4) | ((4 + b) << 8) | ((4 + b) << 12)));
@@ -119,19 +102,17 @@ struct HalfCodeMap {
   }
 };
 
-// The order of a 32-row unit's tokens in the fp16 codes kernel's value product (attend_codes_half.cu),
-// for its two forms (HalfForm). Lane t's j-th token of k-step ks (j 0, 1: k-slots 2t, 2t + 1; j 2, 3:
-// k-slots 2t + 8, 2t + 9), whose value-code rows the lane pairs (pair_bytes) and whose P it reads as
-// one 8-byte word of the vector's 32 halves, at p_index(value_token(ks, t, 0)):
-// - base: tokens 16 ks + 4t + j, P in token order (the softmax lane writes its 4 rows one by one);
-// - lean: tokens x + 8 j, x = 4 ks + t, P at 4 (token % 8) + token / 8: the softmax lane (g, t) holds
-//   tokens g + 8 j and writes them as one 8-byte word, and the 4 t lanes read neighbouring rows of
-//   codes (base: rows 4 apart, on the same banks).
-template <bool LEAN>
+// The order of a 32-row unit's tokens in the value product of attend_codes_half.cu. Lane t's j-th
+// token of k-step ks (j 0, 1: k-slots 2t, 2t + 1; j 2, 3: k-slots 2t + 8, 2t + 9) is x + 8 j,
+// x = 4 ks + t; the lane pairs those tokens' value-code rows (pair_bytes) and reads their P as one
+// 8-byte word of the vector's 32 halves, at p_index(x). P of token `tok` lies at 4 (tok % 8) +
+// tok / 8: the softmax lane (g, t), which holds tokens g + 8 j, writes them as one 8-byte word, and
+// the 4 t lanes read neighbouring rows of codes. (Tokens 16 ks + 4t + j, stop 49's order, put the
+// 4 t lanes' reads 4 rows apart, on the same banks, and took a store a row.)
 struct HalfUnitOrder {
-  KVSLIM_MAP_FN static int value_token(int ks, int t, int j) { return LEAN ? 4 * ks + t + 8 * j : 16 * ks + 4 * t + j; }
-  KVSLIM_MAP_FN static int p_index(int token) { return LEAN ? 4 * (token % 8) + token / 8 : token; }
-  static constexpr int kRowStride = LEAN ? 8 : 1;  // value_token(ks, t, j + 1) - value_token(ks, t, j)
+  KVSLIM_MAP_FN static int value_token(int ks, int t, int j) { return 4 * ks + t + 8 * j; }
+  KVSLIM_MAP_FN static int p_index(int token) { return 4 * (token % 8) + token / 8; }
+  static constexpr int kRowStride = 8;  // value_token(ks, t, j + 1) - value_token(ks, t, j)
 };
 
 // ---------------------------------------------------------------------------------------------
