@@ -414,7 +414,7 @@ TEST(CudaAttend, EveryKindMatchesFloat64AndTheCpuCache) {
                         {"kivi", 8, DType::f16},
                         {"kivi", 4, DType::bf16, {4, 2, 64}},
                         {"kivi", 2, DType::f16, {2, 4, 128}},
-                        // groups of 2+ units: decode on the fp16 codes kernel, every width on either side
+                        // groups of 2+ units: decode on attend_codes_half.cu, every width on either side
                         {"kivi", 8, DType::f16, {8, 2, 64}},
                         {"kivi", 2, DType::bf16, {2, 8, 256}}};
   for (const Kind& kind : kinds) {
@@ -458,7 +458,7 @@ TEST(CudaAttend, EveryKindMatchesFloat64AndTheCpuCache) {
 }
 
 // Scores that climb along the rows (keys along one direction, their length growing row by row), then
-// jump: the online softmax's reference moves unit after unit, by less than the lean form's slack
+// jump: the online softmax's reference moves unit after unit, by less than the decode kernel's slack
 // (P up to 2^8 before it moves) and by more (a rescale). Half the query heads see the scores fall
 // instead.
 TEST(CudaAttend, ScoresClimbingAlongTheRowsKeepTheirPrecision) {

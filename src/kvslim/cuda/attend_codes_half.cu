@@ -65,12 +65,12 @@ __device__ __forceinline__ std::uint32_t hmul2_bits(std::uint32_t a, std::uint32
   return d;
 }
 
-// A group's q' = q * key scale for four consecutive channels c0.. (out), from q (fp32, qv[c0..]) and
-// the group's fp16 key scales and zeros (scale[0..3], zero[0..3]; 8-byte aligned); qz += q . zero over
-// them. Returns the four's largest |q'|.
-__device__ __forceinline__ float quad_q_prime(const float* qv, const __half* scale, const __half* zero, int c0,
-                                              float (&out)[4], float& qz) {
-  const float4 q4 = *reinterpret_cast<const float4*>(qv + c0);
+// A group's q' = q * key scale for four consecutive channels (out), from q (fp32, q[0..3], 16-byte
+// aligned) and the group's fp16 key scales and zeros (scale[0..3], zero[0..3]; 8-byte aligned);
+// qz += q . zero over them. Returns the four's largest |q'|.
+__device__ __forceinline__ float quad_q_prime(const float* q, const __half* scale, const __half* zero, float (&out)[4],
+                                              float& qz) {
+  const float4 q4 = *reinterpret_cast<const float4*>(q);
   const uint2 sw = *reinterpret_cast<const uint2*>(scale), zw = *reinterpret_cast<const uint2*>(zero);
   const float2 s01 = __half22float2(*reinterpret_cast<const __half2*>(&sw.x));
   const float2 s23 = __half22float2(*reinterpret_cast<const __half2*>(&sw.y));
@@ -313,7 +313,7 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
       for (int i = 0; i < HALF; ++i) {
         // Register half * HALF + i: four consecutive channels, their q, key scales and zeros.
         const int c0 = IK::Map::key_channel(half * HALF + i, 0, t);
-        amax = fmaxf(amax, quad_q_prime(qv, kp + c0, kp + D + c0, c0, qp[i], qz));
+        amax = fmaxf(amax, quad_q_prime(qv + c0, kp + c0, kp + D + c0, qp[i], qz));
       }
       amax = max_over(amax, 1, 8);  // the 4 t lanes of both lanes of the vector: all its channels
       qz = sum_over(qz, 1, 8);

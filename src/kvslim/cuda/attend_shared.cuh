@@ -166,8 +166,8 @@ __device__ void merge_warps(const QueryArgs& a, int tile, int bh, float* red, co
   merge_parts<D>(a, tile, bh, rows, parts, red);
 }
 
-// The int8 tensor cores' products (the int8 codes kernel, attend_codes.cu, and the fp16 codes
-// kernel's integer keys, attend_codes_half.cu).
+// The int8 tensor cores' products (the int8 codes kernel, attend_codes.cu, and the decode codes
+// kernel's keys, attend_codes_half.cu).
 // The s32 accumulators start at the bits of 1.5 * 2^23 (as a float): a sum s with |s| < 2^22 leaves
 // them holding the float 1.5 * 2^23 + s exactly, so one FADD converts it (sum_of) where I2F, a
 // quarter-rate conversion, would (|s| <= 128 * 255 * 128 < 2^22: D = 128 channels of 8-bit codes
@@ -192,7 +192,7 @@ __device__ __forceinline__ void imma16832_from(int (&d)[4], std::uint32_t a0, st
 }
 
 // 2^x by the SFU alone (ex2.approx.ftz: exp2f's own instruction without its denormal handling):
-// x <= 0 in the kernels' softmax (<= 8 in the fp16 codes kernel's lean form), and results below
+// x <= 0 in the kernels' softmax (<= kLeanSlack = 8 in attend_codes_half.cu's), and results below
 // 2^-126 are weights too small to count anyway.
 __device__ __forceinline__ float exp2_sfu(float x) {
   float y;

@@ -157,8 +157,8 @@ KVSLIM_MAP_FN void gather_quad(std::uint32_t w0, std::uint32_t w1, std::uint32_t
   }
 }
 
-// kivi keys through the int8 tensor cores with the codes left where they lie (the fp16 codes
-// kernel's integer-keys form, attend_codes_half.cu): CodeMap's key register r masked in place,
+// kivi keys through the int8 tensor cores with the codes left where they lie (the decode codes
+// kernel's keys, attend_codes_half.cu): CodeMap's key register r masked in place,
 // without its shift, so its bytes are code * 2^(BITS * plane(r)) -- one LOP3 for 4 codes. The query
 // side compensates: channel c of register r takes the integer round(q'_c / max|q'| * 2^scale_bits(r))
 // as four balanced s8 digits (q_digits), so every product is code * q'_c / max|q'| * 2^kTotalBits
