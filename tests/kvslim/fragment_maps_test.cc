@@ -70,6 +70,22 @@ void emulate_imma(const std::uint32_t a[32][4], const std::uint32_t b[32][2], st
       for (int k = 0; k < 32; ++k) C[r][n] += A[r][k] * B[k][n];
 }
 
+// Lane (g, t)'s A registers of the int8 key product's k-step ks (tokens 16 mt + g and + 8, the
+// int8 maps' layout: KW words of a packed row at t RB / 4), each made by key_reg(words, r).
+template <typename Map, typename KeyReg>
+void key_fragment(const std::vector<std::uint8_t>& packed, int mt, int ks, int lane, KeyReg key_reg, std::uint32_t a[4]) {
+  const int g = lane / 4, t = lane % 4;
+  std::uint32_t w0[Map::KW], w1[Map::KW];
+  for (int i = 0; i < Map::KW; ++i) {
+    w0[i] = load32(packed.data() + (16 * mt + g) * Map::RB + t * (Map::RB / 4) + 4 * i);
+    w1[i] = load32(packed.data() + (16 * mt + g + 8) * Map::RB + t * (Map::RB / 4) + 4 * i);
+  }
+  a[0] = key_reg(w0, 2 * ks);
+  a[1] = key_reg(w1, 2 * ks);
+  a[2] = key_reg(w0, 2 * ks + 1);
+  a[3] = key_reg(w1, 2 * ks + 1);
+}
+
 std::uint32_t pack_s8(const int v[4]) {
   std::uint32_t r = 0;
   for (int e = 0; e < 4; ++e) r |= (static_cast<std::uint32_t>(v[e]) & 0xffu) << (8 * e);
@@ -98,15 +114,7 @@ void check_codes() {
       std::uint32_t a[32][4], b[32][2];
       for (int lane = 0; lane < 32; ++lane) {
         const int g = lane / 4, t = lane % 4;
-        std::uint32_t w0[Map::KW], w1[Map::KW];
-        for (int i = 0; i < Map::KW; ++i) {
-          w0[i] = word(16 * mt + g, t * (RB / 4) + 4 * i);
-          w1[i] = word(16 * mt + g + 8, t * (RB / 4) + 4 * i);
-        }
-        a[lane][0] = Map::key_reg(w0, 2 * ks);
-        a[lane][1] = Map::key_reg(w1, 2 * ks);
-        a[lane][2] = Map::key_reg(w0, 2 * ks + 1);
-        a[lane][3] = Map::key_reg(w1, 2 * ks + 1);
+        key_fragment<Map>(packed, mt, ks, lane, Map::key_reg, a[lane]);
         for (int slot = 0; slot < 2; ++slot) {
           int v[4];
           for (int e = 0; e < 4; ++e) v[e] = q[g * D + Map::key_channel(2 * ks + slot, e, t)];
@@ -203,7 +211,6 @@ void check_in_place_keys() {
     std::vector<float> q(4 * D);  // 4 vectors of q' / max|q'|
     std::uniform_real_distribution<float> uni(-1.f, 1.f);
     for (auto& x : q) x = trial == 2 ? (rng() % 2 ? 1.f : -1.f) : uni(rng) * (trial == 1 ? 1e-3f : 1.f);
-    const auto word = [&](int tok, int byte) { return load32(packed.data() + tok * RB + byte); };
     // The integer each channel's q' became, as the kernel's digits hold it.
     const auto integer_of = [&](int v, int c, int r) {
       return static_cast<std::int64_t>(std::nearbyint(static_cast<double>(q[v * D + c]) * std::ldexp(1.0, IK::scale_bits(r))));
@@ -214,15 +221,7 @@ void check_in_place_keys() {
         std::uint32_t a[32][4], b1[32][2], b2[32][2];
         for (int lane = 0; lane < 32; ++lane) {
           const int g = lane / 4, t = lane % 4, v = g / 2;
-          std::uint32_t w0[Map::KW], w1[Map::KW];
-          for (int i = 0; i < Map::KW; ++i) {
-            w0[i] = word(16 * mt + g, t * (RB / 4) + 4 * i);
-            w1[i] = word(16 * mt + g + 8, t * (RB / 4) + 4 * i);
-          }
-          a[lane][0] = IK::key_reg(w0, 2 * ks);
-          a[lane][1] = IK::key_reg(w1, 2 * ks);
-          a[lane][2] = IK::key_reg(w0, 2 * ks + 1);
-          a[lane][3] = IK::key_reg(w1, 2 * ks + 1);
+          key_fragment<Map>(packed, mt, ks, lane, IK::key_reg, a[lane]);
           for (int slot = 0; slot < 2; ++slot) {
             const int r = 2 * ks + slot;
             float x[4];
