@@ -294,9 +294,28 @@ __global__ void __launch_bounds__(kThreads) attend_dense_kernel(QueryArgs a, Den
 
 // One CTA of kCombineWarps warps per (tile row, tile, b * h): warp w merges splits w, w + 8, ...
 // into all D channels (lane: D / 32 consecutive channels, one vector load per split; every warp
-// finds the largest split max itself), then the warps' sums meet in shared memory. The splits'
-// loads are independent and spread over 8 warps, so even at batch 1 (64 splits, 8 rows) the merge
-// takes a few memory latencies, not one per split.
+// finds the largest split max itself), then the warps' sums meet in shared memory. A warp issues
+// the loads of its first kCombinePrefetch splits together with those of the max pass, so up to
+// 8 * kCombinePrefetch splits (batch 1: 49-70) cost one memory latency, not three.
+constexpr int kCombinePrefetch = 8;
+
+// acc[CPL] += f * the CPL channels of a split at src (fmaf, the order merge_parts keeps).
+template <int CPL>
+__device__ __forceinline__ void combine_add(float* acc, float f, const float (&v)[CPL]) {
+#pragma unroll
+  for (int i = 0; i < CPL; ++i) acc[i] = fmaf(f, v[i], acc[i]);
+}
+template <int CPL>
+__device__ __forceinline__ void combine_load(float (&v)[CPL], const float* src) {
+  if constexpr (CPL == 4) {
+    const float4 x = *reinterpret_cast<const float4*>(src);
+    v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
+  } else {
+    const float2 x = *reinterpret_cast<const float2*>(src);
+    v[0] = x.x, v[1] = x.y;
+  }
+}
+
 template <int D>
 __global__ void __launch_bounds__(32 * kCombineWarps) combine_kernel(QueryArgs a, Partials parts, int n_parts,
                                                                       float* out, float* final_ml) {
@@ -314,6 +333,21 @@ __global__ void __launch_bounds__(32 * kCombineWarps) combine_kernel(QueryArgs a
   pdl_launch_dependents();  // a decode step's observation may launch; it waits for this merge before reading it
   if (m >= static_cast<long long>(a.S) * a.G) return;  // the whole CTA
   const auto slot = [&](int p) { return ((static_cast<long long>(p) * tiles + tile) * BH + bh) * kTileRows + row; };
+  // The warp's first splits, loaded before the max is known: v_pre [kCombinePrefetch][CPL] channels,
+  // ml_pre [kCombinePrefetch] (max, sum) of splits warp + kCombineWarps * k.
+  float v_pre[kCombinePrefetch][CPL];
+  float2 ml_pre[kCombinePrefetch];
+#pragma unroll
+  for (int k = 0; k < kCombinePrefetch; ++k) {
+    const int p = warp + kCombineWarps * k;
+    ml_pre[k] = make_float2(-INFINITY, 0.f);
+#pragma unroll
+    for (int i = 0; i < CPL; ++i) v_pre[k][i] = 0.f;
+    if (p < n_parts) {
+      ml_pre[k] = *reinterpret_cast<const float2*>(parts.ml + slot(p) * 2);
+      combine_load<CPL>(v_pre[k], parts.acc + slot(p) * D + lane * CPL);
+    }
+  }
   float M = -INFINITY;
   for (int p = lane; p < n_parts; p += 32) M = fmaxf(M, parts.ml[slot(p) * 2]);
   M = max_over(M, 1, 32);
@@ -321,20 +355,21 @@ __global__ void __launch_bounds__(32 * kCombineWarps) combine_kernel(QueryArgs a
 #pragma unroll
   for (int i = 0; i < CPL; ++i) acc[i] = 0.f;
   if (M != -INFINITY) {
+#pragma unroll
+    for (int k = 0; k < kCombinePrefetch; ++k) {
+      if (warp + kCombineWarps * k >= n_parts) break;
+      const float f = ml_pre[k].x == -INFINITY ? 0.f : exp2f(ml_pre[k].x - M);
+      L = fmaf(f, ml_pre[k].y, L);
+      combine_add<CPL>(acc, f, v_pre[k]);
+    }
 #pragma unroll 4
-    for (int p = warp; p < n_parts; p += kCombineWarps) {
+    for (int p = warp + kCombineWarps * kCombinePrefetch; p < n_parts; p += kCombineWarps) {
       const float mp = parts.ml[slot(p) * 2], lp = parts.ml[slot(p) * 2 + 1];
       const float f = mp == -INFINITY ? 0.f : exp2f(mp - M);
       L = fmaf(f, lp, L);
-      const float* src = parts.acc + slot(p) * D + lane * CPL;
-      if constexpr (CPL == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        acc[0] = fmaf(f, v.x, acc[0]), acc[1] = fmaf(f, v.y, acc[1]);
-        acc[2] = fmaf(f, v.z, acc[2]), acc[3] = fmaf(f, v.w, acc[3]);
-      } else {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        acc[0] = fmaf(f, v.x, acc[0]), acc[1] = fmaf(f, v.y, acc[1]);
-      }
+      float v[CPL];
+      combine_load<CPL>(v, parts.acc + slot(p) * D + lane * CPL);
+      combine_add<CPL>(acc, f, v);
     }
   }
 #pragma unroll
