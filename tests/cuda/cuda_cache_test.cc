@@ -986,6 +986,46 @@ TEST(CudaZipcache, AttentionMatchesFloat64AndTheCpuCachesTolerance) {
   }
 }
 
+// zipcache's two sets run side by side in one wave of CTAs (device_zip_cache.cu): together they take
+// no more splits than one store of both sets' units, each set at least one, in proportion to its
+// units, and never more than it would take alone.
+TEST(CudaZipcache, TheTwoSetsShareOneWaveOfSplits) {
+  REQUIRE_GPU();
+  int sm_count = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  static const std::uint8_t starts[1] = {1};  // (only its presence matters here: groups vary)
+  const auto set = [&](int k_bits, int units) {
+    cuda::PackedRows r;
+    r.k_bits = k_bits;
+    r.v_bits = 4;
+    r.group_units = 1;
+    r.unit_starts = starts;
+    r.n_units = units;
+    return r;
+  };
+  for (int B : {1, 8, 32}) {
+    for (int units : {1, 7, 64, 512, 4096}) {
+      for (int hi_units : {0, 1, units / 5, units / 2, units}) {
+        cuda::QueryArgs q;
+        q.B = B, q.S = 1, q.Hq = 32, q.Hkv = 8, q.G = 4, q.D = 128;
+        const cuda::PackedRows hi = set(4, hi_units), lo = set(2, units - hi_units), both = set(2, units);
+        const auto [hs, ls] = cuda::packed_splits_side_by_side(q, hi, lo, sm_count);
+        const std::string what = "B " + std::to_string(B) + ", units " + std::to_string(hi_units) + " + " +
+                                 std::to_string(units - hi_units);
+        EXPECT_EQ(hs > 0, hi_units > 0) << what;
+        EXPECT_EQ(ls > 0, units - hi_units > 0) << what;
+        if (hi_units > 0) EXPECT_LE(hs, cuda::packed_splits(q, hi, sm_count)) << what;
+        if (hi_units < units) EXPECT_LE(ls, cuda::packed_splits(q, lo, sm_count)) << what;
+        if (hi_units > 0 && hi_units < units) {
+          EXPECT_LE(hs + ls, std::max(2, cuda::packed_splits(q, both, sm_count))) << what;
+          // In proportion: the set with more units never has fewer splits.
+          if (hi_units * 2 < units) EXPECT_LE(hs, ls) << what;
+        }
+      }
+    }
+  }
+}
+
 TEST(CudaZipcache, ProbabilitiesAreRefusedAndALongPromptsWindowIsGivenBack) {
   REQUIRE_GPU();
   ZipPair z = make_zip_pair(ZipWidths{4, 2, 4, 32, 0.2}, DType::f16);

@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "cuda/cuda_common.cuh"
 
@@ -126,6 +127,11 @@ int launch_codes_and_window(const QueryArgs& q, const PackedRows& codes, const D
 // Splits each kernel would use for this much work (at least 1 when there are rows).
 // (One full wave of resident CTAs: the kernel's occupancy decides.)
 int packed_splits(const QueryArgs& q, const PackedRows& rows, int sm_count);
+// Two stores of codes that run side by side (zipcache's salient rows and the rest): ONE wave of
+// resident CTAs between them, in proportion to their units, each at least 1 while it has units
+// (no more than packed_splits gives it alone). {splits of a, splits of b}.
+std::pair<int, int> packed_splits_side_by_side(const QueryArgs& q, const PackedRows& a, const PackedRows& b,
+                                               int sm_count);
 int dense_splits(const QueryArgs& q, int n_rows, int sm_count, DenseType type);
 
 // Launch on `stream`; each writes parts [part_base, part_base + splits). A segment after another

@@ -28,6 +28,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdlib>
+#include <algorithm>
 #include <string>
 
 #include "cuda/attend.h"
@@ -547,14 +548,34 @@ bool decode_on_half(const QueryArgs& q, const PackedRows& rows) {
 
 }  // namespace
 
-int packed_splits(const QueryArgs& q, const PackedRows& rows, int sm_count) {
+namespace {
+int packed_resident(const QueryArgs& q, const PackedRows& rows) {
   int resident = 2;
   with_kernel(q, rows, [&]<int KB, int VB, int D, int NSUB, bool GROUPED>() {
     resident = decode_on_half(q, rows) ? half_codes_resident(q, rows) : codes_resident<KB, VB, D, NSUB, GROUPED>();
   });
-  // At least two units a warp (one group a warp when a group has two or more).
-  const int units = rows.group_units >= 2 ? 2 * (rows.n_units / rows.group_units) : rows.n_units;
-  return splits_for(q, units, sm_count, resident);
+  return resident;
+}
+// The units splits_for counts: at least two a warp (one group a warp when a group has two or more).
+int split_work(const PackedRows& rows) {
+  return rows.group_units >= 2 ? 2 * (rows.n_units / rows.group_units) : rows.n_units;
+}
+}  // namespace
+
+int packed_splits(const QueryArgs& q, const PackedRows& rows, int sm_count) {
+  return splits_for(q, split_work(rows), sm_count, packed_resident(q, rows));
+}
+
+std::pair<int, int> packed_splits_side_by_side(const QueryArgs& q, const PackedRows& a, const PackedRows& b,
+                                               int sm_count) {
+  const int ua = a.n_units > 0 ? split_work(a) : 0, ub = b.n_units > 0 ? split_work(b) : 0;
+  if (ua <= 0 || ub <= 0) return {ua > 0 ? packed_splits(q, a, sm_count) : 0, ub > 0 ? packed_splits(q, b, sm_count) : 0};
+  const int resident = std::min(packed_resident(q, a), packed_resident(q, b));
+  const int total = splits_for(q, ua + ub, sm_count, resident);
+  const int most_a = splits_for(q, ua, sm_count, resident), most_b = splits_for(q, ub, sm_count, resident);
+  const long long share = (static_cast<long long>(total) * ua + (ua + ub) / 2) / (ua + ub);
+  const int sa = std::clamp(static_cast<int>(share), 1, std::max(1, std::min(most_a, total - 1)));
+  return {sa, std::clamp(total - sa, 1, most_b)};
 }
 
 void launch_packed(const QueryArgs& q, const PackedRows& rows, const Partials& parts, int part_base, int splits,
