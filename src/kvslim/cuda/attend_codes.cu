@@ -24,11 +24,11 @@
 // builds q' once per group, and keeps query vector t's online softmax and D/8 of its output channels
 // in lane (g, t). The warps merge in
 // shared memory and the CTA writes one partial (attend_shared.cuh); launch_combine merges the splits.
+#include <algorithm>
 #include <atomic>
 #include <cfloat>
 #include <cmath>
 #include <cstdlib>
-#include <algorithm>
 #include <string>
 
 #include "cuda/attend.h"
