@@ -5,7 +5,8 @@
 # finishes, so a call cut short keeps what it made):
 #   tests.txt        every CUDA test, then the graph and eviction tests with the segments merging
 #                    (KVSLIM_CUDA_FUSED_MERGE=1), compute-sanitizer memcheck over the graph, eviction
-#                    and cache tests, the Python GPU tests (graph, streaming, squeeze, attend_and_observe)
+#                    and cache tests, racecheck over the decode codes kernel's tests (after the
+#                    benches), the Python GPU tests (graph, streaming, squeeze, attend_and_observe)
 #   attend.txt       kvslim bench attend at batch 1 and 8 x 32k and 128k (CACHES), eager and replayed as a
 #                    CUDA graph, and torch SDPA both ways (compare.txt), while Python builds
 #                    (compare.txt also: the A/B of devbin/kvslim_base, the branch's base, when carried)
@@ -49,6 +50,13 @@ if [ -x devbin/kvslim_base ]; then
       --cache ${AB_CACHES:-kivi4_g128 kivi2_g128 kivi_k4v2_g128 zipcache} 2>&1 | grep -v "^graph timing" >> "$OUT"/compare.txt
   done
 fi
+# Racecheck over the tests that run the decode codes kernel and the merge (2/4/8 bits, groups of one
+# and several units, own lengths, zipcache's sets, eviction over codes): ~150 s on an H100.
+{ echo "=== compute-sanitizer racecheck"
+  timeout 200 compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 devbin/cuda_tests \
+    --gtest_filter='CudaAttend.ScoresClimbing*:CudaAttend.BatchWithOwnLengths*:CudaZipcache.Attention*:CudaEviction.KiviCodesUnderH2o*' 2>&1 \
+    | grep -v "^\[       OK\|^\[ RUN" | tail -n 20
+  echo "racecheck exit: ${PIPESTATUS[0]}"; } >> "$OUT"/tests.txt 2>&1
 wait $BUILD_PID
 cat "$OUT"/python_build.txt >> "$OUT"/tests.txt; rm -f "$OUT"/python_build.txt
 (echo "=== Python GPU tests"; cd /tmp && PYTHONPATH=/tmp/build-python/python timeout 120 python3 -m pytest -q -p no:cacheprovider \
