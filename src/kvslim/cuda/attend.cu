@@ -299,23 +299,6 @@ __global__ void __launch_bounds__(kThreads) attend_dense_kernel(QueryArgs a, Den
 // 8 * kCombinePrefetch splits (batch 1: 49-70) cost one memory latency, not three.
 constexpr int kCombinePrefetch = 8;
 
-// acc[CPL] += f * the CPL channels of a split at src (fmaf, the order merge_parts keeps).
-template <int CPL>
-__device__ __forceinline__ void combine_add(float* acc, float f, const float (&v)[CPL]) {
-#pragma unroll
-  for (int i = 0; i < CPL; ++i) acc[i] = fmaf(f, v[i], acc[i]);
-}
-template <int CPL>
-__device__ __forceinline__ void combine_load(float (&v)[CPL], const float* src) {
-  if constexpr (CPL == 4) {
-    const float4 x = *reinterpret_cast<const float4*>(src);
-    v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
-  } else {
-    const float2 x = *reinterpret_cast<const float2*>(src);
-    v[0] = x.x, v[1] = x.y;
-  }
-}
-
 template <int D>
 __global__ void __launch_bounds__(32 * kCombineWarps) combine_kernel(QueryArgs a, Partials parts, int n_parts,
                                                                       float* out, float* final_ml) {
@@ -345,7 +328,7 @@ __global__ void __launch_bounds__(32 * kCombineWarps) combine_kernel(QueryArgs a
     for (int i = 0; i < CPL; ++i) v_pre[k][i] = 0.f;
     if (p < n_parts) {
       ml_pre[k] = *reinterpret_cast<const float2*>(parts.ml + slot(p) * 2);
-      combine_load<CPL>(v_pre[k], parts.acc + slot(p) * D + lane * CPL);
+      load_split<CPL>(v_pre[k], parts.acc + slot(p) * D + lane * CPL);
     }
   }
   float M = -INFINITY;
@@ -360,7 +343,7 @@ __global__ void __launch_bounds__(32 * kCombineWarps) combine_kernel(QueryArgs a
       if (warp + kCombineWarps * k >= n_parts) break;
       const float f = ml_pre[k].x == -INFINITY ? 0.f : exp2f(ml_pre[k].x - M);
       L = fmaf(f, ml_pre[k].y, L);
-      combine_add<CPL>(acc, f, v_pre[k]);
+      add_split<CPL>(acc, f, v_pre[k]);
     }
 #pragma unroll 4
     for (int p = warp + kCombineWarps * kCombinePrefetch; p < n_parts; p += kCombineWarps) {
@@ -368,8 +351,8 @@ __global__ void __launch_bounds__(32 * kCombineWarps) combine_kernel(QueryArgs a
       const float f = mp == -INFINITY ? 0.f : exp2f(mp - M);
       L = fmaf(f, lp, L);
       float v[CPL];
-      combine_load<CPL>(v, parts.acc + slot(p) * D + lane * CPL);
-      combine_add<CPL>(acc, f, v);
+      load_split<CPL>(v, parts.acc + slot(p) * D + lane * CPL);
+      add_split<CPL>(acc, f, v);
     }
   }
 #pragma unroll

@@ -320,9 +320,11 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
       const float inv = amax > 0.f ? 1.f / amax : 0.f;
 #pragma unroll
       for (int i = 0; i < HALF; ++i) {
-        const float x[4] = {qp[i][0] * inv, qp[i][1] * inv, qp[i][2] * inv, qp[i][3] * inv};
+        // q' / max|q'| * 2^scale_bits, the power of two taken into 1 / max|q'| (exact: the same bits).
+        const float inv_r = inv * pow2i(IK::scale_bits(half * HALF + i));
+        const float y[4] = {qp[i][0] * inv_r, qp[i][1] * inv_r, qp[i][2] * inv_r, qp[i][3] * inv_r};
         std::uint32_t d[4];  // digit j of the 4 channels
-        IK::q_digits(x, half * HALF + i, d);
+        IK::scaled_q_digits(y, d);
         const std::uint32_t mine1 = lo_part ? d[2] : d[3], other1 = lo_part ? d[3] : d[2];
         const std::uint32_t mine2 = lo_part ? d[0] : d[1], other2 = lo_part ? d[1] : d[0];
         const std::uint32_t recv1 = __shfl_xor_sync(0xffffffffu, other1, 4);
@@ -458,9 +460,11 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
         mma16816<DenseType::f16>(cv[mt], av, pv.x, pv.y);
       }
     }
-    // 5. At a group's last unit (or the warp's last): acc += scale * 2^10 * sums + zero * sum of P.
+    // 5. At a group's last unit (or the warp's last): acc += scale * 2^10 * sums + zero * sum of P
+    //    (acc and the sum of P both times 2^-10 here: one multiply a group, not one a channel).
     if (last_of_group) {
-      const float psum = sum_over(psum_g, 4, 32);  // sum of the group's P, vector t
+      // acc holds the output times 2^-10 until the loop ends (the codes' 2^-10 stays in it).
+      const float psum = sum_over(psum_g, 4, 32) * (1.f / 1024.f);  // sum of the group's P, vector t
       // Plane j's channels of this lane are BPLV consecutive ones (g BPLV + j RB + byte): read as words.
 #pragma unroll
       for (int j = 0; j < VMap::NJ; ++j) {
@@ -470,7 +474,7 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
 #pragma unroll
         for (int bi = 0; bi < BPLV; ++bi) {
           const int i = bi * VMap::NJ + j, mt = i / 2, e = 2 * (i % 2);
-          acc[i] = fmaf(cv[mt][e] + cv[mt][e + 1], vs[bi] * 1024.f, fmaf(vz[bi], psum, acc[i]));
+          acc[i] = fmaf(cv[mt][e] + cv[mt][e + 1], vs[bi], fmaf(vz[bi], psum, acc[i]));
         }
       }
 #pragma unroll
@@ -481,6 +485,8 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
   }
   cp_async_wait<0>();
   l_run = sum_over(l_run, 4, 32);  // each lane summed its own rows' P
+#pragma unroll
+  for (int i = 0; i < NC; ++i) acc[i] *= 1024.f;  // (step 5)
 
   __syncthreads();  // every warp is done with its stages: the memory becomes the merge scratch
   float* red = reinterpret_cast<float*>(smem);

@@ -46,6 +46,26 @@ __device__ __forceinline__ void load_tile_queries(const QueryArgs& a, int tile, 
 // meet in order. The fused merge (merge_parts) sums in that same order, so both give the same bits.
 constexpr int kCombineWarps = 8;
 
+// One split's share of a merge, shared by combine_kernel and merge_parts so that their arithmetic
+// cannot drift apart (they must agree to the bit): v = the CPL channels of a split's sums at src
+// (past L1 when another CTA of the same kernel wrote them), then acc[i] += f * v[i] in channel order.
+template <int CPL, bool kPastL1 = false>
+__device__ __forceinline__ void load_split(float (&v)[CPL], const float* src) {
+  static_assert(CPL == 2 || CPL == 4, "head_dim 64 or 128");
+  if constexpr (CPL == 4) {
+    const float4 x = kPastL1 ? __ldcg(reinterpret_cast<const float4*>(src)) : *reinterpret_cast<const float4*>(src);
+    v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
+  } else {
+    const float2 x = kPastL1 ? __ldcg(reinterpret_cast<const float2*>(src)) : *reinterpret_cast<const float2*>(src);
+    v[0] = x.x, v[1] = x.y;
+  }
+}
+template <int CPL>
+__device__ __forceinline__ void add_split(float (&acc)[CPL], float f, const float (&v)[CPL]) {
+#pragma unroll
+  for (int i = 0; i < CPL; ++i) acc[i] = fmaf(f, v[i], acc[i]);
+}
+
 // The fused merge (Partials::arrivals): the CTA that writes the last partial of (tile, bh) merges
 // all of them into out / final_ml, each output as combine_kernel computes it (its max over the
 // parts, then per combine warp w the parts w, w + 8, ... accumulated in order by fmaf, the warps'
@@ -55,7 +75,6 @@ constexpr int kCombineWarps = 8;
 template <int D>
 __device__ void merge_parts(const QueryArgs& a, int tile, int bh, int rows, const Partials& parts, float* scratch) {
   constexpr int CPL = D / 32;  // channels per item (combine_kernel's lane)
-  static_assert(CPL == 2 || CPL == 4, "head_dim 64 or 128");
   const long long tiles = a.tiles(), BH = static_cast<long long>(a.B) * a.Hkv;
   const int P = parts.parts;
   const auto slot = [&](int p, int row) {
@@ -87,15 +106,9 @@ __device__ void merge_parts(const QueryArgs& a, int tile, int bh, int rows, cons
           const float mp = __ldcg(parts.ml + slot(p, row) * 2), lp = __ldcg(parts.ml + slot(p, row) * 2 + 1);
           const float f = mp == -INFINITY ? 0.f : exp2f(mp - M);
           l = fmaf(f, lp, l);
-          const float* src = parts.acc + slot(p, row) * D + c0;
-          if constexpr (CPL == 4) {
-            const float4 v = __ldcg(reinterpret_cast<const float4*>(src));
-            acc[0] = fmaf(f, v.x, acc[0]), acc[1] = fmaf(f, v.y, acc[1]);
-            acc[2] = fmaf(f, v.z, acc[2]), acc[3] = fmaf(f, v.w, acc[3]);
-          } else {
-            const float2 v = __ldcg(reinterpret_cast<const float2*>(src));
-            acc[0] = fmaf(f, v.x, acc[0]), acc[1] = fmaf(f, v.y, acc[1]);
-          }
+          float v[CPL];
+          load_split<CPL, true>(v, parts.acc + slot(p, row) * D + c0);
+          add_split<CPL>(acc, f, v);
         }
 #pragma unroll
         for (int i = 0; i < CPL; ++i) A[i] += acc[i];

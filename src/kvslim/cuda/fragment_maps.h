@@ -179,12 +179,18 @@ struct InPlaceKeyMap {
   // (channel e in byte e), s8.
   KVSLIM_MAP_FN static void q_digits(const float x[4], int r, std::uint32_t d[4]) {
     const float scale = static_cast<float>(1u << scale_bits(r));  // exact: x * scale only moves the exponent
+    const float y[4] = {x[0] * scale, x[1] * scale, x[2] * scale, x[3] * scale};
+    scaled_q_digits(y, d);
+  }
+  // The same from y = x * 2^scale_bits(r) (the kernel scales 1 / max|q'| by it once a register:
+  // the same bits, x * 2^k being exact).
+  KVSLIM_MAP_FN static void scaled_q_digits(const float y[4], std::uint32_t d[4]) {
     std::uint32_t u[4];
     for (int e = 0; e < 4; ++e) {
 #ifdef __CUDA_ARCH__
-      const int v = __float2int_rn(x[e] * scale);
+      const int v = __float2int_rn(y[e]);
 #else
-      const int v = static_cast<int>(std::nearbyint(x[e] * scale));  // round to nearest even, as rn
+      const int v = static_cast<int>(std::nearbyint(y[e]));  // round to nearest even, as rn
 #endif
       u[e] = static_cast<std::uint32_t>(v) + 0x80808080u;  // balanced digits + 128 in each byte (|v| < 2^30)
     }
