@@ -10,7 +10,15 @@ Needs nvcc (12+, the build's) and nvdisasm / ptxas from Debian's nvidia-cuda-too
     apt-get download nvidia-cuda-toolkit && dpkg-deb -x nvidia-cuda-toolkit_*.deb /opt/cuda118
 NVDISASM_ROOT (default /opt/cuda118/usr/bin) names where they are. The build directory's include
 paths come from build/src/kvslim (cmake's CUDA response file). Rare branches stay in the count:
-compile them out in a scratch copy of the source (e.g. `if (false && ...)`) to see the common path.
+--off TEXT (repeatable) compiles one out -- TEXT, an exact `if (...) {` line of the source, becomes
+`if (false) {` in a scratch copy beside it -- to see the common path, e.g. the decode codes kernel's
+unit without its group's first-unit and last-unit work:
+    bench/cuda/sass_loop.py src/kvslim/cuda/attend_codes_half.cu 'half_kernelILi2ELi2ELi128' \
+      --off 'if (first_of_group) {' --off 'if (last_of_group) {' --off 'if (a.logits && valid) {' \
+      --off 'if (__any_sync(0xffffffffu, mx > m_run + kLeanSlack)) {' \
+      --off 'if (!valid || row0 + kGroupRows > seq_limit || newest > qpos) {'
+(A value that only a compiled-out branch reads is dropped with it: compile out what the kernel
+still needs and the count falls by more than the branch.)
 """
 import argparse
 import collections
@@ -83,8 +91,28 @@ def main():
     ap.add_argument("kernel", help="a substring of the kernel's mangled name")
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--list", action="store_true", help="print the loop's instructions too")
+    ap.add_argument("--off", action="append", default=[], metavar="TEXT",
+                    help="an exact `if (...) {` of the source to compile out (repeatable)")
     a = ap.parse_args()
-    name, (t, e), body = loop_census(sass_of(a.source, a.build), a.kernel)
+    source = a.source
+    if a.off:
+        text = open(a.source).read()
+        for off in a.off:
+            n = text.count(off)
+            if n != 1:
+                sys.exit(f"--off {off!r}: found {n} times in {a.source}, not once")
+            if not re.fullmatch(r"\s*if \(.*\) \{", off):
+                sys.exit(f"--off {off!r}: not an `if (...) {{` line")
+            text = text.replace(off, off[: off.index("if (")] + "if (false) {")
+        # Beside the original, so that its includes resolve the same way.
+        fd, source = tempfile.mkstemp(suffix=".cu", prefix=".sass_loop_", dir=os.path.dirname(os.path.abspath(a.source)))
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+    try:
+        name, (t, e), body = loop_census(sass_of(source, a.build), a.kernel)
+    finally:
+        if source != a.source:
+            os.remove(source)
     ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", b).split()[0].split(".")[0] for _, b in body)
     print(f"{name[:160]}\nloop {t:#x}-{e:#x}: {len(body)} instructions a trip (every branch in it counted)")
     print("  " + ", ".join(f"{k} {v}" for k, v in ops.most_common()))
