@@ -460,11 +460,11 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
         mma16816<DenseType::f16>(cv[mt], av, pv.x, pv.y);
       }
     }
-    // 5. At a group's last unit (or the warp's last): acc += scale * 2^10 * sums + zero * sum of P
-    //    (acc and the sum of P both times 2^-10 here: one multiply a group, not one a channel).
+    // 5. At a group's last unit (or the warp's last): acc += scale * sums / kCodeUnit + zero * sum of P
+    //    (acc and the sum of P both times kCodeUnit here: one multiply a group, not one a channel).
     if (last_of_group) {
-      // acc holds the output times 2^-10 until the loop ends (the codes' 2^-10 stays in it).
-      const float psum = sum_over(psum_g, 4, 32) * (1.f / 1024.f);  // sum of the group's P, vector t
+      // acc holds the output times kCodeUnit until the loop ends (the codes' factor stays in it).
+      const float psum = sum_over(psum_g, 4, 32) * VMap::kCodeUnit;  // sum of the group's P, vector t
       // Plane j's channels of this lane are BPLV consecutive ones (g BPLV + j RB + byte): read as words.
 #pragma unroll
       for (int j = 0; j < VMap::NJ; ++j) {
@@ -486,7 +486,7 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
   cp_async_wait<0>();
   l_run = sum_over(l_run, 4, 32);  // each lane summed its own rows' P
 #pragma unroll
-  for (int i = 0; i < NC; ++i) acc[i] *= 1024.f;  // (step 5)
+  for (int i = 0; i < NC; ++i) acc[i] /= VMap::kCodeUnit;  // (step 5; exact: a power of two)
 
   __syncthreads();  // every warp is done with its stages: the memory becomes the merge scratch
   float* red = reinterpret_cast<float*>(smem);

@@ -88,7 +88,9 @@ struct HalfCodeMap {
   static constexpr std::uint32_t MASK = ((1u << BITS) - 1u) * 0x00010001u;  // plane 0 of both halves' low bytes
   static_assert(BPLV * NJ == NC, "head_dim 64 or 128 with 2, 4 or 8 bits");
 
-  // 2^(14 - o) in both fp16 halves: a masked code (code * 2^(o - 24)) times it is code * 2^-10, exactly.
+  // A normalised code is code * kCodeUnit (the value product's sums carry it until the output).
+  static constexpr float kCodeUnit = 1.f / 1024.f;
+  // 2^(14 - o) in both fp16 halves: a masked code (code * 2^(o - 24)) times it is code * kCodeUnit, exactly.
   KVSLIM_MAP_FN static std::uint32_t normalizer(int o) { return static_cast<std::uint32_t>(29 - o) * 0x04000400u; }
   // Byte b (0..3) of w0 into bits 0-7, of w1 into bits 16-23 (bits 8-15 and 24-31: masked off).
   KVSLIM_MAP_FN static std::uint32_t pair_bytes(std::uint32_t w0, std::uint32_t w1, int b) {
