@@ -252,26 +252,31 @@ struct WordMove {
 // registers (the N arrays' words as one index space, ascending), then written. A group's row
 // leaving K4V2 g128 moves at most ~3,600 words, so one read and one write instead of one round
 // trip per array. A chunk's writes reach only words this or an earlier chunk has read.
-// Not inlined: only the last CTA of a head whose victim sat in a group runs it, and inlined its 16
-// words a thread took the observation kernel from 48 to 206 registers (one CTA per SM; ptxas, sm_90).
+// Inlined, the moves' pointers and counts are registers (a __noinline__ form kept them on the
+// stack: four local loads before each word's global one, on the step's critical path -- only the
+// last CTA of a head runs this, after every part has arrived).
 template <int N>
-__device__ __noinline__ void move_words_down(const WordMove (&moves)[N]) {
+__device__ __forceinline__ void move_words_down(const WordMove (&moves)[N]) {
   constexpr int kWords = 16;
   long long total = 0;
 #pragma unroll
   for (int m = 0; m < N; ++m) total += moves[m].count;
   const long long T = blockDim.x;
-  // The array and the index in it of word i of the joint index space (i < total).
-  const auto locate = [&](long long i, int& m) {
-    m = 0;
+  // Word i of the joint index space (i < total): its address; *shift: its array's shift.
+  const auto locate = [&](long long i, int& shift) {
+    std::uint32_t* dst = moves[0].dst;
+    shift = moves[0].shift;
+    bool found = false;
 #pragma unroll
     for (int k = 0; k < N - 1; ++k) {
-      if (m == k && i >= moves[k].count) {
+      found = found || i < moves[k].count;
+      if (!found) {
         i -= moves[k].count;
-        m = k + 1;
+        dst = moves[k + 1].dst;
+        shift = moves[k + 1].shift;
       }
     }
-    return i;
+    return dst + i;
   };
   for (long long c = 0; c < total; c += kWords * T) {
     std::uint32_t w[kWords];
@@ -279,9 +284,9 @@ __device__ __noinline__ void move_words_down(const WordMove (&moves)[N]) {
     for (int j = 0; j < kWords; ++j) {
       const long long i = c + j * T + threadIdx.x;
       if (i < total) {
-        int m;
-        const long long at = locate(i, m);
-        w[j] = __ldcg(moves[m].dst + at + moves[m].shift);
+        int shift;
+        const std::uint32_t* at = locate(i, shift);
+        w[j] = __ldcg(at + shift);
       }
     }
     __syncthreads();
@@ -289,9 +294,8 @@ __device__ __noinline__ void move_words_down(const WordMove (&moves)[N]) {
     for (int j = 0; j < kWords; ++j) {
       const long long i = c + j * T + threadIdx.x;
       if (i < total) {
-        int m;
-        const long long at = locate(i, m);
-        moves[m].dst[at] = w[j];
+        int shift;
+        *locate(i, shift) = w[j];
       }
     }
     __syncthreads();

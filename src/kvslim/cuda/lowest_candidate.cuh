@@ -10,6 +10,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "cuda/cuda_common.cuh"
+
 namespace kvslim::cuda {
 
 struct Candidate {
@@ -27,8 +29,9 @@ __device__ inline bool lower(const Candidate& a, const Candidate& b) {
 constexpr int kObserveThreads = 256;
 constexpr std::size_t kMaxObserveParts = 16;
 
-// The block's lowest candidate (every thread gets it). Blocks of kObserveThreads threads.
-__device__ inline Candidate block_lowest(Candidate best) {
+// The warp's lowest candidate, in lane 0: the first of the lowest where candidates tie (each lane
+// takes the one above only when it is strictly lower), as a loop in lane order would pick.
+__device__ inline Candidate warp_lowest(Candidate best) {
   for (int off = 16; off > 0; off /= 2) {
     Candidate other;
     other.score = __shfl_down_sync(0xffffffffu, best.score, off);
@@ -36,14 +39,22 @@ __device__ inline Candidate block_lowest(Candidate best) {
     other.slot = __shfl_down_sync(0xffffffffu, best.slot, off);
     if (lower(other, best)) best = other;
   }
+  return best;
+}
+
+// The block's lowest candidate (every thread gets it). Blocks of kObserveThreads threads: the warps'
+// lowest, then the lowest of those by warp 0's shuffles (not one thread's loop over shared memory).
+__device__ inline Candidate block_lowest(Candidate best) {
+  static_assert(kObserveThreads / 32 <= 32, "one warp takes the warps' candidates");
+  best = warp_lowest(best);
   __shared__ Candidate warps[kObserveThreads / 32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   if (lane == 0) warps[warp] = best;
   __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < kObserveThreads / 32; ++w) {
-      if (lower(warps[w], warps[0])) warps[0] = warps[w];
-    }
+  if (warp == 0) {
+    const Candidate lowest = warp_lowest(lane < kObserveThreads / 32 ? warps[lane] : Candidate{0.f, 0, -1});
+    __syncwarp();  // every lane has read warps[] before lane 0 writes it
+    if (lane == 0) warps[0] = lowest;
   }
   __syncthreads();
   return warps[0];
@@ -59,30 +70,28 @@ __device__ inline bool head_lowest(Candidate& best, Candidate* part_best, unsign
   __shared__ bool last_part;
   if (threadIdx.x == 0) {
     part_best[head * parts + part] = best;
-    __threadfence();  // the candidate and this part's writes before the arrival
-    last_part = atomicAdd(&arrivals[head], 1u) == static_cast<unsigned>(parts - 1);
-    if (last_part) __threadfence();
+    // (block_lowest's barrier put the CTA's writes before this thread's release)
+    last_part = arrive_acq_rel(&arrivals[head]) == static_cast<unsigned>(parts - 1);
   }
   __syncthreads();
   if (!last_part) return false;
-  // The parts' candidates read at once (one load each, past L1), then taken in part order by one
-  // thread: the comparisons a sequential loop over the parts would make.
-  __shared__ Candidate parts_best[kMaxObserveParts];
-  if (threadIdx.x < parts) {
-    const Candidate* c = part_best + head * parts + threadIdx.x;
-    parts_best[threadIdx.x] = Candidate{__ldcg(&c->score), __ldcg(&c->pos), __ldcg(&c->slot)};
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    Candidate b = parts_best[0];
-    for (int q = 1; q < parts; ++q) {
-      if (lower(parts_best[q], b)) b = parts_best[q];
+  // The parts' candidates, one a lane (loads past L1), taken by warp 0's shuffles.
+  static_assert(kMaxObserveParts <= 32, "one warp takes the parts' candidates");
+  __shared__ Candidate lowest;
+  if (threadIdx.x < 32) {
+    Candidate c{0.f, 0, -1};
+    if (threadIdx.x < parts) {
+      const Candidate* p = part_best + head * parts + threadIdx.x;
+      c = Candidate{__ldcg(&p->score), __ldcg(&p->pos), __ldcg(&p->slot)};
     }
-    parts_best[0] = b;
-    arrivals[head] = 0;  // the next step's count (a replayed graph runs the kernel again)
+    c = warp_lowest(c);
+    if (threadIdx.x == 0) {
+      lowest = c;
+      arrivals[head] = 0;  // the next step's count (a replayed graph runs the kernel again)
+    }
   }
   __syncthreads();
-  best = parts_best[0];
+  best = lowest;
   return true;
 }
 
