@@ -249,15 +249,16 @@ struct WordMove {
 };
 
 // The moves of N disjoint arrays in one pass of the whole CTA: kWords words a thread are read into
-// registers (the N arrays' words as one index space, ascending), then written. A group's row
-// leaving K4V2 g128 moves at most ~3,600 words, so one read and one write instead of one round
-// trip per array. A chunk's writes reach only words this or an earlier chunk has read.
+// registers (the N arrays' words as one index space, ascending), then written: one read and one
+// write for all the arrays instead of a round trip each (a group's row leaving K4V2 g128 moves 27
+// words for each later row, at most ~3,400; one pass of 256 threads takes 3,072). A chunk's writes
+// reach only words this or an earlier chunk has read.
 // Inlined, the moves' pointers and counts are registers (a __noinline__ form kept them on the
 // stack: four local loads before each word's global one, on the step's critical path -- only the
 // last CTA of a head runs this, after every part has arrived).
 template <int N>
 __device__ __forceinline__ void move_words_down(const WordMove (&moves)[N]) {
-  constexpr int kWords = 16;
+  constexpr int kWords = 12;  // (16 spilled in observe_packed_kernel<4> under its 80-register bound)
   long long total = 0;
 #pragma unroll
   for (int m = 0; m < N; ++m) total += moves[m].count;
@@ -309,10 +310,12 @@ template <int kObserveRows>
 __global__ void __launch_bounds__(kObserveThreads, 3)
     observe_packed_kernel(PackedObservation o, Candidate* part_best, unsigned* arrivals) {
   const int head = blockIdx.x, part = blockIdx.y, parts = gridDim.y, G = o.st.G;
-  const long long span = static_cast<long long>(o.regions) * G + o.window_rows;
-  const long long per = (span + parts - 1) / parts, first = part * per, end = min(span, first + per);
+  // A head's spanned rows are int (observe_decode checks): 32-bit divisions, not 64-bit ones (a
+  // subroutine each) in every row's region and offset.
+  const int span = o.regions * G + o.window_rows;
+  const int per = (span + parts - 1) / parts, first = part * per, end = min(span, first + per);
   const std::int64_t sink = o.sink_pos[head];
-  const long long region_rows = static_cast<long long>(o.regions) * G;
+  const int region_rows = o.regions * G;
   const int* tokens_of_head = o.tokens + static_cast<long long>(head) * o.st.capacity;
   const std::int64_t* wpos_of_head = o.w.pos + head * o.w.capacity;
   // Writing probabilities in slot order: a row's slot is the live rows before it, counted for this
@@ -323,10 +326,10 @@ __global__ void __launch_bounds__(kObserveThreads, 3)
   const bool by_attention = from_logits || o.probs != nullptr;  // else by position: every row adds 0 (streaming)
   int before = 0;
   if (writes) {
-    const int whole = static_cast<int>(min(static_cast<long long>(o.regions), first / G));
+    const int whole = min(o.regions, first / G);
     for (int r = threadIdx.x; r < whole; r += blockDim.x) before += tokens_of_head[r];
     if (threadIdx.x == 0 && first < region_rows) before += min(static_cast<int>(first % G), tokens_of_head[first / G]);
-    for (long long wr = threadIdx.x; wr < first - region_rows; wr += blockDim.x) before += wpos_of_head[wr] != kEmpty ? 1 : 0;
+    for (int wr = threadIdx.x; wr < first - region_rows; wr += blockDim.x) before += wpos_of_head[wr] != kEmpty ? 1 : 0;
   }
   // Launched early behind the attention's merge (programmatic dependent launch): the counts above
   // were written before the attention began; its logits' (max, sum) and the probabilities are read
@@ -336,10 +339,10 @@ __global__ void __launch_bounds__(kObserveThreads, 3)
   // A thread takes kObserveRows consecutive rows of each chunk and issues all their loads (the
   // region's count, the metadata, the logits) before it uses any: one round trip to memory and one
   // prefix sum per chunk, not per row.
-  const long long chunk_rows = static_cast<long long>(kObserveRows) * blockDim.x;
+  const int chunk_rows = kObserveRows * blockDim.x;
   Candidate best{0.f, 0, -1};
-  for (long long chunk_first = first; chunk_first < end; chunk_first += chunk_rows) {
-    const long long i0 = chunk_first + static_cast<long long>(threadIdx.x) * kObserveRows;
+  for (int chunk_first = first; chunk_first < end; chunk_first += chunk_rows) {
+    const int i0 = chunk_first + static_cast<int>(threadIdx.x) * kObserveRows;
     long long at[kObserveRows];
     bool in_window[kObserveRows], live[kObserveRows];
     std::int64_t p[kObserveRows];
@@ -347,7 +350,7 @@ __global__ void __launch_bounds__(kObserveThreads, 3)
     int live_rows = 0;
 #pragma unroll
     for (int j = 0; j < kObserveRows; ++j) {
-      const long long i = i0 + j;
+      const int i = i0 + j;
       in_window[j] = i >= region_rows;
       live[j] = false;
       p[j] = kEmpty;
@@ -356,7 +359,7 @@ __global__ void __launch_bounds__(kObserveThreads, 3)
       if (i >= end) continue;
       bool fresh = false;
       if (!in_window[j]) {
-        const int r = static_cast<int>(i / G), off = static_cast<int>(i % G);
+        const int r = i / G, off = i - r * G;
         at[j] = (static_cast<long long>(head) * o.st.capacity + r) * G + off;
         live[j] = off < tokens_of_head[r];
       } else {
@@ -1066,6 +1069,10 @@ void DevicePackedRows::observe_decode(const DecodeStep& step, void* part_best, u
   const std::size_t H = heads_total_;
   const int R = regions_used(), G = group_rows_;
   const long long span = static_cast<long long>(R) * G + window_rows_;
+  if (span > INT_MAX) {
+    throw InputError("kivi storage (cuda): a decode step would observe " + std::to_string(span) +
+                     " rows of one head (at most 2^31 - 1)");
+  }
   const float* probs = step.probs;
   long long stride = step.probs_stride;
   if (step.logits != nullptr) {
