@@ -136,10 +136,10 @@ __device__ __forceinline__ float warp_sum4(float v) {
 __device__ __forceinline__ float pow2i(int e) { return __int_as_float((127 + e) << 23); }
 
 // Adds 1 to a counter at device scope and returns its old value: the "last CTA to arrive" pattern
-// (the decode observation's parts, lowest_candidate.cuh). One thread calls it after a barrier: it releases
-// what the CTA wrote before that barrier and acquires what the earlier arrivals released (the last
-// one then reads their partials after another barrier). __threadfence() before a relaxed atomicAdd
-// is a sequentially consistent fence (MEMBAR.SC), stronger and slower than this needs.
+// (the decode observation's parts, lowest_candidate.cuh). One thread calls it after a barrier: it
+// releases what the CTA wrote before that barrier and acquires what the earlier arrivals released
+// (the last one then reads their partials after another barrier). __threadfence() before a relaxed
+// atomicAdd is a sequentially consistent fence (MEMBAR.SC), stronger and slower than this needs.
 __device__ __forceinline__ unsigned arrive_acq_rel(unsigned* counter) {
   unsigned old;
   asm volatile("atom.add.acq_rel.gpu.u32 %0, [%1], 1;\n" : "=r"(old) : "l"(counter) : "memory");
