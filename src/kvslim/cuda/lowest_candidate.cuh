@@ -29,8 +29,8 @@ __device__ inline bool lower(const Candidate& a, const Candidate& b) {
 constexpr int kObserveThreads = 256;
 constexpr std::size_t kMaxObserveParts = 16;
 
-// The warp's lowest candidate, in lane 0: the first of the lowest where candidates tie (each lane
-// takes the one above only when it is strictly lower), as a loop in lane order would pick.
+// The warp's lowest candidate, in lane 0 (a shuffle tree; a head's rows hold distinct positions,
+// so (score, position) orders its candidates strictly and any order of comparisons picks the same).
 __device__ inline Candidate warp_lowest(Candidate best) {
   for (int off = 16; off > 0; off /= 2) {
     Candidate other;
