@@ -328,7 +328,7 @@ __global__ void __launch_bounds__(kObserveThreads, 3)
   if (writes) {
     const int whole = min(o.regions, first / G);
     for (int r = threadIdx.x; r < whole; r += blockDim.x) before += tokens_of_head[r];
-    if (threadIdx.x == 0 && first < region_rows) before += min(static_cast<int>(first % G), tokens_of_head[first / G]);
+    if (threadIdx.x == 0 && first < region_rows) before += min(first % G, tokens_of_head[first / G]);
     for (int wr = threadIdx.x; wr < first - region_rows; wr += blockDim.x) before += wpos_of_head[wr] != kEmpty ? 1 : 0;
   }
   // Launched early behind the attention's merge (programmatic dependent launch): the counts above
@@ -419,7 +419,7 @@ __global__ void __launch_bounds__(kObserveThreads, 3)
         expo[at[j]] = e;
         effective = e > 0.f ? __fdiv_rn(s, e) : 0.f;
       }
-      const Candidate c{effective, p[j], static_cast<int>(i0 + j)};
+      const Candidate c{effective, p[j], i0 + j};
       if (p[j] > sink && p[j] < o.threshold && lower(c, best)) best = c;
     }
   }
