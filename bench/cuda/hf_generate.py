@@ -371,6 +371,13 @@ def variants():
                                                                    "storage": "kivi", "kivi_bits": 4,
                                                                    "kivi_value_bits": 2, "kivi_group_size": 128,
                                                                    "device": "cuda"}, "graph"),
+        # Both seeds in one cache on the device: squeeze's budgets over zipcache's sets (the
+        # defaults: half of each 128-row group's keys at 4 bits, the rest at 2, values at 4), and
+        # h2o over the same storage.
+        ("kvslim h2o 25% over zipcache (cuda graph)", {"method": "h2o", "h2o_budget": 0.25, "storage": "zipcache",
+                                                       "device": "cuda"}, "graph"),
+        ("kvslim squeeze 25% over zipcache (cuda graph)", {"method": "squeeze", "squeeze_budget": 0.25,
+                                                           "storage": "zipcache", "device": "cuda"}, "graph"),
     ]
 
 

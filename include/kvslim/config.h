@@ -128,8 +128,8 @@ struct KVCacheConfig {
   // compressed at once, decode rows once kivi_staging of them wait) or "zipcache" (salient rows' keys at zipcache_hi_bits, the rest at zipcache_lo_bits,
   // values at hi_bits; zipcache_saliency "attention_normalized" = the policy's own row scores). So
   // method=squeeze storage=zipcache is both seeds in one cache. Methods kivi and zipcache are
-  // storages already (their storage stays fp16); a CUDA device holds fp16 or, under h2o,
-  // pyramidkv and squeeze, kivi.
+  // storages already (their storage stays fp16); a CUDA device holds fp16, kivi or zipcache (its
+  // saliency by key norm) under h2o, pyramidkv, squeeze and streaming.
   std::string storage = "fp16";
 
   // --- where the cache lives ---

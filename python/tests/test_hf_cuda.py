@@ -159,6 +159,24 @@ def test_h2o_over_kivi_codes_on_device_evicts_like_the_cpu_cache():
         assert s["figures"]["device_bytes"] < 0.6 * 2 * 144 * (64 * 2 * 2 + 8 + 4 + 4)
 
 
+def test_squeeze_over_zipcache_codes_on_device_evicts_like_the_cpu_cache():
+    # Both seeds in one cache on the GPU: squeeze's per-layer budgets over zipcache's sets (half of
+    # each 32-row group's keys at 4 bits by key norm, the rest at 2, values at 4), chosen on the
+    # device as the CPU cache chooses them (tests/cuda: the same rows and codes given the same
+    # observations); through a model, rows agree but for near-ties and the logits follow.
+    cfg = dict(method="squeeze", squeeze_budget=96, storage="zipcache", zipcache_hi_bits=4, zipcache_lo_bits=2,
+               zipcache_value_bits=4, zipcache_hi_fraction=0.5, zipcache_group_size=32, zipcache_staging=32)
+    cpu, gpu, ref, got = cpu_and_gpu(cfg, seed=7)
+    assert gpu.layers[0].state.on_device
+    budgets = lambda cache: [s["figures"]["layer_budget"] for s in cache.stats()]
+    assert budgets(gpu) == budgets(cpu)
+    for c, d in zip(kept_positions(cpu), kept_positions(gpu)):
+        assert len(c & d) >= 0.97 * len(c)
+    assert_logits_close(ref, got, 3e-2, "squeeze over zipcache")
+    for s in gpu.stats():
+        assert (s["figures"]["hi_bits"], s["figures"]["lo_bits"], s["figures"]["value_bits"]) == (4, 2, 4)
+
+
 def test_squeeze_on_device_schedules_like_the_cpu_cache():
     # The seed method on the GPU: the same shared schedule as the host cache, its key signal
     # measured by a device kernel; per-layer budgets equal, rows as h2o's (rounding near-ties).
@@ -248,7 +266,10 @@ def eager_greedy(model, ids, cache, new):
                                     dict(method="h2o", h2o_budget=96, storage="kivi"),
                                     # streaming over kivi codes: each step's row admitted on the device
                                     dict(method="streaming", streaming_budget=64, storage="kivi", kivi_bits=4,
-                                         kivi_value_bits=2, kivi_group_size=32, kivi_staging=32)])
+                                         kivi_value_bits=2, kivi_group_size=32, kivi_staging=32),
+                                    # eviction over zipcache codes: each compression's saliency chosen on the device
+                                    dict(method="h2o", h2o_budget=64, storage="zipcache", zipcache_group_size=32,
+                                         zipcache_staging=32)])
 def test_graph_decoder_replays_the_eager_steps(fields):
     """GraphDecoder's replayed steps produce the eager steps' logits, across kivi's window flushes
     and zipcache's blocks (staging 128: the 170 steps cross one) and h2o's eviction of a row every step (its prompt cut to

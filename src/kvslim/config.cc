@@ -213,14 +213,12 @@ void KVCacheConfig::validate() const {
          "applies to the eviction methods (" + policies + "); method " + method +
              " is a storage itself (method=full storage=" + method + " is the same rows under the eviction core)");
   }
-  // On a CUDA device a policy keeps its rows as fp16 slots or as kivi codes (DevicePackedRows); the
-  // zipcache storage's sets have no device form under a policy yet.
-  if (storage == "zipcache" && device != "cpu") {
-    fail("storage", "\"" + storage + "\"", "must be fp16 or kivi on a CUDA device (device = " + device + ")");
-  }
-  if (storage == "kivi" && device != "cpu" && method == "full") {
+  // On a CUDA device a policy keeps its rows as fp16 slots or as kivi or zipcache codes
+  // (DevicePackedRows).
+  if (storage != "fp16" && device != "cpu" && method == "full") {
     fail("storage", "\"" + storage + "\"",
-         "must be fp16 for full on a CUDA device (device = " + device + "): method=kivi is the same rows without a policy");
+         "must be fp16 for full on a CUDA device (device = " + device + "): method=" + storage +
+             " is the same rows without a policy");
   }
   if (device_index() < -1) fail("device", "\"" + device + "\"", "must be \"cpu\", \"cuda\" or \"cuda:N\" (N >= 0)");
   // The CUDA quantizer storages (DeviceKiviCache, DeviceZipCache) read 2-, 4- or 8-bit codes in
@@ -250,15 +248,17 @@ void KVCacheConfig::validate() const {
                  kivi_value_bits == -1 ? kivi_bits : kivi_value_bits, kivi_values_at());
     device_groups("kivi_group_size", kivi_group_size, "kivi_staging", kivi_staging);
   }
-  if (device != "cpu" && method == "zipcache") {
+  if (device != "cpu" && (method == "zipcache" || storage == "zipcache")) {
     device_width("zipcache_hi_bits", zipcache_hi_bits, zipcache_hi_bits);
     device_width("zipcache_lo_bits", zipcache_lo_bits, zipcache_lo_bits);
     if (zipcache_value_bits != -1) device_width("zipcache_value_bits", zipcache_value_bits, zipcache_value_bits);
     device_groups("zipcache_group_size", zipcache_group_size, "zipcache_staging", zipcache_staging);
     if (zipcache_saliency != "key_norm") {
       fail("zipcache_saliency", "\"" + zipcache_saliency + "\"",
-           "must be key_norm on a CUDA device (device = " + device + ": its sets keep each head's rows out of token order, "
-           "so attend reports no probabilities to score by)");
+           "must be key_norm on a CUDA device (device = " + device + ": its zipcache sets are chosen by key norm; " +
+               (method == "zipcache" ? "the cache keeps each head's rows out of token order, so attend reports no "
+                                       "probabilities to score by)"
+                                     : "the policy's scores do not choose them yet)"));
     }
     if (!zipcache_quantize_values) {
       fail("zipcache_quantize_values", "false", "must be true on a CUDA device (device = " + device + ")");

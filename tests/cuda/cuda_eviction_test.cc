@@ -316,6 +316,129 @@ TEST(CudaEviction, KiviCodesAreRepackedAsTheCpuRepacksThem) {
   EXPECT_LE(t.worst_probs, kCodesProbsTolerance);
 }
 
+// h2o keeping `budget` rows over zipcache codes: in each group the hi_fraction of rows with the
+// largest key norms keep their keys at hi bits, the others at lo bits, values at value_bits.
+KVCacheConfig h2o_over_zipcache(int budget, int hi, int lo, int value_bits, double fraction, int group, int staging) {
+  KVCacheConfig c;
+  c.method = "h2o";
+  c.h2o_budget = budget;
+  c.storage = "zipcache";
+  c.zipcache_hi_bits = hi;
+  c.zipcache_lo_bits = lo;
+  c.zipcache_value_bits = value_bits;
+  c.zipcache_hi_fraction = fraction;
+  c.zipcache_group_size = group;
+  c.zipcache_staging = staging;
+  return c;
+}
+
+// A policy over zipcache codes on the device (DevicePackedRows with two sets: a group's salient rows
+// in one region store, the others in another, the same region index): the group's salient rows
+// chosen on the device as the CPU's saliency_mask chooses them, each set's keys quantized over its
+// own rows, the values over the whole group. Given the same observations the device keeps the CPU
+// cache's rows with the same decoded bits -- so the same salient rows, codes and parameters -- and
+// reports its attention's probabilities in the CPU's slot order (token order inside a group, which
+// the two sets interleave). Edges: every row salient (the lo set empty), none (the hi set empty), a
+// window shorter than a group.
+TEST(CudaEviction, ZipcacheCodesUnderH2oKeepTheCpuCachesRowsAndCodes) {
+  REQUIRE_GPU();
+  struct Split {
+    int hi, lo, value_bits;
+    double fraction;
+    int group, staging;
+  };
+  for (const std::size_t D : {64, 128}) {
+    for (const Split sp : {Split{4, 2, 4, 0.5, 32, 32}, Split{8, 2, 2, 0.3, 128, 128}, Split{4, 4, 2, 0.2, 64, 64},
+                           Split{4, 2, 2, 1.0, 32, 32}, Split{4, 2, 2, 0.0, 32, 32}, Split{4, 2, 4, 0.5, 64, 16}}) {
+      const std::string what = "D=" + std::to_string(D) + " hi " + std::to_string(sp.hi) + " lo " + std::to_string(sp.lo) +
+                               " values " + std::to_string(sp.value_bits) + " fraction " + std::to_string(sp.fraction) +
+                               " g" + std::to_string(sp.group) + " staging " + std::to_string(sp.staging);
+      const KVCacheConfig c = h2o_over_zipcache(96, sp.hi, sp.lo, sp.value_bits, sp.fraction, sp.group, sp.staging);
+      Twin t(c, 2, 2, 2, 3, D);
+      t.prompt_decode_question(what);
+      EXPECT_LE(t.worst_probs, kCodesProbsTolerance) << what;
+      EXPECT_EQ(t.gpu.at(0).rows(), 96u) << what;
+      EXPECT_EQ(t.gpu.at(0).stats().figure("decode_steps_on_device"), 40.0) << what;
+      // Each block's salient rows: the hi_fraction of its rows (rounded up) when it was made, fewer
+      // after evictions; the sets' counts add up to the block.
+      const auto& cache = dynamic_cast<const cuda::DeviceEvictionCache&>(t.gpu.at(0));
+      const auto& store = dynamic_cast<const cuda::DevicePackedRows&>(cache.store());
+      EXPECT_EQ(store.kind(), "zipcache");
+      std::size_t salient = 0, packed = 0;
+      for (const auto& h : store.heads()) {
+        for (const auto& b : h.blocks) {
+          ASSERT_EQ(b.salient.size(), static_cast<std::size_t>(b.tokens)) << what;
+          EXPECT_EQ(b.rows_in(0) + b.rows_in(1), b.tokens) << what;
+          EXPECT_LE(b.rows_in(0), static_cast<int>(std::ceil(b.made * sp.fraction))) << what;
+          salient += static_cast<std::size_t>(b.rows_in(0));
+          packed += static_cast<std::size_t>(b.tokens);
+        }
+      }
+      EXPECT_GT(packed, 0u) << what;
+      if (sp.fraction == 0.0) EXPECT_EQ(salient, 0u) << what;
+      if (sp.fraction == 1.0) EXPECT_EQ(salient, packed) << what;
+      if (sp.fraction > 0.0 && sp.fraction < 1.0) EXPECT_GT(salient, 0u) << what;
+    }
+  }
+}
+
+// Re-packs over zipcache codes keep each row's precision (the CPU's re-pack): decoded in token order
+// from both sets, quantized again in full groups, each row back in its set.
+TEST(CudaEviction, ZipcacheCodesAreRepackedAsTheCpuRepacksThem) {
+  REQUIRE_GPU();
+  KVCacheConfig c = h2o_over_zipcache(64, 4, 2, 4, 0.5, 32, 32);
+  c.evict_recent_window = 8;
+  c.evict_decay = 0.8;
+  Twin t(c, 1, 1, 2, 2, 64);
+  t.step(200);
+  for (int s = 0; s < 600; ++s) {
+    t.step(1);
+    if (s % 100 == 99) t.expect_same_rows("h2o over zipcache after " + std::to_string(s + 1) + " decode steps");
+  }
+  const auto& cache = dynamic_cast<const cuda::DeviceEvictionCache&>(t.gpu.at(0));
+  const auto& store = dynamic_cast<const cuda::DevicePackedRows&>(cache.store());
+  std::size_t repacks = 0;
+  for (const auto& h : store.heads()) repacks += h.repacks;
+  EXPECT_GT(repacks, 0u) << "no head was re-packed: the test no longer reaches the re-pack";
+  EXPECT_LE(t.worst_probs, kCodesProbsTolerance);
+}
+
+// squeeze over zipcache codes -- both seeds in one cache, on the device -- and streaming over them.
+TEST(CudaEviction, SqueezeAndStreamingOverZipcacheCodesKeepTheCpuRows) {
+  REQUIRE_GPU();
+  {
+    KVCacheConfig c;
+    c.method = "squeeze";
+    c.squeeze_budget = 96;
+    c.storage = "zipcache";
+    c.zipcache_group_size = 32;
+    c.zipcache_staging = 32;
+    Twin t(c, 4, 2, 2, 3, 128);
+    t.key_offset = {0.f, 0.3f, 1.f, 3.f};
+    t.step(300);
+    for (int s = 0; s < 30; ++s) t.step(1);
+    t.expect_same_rows("squeeze over zipcache after the prompt and 30 steps");
+    EXPECT_GT(t.gpu.at(0).rows(), t.gpu.at(3).rows());
+    EXPECT_LE(t.worst_probs, kCodesProbsTolerance);
+  }
+  for (const std::size_t D : {64, 128}) {
+    KVCacheConfig c;
+    c.method = "streaming";
+    c.streaming_budget = 80;
+    c.storage = "zipcache";
+    c.zipcache_group_size = 32;
+    c.zipcache_staging = 32;
+    Twin t(c, 2, 2, 2, 3, D);
+    const std::string what = "streaming over zipcache, D=" + std::to_string(D);
+    t.prompt_decode_question(what);
+    for (int s = 0; s < 150; ++s) t.step(1);
+    t.expect_same_rows(what + " after 150 more decode steps");
+    EXPECT_EQ(t.gpu.at(1).rows(), 80u);
+    EXPECT_LE(t.worst_out, kCodesProbsTolerance) << what;
+    EXPECT_EQ(t.gpu.at(0).stats().figure("decode_steps_on_device"), 190.0) << what;
+  }
+}
+
 // squeeze over kivi codes: the schedule's budgets (device key signal) and the CPU's rows.
 // squeeze keeping 96 rows on average over 4 layers whose keys differ in spread (the schedule moves
 // budget toward the broad ones): `fields` set on top.

@@ -436,6 +436,25 @@ TEST(CudaStepGraph, EvictionOverKiviCodesReplaysEqualEagerSteps) {
   }
   // A window shorter than a group (one short group per compression), 2-bit keys and values.
   expect_replays_equal_eager(codes_config(2, 2, 64, 16, 96), "h2o over kivi K2V2 g64 staging 16", DType::bf16, 200, 200);
+  // zipcache codes (two sets a group) under h2o, re-packed during the replays as kivi's are.
+  {
+    KVCacheConfig c = codes_config(4, 2, 32, 32, 64);
+    c.storage = "zipcache";
+    c.zipcache_hi_bits = 4;
+    c.zipcache_lo_bits = 2;
+    c.zipcache_value_bits = 4;
+    c.zipcache_hi_fraction = 0.5;
+    c.zipcache_group_size = 32;
+    c.zipcache_staging = 32;
+    c.evict_recent_window = 8;
+    c.evict_decay = 0.8;
+    expect_replays_equal_eager(c, "h2o over zipcache 4/2 g32 (decayed)", DType::bf16, 300, 300, [&](const KVCache& cache) {
+      std::size_t repacks = 0;
+      for (const auto& h : store_of(cache).heads()) repacks += h.repacks;
+      EXPECT_GT(repacks, 0u) << "no head was re-packed during the replays";
+      EXPECT_EQ(cache.stats().figure("decode_steps_on_device"), 301.0);
+    });
+  }
   // streaming over kivi codes: each replayed step's row admitted on the device (the decode
   // observation by position erases the oldest row after the sinks), the window compressed between
   // replays; groups emptied by the sliding window leave the store.

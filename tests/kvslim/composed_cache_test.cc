@@ -581,8 +581,8 @@ TEST(ComposedCache, ConfigNamesTheStorage) {
   c.storage = "kivi";
   c.method = "kivi";
   expect_error(c, "a storage under the kivi method");
-  // On a GPU: kivi codes under the eviction policies (device rules on the kivi fields); zipcache
-  // sets and full (method kivi is that) are refused.
+  // On a GPU: kivi and zipcache codes under the eviction policies (the device rules on their
+  // fields); either under full (methods kivi and zipcache are that) is refused.
   c.method = "h2o";
   c.device = "cuda";
   EXPECT_NO_THROW(c.validate());
@@ -595,7 +595,18 @@ TEST(ComposedCache, ConfigNamesTheStorage) {
   expect_error(c, "kivi storage under full on a GPU");
   c.method = "h2o";
   c.storage = "zipcache";
-  expect_error(c, "a zipcache storage on a GPU");
+  EXPECT_NO_THROW(c.validate());
+  c.method = "squeeze";
+  EXPECT_NO_THROW(c.validate());
+  c.zipcache_lo_bits = 3;
+  expect_error(c, "3-bit zipcache keys on a GPU", "zipcache_lo_bits");
+  c.zipcache_lo_bits = 2;
+  c.zipcache_saliency = "attention_normalized";
+  expect_error(c, "attention saliency of a zipcache storage on a GPU", "zipcache_saliency");
+  c.zipcache_saliency = "key_norm";
+  c.method = "full";
+  expect_error(c, "zipcache storage under full on a GPU");
+  c.method = "h2o";
   c.device = "cpu";
   c.storage = "zipcache";
   EXPECT_EQ(KVCacheFactory::create(c)->method(), "h2o");

@@ -896,15 +896,28 @@ std::string device_description(int device) {
 
 namespace {
 // The rows of an eviction method on the device (KVCacheConfig::storage): null for fp16 slots, or
-// kivi codes (validate() applied the device rules to the kivi fields).
+// kivi or zipcache codes (validate() applied the device rules to their fields).
 std::unique_ptr<DeviceRowStore> device_store(const KVCacheConfig& c) {
+  if (c.storage != "kivi" && c.storage != "zipcache") return nullptr;
+  PackedLayout l;
+  l.with_exposure = c.method != "streaming" &&
+                    make_eviction_policy(c, c.*method_info(c.method).n_sink).scoring == Scoring::attention_normalized;
   if (c.storage == "kivi") {
-    const bool normalized = c.method != "streaming" &&
-                            make_eviction_policy(c, c.*method_info(c.method).n_sink).scoring == Scoring::attention_normalized;
-    return std::make_unique<DevicePackedRows>(c.kivi_keys_at(), c.kivi_values_at(), c.kivi_group_size, c.kivi_staging,
-                                              normalized);
+    l.sets = 1;
+    l.key_bits[0] = l.key_bits[1] = c.kivi_keys_at();
+    l.value_bits = c.kivi_values_at();
+    l.group_rows = c.kivi_group_size;
+    l.staging = c.kivi_staging;
+  } else {  // the CPU's make_storage: salient keys at hi_bits, the rest at lo_bits, values at value_bits (-1: hi_bits)
+    l.sets = 2;
+    l.key_bits[0] = c.zipcache_hi_bits;
+    l.key_bits[1] = c.zipcache_lo_bits;
+    l.value_bits = c.zipcache_value_bits == -1 ? c.zipcache_hi_bits : c.zipcache_value_bits;
+    l.hi_fraction = c.zipcache_hi_fraction;
+    l.group_rows = c.zipcache_group_size;
+    l.staging = c.zipcache_staging;
   }
-  return nullptr;
+  return std::make_unique<DevicePackedRows>(l);
 }
 }  // namespace
 

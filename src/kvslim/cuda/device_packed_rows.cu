@@ -12,8 +12,10 @@
 #include "cuda/kernel_launch.h"
 #include "cuda/lowest_candidate.cuh"
 #include "cuda/select_lowest.h"
+#include "cuda/step_graph.h"
 #include "cuda/row_probability.cuh"
 #include "kvslim/errors.h"
+#include "kvslim/zipcache.h"
 #include "quant/quant_kernels.h"
 
 namespace kvslim::cuda {
@@ -68,22 +70,27 @@ using packed_jobs::CloseJob;
 using packed_jobs::CompressJob;
 
 // One group per (job, keys/values): D threads, one channel each -- the CPU quantizer's min / max
-// over the group's m rows, its fp16 parameters, the codes 32 rows at a time through shared memory
-// into the CPU's plane layout (rows m.. of the region: code 0, position INT64_MAX).
-__global__ void compress_kernel(const CompressJob* jobs, const int* list, RowSource src, RegionStore st) {
+// over the group's rows, its fp16 parameters, the codes 32 rows at a time through shared memory
+// into the CPU's plane layout (rows m.. of the region: code 0, position INT64_MAX). The codes are
+// the m rows of list[list_at..]; the keys' parameters are theirs, the values' those of the vm rows
+// of vlist[vlist_at..] (a zipcache set's values share the whole group's parameters). A set with no
+// rows in the group gets parameters of an all-zero group (finite: its padding is read, then masked).
+__global__ void compress_kernel(const CompressJob* jobs, const int* list, const int* vlist, RowSource src, RegionStore st) {
   extern __shared__ unsigned char codes[];  // [32][D]
   const CompressJob j = jobs[blockIdx.x];
   const int which = blockIdx.y, c = threadIdx.x, D = st.D, G = st.G;
   const int bits = which ? st.v_bits : st.k_bits, RB = D * bits / 8;
   const std::uint16_t* rows = which ? src.v : src.k;
   const long long base = static_cast<long long>(j.head) * src.head_stride;
-  auto load = [&](int i) {
-    const std::uint16_t h = rows[(base + list[j.list_at + i]) * D + c];
+  const auto value_at = [&](long long row) {
+    const std::uint16_t h = rows[(base + row) * D + c];
     return __half2float(*reinterpret_cast<const __half*>(&h));
   };
-  float mn = INFINITY, mx = -INFINITY;
-  for (int i = 0; i < j.m; ++i) {
-    const float x = load(i);
+  auto load = [&](int i) { return value_at(list[j.list_at + i]); };
+  const int pm = which ? j.vm : j.m;  // rows the parameters are taken over
+  float mn = pm > 0 ? INFINITY : 0.f, mx = pm > 0 ? -INFINITY : 0.f;
+  for (int i = 0; i < pm; ++i) {
+    const float x = which ? value_at(vlist[j.vlist_at + i]) : load(i);
     mn = fminf(mn, x);
     mx = fmaxf(mx, x);
   }
@@ -112,6 +119,59 @@ __global__ void compress_kernel(const CompressJob* jobs, const int* list, RowSou
       if (st.expo != nullptr) st.expo[region * G + r] = from >= 0 ? src.expo[from] : 0.f;
     }
   }
+}
+
+// zipcache's saliency inside one group to compress (the CPU's PackedRows::compress: row_norms_f16,
+// then saliency_mask): its m rows list[list_at..] of `head` (m <= 1024), n_hi of them salient.
+// Each row's salient bit goes to salient[bits_at + i] and its row to the hi set's list
+// (set_list[hi_at..]) or the lo set's (set_list[lo_at..]), each in token order.
+struct SelectJob {
+  int head, m, list_at, n_hi, hi_at, lo_at, bits_at;
+};
+
+// One CTA a group: the warps take the rows' key norms in double, each lane a strided share of the
+// channels summed by shuffles (zip_norms_kernel's order: every square of an fp16 value is exact in
+// double, so the sums agree with the CPU's wherever they are exact); then thread i ranks its row
+// under (norm, row) -- the tail of a stable ascending sort, ties to the later row -- and is salient
+// when fewer than n_hi rows rank above it; its place in its set is the same-set rows before it.
+constexpr int kSelectThreads = 1024;
+__global__ void __launch_bounds__(kSelectThreads)
+    group_select_kernel(const SelectJob* jobs, const int* list, RowSource src, int D, int* set_list, std::uint8_t* salient) {
+  __shared__ double norms[kSelectThreads];
+  __shared__ std::uint8_t flag[kSelectThreads];
+  const SelectJob j = jobs[blockIdx.x];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32, i = threadIdx.x;
+  const long long base = static_cast<long long>(j.head) * src.head_stride;
+  for (int r = warp; r < j.m; r += warps) {
+    const std::uint16_t* key = src.k + (base + list[j.list_at + r]) * D;
+    double acc = 0.0;
+    for (int c = lane; c < D; c += 32) {
+      const std::uint16_t h = key[c];
+      const double x = __half2float(*reinterpret_cast<const __half*>(&h));
+      acc += x * x;
+    }
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0) norms[r] = sqrt(acc);
+  }
+  __syncthreads();
+  bool hi = false;
+  if (i < j.m) {
+    if (j.n_hi >= j.m) {
+      hi = true;
+    } else if (j.n_hi > 0) {
+      const double n = norms[i];
+      int above = 0;
+      for (int r = 0; r < j.m; ++r) above += (norms[r] > n || (norms[r] == n && r > i)) ? 1 : 0;
+      hi = above < j.n_hi;
+    }
+    flag[i] = hi ? 1 : 0;
+  }
+  __syncthreads();
+  if (i >= j.m) return;
+  int hi_before = 0;
+  for (int r = 0; r < i; ++r) hi_before += flag[r];
+  salient[j.bits_at + i] = hi ? 1 : 0;
+  set_list[hi ? j.hi_at + hi_before : j.lo_at + (i - hi_before)] = list[j.list_at + i];
 }
 
 // One region per job, one CTA: its rows n_new taken from old offsets list[..] in order (each
@@ -159,12 +219,13 @@ __global__ void copy_regions_kernel(const int* map, RegionStore from, RegionStor
   }
 }
 
-// A re-pack's first half: row i of the output = the stored row rows[i] (a flat row of the regions)
-// decoded as the CPU decodes (fp16(code * scale + zero), no contraction), with its position.
-__global__ void decode_rows_kernel(const long long* rows, RegionStore st, std::uint16_t* k_out, std::uint16_t* v_out,
-                                   std::int64_t* pos_out, float* score_out, float* expo_out) {
-  const int i = blockIdx.x, c = threadIdx.x, D = st.D;
-  const long long row = rows[i], region = row / st.G;
+// A re-pack's first half: row out_at[i] of the output (i without out_at) = the stored row rows[i]
+// (a flat row of the regions) decoded as the CPU decodes (fp16(code * scale + zero), no
+// contraction), with its position.
+__global__ void decode_rows_kernel(const long long* rows, const int* out_at, RegionStore st, std::uint16_t* k_out,
+                                   std::uint16_t* v_out, std::int64_t* pos_out, float* score_out, float* expo_out) {
+  const int c = threadIdx.x, D = st.D, i = out_at != nullptr ? out_at[blockIdx.x] : static_cast<int>(blockIdx.x);
+  const long long row = rows[blockIdx.x], region = row / st.G;
   for (int which = 0; which < 2; ++which) {
     const int bits = which ? st.v_bits : st.k_bits, RB = D * bits / 8;
     const std::uint8_t byte = (which ? st.v_codes : st.k_codes)[row * RB + c % RB];
@@ -230,8 +291,11 @@ struct PackedObservation {
   const float* final_ml = nullptr;
   int G = 1;
   long long out_stride = 0;
-  RegionStore st;
-  int* tokens = nullptr;  // [H, cap] rows of each region
+  RegionStore st[2];            // each set's regions (sets of them)
+  int* tokens[2] = {nullptr, nullptr};  // [H, cap] rows of each region of each set
+  int sets = 1;
+  // probs_out in spanned order (two sets: slot order is not span order; the host orders them after)
+  bool spanned_out = false;
   WindowRows w;
   int regions = 0, window_rows = 0, fresh_w = 0;  // spanned regions; window rows; first window row not yet observed
   const std::int64_t* sink_pos = nullptr;         // [H]
@@ -309,14 +373,15 @@ __device__ __forceinline__ void move_words_down(const WordMove (&moves)[N]) {
 template <int kObserveRows>
 __global__ void __launch_bounds__(kObserveThreads, 3)
     observe_packed_kernel(PackedObservation o, Candidate* part_best, unsigned* arrivals) {
-  const int head = blockIdx.x, part = blockIdx.y, parts = gridDim.y, G = o.st.G;
+  const int head = blockIdx.x, part = blockIdx.y, parts = gridDim.y, G = o.st[0].G;
   // A head's spanned rows are int (observe_decode checks): 32-bit divisions, not 64-bit ones (a
   // subroutine each) in every row's region and offset.
-  const int span = o.regions * G + o.window_rows;
+  // Spanned rows: each set's regions (set_rows each), then the window.
+  const int set_rows = o.regions * G, region_rows = o.sets * set_rows, span = region_rows + o.window_rows;
   const int per = (span + parts - 1) / parts, first = part * per, end = min(span, first + per);
   const std::int64_t sink = o.sink_pos[head];
-  const int region_rows = o.regions * G;
-  const int* tokens_of_head = o.tokens + static_cast<long long>(head) * o.st.capacity;
+  const long long head_regions = static_cast<long long>(head) * o.st[0].capacity;
+  const int* tokens_of_head = o.tokens[0] + head_regions;  // (slot order from the counts: one set only)
   const std::int64_t* wpos_of_head = o.w.pos + head * o.w.capacity;
   // Writing probabilities in slot order: a row's slot is the live rows before it, counted for this
   // part's first row here (each thread's share in `before`), then chunk by chunk (every thread runs
@@ -325,7 +390,7 @@ __global__ void __launch_bounds__(kObserveThreads, 3)
   const bool from_logits = o.logits != nullptr, writes = o.probs_out != nullptr;
   const bool by_attention = from_logits || o.probs != nullptr;  // else by position: every row adds 0 (streaming)
   int before = 0;
-  if (writes) {
+  if (writes && !o.spanned_out) {
     const int whole = min(o.regions, first / G);
     for (int r = threadIdx.x; r < whole; r += blockDim.x) before += tokens_of_head[r];
     if (threadIdx.x == 0 && first < region_rows) before += min(first % G, tokens_of_head[first / G]);
@@ -344,6 +409,7 @@ __global__ void __launch_bounds__(kObserveThreads, 3)
   for (int chunk_first = first; chunk_first < end; chunk_first += chunk_rows) {
     const int i0 = chunk_first + static_cast<int>(threadIdx.x) * kObserveRows;
     long long at[kObserveRows];
+    int set[kObserveRows];
     bool in_window[kObserveRows], live[kObserveRows];
     std::int64_t p[kObserveRows];
     float old_score[kObserveRows], old_expo[kObserveRows], prob[kObserveRows];
@@ -356,19 +422,21 @@ __global__ void __launch_bounds__(kObserveThreads, 3)
       p[j] = kEmpty;
       old_score[j] = old_expo[j] = prob[j] = 0.f;
       at[j] = 0;
+      set[j] = 0;
       if (i >= end) continue;
       bool fresh = false;
       if (!in_window[j]) {
-        const int r = i / G, off = i - r * G;
-        at[j] = (static_cast<long long>(head) * o.st.capacity + r) * G + off;
-        live[j] = off < tokens_of_head[r];
+        set[j] = i >= set_rows ? 1 : 0;
+        const int local = i - set[j] * set_rows, r = local / G, off = local - r * G;
+        at[j] = (head_regions + r) * G + off;
+        live[j] = off < o.tokens[set[j]][head_regions + r];
       } else {
         at[j] = head * o.w.capacity + (i - region_rows);
         fresh = i - region_rows >= o.fresh_w;
       }
-      const std::int64_t* pos = in_window[j] ? o.w.pos : o.st.pos;
-      const float* score = in_window[j] ? o.w.score : o.st.score;
-      const float* expo = in_window[j] ? o.w.expo : o.st.expo;
+      const std::int64_t* pos = in_window[j] ? o.w.pos : o.st[set[j]].pos;
+      const float* score = in_window[j] ? o.w.score : o.st[set[j]].score;
+      const float* expo = in_window[j] ? o.w.expo : o.st[set[j]].expo;
       p[j] = pos[at[j]];
       if (!fresh) old_score[j] = score[at[j]];
       if (expo != nullptr && !fresh) old_expo[j] = expo[at[j]];
@@ -381,7 +449,12 @@ __global__ void __launch_bounds__(kObserveThreads, 3)
       if (in_window[j] && i0 + j < end) live[j] = p[j] != kEmpty;
       live_rows += live[j] ? 1 : 0;
     }
-    if (writes) {
+    if (writes && o.spanned_out) {
+#pragma unroll
+      for (int j = 0; j < kObserveRows; ++j) {
+        if (i0 + j < end) o.probs_out[head * o.out_stride + i0 + j] = live[j] ? prob[j] : 0.f;
+      }
+    } else if (writes) {
       int slot = 0, chunk_live = 0;
       if constexpr (kObserveRows > 2) {  // long parts (many chunks): the base's own scan, once
         if (slot_base < 0) cta_exclusive_sum(before, &slot_base);
@@ -405,8 +478,8 @@ __global__ void __launch_bounds__(kObserveThreads, 3)
 #pragma unroll
     for (int j = 0; j < kObserveRows; ++j) {
       if (!live[j]) continue;
-      float* score = in_window[j] ? o.w.score : o.st.score;
-      float* expo = in_window[j] ? o.w.expo : o.st.expo;
+      float* score = in_window[j] ? o.w.score : o.st[set[j]].score;
+      float* expo = in_window[j] ? o.w.expo : o.st[set[j]].expo;
       float s = old_score[j];
       if (o.decay != 1.f) s = __fmul_rn(s, o.decay);
       s = __fadd_rn(s, prob[j]);
@@ -428,29 +501,30 @@ __global__ void __launch_bounds__(kObserveThreads, 3)
   const int victim = best.slot;
   if (threadIdx.x == 0) o.victims[head] = victim;  // -1: none (the host names the logic error)
   if (victim < 0) return;  // validate() keeps the budget above the sinks and the window
-  if (victim >= o.regions * G) {  // a window row: masked where it lies
-    if (threadIdx.x == 0) o.w.pos[head * o.w.capacity + (victim - static_cast<long long>(o.regions) * G)] = kEmpty;
+  if (victim >= region_rows) {  // a window row: masked where it lies
+    if (threadIdx.x == 0) o.w.pos[head * o.w.capacity + (victim - region_rows)] = kEmpty;
     return;
   }
   // A group's row: the later rows of its region move down one, the last becomes padding. Each
   // per-row array of the region (codes, positions, the mirrors) is contiguous there, so this is a
   // move of words by the whole CTA (the mirrors were written by other parts this step: read past L1).
-  const int r = victim / G, off = victim % G;
-  int* tokens = o.tokens + static_cast<long long>(head) * o.st.capacity + r;
+  const int vs = victim >= set_rows ? 1 : 0, local = victim - vs * set_rows, r = local / G, off = local % G;
+  const RegionStore& st = o.st[vs];
+  int* tokens = o.tokens[vs] + head_regions + r;
   const int n = *tokens;
-  const long long row0 = (static_cast<long long>(head) * o.st.capacity + r) * G;
-  const int k_rb = o.st.D * o.st.k_bits / 8, v_rb = o.st.D * o.st.v_bits / 8;  // (multiples of 4 bytes)
+  const long long row0 = (head_regions + r) * G;
+  const int k_rb = st.D * st.k_bits / 8, v_rb = st.D * st.v_bits / 8;  // (multiples of 4 bytes)
   const long long later = n - 1 - off;  // rows that move
   const auto words = [](auto* row) { return reinterpret_cast<std::uint32_t*>(row); };
-  const bool has_expo = o.st.expo != nullptr;
-  const WordMove moves[5] = {{words(o.st.k_codes + (row0 + off) * k_rb), later * k_rb / 4, k_rb / 4},
-                             {words(o.st.v_codes + (row0 + off) * v_rb), later * v_rb / 4, v_rb / 4},
-                             {words(o.st.pos + row0 + off), later * 2, 2},
-                             {words(o.st.score + row0 + off), later, 1},
-                             {has_expo ? words(o.st.expo + row0 + off) : nullptr, has_expo ? later : 0, 1}};
+  const bool has_expo = st.expo != nullptr;
+  const WordMove moves[5] = {{words(st.k_codes + (row0 + off) * k_rb), later * k_rb / 4, k_rb / 4},
+                             {words(st.v_codes + (row0 + off) * v_rb), later * v_rb / 4, v_rb / 4},
+                             {words(st.pos + row0 + off), later * 2, 2},
+                             {words(st.score + row0 + off), later, 1},
+                             {has_expo ? words(st.expo + row0 + off) : nullptr, has_expo ? later : 0, 1}};
   move_words_down(moves);
   if (threadIdx.x == 0) {
-    o.st.pos[row0 + n - 1] = kEmpty;
+    st.pos[row0 + n - 1] = kEmpty;
     *tokens = n - 1;
   }
 }
@@ -525,29 +599,62 @@ __global__ void mask_window_victims_kernel(const std::uint64_t* keys, const std:
 }
 
 // Each spanned row's slot (its index in slot order, -1: padding or masked) per head, from the
-// device's own counts: slot order is region order then window order, so a row's slot is the number
-// of live rows before it (prefix sums over the regions' counts, then over the window's live rows,
-// kObserveThreads at a time). slot_of [H, span]; one CTA (kObserveThreads) a head.
+// device's own counts: slot order is block (region) order then window order, and inside a block
+// token order, so a row's slot is the live rows of the regions before its own (prefix sums over the
+// regions' counts, kObserveThreads at a time), then its index in its set plus, with two sets, the
+// other set's rows of its region at a lower position (a binary search: each set's region holds its
+// rows in token order), then the window's live rows. slot_of [H, span]; one CTA a head.
+struct SlotSets {
+  const int* tokens[2] = {nullptr, nullptr};            // [H, capacity] each set's rows a region
+  const std::int64_t* pos[2] = {nullptr, nullptr};      // [H, capacity * G]
+  int sets = 1;
+  // (selects, not a runtime index into the kernel's parameters: that copies them to the stack)
+  __device__ const int* tokens_of(int s) const { return s == 0 ? tokens[0] : tokens[1]; }
+  __device__ const std::int64_t* pos_of(int s) const { return s == 0 ? pos[0] : pos[1]; }
+};
 __global__ void __launch_bounds__(kObserveThreads)
-    slot_order_kernel(const int* tokens, int capacity, int regions, int G, const std::int64_t* wpos,
-                      long long window_capacity, int window_rows, int* slot_of) {
+    slot_order_kernel(SlotSets ss, int capacity, int regions, int G, const std::int64_t* wpos, long long window_capacity,
+                      int window_rows, int* slot_of) {
   const int h = blockIdx.x, tid = threadIdx.x;
-  const long long span = static_cast<long long>(regions) * G + window_rows;
+  const long long set_rows = static_cast<long long>(regions) * G;
+  const long long span = ss.sets * set_rows + window_rows;
   int* out = slot_of + h * span;
-  __shared__ int region_rows[kObserveThreads], region_base[kObserveThreads];
+  const long long head_regions = static_cast<long long>(h) * capacity;
+  __shared__ int region_rows[2][kObserveThreads], region_base[kObserveThreads];
   int base = 0;
   for (int r0 = 0; r0 < regions; r0 += kObserveThreads) {
     const int r = r0 + tid;
-    const int t = r < regions ? tokens[static_cast<long long>(h) * capacity + r] : 0;
+    int t = 0;
+    for (int s = 0; s < ss.sets; ++s) {
+      const int n = r < regions ? ss.tokens_of(s)[head_regions + r] : 0;
+      region_rows[s][tid] = n;
+      t += n;
+    }
     int chunk = 0;
     const int before = cta_exclusive_sum(t, &chunk);
-    region_rows[tid] = t;
     region_base[tid] = base + before;
     __syncthreads();
     const long long n = static_cast<long long>(min(regions - r0, kObserveThreads)) * G;
-    for (long long i = tid; i < n; i += kObserveThreads) {
-      const int rr = static_cast<int>(i / G), off = static_cast<int>(i % G);
-      out[static_cast<long long>(r0) * G + i] = off < region_rows[rr] ? region_base[rr] + off : -1;
+    for (int s = 0; s < ss.sets; ++s) {
+      for (long long i = tid; i < n; i += kObserveThreads) {
+        const int rr = static_cast<int>(i / G), off = static_cast<int>(i % G);
+        int slot = -1;
+        if (off < region_rows[s][rr]) {
+          slot = region_base[rr] + off;
+          if (ss.sets == 2) {  // the other set's rows of this region below this row's position
+            const long long row0 = (head_regions + r0 + rr) * G;
+            const std::int64_t p = ss.pos_of(s)[row0 + off];
+            const std::int64_t* other = ss.pos_of(1 - s) + row0;
+            int lo = 0, hi = region_rows[1 - s][rr];
+            while (lo < hi) {
+              const int mid = (lo + hi) / 2;
+              if (other[mid] < p) lo = mid + 1; else hi = mid;
+            }
+            slot += lo;
+          }
+        }
+        out[s * set_rows + static_cast<long long>(r0) * G + i] = slot;
+      }
     }
     base += chunk;
     __syncthreads();  // region_rows / region_base are written again
@@ -557,7 +664,7 @@ __global__ void __launch_bounds__(kObserveThreads)
     const bool live = w < window_rows && wpos[h * window_capacity + w] != kEmpty;
     int chunk = 0;
     const int before = cta_exclusive_sum(live ? 1 : 0, &chunk);
-    if (w < window_rows) out[static_cast<long long>(regions) * G + w] = live ? base + before : -1;
+    if (w < window_rows) out[ss.sets * set_rows + w] = live ? base + before : -1;
     base += chunk;
   }
 }
@@ -592,16 +699,72 @@ void upload(DeviceBuffer& buf, const std::vector<T>& host, cudaStream_t stream) 
 
 [[noreturn]] void not_on_device(const char* what) { throw std::logic_error(std::string("DevicePackedRows: ") + what); }
 
+// f(set, offset) for each row of a block in token order (offset: the row's place in its set's
+// region, which holds that set's rows of the block in token order).
+template <typename F>
+void for_each_row(const DevicePackedRows::Block& b, F&& f) {
+  int offset[2] = {0, 0};
+  for (int t = 0; t < b.tokens; ++t) {
+    const int set = b.salient.empty() || b.salient[static_cast<std::size_t>(t)] != 0 ? 0 : 1;
+    f(set, offset[set]++);
+  }
+}
+
+// Each set's groups quantized: jobs[set] (their codes rows in `list`, the value parameters over
+// `vlist`) from src, both sets' jobs in one upload (jobs_dev), a launch a set.
+void compress_sets(DeviceBuffer& jobs_dev, const std::vector<CompressJob> (&jobs)[2], int sets, const int* list,
+                   const int* vlist, const RowSource& src, const RegionStore (&st)[2], int D, cudaStream_t stream) {
+  std::vector<CompressJob> all = jobs[0];
+  all.insert(all.end(), jobs[1].begin(), jobs[1].end());
+  if (all.empty()) return;
+  upload(jobs_dev, all, stream);
+  std::size_t at = 0;
+  for (int set = 0; set < sets; ++set) {
+    const std::size_t n = jobs[set].size();
+    launch_kernel(n > 0, false, compress_kernel, dim3(static_cast<unsigned>(std::max<std::size_t>(n, 1)), 2),
+                  dim3(static_cast<unsigned>(D)), 32 * static_cast<std::size_t>(D), stream, jobs_dev.as<CompressJob>() + at,
+                  list, vlist, src, st[set]);
+    at += n;
+  }
+}
+
+}  // namespace
+
+namespace {
+PackedLayout kivi_layout(int key_bits, int value_bits, int group_rows, int staging, bool with_exposure) {
+  PackedLayout l;
+  l.sets = 1;
+  l.key_bits[0] = l.key_bits[1] = key_bits;
+  l.value_bits = value_bits;
+  l.group_rows = group_rows;
+  l.staging = staging;
+  l.with_exposure = with_exposure;
+  return l;
+}
 }  // namespace
 
 DevicePackedRows::DevicePackedRows(int key_bits, int value_bits, int group_rows, int staging, bool with_exposure)
-    : key_bits_(key_bits),
-      value_bits_(value_bits),
-      group_rows_(group_rows),
-      staging_(std::max(staging, 1)),
-      with_exposure_(with_exposure) {
+    : DevicePackedRows(kivi_layout(key_bits, value_bits, group_rows, staging, with_exposure)) {}
+
+DevicePackedRows::DevicePackedRows(const PackedLayout& layout)
+    : layout_(layout),
+      key_bits_(layout.key_bits[0]),
+      value_bits_(layout.value_bits),
+      group_rows_(layout.group_rows),
+      staging_(std::max(layout.staging, 1)),
+      with_exposure_(layout.with_exposure) {
   // KVCacheConfig::validate() has applied the device rules (widths 2/4/8, groups of 32-row units).
   if (group_rows_ % 32 != 0 || group_rows_ <= 0) throw std::logic_error("DevicePackedRows: group_rows must be a multiple of 32");
+  if (group_rows_ > 1024) throw std::logic_error("DevicePackedRows: group_rows must be at most 1024");
+  if (layout_.sets != 1 && layout_.sets != 2) throw std::logic_error("DevicePackedRows: one or two sets");
+  if (!(layout_.hi_fraction >= 0.0 && layout_.hi_fraction <= 1.0)) throw std::logic_error("DevicePackedRows: hi_fraction in [0, 1]");
+}
+
+int DevicePackedRows::Block::rows_in(int set) const {
+  if (salient.empty()) return set == 0 ? tokens : 0;
+  int hi = 0;
+  for (const std::uint8_t b : salient) hi += b;
+  return set == 0 ? hi : tokens - hi;
 }
 
 DevicePackedRows::~DevicePackedRows() {
@@ -611,16 +774,17 @@ DevicePackedRows::~DevicePackedRows() {
 void DevicePackedRows::begin(std::size_t heads_total, std::size_t dim) {
   heads_total_ = heads_total;
   dim_ = dim;
-  k_rb_ = static_cast<int>(dim) * key_bits_ / 8;
+  for (int set = 0; set < 2; ++set) set_[set].k_rb = static_cast<int>(dim) * layout_.key_bits[set] / 8;
   v_rb_ = static_cast<int>(dim) * value_bits_ / 8;
   heads_.assign(heads_total, Head{});
 }
 
-RegionStore DevicePackedRows::regions() const {
-  return RegionStore{k_codes_.as<std::uint8_t>(), v_codes_.as<std::uint8_t>(), k_params_.as<std::uint16_t>(),
-                     v_params_.as<std::uint16_t>(), pos_.as<std::int64_t>(), score_.as<float>(),
-                     with_exposure_ ? expo_.as<float>() : nullptr, region_capacity_, group_rows_,
-                     static_cast<int>(dim_), key_bits_, value_bits_};
+RegionStore DevicePackedRows::regions(int set) const {
+  const SetStore& st = set_[set];
+  return RegionStore{st.k_codes.as<std::uint8_t>(), st.v_codes.as<std::uint8_t>(), st.k_params.as<std::uint16_t>(),
+                     st.v_params.as<std::uint16_t>(), st.pos.as<std::int64_t>(), st.score.as<float>(),
+                     with_exposure_ ? st.expo.as<float>() : nullptr, region_capacity_, group_rows_,
+                     static_cast<int>(dim_), layout_.key_bits[set], value_bits_};
 }
 
 WindowRows DevicePackedRows::window(int which) const {
@@ -692,10 +856,12 @@ void DevicePackedRows::erase(std::size_t head, std::span<const std::size_t> slot
   apply_victims();
   Head& h = heads_[head];
   // A group already rewritten by a recorded erasure is rewritten again from its new order.
-  for (const CloseJob& j : closes_) {
-    if (j.head == static_cast<int>(head)) {
-      flush();
-      break;
+  for (int set = 0; set < layout_.sets; ++set) {
+    for (const CloseJob& j : closes_[set]) {
+      if (j.head == static_cast<int>(head)) {
+        flush();
+        break;
+      }
     }
   }
   std::size_t next = 0, first = 0;  // next slot to erase; the block's first slot
@@ -703,20 +869,35 @@ void DevicePackedRows::erase(std::size_t head, std::span<const std::size_t> slot
   for (Block& b : h.blocks) {
     const std::size_t end = first + static_cast<std::size_t>(b.tokens);
     if (next < slots.size() && slots[next] < end) {
-      const int list_at = static_cast<int>(close_list_.size());
-      int kept = 0;
+      // Each set's kept rows, as offsets in that set's region (a block's rows lie in token order in
+      // their set's region: a row's offset there is the earlier rows of its set).
+      int list_at[2], kept[2] = {0, 0}, seen[2] = {0, 0};
+      for (int set = 0; set < layout_.sets; ++set) list_at[set] = static_cast<int>(close_list_[set].size());
+      std::vector<std::uint8_t> salient;
       for (std::size_t s = first; s < end; ++s) {
+        const std::size_t t = s - first;
+        const int set = b.salient.empty() || b.salient[t] != 0 ? 0 : 1;
+        const int offset = seen[set]++;
         if (next < slots.size() && slots[next] == s) {
           ++next;
           continue;
         }
-        close_list_.push_back(static_cast<int>(s - first));
-        ++kept;
+        close_list_[set].push_back(offset);
+        ++kept[set];
+        if (!b.salient.empty()) salient.push_back(b.salient[t]);
       }
-      closes_.push_back(CloseJob{static_cast<int>(head), b.region, b.tokens, kept, list_at});
-      h.packed -= static_cast<std::size_t>(b.tokens - kept);
-      b.tokens = kept;
-      dropped = dropped || kept == 0;
+      for (int set = 0; set < layout_.sets; ++set) {
+        if (kept[set] != seen[set]) {
+          closes_[set].push_back(CloseJob{static_cast<int>(head), b.region, seen[set], kept[set], list_at[set]});
+        } else {
+          close_list_[set].resize(static_cast<std::size_t>(list_at[set]));  // untouched: no job
+        }
+      }
+      const int now = kept[0] + kept[1];
+      h.packed -= static_cast<std::size_t>(b.tokens - now);
+      b.tokens = now;
+      if (!b.salient.empty()) b.salient = std::move(salient);
+      dropped = dropped || now == 0;
     }
     first = end;
   }
@@ -748,28 +929,35 @@ void DevicePackedRows::flush() {
                   masked_dev_.as<long long>(), n, wpos_[cur_].as<std::int64_t>());
     masked_.clear();
   }
-  if (!closes_.empty()) {
+  if (!closes_[0].empty() || !closes_[1].empty()) {
     launch_closes();
     upload_tokens();
   }
 }
 
 void DevicePackedRows::launch_closes() {
-  if (closes_.empty()) return;
-  upload(jobs_dev_, closes_, stream_);
-  upload(list_dev_, close_list_.empty() ? std::vector<int>{0} : close_list_, stream_);
-  launch_kernel(true, false, close_region_kernel, dim3(static_cast<unsigned>(closes_.size())), dim3(128), 0, stream_,
-                jobs_dev_.as<CloseJob>(), list_dev_.as<int>(), regions());
-  closes_.clear();
-  close_list_.clear();
+  for (int set = 0; set < layout_.sets; ++set) {
+    if (closes_[set].empty()) continue;
+    // (a list's copy is ordered before the kernel that reads it; the next set's copy waits for it
+    // on the stream, so one buffer serves both)
+    upload(jobs_dev_, closes_[set], stream_);
+    upload(list_dev_, close_list_[set].empty() ? std::vector<int>{0} : close_list_[set], stream_);
+    launch_kernel(true, false, close_region_kernel, dim3(static_cast<unsigned>(closes_[set].size())), dim3(128), 0, stream_,
+                  jobs_dev_.as<CloseJob>(), list_dev_.as<int>(), regions(set));
+    closes_[set].clear();
+    close_list_[set].clear();
+  }
 }
 
 void DevicePackedRows::upload_tokens() {
-  std::vector<int> tokens(heads_total_ * static_cast<std::size_t>(std::max(region_capacity_, 1)), 0);
-  for (std::size_t head = 0; head < heads_.size(); ++head) {
-    for (const Block& b : heads_[head].blocks) tokens[head * static_cast<std::size_t>(region_capacity_) + b.region] = b.tokens;
+  const std::size_t cap = static_cast<std::size_t>(std::max(region_capacity_, 1));
+  for (int set = 0; set < layout_.sets; ++set) {
+    std::vector<int> tokens(heads_total_ * cap, 0);
+    for (std::size_t head = 0; head < heads_.size(); ++head) {
+      for (const Block& b : heads_[head].blocks) tokens[head * cap + b.region] = b.rows_in(set);
+    }
+    upload(set_[set].tokens, tokens, stream_);
   }
-  upload(tokens_, tokens, stream_);
 }
 
 void DevicePackedRows::settle(std::size_t rows, const Saliency&) {
@@ -814,16 +1002,31 @@ void DevicePackedRows::settle(std::size_t rows, const Saliency&) {
     relayout_regions(resize ? needed + needed / 8 + 1 : region_capacity_);
     changed = true;
   }
-  std::vector<CompressJob> jobs;
+  // A group a job: kivi's rows all in set 0; zipcache's chosen on the device (SelectJob: the rows'
+  // key norms, the hi_fraction with the largest salient), each set's rows listed in set_list.
+  std::vector<CompressJob> jobs[2];
+  std::vector<SelectJob> selects;
   std::vector<int> list;
+  std::vector<std::pair<int, int>> made_blocks;  // (head, block index) of each job, in job order
+  int set_rows = 0;                              // rows of set_list (zipcache)
   for (std::size_t head = 0; head < H; ++head) {
     Head& h = heads_[head];
     if (count[head] == 0) continue;
     for (int first = 0; first < count[head]; first += G) {
-      const int m = std::min(G, count[head] - first);
-      jobs.push_back(CompressJob{static_cast<int>(head), static_cast<int>(h.blocks.size()), m, static_cast<int>(list.size())});
+      const int m = std::min(G, count[head] - first), region = static_cast<int>(h.blocks.size());
+      const int at = static_cast<int>(list.size());
+      if (layout_.sets == 1) {
+        jobs[0].push_back(CompressJob{static_cast<int>(head), region, m, at, m, at});
+      } else {
+        const int n_hi = static_cast<int>(salient_count(static_cast<std::size_t>(m), layout_.hi_fraction));
+        selects.push_back(SelectJob{static_cast<int>(head), m, at, n_hi, set_rows, set_rows + n_hi, at});
+        jobs[0].push_back(CompressJob{static_cast<int>(head), region, n_hi, set_rows, m, at});
+        jobs[1].push_back(CompressJob{static_cast<int>(head), region, m - n_hi, set_rows + n_hi, m, at});
+        set_rows += m;
+      }
       list.insert(list.end(), h.window.begin() + first, h.window.begin() + first + m);
-      h.blocks.push_back(Block{static_cast<int>(h.blocks.size()), m, m});
+      h.blocks.push_back(Block{region, m, m, {}});
+      made_blocks.emplace_back(static_cast<int>(head), region);
       h.made += static_cast<std::size_t>(m);
     }
     h.packed += static_cast<std::size_t>(count[head]);
@@ -834,13 +1037,27 @@ void DevicePackedRows::settle(std::size_t rows, const Saliency&) {
     }
     h.window.erase(h.window.begin(), h.window.begin() + count[head]);
   }
-  if (!jobs.empty()) {
-    upload(jobs_dev_, jobs, stream_);
+  if (!list.empty()) {
     upload(list_dev_, list, stream_);
     const WindowRows w = window(cur_);
     const RowSource src{w.k, w.v, w.pos, w.score, w.expo, window_capacity_};
-    launch_kernel(true, false, compress_kernel, dim3(static_cast<unsigned>(jobs.size()), 2), dim3(static_cast<unsigned>(dim_)),
-                  32 * dim_, stream_, jobs_dev_.as<CompressJob>(), list_dev_.as<int>(), src, regions());
+    const RegionStore st[2] = {regions(0), regions(layout_.sets - 1)};
+    const int* codes_list = list_dev_.as<int>();
+    if (!selects.empty()) {
+      upload(select_jobs_dev_, selects, stream_);
+      set_list_dev_.reserve(list.size() * sizeof(int), stream_);
+      salient_dev_.reserve(list.size(), stream_);
+      launch_kernel(true, false, group_select_kernel, dim3(static_cast<unsigned>(selects.size())), dim3(kSelectThreads), 0,
+                    stream_, select_jobs_dev_.as<SelectJob>(), list_dev_.as<int>(), src, static_cast<int>(dim_),
+                    set_list_dev_.as<int>(), salient_dev_.as<std::uint8_t>());
+      codes_list = set_list_dev_.as<int>();
+    }
+    compress_sets(jobs_dev_, jobs, layout_.sets, codes_list, list_dev_.as<int>(), src, st, static_cast<int>(dim_), stream_);
+    if (!selects.empty()) {
+      std::vector<int> rows;
+      for (const SelectJob& j : selects) rows.push_back(j.m);
+      read_saliency(made_blocks, rows);
+    }
     close_window();
     changed = true;
   }
@@ -848,16 +1065,40 @@ void DevicePackedRows::settle(std::size_t rows, const Saliency&) {
   if (whole_call) release_span_scratch();
 }
 
+void DevicePackedRows::read_saliency(const std::vector<std::pair<int, int>>& job_blocks, const std::vector<int>& job_rows) {
+  std::size_t total = 0;
+  for (const int m : job_rows) total += static_cast<std::size_t>(m);
+  std::vector<std::uint8_t> bits(total);
+  // (once a compression, every staging rows of a decode: the host's lists must know each row's set)
+  KVSLIM_CUDA_CHECK(cudaMemcpyAsync(bits.data(), salient_dev_.get(), total, cudaMemcpyDeviceToHost, stream_));
+  KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < job_blocks.size(); ++i) {
+    Block& b = heads_[static_cast<std::size_t>(job_blocks[i].first)].blocks[static_cast<std::size_t>(job_blocks[i].second)];
+    const std::size_t m = static_cast<std::size_t>(job_rows[i]);
+    b.salient.assign(bits.begin() + static_cast<std::ptrdiff_t>(at), bits.begin() + static_cast<std::ptrdiff_t>(at + m));
+    at += m;
+  }
+}
+
 void DevicePackedRows::repack(std::size_t head) {
   Head& h = heads_[head];
-  const int G = group_rows_, n = static_cast<int>(h.packed);
-  // The head's rows decoded (fp16, as the CPU's decode_head) into scratch, then quantized again in
-  // full groups into regions 0..; its other regions become empty.
-  std::vector<long long> rows;
-  rows.reserve(static_cast<std::size_t>(n));
-  int old_top = 0;
+  const int G = group_rows_, n = static_cast<int>(h.packed), sets = layout_.sets;
+  // The head's rows decoded (fp16, as the CPU's decode_head) into scratch in token order, then
+  // quantized again in full groups into regions 0..; its other regions become empty. Each row keeps
+  // its set (the CPU's re-pack keeps every row's precision).
+  std::vector<long long> rows[2];
+  std::vector<int> out_at[2];
+  std::vector<std::uint8_t> salient;  // zipcache: every row's bit, token order
+  int old_top = 0, row = 0;
   for (const Block& b : h.blocks) {
-    for (int r = 0; r < b.tokens; ++r) rows.push_back((static_cast<long long>(head) * region_capacity_ + b.region) * G + r);
+    int offset[2] = {0, 0};
+    for (int t = 0; t < b.tokens; ++t, ++row) {
+      const int set = b.salient.empty() || b.salient[static_cast<std::size_t>(t)] != 0 ? 0 : 1;
+      rows[set].push_back((static_cast<long long>(head) * region_capacity_ + b.region) * G + offset[set]++);
+      out_at[set].push_back(row);
+      if (!b.salient.empty()) salient.push_back(b.salient[static_cast<std::size_t>(t)]);
+    }
     old_top = std::max(old_top, b.region + 1);
   }
   const std::size_t N = static_cast<std::size_t>(std::max(n, 1));
@@ -867,28 +1108,55 @@ void DevicePackedRows::repack(std::size_t head) {
   scratch_score_.reserve(N * sizeof(float));
   if (with_exposure_) scratch_expo_.reserve(N * sizeof(float));
   float* scratch_expo = with_exposure_ ? scratch_expo_.as<float>() : nullptr;
-  upload(repack_rows_dev_, rows, stream_);
-  launch_kernel(n > 0, false, decode_rows_kernel, dim3(static_cast<unsigned>(n)), dim3(static_cast<unsigned>(dim_)), 0,
-                stream_, repack_rows_dev_.as<long long>(), regions(), scratch_k_.as<std::uint16_t>(), scratch_v_.as<std::uint16_t>(),
-                scratch_pos_.as<std::int64_t>(), scratch_score_.as<float>(), scratch_expo);
-  std::vector<CompressJob> jobs;
-  std::vector<int> list(static_cast<std::size_t>(n));
-  for (int i = 0; i < n; ++i) list[static_cast<std::size_t>(i)] = i;
+  std::vector<long long> all_rows = rows[0];
+  all_rows.insert(all_rows.end(), rows[1].begin(), rows[1].end());
+  std::vector<int> all_out = out_at[0];
+  all_out.insert(all_out.end(), out_at[1].begin(), out_at[1].end());
+  upload(repack_rows_dev_, all_rows, stream_);
+  upload(repack_out_dev_, all_out, stream_);
+  for (int set = 0, at = 0; set < sets; ++set) {
+    const int m = static_cast<int>(rows[set].size());
+    launch_kernel(m > 0, false, decode_rows_kernel, dim3(static_cast<unsigned>(std::max(m, 1))), dim3(static_cast<unsigned>(dim_)),
+                  0, stream_, repack_rows_dev_.as<long long>() + at, repack_out_dev_.as<int>() + at, regions(set),
+                  scratch_k_.as<std::uint16_t>(), scratch_v_.as<std::uint16_t>(), scratch_pos_.as<std::int64_t>(),
+                  scratch_score_.as<float>(), scratch_expo);
+    at += m;
+  }
+  // New groups of G rows in token order: each set's rows of a group listed (scratch rows) in
+  // set_lists, the whole group (for the value parameters) in `whole`.
+  std::vector<CompressJob> jobs[2];
+  std::vector<int> set_lists, whole(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) whole[static_cast<std::size_t>(i)] = i;
   std::vector<Block> blocks;
   for (int first = 0; first < n; first += G) {
-    const int m = std::min(G, n - first);
-    jobs.push_back(CompressJob{static_cast<int>(head), static_cast<int>(blocks.size()), m, first});
-    blocks.push_back(Block{static_cast<int>(blocks.size()), m, m});
+    const int m = std::min(G, n - first), region = static_cast<int>(blocks.size());
+    Block b{region, m, m, {}};
+    int at[2], count[2] = {0, 0};
+    at[0] = static_cast<int>(set_lists.size());
+    for (int set = 0; set < sets; ++set) {
+      if (set == 1) at[1] = static_cast<int>(set_lists.size());
+      for (int t = first; t < first + m; ++t) {
+        const int in = salient.empty() || salient[static_cast<std::size_t>(t)] != 0 ? 0 : 1;
+        if (in != set) continue;
+        set_lists.push_back(t);
+        ++count[set];
+      }
+      jobs[set].push_back(CompressJob{static_cast<int>(head), region, count[set], at[set], m, first});
+    }
+    if (!salient.empty()) b.salient.assign(salient.begin() + first, salient.begin() + first + m);
+    blocks.push_back(std::move(b));
   }
-  if (!jobs.empty()) {
-    upload(jobs_dev_, jobs, stream_);
-    upload(list_dev_, list, stream_);
+  if (!blocks.empty()) {
+    upload(list_dev_, set_lists, stream_);
+    upload(set_list_dev_, whole, stream_);
     const RowSource src{scratch_k_.as<std::uint16_t>(), scratch_v_.as<std::uint16_t>(), scratch_pos_.as<std::int64_t>(),
                         scratch_score_.as<float>(), scratch_expo, 0};
-    launch_kernel(true, false, compress_kernel, dim3(static_cast<unsigned>(jobs.size()), 2), dim3(static_cast<unsigned>(dim_)),
-                  32 * dim_, stream_, jobs_dev_.as<CompressJob>(), list_dev_.as<int>(), src, regions());
+    const RegionStore st[2] = {regions(0), regions(sets - 1)};
+    compress_sets(jobs_dev_, jobs, sets, list_dev_.as<int>(), set_list_dev_.as<int>(), src, st, static_cast<int>(dim_), stream_);
   }
-  for (int r = static_cast<int>(blocks.size()); r < old_top; ++r) closes_.push_back(CloseJob{static_cast<int>(head), r, G, 0, 0});
+  for (int set = 0; set < sets; ++set) {
+    for (int r = static_cast<int>(blocks.size()); r < old_top; ++r) closes_[set].push_back(CloseJob{static_cast<int>(head), r, G, 0, 0});
+  }
   launch_closes();
   h.blocks = std::move(blocks);
   h.made = h.packed;
@@ -897,7 +1165,7 @@ void DevicePackedRows::repack(std::size_t head) {
 }
 
 void DevicePackedRows::relayout_regions(int capacity) {
-  if (capturing_) throw InputError("kivi storage (cuda): a captured step would re-lay out the store (decode eagerly)");
+  if (capturing_) throw InputError(std::string(kind()) + " storage (cuda): a captured step would re-lay out the store (decode eagerly)");
   const std::size_t H = heads_total_, G = static_cast<std::size_t>(group_rows_), D = dim_;
   const std::size_t cap = static_cast<std::size_t>(std::max(capacity, 1));
   std::vector<int> map(H * cap, -1);
@@ -908,35 +1176,42 @@ void DevicePackedRows::relayout_regions(int capacity) {
       blocks[i].region = static_cast<int>(i);
     }
   }
-  DeviceBuffer kc, vc, kp, vp, pos, score, expo, map_dev;
-  kc.reserve(H * cap * G * static_cast<std::size_t>(k_rb_));
-  vc.reserve(H * cap * G * static_cast<std::size_t>(v_rb_));
-  kp.reserve(H * cap * 2 * D * 2);
-  vp.reserve(H * cap * 2 * D * 2);
-  pos.reserve(H * cap * G * sizeof(std::int64_t));
-  score.reserve(H * cap * G * sizeof(float));
-  if (with_exposure_) expo.reserve(H * cap * G * sizeof(float));
+  DeviceBuffer map_dev;
   upload(map_dev, map, stream_);
-  const RegionStore to{kc.as<std::uint8_t>(), vc.as<std::uint8_t>(), kp.as<std::uint16_t>(), vp.as<std::uint16_t>(),
-                       pos.as<std::int64_t>(), score.as<float>(), with_exposure_ ? expo.as<float>() : nullptr,
-                       static_cast<int>(cap), group_rows_, static_cast<int>(D), key_bits_, value_bits_};
-  launch_kernel(true, false, copy_regions_kernel, dim3(static_cast<unsigned>(cap), static_cast<unsigned>(H)), dim3(256), 0,
-                stream_, map_dev.as<int>(), regions(), to);
+  SetStore next[2];
+  for (int set = 0; set < layout_.sets; ++set) {
+    SetStore& to = next[set];
+    to.k_rb = set_[set].k_rb;
+    to.k_codes.reserve(H * cap * G * static_cast<std::size_t>(to.k_rb));
+    to.v_codes.reserve(H * cap * G * static_cast<std::size_t>(v_rb_));
+    to.k_params.reserve(H * cap * 2 * D * 2);
+    to.v_params.reserve(H * cap * 2 * D * 2);
+    to.pos.reserve(H * cap * G * sizeof(std::int64_t));
+    to.score.reserve(H * cap * G * sizeof(float));
+    if (with_exposure_) to.expo.reserve(H * cap * G * sizeof(float));
+    const RegionStore dst{to.k_codes.as<std::uint8_t>(), to.v_codes.as<std::uint8_t>(), to.k_params.as<std::uint16_t>(),
+                          to.v_params.as<std::uint16_t>(), to.pos.as<std::int64_t>(), to.score.as<float>(),
+                          with_exposure_ ? to.expo.as<float>() : nullptr, static_cast<int>(cap), group_rows_,
+                          static_cast<int>(D), layout_.key_bits[set], value_bits_};
+    launch_kernel(true, false, copy_regions_kernel, dim3(static_cast<unsigned>(cap), static_cast<unsigned>(H)), dim3(256), 0,
+                  stream_, map_dev.as<int>(), regions(set), dst);
+  }
   KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream_));  // before the old store (and the map) go
-  k_codes_ = std::move(kc);
-  v_codes_ = std::move(vc);
-  k_params_ = std::move(kp);
-  v_params_ = std::move(vp);
-  pos_ = std::move(pos);
-  score_ = std::move(score);
-  expo_ = std::move(expo);
+  for (int set = 0; set < layout_.sets; ++set) {
+    for (auto [from, to] : {std::pair{&next[set].k_codes, &set_[set].k_codes}, std::pair{&next[set].v_codes, &set_[set].v_codes},
+                            std::pair{&next[set].k_params, &set_[set].k_params}, std::pair{&next[set].v_params, &set_[set].v_params},
+                            std::pair{&next[set].pos, &set_[set].pos}, std::pair{&next[set].score, &set_[set].score},
+                            std::pair{&next[set].expo, &set_[set].expo}}) {
+      *to = std::move(*from);
+    }
+  }
   region_capacity_ = static_cast<int>(cap);
   for (DeviceBuffer* b : {&scratch_k_, &scratch_v_, &scratch_pos_, &scratch_score_, &scratch_expo_}) b->release();
   upload_tokens();
 }
 
 void DevicePackedRows::resize_window(int capacity) {
-  if (capturing_) throw InputError("kivi storage (cuda): a captured step would re-allocate the window (decode eagerly)");
+  if (capturing_) throw InputError(std::string(kind()) + " storage (cuda): a captured step would re-allocate the window (decode eagerly)");
   const std::size_t H = heads_total_, D = dim_, cap = static_cast<std::size_t>(capacity);
   const int other = 1 - cur_;
   reserve_window(other, capacity);
@@ -996,58 +1271,81 @@ int DevicePackedRows::launch_segments(const QueryArgs& q, const Partials& parts,
                                       bool, int sm_count, cudaStream_t stream) const {
   const int R = regions_used();
   // The window's masked rows may sit before live ones (positions per head: unordered).
-  return launch_codes_and_window(q, packed_rows(R),
-                                 staging_window_rows(wk_[cur_].as<std::uint16_t>(), wv_[cur_].as<std::uint16_t>(),
-                                                     wpos_[cur_].as<std::int64_t>(), window_capacity_,
-                                                     static_cast<int>(dim_), window_rows_, R * group_rows_,
-                                                     window_capacity_),
-                                 parts, count_only, sm_count, stream);
+  const DenseRows window = staging_window_rows(wk_[cur_].as<std::uint16_t>(), wv_[cur_].as<std::uint16_t>(),
+                                               wpos_[cur_].as<std::int64_t>(), window_capacity_, static_cast<int>(dim_),
+                                               window_rows_, layout_.sets * R * group_rows_, window_capacity_);
+  if (layout_.sets == 1) return launch_codes_and_window(q, packed_rows(R), window, parts, count_only, sm_count, stream);
+  // zipcache: the two sets share one wave of CTAs and run side by side with the window, as
+  // DeviceZipCache's sets do (their rows one after the other in the spanned order).
+  const PackedRows hi = packed_rows(R, 0), lo = packed_rows(R, 1);
+  const auto [hs, ls] = R > 0 ? packed_splits_side_by_side(q, hi, lo, sm_count) : std::pair<int, int>{0, 0};
+  const int ds = window.n_rows > 0 ? dense_splits(q, window.n_rows, sm_count, window.type) : 0;
+  if (!count_only) {
+    launch_side_by_side(
+        stream, [&](cudaStream_t s) { launch_packed(q, hi, parts, 0, hs, s); },
+        [&](cudaStream_t s) {
+          launch_packed(q, lo, parts, hs, ls, s);
+          launch_dense(q, window, parts, hs + ls, ds, s);
+        });
+  }
+  return hs + ls + ds;
 }
 
 int DevicePackedRows::parts_at_capacity(const QueryArgs& q, int sm_count) const {
-  return (region_capacity_ > 0 ? packed_splits(q, packed_rows(region_capacity_), sm_count) : 0) +
-         dense_splits(q, std::max(window_capacity_, 1), sm_count, DenseType::f16);
+  const int window = dense_splits(q, std::max(window_capacity_, 1), sm_count, DenseType::f16);
+  if (region_capacity_ == 0) return window;
+  if (layout_.sets == 1) return packed_splits(q, packed_rows(region_capacity_), sm_count) + window;
+  const auto [hs, ls] = packed_splits_side_by_side(q, packed_rows(region_capacity_, 0), packed_rows(region_capacity_, 1), sm_count);
+  return hs + ls + window;
 }
 
-PackedRows DevicePackedRows::packed_rows(int regions) const {
+PackedRows DevicePackedRows::packed_rows(int regions, int set) const {
   const int G = group_rows_;
+  const SetStore& st = set_[set];
   PackedRows rows;
-  rows.k_codes = k_codes_.as<std::uint8_t>();
-  rows.v_codes = v_codes_.as<std::uint8_t>();
-  rows.k_params = k_params_.as<std::uint16_t>();
-  rows.v_params = v_params_.as<std::uint16_t>();
-  rows.k_codes_stride = static_cast<long long>(region_capacity_) * G * k_rb_;
+  rows.k_codes = st.k_codes.as<std::uint8_t>();
+  rows.v_codes = st.v_codes.as<std::uint8_t>();
+  rows.k_params = st.k_params.as<std::uint16_t>();
+  rows.v_params = st.v_params.as<std::uint16_t>();
+  rows.k_codes_stride = static_cast<long long>(region_capacity_) * G * st.k_rb;
   rows.v_codes_stride = static_cast<long long>(region_capacity_) * G * v_rb_;
   rows.params_stride = static_cast<long long>(region_capacity_) * 2 * static_cast<long long>(dim_);
-  rows.pos = pos_.as<std::int64_t>();
+  rows.pos = st.pos.as<std::int64_t>();
   rows.pos_head_stride = static_cast<long long>(region_capacity_) * G;
   rows.n_units = regions * G / 32;
   rows.group_units = G / 32;
-  rows.k_bits = key_bits_;
+  rows.k_bits = layout_.key_bits[set];
   rows.v_bits = value_bits_;
+  rows.row_offset = set * regions * G;  // the spanned rows: set 0's regions, set 1's, the window
   return rows;
 }
 
 long long DevicePackedRows::attention_rows(std::size_t) const {
-  return static_cast<long long>(regions_used()) * group_rows_ + window_rows_;
+  return static_cast<long long>(layout_.sets) * regions_used() * group_rows_ + window_rows_;
 }
 
 void DevicePackedRows::launch_slot_order(cudaStream_t stream) const {
   const std::size_t H = heads_total_;
   const int R = regions_used();
-  const long long span = static_cast<long long>(R) * group_rows_ + window_rows_;
+  const long long span = attention_rows(0);
   // A replayed step spans more rows than its capture did, and its observation writes slot order
   // itself (the deferred probabilities): a captured step never needs this scratch, sized now.
   // (capturing_ covers the append only: the stream says whether this launch is captured.)
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   KVSLIM_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
   if (capture != cudaStreamCaptureStatusNone) {
-    throw InputError("kivi storage (cuda): a captured step would order probabilities through the spanned rows "
-                     "(capture a step that observes its own attend's probabilities)");
+    throw InputError(std::string(kind()) + " storage (cuda): a captured step would order probabilities through the spanned "
+                     "rows (capture a step that observes its own attend's probabilities)");
+  }
+  SlotSets ss;
+  ss.sets = layout_.sets;
+  for (int set = 0; set < layout_.sets; ++set) {
+    ss.tokens[set] = set_[set].tokens.as<int>();
+    ss.pos[set] = set_[set].pos.as<std::int64_t>();
   }
   if (slot_of_.bytes() < H * static_cast<std::size_t>(span) * sizeof(int)) slot_of_.reserve(H * static_cast<std::size_t>(span) * sizeof(int));
   launch_kernel(span > 0, false, slot_order_kernel, dim3(static_cast<unsigned>(H)), dim3(kObserveThreads), 0, stream,
-                tokens_.as<int>(), region_capacity_, R, group_rows_, wpos_[cur_].as<std::int64_t>(),
+                ss, region_capacity_, R, group_rows_, wpos_[cur_].as<std::int64_t>(),
                 static_cast<long long>(window_capacity_), window_rows_, slot_of_.as<int>());
 }
 
@@ -1067,10 +1365,10 @@ void DevicePackedRows::observe_decode(const DecodeStep& step, void* part_best, u
   // (prepare read a full ring at the start of the step: the slot written now is free.)
   if (static_cast<int>(pending_.size()) == kVictimRing) throw std::logic_error("DevicePackedRows: the victims' ring is full");
   const std::size_t H = heads_total_;
-  const int R = regions_used(), G = group_rows_;
-  const long long span = static_cast<long long>(R) * G + window_rows_;
+  const int R = regions_used();
+  const long long span = attention_rows(0);
   if (span > INT_MAX) {
-    throw InputError("kivi storage (cuda): a decode step would observe " + std::to_string(span) +
+    throw InputError(std::string(kind()) + " storage (cuda): a decode step would observe " + std::to_string(span) +
                      " rows of one head (at most 2^31 - 1)");
   }
   const float* probs = step.probs;
@@ -1088,7 +1386,7 @@ void DevicePackedRows::observe_decode(const DecodeStep& step, void* part_best, u
     stride = span;
   }
   if (victims_.bytes() < kVictimRing * H * sizeof(int)) {
-    if (capturing_) throw InputError("kivi storage (cuda): a captured step would allocate its victims' ring (decode one step eagerly first)");
+    if (capturing_) throw InputError(std::string(kind()) + " storage (cuda): a captured step would allocate its victims' ring (decode one step eagerly first)");
     victims_.reserve(kVictimRing * H * sizeof(int));
   }
   const bool evicts = step.rows > step.limit;
@@ -1100,8 +1398,23 @@ void DevicePackedRows::observe_decode(const DecodeStep& step, void* part_best, u
   o.final_ml = step.final_ml;
   o.G = step.G;
   o.out_stride = step.out_stride;
-  o.st = regions();
-  o.tokens = tokens_.as<int>();
+  o.sets = layout_.sets;
+  for (int set = 0; set < layout_.sets; ++set) {
+    o.st[set] = regions(set);
+    o.tokens[set] = set_[set].tokens.as<int>();
+  }
+  // Two sets and probabilities to write: the kernel writes them in spanned order into spanned_,
+  // ordered into probs_out after it (order_probs_kernel over the slot order).
+  const bool order_after = layout_.sets == 2 && step.probs_out != nullptr;
+  if (order_after) {
+    if (spanned_.bytes() < H * static_cast<std::size_t>(span) * sizeof(float)) {
+      if (capturing_) throw InputError("zipcache storage (cuda): a captured step would allocate its probabilities' scratch");
+      spanned_.reserve(H * static_cast<std::size_t>(span) * sizeof(float));
+    }
+    o.probs_out = spanned_.as<float>();
+    o.out_stride = span;
+    o.spanned_out = true;
+  }
   o.w = window(cur_);
   o.regions = R;
   o.window_rows = window_rows_;
@@ -1123,8 +1436,14 @@ void DevicePackedRows::observe_decode(const DecodeStep& step, void* part_best, u
   const auto kernel = rows_a_thread == 1   ? observe_packed_kernel<1>
                       : rows_a_thread == 2 ? observe_packed_kernel<2>
                                            : observe_packed_kernel<4>;
+  if (order_after) launch_slot_order(stream);  // the slots of the rows the attention spanned, before the eviction
   launch_kernel(span > 0, observe_launches_early(), kernel, dim3(static_cast<unsigned>(H), static_cast<unsigned>(parts)),
                 dim3(kObserveThreads), 0, stream, o, static_cast<Candidate*>(part_best), arrivals);
+  if (order_after) {
+    launch_kernel(span > 0, false, order_probs_kernel, dim3(static_cast<unsigned>((span + 255) / 256), 1), dim3(256), 0, stream,
+                  slot_of_.as<int>(), spanned_.as<float>(), step.probs_out, static_cast<long long>(H), 1,
+                  static_cast<int>(step.out_stride), span);
+  }
   if (!evicts) return;
   // The host's block lists learn the victims (one int a head) when they are next needed
   // (apply_victims): a step does not wait for them.
@@ -1154,9 +1473,19 @@ void DevicePackedRows::apply_step_victims(const int* victims, int regions) const
     const int v = victims[head];
     if (v < 0) throw std::logic_error("DevicePackedRows: a decode step over the limit found no evictable row");
     Head& h = heads_[head];
-    if (v < R * G) {
-      const auto b = std::find_if(h.blocks.begin(), h.blocks.end(), [&](const Block& x) { return x.region == v / G; });
-      if (b == h.blocks.end() || v % G >= b->tokens) throw std::logic_error("DevicePackedRows: a victim outside the groups held");
+    if (v < layout_.sets * R * G) {
+      const int set = v / (R * G), local = v % (R * G), offset = local % G;
+      const auto b = std::find_if(h.blocks.begin(), h.blocks.end(), [&](const Block& x) { return x.region == local / G; });
+      if (b == h.blocks.end() || offset >= b->rows_in(set)) throw std::logic_error("DevicePackedRows: a victim outside the groups held");
+      if (!b->salient.empty()) {  // the offset-th row of its set, in token order, leaves the bits
+        int seen = 0;
+        for (std::size_t t = 0; t < b->salient.size(); ++t) {
+          if ((b->salient[t] != 0 ? 0 : 1) == set && seen++ == offset) {
+            b->salient.erase(b->salient.begin() + static_cast<std::ptrdiff_t>(t));
+            break;
+          }
+        }
+      }
       --b->tokens;
       --h.packed;
       if (b->tokens == 0) {  // its region is all padding now (the device's count is 0 too)
@@ -1164,7 +1493,7 @@ void DevicePackedRows::apply_step_victims(const int* victims, int regions) const
         h.blocks.erase(b);
       }
     } else {
-      const auto w = std::find(h.window.begin(), h.window.end(), v - R * G);
+      const auto w = std::find(h.window.begin(), h.window.end(), v - layout_.sets * R * G);
       if (w == h.window.end()) throw std::logic_error("DevicePackedRows: a victim outside the window rows held");
       h.window.erase(w);
     }
@@ -1200,7 +1529,7 @@ void DevicePackedRows::between_replays(std::size_t rows, bool settle_now, cudaSt
 }
 
 long long DevicePackedRows::attention_rows_capacity(std::size_t) const {
-  return static_cast<long long>(region_capacity_) * group_rows_ + window_capacity_;
+  return static_cast<long long>(layout_.sets) * region_capacity_ * group_rows_ + window_capacity_;
 }
 
 void DevicePackedRows::reserve_next_step() {
@@ -1223,17 +1552,23 @@ void DevicePackedRows::download_metadata(const EvictionCore::Metadata& m, std::s
   const std::size_t H = heads_total_, G = static_cast<std::size_t>(group_rows_);
   const std::size_t region_rows = H * static_cast<std::size_t>(region_capacity_) * G;
   const std::size_t window_rows = H * static_cast<std::size_t>(window_capacity_);
-  std::vector<std::int64_t> pos(region_rows), wpos(window_rows);
-  std::vector<float> score(region_rows), wscore(window_rows), expo(with_exposure_ ? region_rows : 0),
-      wexpo(with_exposure_ ? window_rows : 0);
+  std::vector<std::int64_t> pos[2], wpos(window_rows);
+  std::vector<float> score[2], expo[2], wscore(window_rows), wexpo(with_exposure_ ? window_rows : 0);
+  for (int set = 0; set < layout_.sets; ++set) {
+    pos[set].resize(region_rows);
+    score[set].resize(region_rows);
+    expo[set].resize(with_exposure_ ? region_rows : 0);
+  }
   const auto get = [](auto& host, const DeviceBuffer& dev) {
     if (!host.empty()) {
       KVSLIM_CUDA_CHECK(cudaMemcpy(host.data(), dev.get(), host.size() * sizeof(host[0]), cudaMemcpyDeviceToHost));
     }
   };
-  get(pos, pos_);
-  get(score, score_);
-  get(expo, expo_);
+  for (int set = 0; set < layout_.sets; ++set) {
+    get(pos[set], set_[set].pos);
+    get(score[set], set_[set].score);
+    get(expo[set], set_[set].expo);
+  }
   get(wpos, wpos_[cur_]);
   get(wscore, wscore_[cur_]);
   get(wexpo, wexpo_[cur_]);
@@ -1250,7 +1585,9 @@ void DevicePackedRows::download_metadata(const EvictionCore::Metadata& m, std::s
     };
     for (const Block& b : heads_[head].blocks) {
       const std::size_t row0 = (head * static_cast<std::size_t>(region_capacity_) + static_cast<std::size_t>(b.region)) * G;
-      for (int r = 0; r < b.tokens; ++r) take(pos[row0 + r], score[row0 + r], with_exposure_ ? expo[row0 + r] : 0.f);
+      for_each_row(b, [&](int set, int r) {
+        take(pos[set][row0 + r], score[set][row0 + r], with_exposure_ ? expo[set][row0 + r] : 0.f);
+      });
     }
     for (const int w : heads_[head].window) {
       const std::size_t at = head * static_cast<std::size_t>(window_capacity_) + static_cast<std::size_t>(w);
@@ -1266,8 +1603,11 @@ void DevicePackedRows::upload_metadata(const EvictionCore::Metadata& m, std::siz
   if (H == 0) return;
   const std::size_t region_rows = H * static_cast<std::size_t>(region_capacity_) * G;
   const std::size_t window_rows = H * static_cast<std::size_t>(window_capacity_);
-  std::vector<float> score(region_rows, 0.f), wscore(window_rows, 0.f), expo(with_exposure_ ? region_rows : 0, 0.f),
-      wexpo(with_exposure_ ? window_rows : 0, 0.f);
+  std::vector<float> score[2], expo[2], wscore(window_rows, 0.f), wexpo(with_exposure_ ? window_rows : 0, 0.f);
+  for (int set = 0; set < layout_.sets; ++set) {
+    score[set].assign(region_rows, 0.f);
+    expo[set].assign(with_exposure_ ? region_rows : 0, 0.f);
+  }
   std::vector<std::int64_t> sinks(H, std::numeric_limits<std::int64_t>::min());
   for (std::size_t head = 0; head < H; ++head) {
     if (n_sink > 0 && rows >= n_sink) sinks[head] = m.positions[head * m.stride + n_sink - 1];
@@ -1279,7 +1619,7 @@ void DevicePackedRows::upload_metadata(const EvictionCore::Metadata& m, std::siz
     };
     for (const Block& b : heads_[head].blocks) {
       const std::size_t row0 = (head * static_cast<std::size_t>(region_capacity_) + static_cast<std::size_t>(b.region)) * G;
-      for (int r = 0; r < b.tokens; ++r) put(score.data(), with_exposure_ ? expo.data() : nullptr, row0 + r);
+      for_each_row(b, [&](int set, int r) { put(score[set].data(), with_exposure_ ? expo[set].data() : nullptr, row0 + r); });
     }
     for (const int w : heads_[head].window) {
       put(wscore.data(), with_exposure_ ? wexpo.data() : nullptr,
@@ -1293,8 +1633,10 @@ void DevicePackedRows::upload_metadata(const EvictionCore::Metadata& m, std::siz
       KVSLIM_CUDA_CHECK(cudaMemcpy(dev.get(), host.data(), host.size() * sizeof(host[0]), cudaMemcpyHostToDevice));
     }
   };
-  put_all(score_, score);
-  put_all(expo_, expo);
+  for (int set = 0; set < layout_.sets; ++set) {
+    put_all(set_[set].score, score[set]);
+    put_all(set_[set].expo, expo[set]);
+  }
   put_all(wscore_[cur_], wscore);
   put_all(wexpo_[cur_], wexpo);
   if (sink_pos_.bytes() < H * sizeof(std::int64_t)) sink_pos_.reserve(H * sizeof(std::int64_t));
@@ -1367,20 +1709,31 @@ std::vector<DevicePackedRows::BlockCodes> DevicePackedRows::block_codes(std::siz
   apply_victims();
   KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream_));
   const std::size_t G = static_cast<std::size_t>(group_rows_), D = dim_, cap = static_cast<std::size_t>(region_capacity_);
+  const auto get = [](auto& host, const void* dev) {
+    if (!host.empty()) KVSLIM_CUDA_CHECK(cudaMemcpy(host.data(), dev, host.size() * sizeof(host[0]), cudaMemcpyDeviceToHost));
+  };
   std::vector<BlockCodes> out;
   for (const Block& b : heads_[bh].blocks) {
     BlockCodes c;
-    const std::size_t region = bh * cap + static_cast<std::size_t>(b.region), n = static_cast<std::size_t>(b.tokens);
-    c.k_codes.resize(n * static_cast<std::size_t>(k_rb_));
-    c.v_codes.resize(n * static_cast<std::size_t>(v_rb_));
-    c.k_params.resize(2 * D);
-    c.v_params.resize(2 * D);
-    KVSLIM_CUDA_CHECK(cudaMemcpy(c.k_codes.data(), k_codes_.as<std::uint8_t>() + region * G * k_rb_, c.k_codes.size(),
-                                 cudaMemcpyDeviceToHost));
-    KVSLIM_CUDA_CHECK(cudaMemcpy(c.v_codes.data(), v_codes_.as<std::uint8_t>() + region * G * v_rb_, c.v_codes.size(),
-                                 cudaMemcpyDeviceToHost));
-    KVSLIM_CUDA_CHECK(cudaMemcpy(c.k_params.data(), k_params_.as<std::uint16_t>() + region * 2 * D, 4 * D, cudaMemcpyDeviceToHost));
-    KVSLIM_CUDA_CHECK(cudaMemcpy(c.v_params.data(), v_params_.as<std::uint16_t>() + region * 2 * D, 4 * D, cudaMemcpyDeviceToHost));
+    const std::size_t region = bh * cap + static_cast<std::size_t>(b.region);
+    for (int set = 0; set < layout_.sets; ++set) {
+      const SetStore& st = set_[set];
+      const std::size_t n = static_cast<std::size_t>(b.rows_in(set)), krb = static_cast<std::size_t>(st.k_rb);
+      std::vector<std::uint8_t>& k_codes = set == 0 ? c.k_codes : c.lo_k_codes;
+      std::vector<std::uint8_t>& v_codes = set == 0 ? c.v_codes : c.lo_v_codes;
+      std::vector<std::uint16_t>& k_params = set == 0 ? c.k_params : c.lo_k_params;
+      k_codes.resize(n * krb);
+      v_codes.resize(n * static_cast<std::size_t>(v_rb_));
+      k_params.resize(2 * D);
+      get(k_codes, st.k_codes.as<std::uint8_t>() + region * G * krb);
+      get(v_codes, st.v_codes.as<std::uint8_t>() + region * G * static_cast<std::size_t>(v_rb_));
+      get(k_params, st.k_params.as<std::uint16_t>() + region * 2 * D);
+      if (set == 0) {
+        c.v_params.resize(2 * D);
+        get(c.v_params, st.v_params.as<std::uint16_t>() + region * 2 * D);
+      }
+    }
+    c.salient = b.salient;
     out.push_back(std::move(c));
   }
   return out;
@@ -1390,19 +1743,33 @@ void DevicePackedRows::download_head(std::size_t bh, std::size_t rows, std::uint
   const std::size_t D = dim_;
   const auto& k = quant::simd_kernels();
   std::vector<float> scale(D), zero(D);
-  std::vector<std::uint16_t*> out_rows;
+  std::vector<std::uint16_t*> out_rows[2][2];  // [set][keys, values]: each set's rows in token order
   std::size_t row = 0;
-  for (const BlockCodes& c : block_codes(bh)) {
-    const std::size_t n = c.k_codes.size() / static_cast<std::size_t>(k_rb_);
-    out_rows.resize(n);
-    for (int which = 0; which < 2; ++which) {
-      const std::uint16_t* p = (which ? c.v_params : c.k_params).data();
-      k.params_to_f32(p, p + D, D, scale.data(), zero.data());
-      for (std::size_t r = 0; r < n; ++r) out_rows[r] = (which ? values : keys) + (row + r) * D;
-      k.decode_rows_f16((which ? c.v_codes : c.k_codes).data(), n, D, scale.data(), zero.data(),
-                        which ? value_bits_ : key_bits_, out_rows.data());
+  const std::vector<Block>& blocks = heads_[bh].blocks;  // (block_codes read the victims first)
+  const std::vector<BlockCodes> codes = block_codes(bh);
+  for (std::size_t i = 0; i < codes.size(); ++i) {
+    const BlockCodes& c = codes[i];
+    for (auto& set : out_rows) {
+      for (auto& v : set) v.clear();
     }
-    row += n;
+    int t = 0;
+    for_each_row(blocks[i], [&](int set, int) {
+      out_rows[set][0].push_back(keys + (row + static_cast<std::size_t>(t)) * D);
+      out_rows[set][1].push_back(values + (row + static_cast<std::size_t>(t)) * D);
+      ++t;
+    });
+    for (int set = 0; set < layout_.sets; ++set) {
+      for (int which = 0; which < 2; ++which) {
+        const std::size_t n = out_rows[set][which].size();
+        if (n == 0) continue;
+        const std::uint16_t* p = (which ? c.v_params : set == 0 ? c.k_params : c.lo_k_params).data();
+        const std::vector<std::uint8_t>& bytes = which ? (set == 0 ? c.v_codes : c.lo_v_codes) : (set == 0 ? c.k_codes : c.lo_k_codes);
+        k.params_to_f32(p, p + D, D, scale.data(), zero.data());
+        k.decode_rows_f16(bytes.data(), n, D, scale.data(), zero.data(), which ? value_bits_ : layout_.key_bits[set],
+                          out_rows[set][which].data());
+      }
+    }
+    row += static_cast<std::size_t>(t);
   }
   const std::vector<int>& w = heads_[bh].window;
   if (row + w.size() != rows) throw std::logic_error("DevicePackedRows: download of a row count it does not hold");
@@ -1422,10 +1789,17 @@ void DevicePackedRows::head_positions(std::size_t bh, std::size_t rows, std::int
   KVSLIM_CUDA_CHECK(cudaStreamSynchronize(stream_));
   const std::size_t G = static_cast<std::size_t>(group_rows_), cap = static_cast<std::size_t>(region_capacity_);
   std::size_t row = 0;
+  std::vector<std::int64_t> region[2];
   for (const Block& b : heads_[bh].blocks) {
-    KVSLIM_CUDA_CHECK(cudaMemcpy(out + row, pos_.as<std::int64_t>() + (bh * cap + static_cast<std::size_t>(b.region)) * G,
-                                 static_cast<std::size_t>(b.tokens) * 8, cudaMemcpyDeviceToHost));
-    row += static_cast<std::size_t>(b.tokens);
+    for (int set = 0; set < layout_.sets; ++set) {
+      region[set].resize(static_cast<std::size_t>(b.rows_in(set)));
+      if (!region[set].empty()) {
+        KVSLIM_CUDA_CHECK(cudaMemcpy(region[set].data(),
+                                     set_[set].pos.as<std::int64_t>() + (bh * cap + static_cast<std::size_t>(b.region)) * G,
+                                     region[set].size() * 8, cudaMemcpyDeviceToHost));
+      }
+    }
+    for_each_row(b, [&](int set, int r) { out[row++] = region[set][static_cast<std::size_t>(r)]; });
   }
   const std::vector<int>& w = heads_[bh].window;
   if (row + w.size() != rows) throw std::logic_error("DevicePackedRows: positions of a row count it does not hold");
@@ -1449,10 +1823,11 @@ CacheView DevicePackedRows::view(std::size_t, std::size_t, std::size_t, const st
 }
 
 std::size_t DevicePackedRows::resident_bytes() const {
-  std::size_t bytes = 0;
-  for (const DeviceBuffer* b : std::initializer_list<const DeviceBuffer*>{&k_codes_, &v_codes_, &k_params_, &v_params_, &pos_,
-                                                                          &score_, &expo_, &tokens_, &slot_of_}) {
-    bytes += b->bytes();
+  std::size_t bytes = slot_of_.bytes();
+  for (const SetStore& st : set_) {
+    for (const DeviceBuffer* b : {&st.k_codes, &st.v_codes, &st.k_params, &st.v_params, &st.pos, &st.score, &st.expo, &st.tokens}) {
+      bytes += b->bytes();
+    }
   }
   for (int i = 0; i < 2; ++i) bytes += wk_[i].bytes() + wv_[i].bytes() + wpos_[i].bytes() + wscore_[i].bytes() + wexpo_[i].bytes();
   return bytes;
@@ -1460,7 +1835,10 @@ std::size_t DevicePackedRows::resident_bytes() const {
 
 std::size_t DevicePackedRows::host_bytes() const {
   std::size_t bytes = heads_.capacity() * sizeof(Head);
-  for (const Head& h : heads_) bytes += h.blocks.capacity() * sizeof(Block) + h.window.capacity() * sizeof(int);
+  for (const Head& h : heads_) {
+    bytes += h.blocks.capacity() * sizeof(Block) + h.window.capacity() * sizeof(int);
+    for (const Block& b : h.blocks) bytes += b.salient.capacity();
+  }
   return bytes;
 }
 
@@ -1469,9 +1847,14 @@ void DevicePackedRows::reset() {
   ring_next_ = 0;
   if (victims_host_ != nullptr) cudaFreeHost(victims_host_);  // sized by this shape's heads
   victims_host_ = nullptr;
-  for (DeviceBuffer* b : {&k_codes_, &v_codes_, &k_params_, &v_params_, &pos_, &score_, &expo_, &tokens_, &list_dev_,
-                          &jobs_dev_, &masked_dev_, &repack_rows_dev_, &scratch_k_, &scratch_v_, &scratch_pos_, &scratch_score_,
-                          &scratch_expo_, &slot_of_, &spanned_, &window_map_, &sink_pos_, &victims_}) {
+  for (SetStore& st : set_) {
+    for (DeviceBuffer* b : {&st.k_codes, &st.v_codes, &st.k_params, &st.v_params, &st.pos, &st.score, &st.expo, &st.tokens}) {
+      b->release();
+    }
+  }
+  for (DeviceBuffer* b : {&list_dev_, &jobs_dev_, &masked_dev_, &repack_rows_dev_, &scratch_k_, &scratch_v_, &scratch_pos_,
+                          &scratch_score_, &scratch_expo_, &slot_of_, &spanned_, &window_map_, &sink_pos_, &victims_,
+                          &select_jobs_dev_, &salient_dev_, &set_list_dev_, &repack_out_dev_}) {
     b->release();
   }
   release_window(0);
@@ -1481,8 +1864,10 @@ void DevicePackedRows::reset() {
   region_capacity_ = window_capacity_ = window_rows_ = cur_ = fresh_w_ = 0;
   sinks_known_ = false;
   masked_.clear();
-  closes_.clear();
-  close_list_.clear();
+  for (int set = 0; set < 2; ++set) {
+    closes_[set].clear();
+    close_list_[set].clear();
+  }
   flush_ = false;
 }
 
@@ -1496,8 +1881,8 @@ void DevicePackedRows::add_figures(CacheStats& stats) const {
   const double elements = 2.0 * static_cast<double>(rows) * static_cast<double>(dim_);
   stats.figures.emplace_back("storage_bits_per_element", elements == 0 ? 0.0 : 8.0 * static_cast<double>(resident_bytes()) / elements);
   stats.figures.emplace_back("storage_staged_rows", heads_.empty() ? 0.0 : static_cast<double>(waiting) / static_cast<double>(heads_.size()));
-  stats.figures.emplace_back("hi_bits", key_bits_);
-  stats.figures.emplace_back("lo_bits", key_bits_);
+  stats.figures.emplace_back("hi_bits", layout_.key_bits[0]);
+  stats.figures.emplace_back("lo_bits", layout_.key_bits[layout_.sets - 1]);
   stats.figures.emplace_back("value_bits", value_bits_);
 }
 

@@ -1,5 +1,6 @@
-// The CPU's compressed row storage (storage/packed_rows.h, kind kivi) in GPU memory: an eviction
-// policy over kivi codes on the device. Same blocks, same rounding, same rules as the CPU:
+// The CPU's compressed row storage (storage/packed_rows.h, kinds kivi and zipcache) in GPU memory:
+// an eviction policy over kivi or zipcache codes on the device. Same blocks, same rounding, same
+// rules as the CPU:
 // - per head, a list of blocks, each ONE quantization group of at most group_rows rows (keys and
 //   values per channel at their own widths, fp16 scale and zero rows), then an fp16 window;
 // - an evicted row leaves its group without re-quantizing anyone (the group's parameters stay
@@ -11,6 +12,12 @@
 // So a device cache's codes, parameters and positions equal the CPU cache's bit for bit when the two
 // evict the same rows (tests/cuda).
 //
+// zipcache (PackedLayout::sets 2): each block's rows are split between two region stores that share
+// region indices -- the salient rows (the hi_fraction of the group with the largest key norms,
+// chosen on the device as the CPU's saliency_mask chooses them) with keys at key_bits[0], the others
+// at key_bits[1], each set in token order at the front of its region, each set's keys quantized over
+// its own rows and both sets' values with the whole group's parameters (the CPU's ZipCompressed keys
+// and one value group). The host keeps each block's salient bits (a slot's set and place in it).
 // Layout (every head the same shape, so one launch of the codes kernel reads a layer):
 // - regions [B*H, region_capacity, group_rows rows]: block i of a head lies in a region, its rows
 //   at the front in slot order, the rest of the region padding (position INT64_MAX, masked by every
@@ -40,9 +47,11 @@
 namespace kvslim::cuda {
 
 namespace packed_jobs {
-// One group to quantize: `m` source rows (list[list_at..]) into region `region` of `head`.
+// One group's rows of one set to quantize: `m` source rows (list[list_at..]) into region `region`
+// of `head`; the value parameters over `vm` rows (list[vlist_at..]: the whole group's, which a
+// zipcache set shares with the other set; kivi's one set: the same rows).
 struct CompressJob {
-  int head, region, m, list_at;
+  int head, region, m, list_at, vm, vlist_at;
 };
 // One region rewritten: its rows 0..n_new taken from old offsets list[list_at..] in order, rows
 // n_new..n_old padding (n_new 0: the region emptied).
@@ -53,13 +62,28 @@ struct RegionStore;  // the regions as the kernels see them (device_packed_rows.
 struct WindowRows;   // a window buffer as the kernels see it
 }  // namespace packed_jobs
 
+// How the rows are held: kivi (one set: every key at key_bits[0]) or zipcache (two sets: a group's
+// salient rows -- the hi_fraction of its rows with the largest key norms, as the CPU's
+// saliency_mask picks them -- with keys at key_bits[0], the others at key_bits[1]); values at
+// value_bits in both, quantized over the whole group as the CPU's PackedRows quantizes them.
+struct PackedLayout {
+  int sets = 1;
+  int key_bits[2] = {4, 4};
+  int value_bits = 2;
+  double hi_fraction = 0.0;  // zipcache only
+  int group_rows = 128;
+  int staging = 128;
+  bool with_exposure = false;  // the policy normalises by exposure (attention_normalized), mirrored too
+};
+
 class DevicePackedRows final : public DeviceRowStore {
  public:
   ~DevicePackedRows() override;
-  // with_exposure: the policy normalises by exposure (attention_normalized), mirrored too.
+  // kivi codes; with_exposure: the policy normalises by exposure (attention_normalized), mirrored too.
   DevicePackedRows(int key_bits, int value_bits, int group_rows, int staging, bool with_exposure);
+  explicit DevicePackedRows(const PackedLayout& layout);
 
-  std::string_view kind() const override { return "kivi"; }
+  std::string_view kind() const override { return layout_.sets == 2 ? "zipcache" : "kivi"; }
   bool slot_writes() const override { return false; }
   void begin(std::size_t heads_total, std::size_t dim) override;
   void relayout(std::size_t capacity, std::size_t keep) override;
@@ -141,9 +165,13 @@ class DevicePackedRows final : public DeviceRowStore {
 
   // The host's picture of one head, for tests: blocks (rows now, rows when made) and window rows.
   struct Block {
-    int region = 0;  // where its rows lie
+    int region = 0;  // where its rows lie (the same region of every set)
     int tokens = 0;  // rows it holds
     int made = 0;    // rows when it was compressed
+    // zipcache: [tokens] in token order, 1 = the row's keys are in the hi set (set 0); a set's
+    // region holds that set's rows in token order. kivi: empty (every row in set 0).
+    std::vector<std::uint8_t> salient;
+    int rows_in(int set) const;  // rows of this block in `set`
   };
   struct Head {
     std::vector<Block> blocks;
@@ -156,9 +184,14 @@ class DevicePackedRows final : public DeviceRowStore {
   }
   // Host copies of head bh's blocks as the CPU's PackedRows::Block holds them: codes [tokens, row
   // bytes], parameters [2, D] (scale row, zero row), for keys and values.
+  // zipcache: the hi set's (salient rows) codes and key parameters, then the lo set's in lo_*, the
+  // value parameters the same in both sets; `salient` as Block::salient.
   struct BlockCodes {
     std::vector<std::uint8_t> k_codes, v_codes;
     std::vector<std::uint16_t> k_params, v_params;
+    std::vector<std::uint8_t> lo_k_codes, lo_v_codes;
+    std::vector<std::uint16_t> lo_k_params;
+    std::vector<std::uint8_t> salient;
   };
   std::vector<BlockCodes> block_codes(std::size_t bh) const;
 
@@ -166,33 +199,43 @@ class DevicePackedRows final : public DeviceRowStore {
   using CompressJob = packed_jobs::CompressJob;
   using CloseJob = packed_jobs::CloseJob;
   int regions_used() const;            // regions the attention spans (the highest used + 1, over heads)
-  PackedRows packed_rows(int regions) const;  // the first `regions` regions as the codes kernels read them
+  // The first `regions` regions of a set as the codes kernels read them.
+  PackedRows packed_rows(int regions, int set = 0) const;
   void relayout_regions(int capacity); // every head's blocks into regions 0.. of a store that size
   void ensure_window(int needed);      // window capacity >= needed rows
   void resize_window(int capacity);    // the window re-allocated, its rows kept
   void close_window();                 // every head's window rows to the front
   void repack(std::size_t head);  // the head's groups decoded and quantized again in full groups
-  void launch_closes();
-  void upload_tokens();  // the host's rows per region into tokens_ (after the lists changed)
-  packed_jobs::RegionStore regions() const;
+  void launch_closes();  // every set's recorded closes
+  void upload_tokens();  // the host's rows per region and set into each set's tokens (after the lists changed)
+  packed_jobs::RegionStore regions(int set = 0) const;
+  // The salient bits of the groups a compression made, read back (zipcache: its select kernel decided
+  // them on the device); blocks [first, ...) of each head get theirs in job order.
+  void read_saliency(const std::vector<std::pair<int, int>>& job_blocks, const std::vector<int>& job_rows);
   packed_jobs::WindowRows window(int which) const;
   void reserve_window(int which, int capacity);  // window buffer `which` for `capacity` rows a head
   void release_window(int which);
   // slot_of_ [H, span]: each spanned row's slot, from the device's counts (no host list read).
   void launch_slot_order(cudaStream_t stream) const;
 
-  int key_bits_, value_bits_, group_rows_, staging_;
+  PackedLayout layout_;
+  int key_bits_, value_bits_, group_rows_, staging_;  // key_bits_: set 0's (kivi's only set)
   bool with_exposure_;
-  int k_rb_ = 0, v_rb_ = 0;  // row bytes of keys / values
+  int v_rb_ = 0;  // row bytes of values (every set)
   std::size_t heads_total_ = 0, dim_ = 0;
   // The host's lists lag a decode step's victims until apply_victims() reads them (every reader of
   // the lists calls it first): mutable, as that lag is not the store's state.
   mutable std::vector<Head> heads_;
   bool flush_ = false;  // a multi-row append came: its survivors are compressed whole
 
-  // Regions: codes [H, cap * G, rb], params fp16 [H, cap, 2, D], positions, score and exposure
-  // mirrors [H, cap * G], rows per region [H, cap] (the device's count: a decode step lowers it).
-  DeviceBuffer k_codes_, v_codes_, k_params_, v_params_, pos_, score_, expo_, tokens_;
+  // Regions of each set: codes [H, cap * G, rb], params fp16 [H, cap, 2, D], positions, score and
+  // exposure mirrors [H, cap * G], rows per region [H, cap] (the device's count: a decode step
+  // lowers it). Set s's keys at layout_.key_bits[s] (k_rb bytes a row).
+  struct SetStore {
+    DeviceBuffer k_codes, v_codes, k_params, v_params, pos, score, expo, tokens;
+    int k_rb = 0;
+  };
+  SetStore set_[2];
   int region_capacity_ = 0;
   // Window: fp16 [H, window_capacity, D], positions and mirrors [H, window_capacity]; [cur_] is the
   // live one, the other allocated only while resize_window copies into it (close_window works in
@@ -207,7 +250,7 @@ class DevicePackedRows final : public DeviceRowStore {
   static constexpr int kVictimRing = 64;
   struct PendingStep {
     int slot;     // ring slot of its victims
-    int regions;  // the regions that step spanned (a victim below regions * G lies in a group)
+    int regions;  // the regions that step spanned (a victim below sets * regions * G lies in a group)
   };
   DeviceBuffer sink_pos_, victims_;
   // sink_pos_ names each head's last sink (the last upload held at least n_sink rows); otherwise it
@@ -223,10 +266,13 @@ class DevicePackedRows final : public DeviceRowStore {
   void apply_step_victims(const int* victims, int regions) const;  // one step's [H], in step order
   // Recorded erasures, enqueued by flush(): window rows masked [flat index], groups closed up.
   std::vector<long long> masked_;
-  std::vector<CloseJob> closes_;
-  std::vector<int> close_list_;
+  std::vector<CloseJob> closes_[2];  // per set
+  std::vector<int> close_list_[2];
   // Device copies of the job lists (reused; a list's copy is ordered before its kernel).
   DeviceBuffer list_dev_, jobs_dev_, masked_dev_, repack_rows_dev_, window_map_;
+  // zipcache's compression: the groups to select in (SelectJob), each row's salient bit, the sets'
+  // row lists, and a re-pack's output row of each decoded row.
+  DeviceBuffer select_jobs_dev_, salient_dev_, set_list_dev_, repack_out_dev_;
   DeviceBuffer scratch_k_, scratch_v_, scratch_pos_, scratch_score_, scratch_expo_;  // a re-pack's decoded rows
   // Scratch sized by the rows spanned: given back after a prompt or question (release_span_scratch)
   // once its span is more than twice what the store can span now.
