@@ -9,6 +9,7 @@
 
 #include "cuda/attend_shared.cuh"
 #include "cuda/group_quant.cuh"
+#include "cuda/group_saliency.h"
 #include "cuda/kernel_launch.h"
 #include "cuda/lowest_candidate.cuh"
 #include "cuda/select_lowest.h"
@@ -131,9 +132,8 @@ struct SelectJob {
 
 // One CTA a group: the warps take the rows' key norms in double, each lane a strided share of the
 // channels summed by shuffles (zip_norms_kernel's order: every square of an fp16 value is exact in
-// double, so the sums agree with the CPU's wherever they are exact); then thread i ranks its row
-// under (norm, row) -- the tail of a stable ascending sort, ties to the later row -- and is salient
-// when fewer than n_hi rows rank above it; its place in its set is the same-set rows before it.
+// double, so the sums agree with the CPU's wherever they are exact); then thread i decides its row
+// (salient_by_rank, group_saliency.h) and its place in its set is the same-set rows before it.
 constexpr int kSelectThreads = 1024;
 __global__ void __launch_bounds__(kSelectThreads)
     group_select_kernel(const SelectJob* jobs, const int* list, RowSource src, int D, int* set_list, std::uint8_t* salient) {
@@ -156,14 +156,7 @@ __global__ void __launch_bounds__(kSelectThreads)
   __syncthreads();
   bool hi = false;
   if (i < j.m) {
-    if (j.n_hi >= j.m) {
-      hi = true;
-    } else if (j.n_hi > 0) {
-      const double n = norms[i];
-      int above = 0;
-      for (int r = 0; r < j.m; ++r) above += (norms[r] > n || (norms[r] == n && r > i)) ? 1 : 0;
-      hi = above < j.n_hi;
-    }
+    hi = salient_by_rank(norms, j.m, i, j.n_hi);
     flag[i] = hi ? 1 : 0;
   }
   __syncthreads();
