@@ -375,9 +375,13 @@ TEST(CudaEviction, ZipcacheCodesUnderH2oKeepTheCpuCachesRowsAndCodes) {
         }
       }
       EXPECT_GT(packed, 0u) << what;
-      if (sp.fraction == 0.0) EXPECT_EQ(salient, 0u) << what;
-      if (sp.fraction == 1.0) EXPECT_EQ(salient, packed) << what;
-      if (sp.fraction > 0.0 && sp.fraction < 1.0) EXPECT_GT(salient, 0u) << what;
+      if (sp.fraction == 0.0) {
+        EXPECT_EQ(salient, 0u) << what;
+      } else if (sp.fraction == 1.0) {
+        EXPECT_EQ(salient, packed) << what;
+      } else {
+        EXPECT_GT(salient, 0u) << what;
+      }
     }
   }
 }
@@ -400,6 +404,23 @@ TEST(CudaEviction, ZipcacheCodesAreRepackedAsTheCpuRepacksThem) {
   std::size_t repacks = 0;
   for (const auto& h : store.heads()) repacks += h.repacks;
   EXPECT_GT(repacks, 0u) << "no head was re-packed: the test no longer reaches the re-pack";
+  EXPECT_LE(t.worst_probs, kCodesProbsTolerance);
+}
+
+// A head of more regions than one part of the slot order takes (512 rows of a set a part: 16 regions
+// of 32 rows): the prompt's probabilities and each decode step's are put in slot order part by part,
+// every region's slots after the live rows of all the regions before it.
+TEST(CudaEviction, ZipcacheCodesOverManyRegionsKeepTheirSlotOrder) {
+  REQUIRE_GPU();
+  const KVCacheConfig c = h2o_over_zipcache(1100, 4, 2, 4, 0.5, 32, 32);
+  Twin t(c, 1, 1, 2, 2, 64);
+  t.step(1600);
+  t.expect_same_rows("h2o 1100 over zipcache g32 after a 1,600-row prompt");
+  for (int s = 0; s < 30; ++s) t.step(1);
+  t.expect_same_rows("h2o 1100 over zipcache g32 after 30 decode steps");
+  const auto& cache = dynamic_cast<const cuda::DeviceEvictionCache&>(t.gpu.at(0));
+  const auto& store = dynamic_cast<const cuda::DevicePackedRows&>(cache.store());
+  EXPECT_GT(store.heads().at(0).blocks.size(), 32u) << "fewer than three parts: the test no longer spans them";
   EXPECT_LE(t.worst_probs, kCodesProbsTolerance);
 }
 

@@ -593,10 +593,12 @@ __global__ void mask_window_victims_kernel(const std::uint64_t* keys, const std:
 
 // Each spanned row's slot (its index in slot order, -1: padding or masked) per head, from the
 // device's own counts: slot order is block (region) order then window order, and inside a block
-// token order, so a row's slot is the live rows of the regions before its own (prefix sums over the
-// regions' counts, kObserveThreads at a time), then its index in its set plus, with two sets, the
+// token order, so a row's slot is the live rows of the regions before its own (a sum over their
+// counts, then a prefix sum over the part's), then its index in its set plus, with two sets, the
 // other set's rows of its region at a lower position (a binary search: each set's region holds its
-// rows in token order), then the window's live rows. slot_of [H, span]; one CTA a head.
+// rows in token order), then the window's live rows. slot_of [H, span]; grid (H, parts): part p <
+// last takes regions [p * part_regions, (p + 1) * part_regions), the last part the window (one CTA a
+// head left 124 of an H100's 132 SMs idle: 78 us a layer at 1 x 32k).
 struct SlotSets {
   const int* tokens[2] = {nullptr, nullptr};            // [H, capacity] each set's rows a region
   const std::int64_t* pos[2] = {nullptr, nullptr};      // [H, capacity * G]
@@ -605,6 +607,8 @@ struct SlotSets {
   __device__ const int* tokens_of(int s) const { return s == 0 ? tokens[0] : tokens[1]; }
   __device__ const std::int64_t* pos_of(int s) const { return s == 0 ? pos[0] : pos[1]; }
 };
+constexpr int kSlotPartRows = 512;  // rows of a set a part's regions hold (one region at least: G up to 1024)
+__host__ __device__ inline int slot_part_regions(int G) { return G >= kSlotPartRows ? 1 : kSlotPartRows / G; }
 __global__ void __launch_bounds__(kObserveThreads)
     slot_order_kernel(SlotSets ss, int capacity, int regions, int G, const std::int64_t* wpos, long long window_capacity,
                       int window_rows, int* slot_of) {
@@ -613,52 +617,59 @@ __global__ void __launch_bounds__(kObserveThreads)
   const long long span = ss.sets * set_rows + window_rows;
   int* out = slot_of + h * span;
   const long long head_regions = static_cast<long long>(h) * capacity;
-  __shared__ int region_rows[2][kObserveThreads], region_base[kObserveThreads];
-  int base = 0;
-  for (int r0 = 0; r0 < regions; r0 += kObserveThreads) {
-    const int r = r0 + tid;
-    int t = 0;
-    for (int s = 0; s < ss.sets; ++s) {
-      const int n = r < regions ? ss.tokens_of(s)[head_regions + r] : 0;
-      region_rows[s][tid] = n;
-      t += n;
-    }
-    int chunk = 0;
-    const int before = cta_exclusive_sum(t, &chunk);
-    region_base[tid] = base + before;
-    __syncthreads();
-    const long long n = static_cast<long long>(min(regions - r0, kObserveThreads)) * G;
-    for (int s = 0; s < ss.sets; ++s) {
-      for (long long i = tid; i < n; i += kObserveThreads) {
-        const int rr = static_cast<int>(i / G), off = static_cast<int>(i % G);
-        int slot = -1;
-        if (off < region_rows[s][rr]) {
-          slot = region_base[rr] + off;
-          if (ss.sets == 2) {  // the other set's rows of this region below this row's position
-            const long long row0 = (head_regions + r0 + rr) * G;
-            const std::int64_t p = ss.pos_of(s)[row0 + off];
-            const std::int64_t* other = ss.pos_of(1 - s) + row0;
-            int lo = 0, hi = region_rows[1 - s][rr];
-            while (lo < hi) {
-              const int mid = (lo + hi) / 2;
-              if (other[mid] < p) lo = mid + 1; else hi = mid;
-            }
-            slot += lo;
-          }
-        }
-        out[s * set_rows + static_cast<long long>(r0) * G + i] = slot;
-      }
-    }
-    base += chunk;
-    __syncthreads();  // region_rows / region_base are written again
+  const int part_regions = slot_part_regions(G);  // <= kObserveThreads
+  const int r0 = static_cast<int>(blockIdx.y) * part_regions;
+  const bool window_part = r0 >= regions;
+  // The live rows of every region before this part's (all of them: the window's part).
+  int before = 0;
+  for (int r = tid; r < min(r0, regions); r += kObserveThreads) {
+    for (int s = 0; s < ss.sets; ++s) before += ss.tokens_of(s)[head_regions + r];
   }
-  for (int c = 0; c < window_rows; c += kObserveThreads) {
-    const int w = c + tid;
-    const bool live = w < window_rows && wpos[h * window_capacity + w] != kEmpty;
-    int chunk = 0;
-    const int before = cta_exclusive_sum(live ? 1 : 0, &chunk);
-    if (w < window_rows) out[ss.sets * set_rows + w] = live ? base + before : -1;
-    base += chunk;
+  int base = 0;
+  cta_exclusive_sum(before, &base);
+  if (window_part) {
+    for (int c = 0; c < window_rows; c += kObserveThreads) {
+      const int w = c + tid;
+      const bool live = w < window_rows && wpos[h * window_capacity + w] != kEmpty;
+      int chunk = 0;
+      const int at = cta_exclusive_sum(live ? 1 : 0, &chunk);
+      if (w < window_rows) out[ss.sets * set_rows + w] = live ? base + at : -1;
+      base += chunk;
+    }
+    return;
+  }
+  __shared__ int region_rows[2][kObserveThreads], region_base[kObserveThreads];
+  const int r = r0 + tid, n_regions = min(regions - r0, part_regions);
+  int t = 0;
+  for (int s = 0; s < ss.sets; ++s) {
+    const int n = tid < n_regions ? ss.tokens_of(s)[head_regions + r] : 0;
+    region_rows[s][tid] = n;
+    t += n;
+  }
+  int chunk = 0;
+  region_base[tid] = base + cta_exclusive_sum(t, &chunk);
+  __syncthreads();
+  const long long n = static_cast<long long>(n_regions) * G;
+  for (int s = 0; s < ss.sets; ++s) {
+    for (long long i = tid; i < n; i += kObserveThreads) {
+      const int rr = static_cast<int>(i / G), off = static_cast<int>(i % G);
+      int slot = -1;
+      if (off < region_rows[s][rr]) {
+        slot = region_base[rr] + off;
+        if (ss.sets == 2) {  // the other set's rows of this region below this row's position
+          const long long row0 = (head_regions + r0 + rr) * G;
+          const std::int64_t p = ss.pos_of(s)[row0 + off];
+          const std::int64_t* other = ss.pos_of(1 - s) + row0;
+          int lo = 0, hi = region_rows[1 - s][rr];
+          while (lo < hi) {
+            const int mid = (lo + hi) / 2;
+            if (other[mid] < p) lo = mid + 1; else hi = mid;
+          }
+          slot += lo;
+        }
+      }
+      out[s * set_rows + static_cast<long long>(r0) * G + i] = slot;
+    }
   }
 }
 
@@ -1321,15 +1332,9 @@ void DevicePackedRows::launch_slot_order(cudaStream_t stream) const {
   const std::size_t H = heads_total_;
   const int R = regions_used();
   const long long span = attention_rows(0);
-  // A replayed step spans more rows than its capture did, and its observation writes slot order
-  // itself (the deferred probabilities): a captured step never needs this scratch, sized now.
-  // (capturing_ covers the append only: the stream says whether this launch is captured.)
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  KVSLIM_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (capture != cudaStreamCaptureStatusNone) {
-    throw InputError(std::string(kind()) + " storage (cuda): a captured step would order probabilities through the spanned "
-                     "rows (capture a step that observes its own attend's probabilities)");
-  }
+  // A replayed step spans at most attention_rows_capacity() rows: reserve_next_step sized the
+  // scratch to that before the capture and before every re-arm (a capture cannot allocate).
+  reserve_span_scratch(slot_of_, static_cast<std::size_t>(span) * sizeof(int), stream);
   SlotSets ss;
   ss.sets = layout_.sets;
   for (int set = 0; set < layout_.sets; ++set) {
@@ -1337,7 +1342,9 @@ void DevicePackedRows::launch_slot_order(cudaStream_t stream) const {
     ss.pos[set] = set_[set].pos.as<std::int64_t>();
   }
   if (slot_of_.bytes() < H * static_cast<std::size_t>(span) * sizeof(int)) slot_of_.reserve(H * static_cast<std::size_t>(span) * sizeof(int));
-  launch_kernel(span > 0, false, slot_order_kernel, dim3(static_cast<unsigned>(H)), dim3(kObserveThreads), 0, stream,
+  const int part_regions = slot_part_regions(group_rows_);
+  const unsigned parts = static_cast<unsigned>((R + part_regions - 1) / part_regions + 1);  // + the window's
+  launch_kernel(span > 0, false, slot_order_kernel, dim3(static_cast<unsigned>(H), parts), dim3(kObserveThreads), 0, stream,
                 ss, region_capacity_, R, group_rows_, wpos_[cur_].as<std::int64_t>(),
                 static_cast<long long>(window_capacity_), window_rows_, slot_of_.as<int>());
 }
@@ -1372,7 +1379,7 @@ void DevicePackedRows::observe_decode(const DecodeStep& step, void* part_best, u
   } else if (step.slot_order && span != static_cast<long long>(step.rows)) {
     // Probabilities in slot order (not this store's attend's): into the spanned order first.
     launch_slot_order(stream);
-    if (spanned_.bytes() < H * static_cast<std::size_t>(span) * sizeof(float)) spanned_.reserve(H * static_cast<std::size_t>(span) * sizeof(float));
+    reserve_span_scratch(spanned_, static_cast<std::size_t>(span) * sizeof(float), stream);
     launch_kernel(true, false, spread_probs_kernel, dim3(static_cast<unsigned>((span + 255) / 256), static_cast<unsigned>(H)),
                   dim3(256), 0, stream, slot_of_.as<int>(), step.probs, stride, spanned_.as<float>(), span);
     probs = spanned_.as<float>();
@@ -1400,10 +1407,7 @@ void DevicePackedRows::observe_decode(const DecodeStep& step, void* part_best, u
   // ordered into probs_out after it (order_probs_kernel over the slot order).
   const bool order_after = layout_.sets == 2 && step.probs_out != nullptr;
   if (order_after) {
-    if (spanned_.bytes() < H * static_cast<std::size_t>(span) * sizeof(float)) {
-      if (capturing_) throw InputError("zipcache storage (cuda): a captured step would allocate its probabilities' scratch");
-      spanned_.reserve(H * static_cast<std::size_t>(span) * sizeof(float));
-    }
+    reserve_span_scratch(spanned_, static_cast<std::size_t>(span) * sizeof(float), stream);
     o.probs_out = spanned_.as<float>();
     o.out_stride = span;
     o.spanned_out = true;
@@ -1529,6 +1533,26 @@ void DevicePackedRows::reserve_next_step() {
   if (static_cast<int>(pending_.size()) == kVictimRing) apply_victims();  // (a captured step cannot wait)
   ensure_window(window_rows_ + 1);
   if (victims_.bytes() < kVictimRing * heads_total_ * sizeof(int)) victims_.reserve(kVictimRing * heads_total_ * sizeof(int));
+  if (layout_.sets == 2) {
+    // A step over two sets orders its probabilities through the slot order (order_probs_kernel):
+    // its scratch at the most rows the step can span, so a captured or re-armed step finds it.
+    const std::size_t span = static_cast<std::size_t>(attention_rows_capacity());
+    reserve_span_scratch(slot_of_, span * sizeof(int), stream_);
+    reserve_span_scratch(spanned_, span * sizeof(float), stream_);
+  }
+}
+
+void DevicePackedRows::reserve_span_scratch(DeviceBuffer& scratch, std::size_t head_bytes, cudaStream_t stream) const {
+  const std::size_t bytes = heads_total_ * head_bytes;
+  if (scratch.bytes() >= bytes) return;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  KVSLIM_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) {
+    // (capturing_ covers the append only: the stream says whether this launch is captured.)
+    throw InputError(std::string(kind()) + " storage (cuda): a captured step would allocate " + std::to_string(bytes) +
+                     " bytes of span scratch (decode one step eagerly first)");
+  }
+  scratch.reserve(bytes);
 }
 
 void DevicePackedRows::release_span_scratch() {

@@ -277,8 +277,10 @@ class DevicePackedRows final : public DeviceRowStore {
   // Scratch sized by the rows spanned: given back after a prompt or question (release_span_scratch)
   // once its span is more than twice what the store can span now.
   mutable DeviceBuffer slot_of_;  // [H, span] int: each spanned row's slot (-1: padding / masked)
-  DeviceBuffer spanned_;  // a decode step's probabilities in slot order, put in spanned order
+  mutable DeviceBuffer spanned_;  // [H, span] float: probabilities in spanned order (in or out of slot order)
   void release_span_scratch();
+  // Grows `scratch` to H x head_bytes; a captured launch cannot allocate (InputError).
+  void reserve_span_scratch(DeviceBuffer& scratch, std::size_t head_bytes, cudaStream_t stream) const;
 };
 
 }  // namespace kvslim::cuda
