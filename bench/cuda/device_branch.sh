@@ -11,7 +11,8 @@
 #                    CUDA graph, and torch SDPA both ways (compare.txt), while Python builds
 #                    (compare.txt also: the A/B of devbin/kvslim_base, the branch's base, when carried)
 #   hf_generate.txt  8 layers of Llama-3-8B's shape at 1 x 32k: h2o keeping 25 % over fp16 slots and
-#                    over kivi K4V2 g128, replayed steps (hf_generate_unread_probs_written.txt: the
+#                    over kivi K4V2 g128 and over zipcache, squeeze over zipcache (GEN_ONLY: the
+#                    labels to run), replayed steps (hf_generate_unread_probs_written.txt: the
 #                    same with the decode probabilities written, KVSLIM_CUDA_UNREAD_PROBS=0)
 # At most 7 files in $OUT: the device brings back 8.
 #   bash bench/cuda/device_branch.sh
@@ -39,9 +40,12 @@ BUILD_PID=$!
   echo "memcheck exit: ${PIPESTATUS[0]}"; } >> "$OUT"/tests.txt 2>&1
 # The attention bench while Python builds (8 of the 16 cores: the bench's host thread keeps one):
 # eager calls and the same calls replayed as a CUDA graph, against torch SDPA both ways
+# SKIP_ATTEND=1 leaves the attention bench out (a branch that does not touch the attention kernels).
 ATTEND=(--batch 1 8 --context 32768 131072 --head-dim 128 --cache ${CACHES:-full kivi4_g128 kivi2_g128 kivi_k4v2_g128 zipcache zipcache@zipcache_value_bits=2})
-timeout 150 devbin/kvslim bench attend --device cuda "${ATTEND[@]}" --json "$OUT"/attend.json >> "$OUT"/attend.txt 2>&1
-timeout 120 python3 bench/cuda/sdpa_bench.py --kvslim "$OUT"/attend.json >> "$OUT"/compare.txt 2>&1
+if [ "${SKIP_ATTEND:-0}" != 1 ]; then
+  timeout 150 devbin/kvslim bench attend --device cuda "${ATTEND[@]}" --json "$OUT"/attend.json >> "$OUT"/attend.txt 2>&1
+  timeout 120 python3 bench/cuda/sdpa_bench.py --kvslim "$OUT"/attend.json >> "$OUT"/compare.txt 2>&1
+fi
 # A/B: devbin/kvslim_base (the branch's base, when carried) at batch 1 and 8 x 32k, right after
 if [ -x devbin/kvslim_base ]; then
   for bin in kvslim_base kvslim; do
@@ -63,8 +67,8 @@ cat "$OUT"/python_build.txt >> "$OUT"/tests.txt; rm -f "$OUT"/python_build.txt
   -k "graph or streaming or squeeze or attend_and_observe" \
   "$ROOT"/python/tests/test_hf_cuda.py "$ROOT"/python/tests/test_cuda.py 2>&1 | tail -n 40) >> "$OUT"/tests.txt 2>&1
 GEN_ARGS=(--skip tiny --shapes 1x32768 --static-limit 0 --new-tokens 48)
-PYTHONPATH=/tmp/build-python/python timeout 120 python3 bench/cuda/hf_generate.py --out "$OUT" "${GEN_ARGS[@]}" \
-  --only "h2o 25%,streaming 25%" > "$OUT"/hf_generate.log 2>&1
+PYTHONPATH=/tmp/build-python/python timeout ${GEN_TIMEOUT:-120} python3 bench/cuda/hf_generate.py --out "$OUT" "${GEN_ARGS[@]}" \
+  --only "${GEN_ONLY:-h2o 25%,streaming 25%}" > "$OUT"/hf_generate.log 2>&1
 mkdir -p /tmp/ab_unread
 KVSLIM_CUDA_UNREAD_PROBS=0 PYTHONPATH=/tmp/build-python/python timeout 80 python3 bench/cuda/hf_generate.py \
   --out /tmp/ab_unread "${GEN_ARGS[@]}" --only "over kivi K4V2 g128 (cuda graph)" > /tmp/ab_unread/hf_generate.log 2>&1
