@@ -349,7 +349,10 @@ TEST(CudaEviction, ZipcacheCodesUnderH2oKeepTheCpuCachesRowsAndCodes) {
   };
   for (const std::size_t D : {64, 128}) {
     for (const Split sp : {Split{4, 2, 4, 0.5, 32, 32}, Split{8, 2, 2, 0.3, 128, 128}, Split{4, 4, 2, 0.2, 64, 64},
-                           Split{4, 2, 2, 1.0, 32, 32}, Split{4, 2, 2, 0.0, 32, 32}, Split{4, 2, 4, 0.5, 64, 16}}) {
+                           Split{4, 2, 2, 1.0, 32, 32}, Split{4, 2, 2, 0.0, 32, 32}, Split{4, 2, 4, 0.5, 64, 16},
+                           // groups of two units and more on the fp16 codes kernel, which skips a set's
+                           // units of padding only: one set empty, one set whole
+                           Split{4, 2, 2, 1.0, 64, 64}, Split{2, 2, 4, 0.0, 128, 128}}) {
       const std::string what = "D=" + std::to_string(D) + " hi " + std::to_string(sp.hi) + " lo " + std::to_string(sp.lo) +
                                " values " + std::to_string(sp.value_bits) + " fraction " + std::to_string(sp.fraction) +
                                " g" + std::to_string(sp.group) + " staging " + std::to_string(sp.staging);
@@ -404,6 +407,22 @@ TEST(CudaEviction, ZipcacheCodesAreRepackedAsTheCpuRepacksThem) {
   std::size_t repacks = 0;
   for (const auto& h : store.heads()) repacks += h.repacks;
   EXPECT_GT(repacks, 0u) << "no head was re-packed: the test no longer reaches the re-pack";
+  EXPECT_LE(t.worst_probs, kCodesProbsTolerance);
+}
+
+// pyramidkv over zipcache codes: its budgets per layer, each layer's first prompt scored and cut on
+// the device (the scoring reads the logits, not the storage), the rows compressed into both sets.
+TEST(CudaEviction, PyramidkvOverZipcacheCodesScoresThePromptOnTheDevice) {
+  REQUIRE_GPU();
+  KVCacheConfig c = h2o_over_zipcache(96, 4, 2, 4, 0.5, 32, 32);
+  c.method = "pyramidkv";
+  c.pyramidkv_budget = 96;
+  Twin t(c, 3, 1, 2, 4, 128);
+  t.prompt_decode_question("pyramidkv over zipcache");
+  for (std::size_t l = 0; l < 3; ++l) {
+    EXPECT_EQ(t.gpu.at(l).stats().figure("prompts_on_device"), 1.0) << "pyramidkv over zipcache layer " << l;
+  }
+  EXPECT_GT(t.gpu.at(0).rows(), t.gpu.at(2).rows());  // the taper: lower layers keep more
   EXPECT_LE(t.worst_probs, kCodesProbsTolerance);
 }
 

@@ -77,6 +77,12 @@ struct PackedRows {
   // same for every head) nonzero where a group begins, so that the decode kernel reads a group's
   // parameters and builds its q' once (attend_codes_half.cu). null: groups of group_units.
   const std::uint8_t* unit_starts = nullptr;
+  // Regions of an eviction store (DevicePackedRows: one group of 32 * group_units rows a region, its
+  // rows at the front, the rest padding): [B * Hkv, region_rows_stride] the rows each holds now. The
+  // decode kernel on the fp16 tensor cores neither loads nor computes a unit of padding only (set
+  // for zipcache's sets, whose regions hold about half a group each). null: every unit is read.
+  const int* region_rows = nullptr;
+  long long region_rows_stride = 0;
   int k_bits = 0, v_bits = 0;
   int row_offset = 0;                      // cache row of the first row
 };

@@ -134,7 +134,11 @@ struct HalfShape {
 #endif
 constexpr int half_min_ctas(int D) { return D == 128 ? KVSLIM_HALF_CTAS_D128 : 4; }
 
-template <int KB, int VB, int D>
+// kSkipsPadding: rows.region_rows is set (an eviction store's regions): units of padding only are
+// neither loaded nor computed. A form of its own, so that the other stores' kernels keep their
+// registers (the flags cost 2-7 of them; 4-8 bytes of spills in the 8-bit-key forms, which are not
+// built: launch_half_codes).
+template <int KB, int VB, int D, bool kSkipsPadding>
 __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
     attend_codes_half_kernel(QueryArgs a, PackedRows rows, Partials parts, int part_base, int units_per_split) {
   using Shape = HalfShape<KB, VB, D>;
@@ -215,10 +219,36 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
     }
     return ((starts_bits >> (u - starts_base)) & 1u) != 0;
   };
-  // Each stage's unit: whether it begins a group (bit = stage). A group's parameters go to slot
-  // (its ordinal from the warp's first group) % kHalfStages: the groups of the units in flight are
-  // consecutive, so they never share a slot.
-  unsigned stage_begins = 0;
+  // Units of padding only (kSkipsPadding: an eviction store's regions, rows at the front,
+  // rows.region_rows): unit u holds rows iff its place in its group is below its region's count. The
+  // warp's units are issued in order from w_begin: 32 units' flags at a time, one count a lane, kept
+  // as a ballot; each refresh loads the counts of the next 32 (`pending`), so no issue waits for a
+  // load, and the first units (the prologue's, issued before the first counts arrive) are loaded
+  // whole and flagged after. A group's units with rows come first, so a group whose first unit is
+  // padding is padding whole.
+  const auto region_count = [&](int v) {  // unit v's region's rows (0 past the units)
+    return v < rows.n_units ? rows.region_rows[bh * rows.region_rows_stride + v / GU] : 0;
+  };
+  const auto refresh_live = [&](int base, int counts) {  // flags of units base + lane from their counts
+    const int v = base + lane;
+    return __ballot_sync(0xffffffffu, v < rows.n_units && (v % GU) * kGroupRows < counts);
+  };
+  unsigned live_bits = 0;
+  int pending = 0;
+  if constexpr (kSkipsPadding) pending = region_count(w_begin + lane);
+  const auto unit_live = [&](int u) {
+    if constexpr (!kSkipsPadding) return true;
+    const int i = u - w_begin;
+    if ((i & 31) == 0 && i > 0) {  // (units 0..31: flagged after the prologue)
+      live_bits = refresh_live(u, pending);
+      pending = region_count(u + 32 + lane);
+    }
+    return ((live_bits >> (i & 31)) & 1u) != 0;
+  };
+  // Each stage's unit: whether it begins a group, whether it holds rows (bit = stage). A group's
+  // parameters go to slot (its ordinal from the warp's first group) % kHalfStages: the groups of the
+  // units in flight are consecutive, so they never share a slot.
+  unsigned stage_begins = 0, stage_live = 0;
   int u_load = w_begin, load_group = -1, read_group = -1;
   // The warp's stages as one address in the shared window (this lane's 16 bytes) and as an offset
   // from smem, held in registers for the loop, as is the count of units (the empty asm below):
@@ -229,15 +259,18 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
   // Where this lane's 16 bytes at `offset` from my land (lane_bytes false: the byte at `offset`
   // itself), as an address in the shared window.
   const auto to = [&](int offset, bool lane_bytes = true) { return my_to + offset - (lane_bytes ? 0 : 16 * lane); };
-  auto issue = [&](bool first, int stage) {
+  auto issue = [&](bool first, int stage, bool whole = false) {
+    const bool live = whole || unit_live(u_load);
+    if (live) {
 #pragma unroll
-    for (int i = 0; i < K_CHUNKS; i += 32) {
-      if (K_CHUNKS % 32 == 0 || i + lane < K_CHUNKS) cp_async16_to(to(stage * STAGE + 16 * i), k_next + 16 * i);
-    }
+      for (int i = 0; i < K_CHUNKS; i += 32) {
+        if (K_CHUNKS % 32 == 0 || i + lane < K_CHUNKS) cp_async16_to(to(stage * STAGE + 16 * i), k_next + 16 * i);
+      }
 #pragma unroll
-    for (int i = 0; i < V_CHUNKS; i += 32) {
-      if (V_CHUNKS % 32 == 0 || i + lane < V_CHUNKS) {
-        cp_async16_to(to(stage * STAGE + K_CODE_BYTES + 16 * i), v_next + 16 * i);
+      for (int i = 0; i < V_CHUNKS; i += 32) {
+        if (V_CHUNKS % 32 == 0 || i + lane < V_CHUNKS) {
+          cp_async16_to(to(stage * STAGE + K_CODE_BYTES + 16 * i), v_next + 16 * i);
+        }
       }
     }
     const bool begins = starts != nullptr ? starts_group(u_load) : iwi == 0;
@@ -245,7 +278,7 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
       const int slot = kHalfStages * STAGE + (++load_group % kHalfStages) * PSLOT;  // its parameter slot, from my
 #pragma unroll
       for (int i = 0; i < P_CHUNKS; i += 32) {
-        if (P_CHUNKS % 32 == 0 || i + lane < P_CHUNKS) {
+        if (live && (P_CHUNKS % 32 == 0 || i + lane < P_CHUNKS)) {
           cp_async16_to(to(slot + 16 * i), kp_next + 16 * i);
           cp_async16_to(to(slot + PARAM_BYTES + 16 * i), vp_next + 16 * i);
         }
@@ -256,7 +289,8 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
       vp_next += PARAM_BYTES;
     }
     stage_begins = (stage_begins & ~(1u << stage)) | (static_cast<unsigned>(begins) << stage);
-    cp_async8_if_to(lane == 0, to(stage * STAGE + Shape::POS_OFFSET, false), pos_next);
+    if constexpr (kSkipsPadding) stage_live = (stage_live & ~(1u << stage)) | (static_cast<unsigned>(live) << stage);
+    cp_async8_if_to(lane == 0 && live, to(stage * STAGE + Shape::POS_OFFSET, false), pos_next);
     k_next += K_CODE_BYTES;
     v_next += Shape::V_CODE_BYTES;
     pos_next += kGroupRows;
@@ -267,12 +301,17 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
   static_assert(kHalfStages >= 2, "a unit loads while another is read");
 #pragma unroll
   for (int s = 0; s < kHalfStages - 1; ++s) {
-    if (s < n_mine) issue(s == 0, s);
+    if (s < n_mine) issue(s == 0, s, true);
     cp_async_commit();
   }
   // q after the first units' copies are issued: its loads' latency overlaps theirs (batch 1 waits
   // for both).
   load_tile_queries<kDecodeVectors, D>(a, tile, b, h, qs);
+  if constexpr (kSkipsPadding) {  // the first 32 units' flags; the prologue's units flagged now
+    live_bits = refresh_live(w_begin, pending);
+    pending = region_count(w_begin + 32 + lane);
+    stage_live = live_bits & ((1u << (kHalfStages - 1)) - 1u);  // (units 0.. are stages 0..)
+  }
   __syncthreads();
   std::uint32_t bq[2 * NR];  // the current group's q' digits for column g: [0, NR) the first mma's, then the second's
   float qscale = 0.f, bias = 0.f;
@@ -282,13 +321,24 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
     if (k + kHalfStages - 1 < n_units) issue(false, (k + kHalfStages - 1) % kHalfStages);
     // (Unit k + 1 is in flight already: kHalfStages >= 2.)
     const bool first_of_group = k == 0 || ((stage_begins >> (k % kHalfStages)) & 1u);
-    const bool last_of_group = k + 1 == n_units || ((stage_begins >> ((k + 1) % kHalfStages)) & 1u);
+    // The group's last unit with rows: the next begins a group or holds padding only.
+    const bool last_of_group = k + 1 == n_units || ((stage_begins >> ((k + 1) % kHalfStages)) & 1u) ||
+                               (kSkipsPadding && !((stage_live >> ((k + 1) % kHalfStages)) & 1u));
     if (first_of_group) ++read_group;
     cp_async_commit();
     cp_async_wait<kHalfStages - 1>();
     __syncwarp();
 
     const int u = w_begin + k;
+    if (kSkipsPadding && !((stage_live >> (k % kHalfStages)) & 1u)) {  // padding only: nothing loaded, nothing to add
+      if (a.logits && valid) {  // (its rows' logits as a masked row's: -inf)
+        float* dst = a.logits + (static_cast<long long>(bh) * SG + vec) * a.rows_total + rows.row_offset +
+                     static_cast<long long>(u) * kGroupRows + g;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) dst[8 * j] = -INFINITY;
+      }
+      continue;
+    }
     unsigned char* const my_k = smem + my_off;  // = my
     const unsigned char* buf = my_k + (k % kHalfStages) * STAGE;
     __half* const pb = reinterpret_cast<__half*>(my_k + kHalfStages * (STAGE + PSLOT));  // P: [part][vector][p_index]
@@ -502,21 +552,22 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
   pdl_wait();  // launched early after another codes segment (part_base > 0): finish after it
 }
 
+// (Both forms have the same launch bounds and shared memory: the same CTAs an SM.)
 template <int KB, int VB, int D>
 int half_resident() {
   static const int n = [] {
     constexpr int smem = HalfShape<KB, VB, D>::SMEM;
-    set_smem_always(attend_codes_half_kernel<KB, VB, D>, smem);
-    return resident_ctas(attend_codes_half_kernel<KB, VB, D>, smem);
+    set_smem_always(attend_codes_half_kernel<KB, VB, D, false>, smem);
+    return resident_ctas(attend_codes_half_kernel<KB, VB, D, false>, smem);
   }();
   return n;
 }
 
-template <int KB, int VB, int D>
+template <int KB, int VB, int D, bool kSkipsPadding>
 void half_launch(const QueryArgs& q, const PackedRows& rows, const Partials& parts, int part_base, int splits,
                  int units_per_split, cudaStream_t stream) {
   constexpr int smem = HalfShape<KB, VB, D>::SMEM;
-  auto kernel = attend_codes_half_kernel<KB, VB, D>;
+  auto kernel = attend_codes_half_kernel<KB, VB, D, kSkipsPadding>;
   static std::atomic<unsigned long long> done{0};
   set_smem(kernel, smem, done);
   launch_kernel(splits > 0, part_base > 0, kernel, dim3(splits, q.tiles(), q.B * q.Hkv), dim3(kThreads), smem, stream, q, rows,
@@ -561,7 +612,14 @@ int half_codes_resident(const QueryArgs& q, const PackedRows& rows) {
 void launch_half_codes(const QueryArgs& q, const PackedRows& rows, const Partials& parts, int part_base, int splits,
                        int units_per_split, cudaStream_t stream) {
   with_half_kernel(q, rows, [&]<int KB, int VB, int D>() {
-    half_launch<KB, VB, D>(q, rows, parts, part_base, splits, units_per_split, stream);
+    // (8-bit keys keep every unit: the flags spill registers in those forms; padding is masked.)
+    if constexpr (KB < 8) {
+      if (rows.region_rows != nullptr && rows.unit_starts == nullptr && rows.group_units > 0) {
+        half_launch<KB, VB, D, true>(q, rows, parts, part_base, splits, units_per_split, stream);
+        return;
+      }
+    }
+    half_launch<KB, VB, D, false>(q, rows, parts, part_base, splits, units_per_split, stream);
   });
 }
 
