@@ -1014,12 +1014,18 @@ TEST(CudaZipcache, TheTwoSetsShareOneWaveOfSplits) {
                                  std::to_string(units - hi_units);
         EXPECT_EQ(hs > 0, hi_units > 0) << what;
         EXPECT_EQ(ls > 0, units - hi_units > 0) << what;
-        if (hi_units > 0) EXPECT_LE(hs, cuda::packed_splits(q, hi, sm_count)) << what;
-        if (hi_units < units) EXPECT_LE(ls, cuda::packed_splits(q, lo, sm_count)) << what;
+        if (hi_units > 0) {
+          EXPECT_LE(hs, cuda::packed_splits(q, hi, sm_count)) << what;
+        }
+        if (hi_units < units) {
+          EXPECT_LE(ls, cuda::packed_splits(q, lo, sm_count)) << what;
+        }
         if (hi_units > 0 && hi_units < units) {
           EXPECT_LE(hs + ls, std::max(2, cuda::packed_splits(q, both, sm_count))) << what;
           // In proportion: the set with more units never has fewer splits.
-          if (hi_units * 2 < units) EXPECT_LE(hs, ls) << what;
+          if (hi_units * 2 < units) {
+            EXPECT_LE(hs, ls) << what;
+          }
         }
       }
     }
