@@ -30,7 +30,7 @@ What goes where:
     KVSlimCache holds that rank's slice of every layer's KV heads and is sharded over the model's
     "tp" process group when built (kvslim.distributed): every rank builds it, with the same config.
   * GraphDecoder(model, cache, max_tokens) decodes a GPU cache (full, kivi, zipcache, h2o, pyramidkv, squeeze,
-    streaming, and eviction over kivi codes) with one CUDA graph
+    streaming, and eviction over kivi or zipcache codes) with one CUDA graph
     replay per step instead of transformers' eager forward (host-bound on the GPU): the step is
     captured once, kvslim's kernels re-armed from the caches' state before each replay.
 Limits: batches without padding (one sequence, or equal lengths), no beam search (reorder), no
