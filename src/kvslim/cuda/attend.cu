@@ -433,6 +433,21 @@ int launch_codes_and_window(const QueryArgs& q, const PackedRows& codes, const D
   return ps + ds;
 }
 
+int launch_sets_and_window(const QueryArgs& q, const PackedRows& hi, const PackedRows& lo, const DenseRows& window,
+                           const Partials& parts, bool count_only, int sm_count, cudaStream_t stream) {
+  const auto [hs, ls] = packed_splits_side_by_side(q, hi, lo, sm_count);
+  const int ds = window.n_rows > 0 ? dense_splits(q, window.n_rows, sm_count, window.type) : 0;
+  if (!count_only) {
+    launch_side_by_side(
+        stream, [&](cudaStream_t s) { launch_packed(q, hi, parts, 0, hs, s); },
+        [&](cudaStream_t s) {
+          launch_packed(q, lo, parts, hs, ls, s);
+          launch_dense(q, window, parts, hs + ls, ds, s);
+        });
+  }
+  return hs + ls + ds;
+}
+
 void launch_dense(const QueryArgs& q, const DenseRows& rows, const Partials& parts, int part_base, int splits,
                   cudaStream_t stream) {
   splits = std::max(splits, 0);

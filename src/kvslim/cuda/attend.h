@@ -129,6 +129,11 @@ inline DenseRows staging_window_rows(const std::uint16_t* k, const std::uint16_t
 // just counts them).
 int launch_codes_and_window(const QueryArgs& q, const PackedRows& codes, const DenseRows& window,
                             const Partials& parts, bool count_only, int sm_count, cudaStream_t stream);
+// The same over zipcache's two sets of codes (DeviceZipCache, eviction over zipcache codes) and the
+// window: the sets share one wave of CTAs (packed_splits_side_by_side); parts: hi's, lo's, the
+// window's. A captured step's graph runs the hi set beside the lo set and the window.
+int launch_sets_and_window(const QueryArgs& q, const PackedRows& hi, const PackedRows& lo, const DenseRows& window,
+                           const Partials& parts, bool count_only, int sm_count, cudaStream_t stream);
 
 // Splits each kernel would use for this much work (at least 1 when there are rows).
 // (One full wave of resident CTAs: the kernel's occupancy decides.)

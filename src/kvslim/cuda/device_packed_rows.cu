@@ -1293,18 +1293,7 @@ int DevicePackedRows::launch_segments(const QueryArgs& q, const Partials& parts,
   if (layout_.sets == 1) return launch_codes_and_window(q, packed_rows(R), window, parts, count_only, sm_count, stream);
   // zipcache: the two sets share one wave of CTAs and run side by side with the window, as
   // DeviceZipCache's sets do (their rows one after the other in the spanned order).
-  const PackedRows hi = packed_rows(R, 0), lo = packed_rows(R, 1);
-  const auto [hs, ls] = R > 0 ? packed_splits_side_by_side(q, hi, lo, sm_count) : std::pair<int, int>{0, 0};
-  const int ds = window.n_rows > 0 ? dense_splits(q, window.n_rows, sm_count, window.type) : 0;
-  if (!count_only) {
-    launch_side_by_side(
-        stream, [&](cudaStream_t s) { launch_packed(q, hi, parts, 0, hs, s); },
-        [&](cudaStream_t s) {
-          launch_packed(q, lo, parts, hs, ls, s);
-          launch_dense(q, window, parts, hs + ls, ds, s);
-        });
-  }
-  return hs + ls + ds;
+  return launch_sets_and_window(q, packed_rows(R, 0), packed_rows(R, 1), window, parts, count_only, sm_count, stream);
 }
 
 int DevicePackedRows::parts_at_capacity(const QueryArgs& q, int sm_count) const {

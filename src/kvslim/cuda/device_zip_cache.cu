@@ -262,31 +262,20 @@ PackedRows DeviceZipCache::packed(const SetStore& s) const {
 }
 
 int DeviceZipCache::launch_segments(const QueryArgs& q, const Partials& parts, bool count_only, cudaStream_t stream) const {
-  const PackedRows hi = packed(hi_), lo = packed(lo_);
   // The two sets share one wave of CTAs (their splits in proportion to their units) and run side by
   // side: a set after the other, each a wave, waited twice for a wave's slowest CTA (a captured
-  // step's graph serialises its nodes) and, at batch 1, ran chains of 2-3 units a warp.
-  const auto [hs, ls] = packed_splits_side_by_side(q, hi, lo, sm_count_);
-  const int ds = staged_ > 0 ? dense_splits(q, staged_, sm_count_, DenseType::f16) : 0;
-  if (!count_only) {
-    // The three segments launch in every step, switched off while empty (a replayed step's graph
-    // holds all three: kernel_launch.h). Eager: one after the other, each launched early behind
-    // the one before (attend.h); captured: the salient set beside the other set and the window.
-    DenseRows rows;
-    rows.k = win_k_.as<std::uint16_t>();
-    rows.v = win_v_.as<std::uint16_t>();
-    rows.head_stride = static_cast<long long>(window_capacity_ * dim_);
-    rows.pos = win_pos_.as<std::int64_t>();
-    rows.n_rows = staged_;
-    rows.type = DenseType::f16;
-    launch_side_by_side(
-        stream, [&](cudaStream_t s) { launch_packed(q, hi, parts, 0, hs, s); },
-        [&](cudaStream_t s) {
-          launch_packed(q, lo, parts, hs, ls, s);
-          launch_dense(q, rows, parts, hs + ls, ds, s);
-        });
-  }
-  return hs + ls + ds;
+  // step's graph serialises its nodes) and, at batch 1, ran chains of 2-3 units a warp. The three
+  // segments launch in every step, switched off while empty (a replayed step's graph holds all
+  // three: kernel_launch.h). Eager: one after the other, each launched early behind the one before
+  // (attend.h); captured: the salient set beside the other set and the window.
+  DenseRows window;
+  window.k = win_k_.as<std::uint16_t>();
+  window.v = win_v_.as<std::uint16_t>();
+  window.head_stride = static_cast<long long>(window_capacity_ * dim_);
+  window.pos = win_pos_.as<std::int64_t>();
+  window.n_rows = staged_;
+  window.type = DenseType::f16;
+  return launch_sets_and_window(q, packed(hi_), packed(lo_), window, parts, count_only, sm_count_, stream);
 }
 
 DeviceZipCache::SetSnapshot DeviceZipCache::set_snapshot(const SetStore& s, std::size_t first, std::size_t count) const {
