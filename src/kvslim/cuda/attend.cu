@@ -17,6 +17,7 @@
 
 #include "cuda/attend.h"
 #include "cuda/attend_shared.cuh"
+#include "cuda/env_switch.h"
 #include "cuda/fragment_maps.h"
 #include "cuda/row_probability.cuh"
 #include "cuda/step_graph.h"
@@ -466,11 +467,8 @@ std::atomic<int> g_fused_merge{-1};  // -1: not read from the environment yet
 bool fused_merge() {
   int v = g_fused_merge.load(std::memory_order_relaxed);
   if (v < 0) {
-    const char* env = std::getenv("KVSLIM_CUDA_FUSED_MERGE");
-    const std::string e = env == nullptr ? "" : env;
-    if (!e.empty() && e != "0" && e != "1") throw InputError("KVSLIM_CUDA_FUSED_MERGE: '" + e + "' is not 0 or 1");
     int expected = -1;
-    g_fused_merge.compare_exchange_strong(expected, e == "1" ? 1 : 0);
+    g_fused_merge.compare_exchange_strong(expected, env_switch("KVSLIM_CUDA_FUSED_MERGE", false) ? 1 : 0);
     v = g_fused_merge.load(std::memory_order_relaxed);
   }
   return v == 1;

@@ -2,6 +2,7 @@
 #include "cuda/device_eviction_cache.h"
 #include "cuda/device_packed_rows.h"
 #include "cuda/device_zip_cache.h"
+#include "cuda/env_switch.h"
 
 #include <algorithm>
 #include <climits>
@@ -254,12 +255,7 @@ void DeviceCache::attend_and_observe(const QueryBlock& queries, std::span<const 
                                      float* out, float* probs, std::size_t kv_heads, const ParallelFor* parallel) {
   // KVCache's sequence, with attend told that only the observation reads its probabilities.
   // KVSLIM_CUDA_UNREAD_PROBS=0 writes them as attend + observe_attention would (the benchmarks' A/B).
-  static const bool unread_allowed = [] {
-    const char* v = std::getenv("KVSLIM_CUDA_UNREAD_PROBS");
-    if (v == nullptr || *v == '\0' || std::string(v) == "1") return true;
-    if (std::string(v) == "0") return false;
-    throw InputError(std::string("KVSLIM_CUDA_UNREAD_PROBS: '") + v + "' is not 0 or 1");
-  }();
+  static const bool unread_allowed = env_switch("KVSLIM_CUDA_UNREAD_PROBS", true);
   bool ignored = false;  // the A/B sets this flag instead, which nothing reads
   const ScopedFlag unread(unread_allowed ? probs_unread_ : ignored);
   KVCache::attend_and_observe(queries, query_positions, out, probs, kv_heads, parallel);

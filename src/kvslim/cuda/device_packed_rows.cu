@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cuda/attend_shared.cuh"
+#include "cuda/env_switch.h"
 #include "cuda/group_quant.cuh"
 #include "cuda/group_saliency.h"
 #include "cuda/kernel_launch.h"
@@ -544,24 +545,14 @@ int observe_rows_a_thread(long long per_part) {
 // (programmatic dependent launch; the kernel waits before it reads the merge's output).
 // KVSLIM_CUDA_OBSERVE_PDL=0 launches it after the merge (the benchmarks' A/B).
 bool observe_launches_early() {
-  static const bool early = [] {
-    const char* v = std::getenv("KVSLIM_CUDA_OBSERVE_PDL");
-    if (v == nullptr || *v == '\0' || std::string(v) == "1") return true;
-    if (std::string(v) == "0") return false;
-    throw InputError(std::string("KVSLIM_CUDA_OBSERVE_PDL: '") + v + "' is not 0 or 1");
-  }();
+  static const bool early = env_switch("KVSLIM_CUDA_OBSERVE_PDL", true);
   return early;
 }
 
 // Whether the decode codes kernel is told each region's rows of a zipcache set, to skip the units
 // of padding only. KVSLIM_CUDA_SKIP_PADDING=0 reads every unit (the benchmarks' A/B).
 bool skips_padding() {
-  static const bool skips = [] {
-    const char* v = std::getenv("KVSLIM_CUDA_SKIP_PADDING");
-    if (v == nullptr || *v == '\0' || std::string(v) == "1") return true;
-    if (std::string(v) == "0") return false;
-    throw InputError(std::string("KVSLIM_CUDA_SKIP_PADDING: '") + v + "' is not 0 or 1");
-  }();
+  static const bool skips = env_switch("KVSLIM_CUDA_SKIP_PADDING", true);
   return skips;
 }
 
