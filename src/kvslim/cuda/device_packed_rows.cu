@@ -712,7 +712,7 @@ template <typename F>
 void for_each_row(const DevicePackedRows::Block& b, F&& f) {
   int offset[2] = {0, 0};
   for (int t = 0; t < b.tokens; ++t) {
-    const int set = b.salient.empty() || b.salient[static_cast<std::size_t>(t)] != 0 ? 0 : 1;
+    const int set = b.set_of(t);
     f(set, offset[set]++);
   }
 }
@@ -883,7 +883,7 @@ void DevicePackedRows::erase(std::size_t head, std::span<const std::size_t> slot
       std::vector<std::uint8_t> salient;
       for (std::size_t s = first; s < end; ++s) {
         const std::size_t t = s - first;
-        const int set = b.salient.empty() || b.salient[t] != 0 ? 0 : 1;
+        const int set = b.set_of(static_cast<int>(t));
         const int offset = seen[set]++;
         if (next < slots.size() && slots[next] == s) {
           ++next;
@@ -1101,7 +1101,7 @@ void DevicePackedRows::repack(std::size_t head) {
   for (const Block& b : h.blocks) {
     int offset[2] = {0, 0};
     for (int t = 0; t < b.tokens; ++t, ++row) {
-      const int set = b.salient.empty() || b.salient[static_cast<std::size_t>(t)] != 0 ? 0 : 1;
+      const int set = b.set_of(t);
       rows[set].push_back((static_cast<long long>(head) * region_capacity_ + b.region) * G + offset[set]++);
       out_at[set].push_back(row);
       if (!b.salient.empty()) salient.push_back(b.salient[static_cast<std::size_t>(t)]);

@@ -172,6 +172,8 @@ class DevicePackedRows final : public DeviceRowStore {
     // region holds that set's rows in token order. kivi: empty (every row in set 0).
     std::vector<std::uint8_t> salient;
     int rows_in(int set) const;  // rows of this block in `set`
+    // The set of the block's row t (token order): 0 (kivi's only set, or salient), 1 (the lo set).
+    int set_of(int t) const { return salient.empty() || salient[static_cast<std::size_t>(t)] != 0 ? 0 : 1; }
   };
   struct Head {
     std::vector<Block> blocks;
