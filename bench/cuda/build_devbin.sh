@@ -8,18 +8,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${1:-build}
-LIB=/usr/lib/x86_64-linux-gnu
-CUDA_LIB=$(dirname "$(readlink -f "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")/../lib
-[ -f "$CUDA_LIB/libcudart_static.a" ] || CUDA_LIB=/usr/local/cuda/lib64
+source bench/cuda/devbin_link.sh
 mkdir -p devbin
-g++ -O2 -o devbin/kvslim "$BUILD"/src/cli/CMakeFiles/kvslim_cli.dir/*.o \
-  "$BUILD"/lib/libkvslim.a "$BUILD"/lib/libkvslim_engine.a "$BUILD"/lib/libkvslim.a \
-  "$LIB"/libhwy.so.1 "$LIB"/openblas-pthread/libopenblas.a "$LIB"/libpcre2-8.a "$LIB"/libutf8proc.a \
-  "$CUDA_LIB"/libcudart_static.a -ldl -lrt \
-  -Wl,-Bstatic -lgfortran -lquadmath -Wl,-Bdynamic -static-libstdc++ -static-libgcc -lpthread \
-  -Wl,-rpath,'$ORIGIN'
+link_kvslim_cli devbin/kvslim "$BUILD" "$BUILD"/lib/libkvslim.a
 cp "$BUILD"/bin/cuda_tests devbin/cuda_tests
-cp -L "$LIB"/libhwy.so.1 devbin/libhwy.so.1
+cp -L "$DEVBIN_SYSLIB"/libhwy.so.1 devbin/libhwy.so.1
 # xz'd: the device takes the tree plus carried paths up to 64 MiB (device_run.sh unpacks them)
 xz -T2 -6 -f devbin/kvslim devbin/cuda_tests
 ls -la devbin

@@ -13,9 +13,7 @@ ROOT=$PWD
 NAME=$1 SOURCE=$2 FLAGS=$3 BUILD=$(cd "${4:-build}" && pwd)
 [ -f devbin/libhwy.so.1 ] || { echo "devbin/ is missing: run bench/cuda/build_devbin.sh first" >&2; exit 1; }
 case "$NAME" in *[!a-z0-9_]*|"") echo "NAME must be [a-z0-9_]+: $NAME" >&2; exit 1;; esac
-LIB=/usr/lib/x86_64-linux-gnu
-CUDA_LIB=$(dirname "$(readlink -f "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")/../lib
-[ -f "$CUDA_LIB/libcudart_static.a" ] || CUDA_LIB=/usr/local/cuda/lib64
+source bench/cuda/devbin_link.sh
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 # The object as cmake compiles it (its defines, includes and flags), plus FLAGS.
@@ -27,12 +25,7 @@ MEMBER=$(basename "$SOURCE").o
 cp "$BUILD"/lib/libkvslim.a "$TMP"/libkvslim.a
 ar t "$TMP"/libkvslim.a | grep -qx "$MEMBER" || { echo "$MEMBER is not a member of libkvslim.a" >&2; exit 1; }
 ar r "$TMP"/libkvslim.a "$TMP/$MEMBER"
-g++ -O2 -o devbin/kvslim_"$NAME" "$BUILD"/src/cli/CMakeFiles/kvslim_cli.dir/*.o \
-  "$TMP"/libkvslim.a "$BUILD"/lib/libkvslim_engine.a "$TMP"/libkvslim.a \
-  "$LIB"/libhwy.so.1 "$LIB"/openblas-pthread/libopenblas.a "$LIB"/libpcre2-8.a "$LIB"/libutf8proc.a \
-  "$CUDA_LIB"/libcudart_static.a -ldl -lrt \
-  -Wl,-Bstatic -lgfortran -lquadmath -Wl,-Bdynamic -static-libstdc++ -static-libgcc -lpthread \
-  -Wl,-rpath,'$ORIGIN'
+link_kvslim_cli devbin/kvslim_"$NAME" "$BUILD" "$TMP"/libkvslim.a
 # The test suite as cmake links it (its link line), with the variant's library.
 LINK=$(sed "s# -o ../bin/cuda_tests # -o $ROOT/devbin/cuda_tests_$NAME #; s#\.\./lib/libkvslim\.a#$TMP/libkvslim.a#g" \
   "$BUILD"/tests/CMakeFiles/cuda_tests.dir/link.txt)
