@@ -26,7 +26,12 @@ namespace kvslim::cuda {
 namespace {
 
 using namespace attend_detail;
-constexpr int kStages = 3;
+// Units in flight per warp (the one being read and kStages - 1 loading). KVSLIM_DENSE_STAGES: a build
+// for A/B runs (2 stages fit 3 CTAs an SM at D 128, 3 fit 2).
+#ifndef KVSLIM_DENSE_STAGES
+#define KVSLIM_DENSE_STAGES 3
+#endif
+constexpr int kStages = KVSLIM_DENSE_STAGES;
 constexpr int kUnit = 16;  // dense rows per unit (a warp's step)
 // A dense stage: the unit's key rows, value rows, then their positions (int64), so that the causal
 // check and the unit's newest position come from shared memory, not a dependent global load.
@@ -169,6 +174,36 @@ __global__ void __launch_bounds__(kThreads) attend_dense_kernel(QueryArgs a, Den
 
   pdl_launch_dependents();  // the merge may launch; it waits for this kernel before reading
   const TileRows r = tile_rows(a);
+
+  const int n_units = (rows.n_rows + UNIT - 1) / UNIT;
+  const int u_begin = blockIdx.x * units_per_split;
+  const int u_end = min(n_units, u_begin + units_per_split);
+  unsigned char* my = stages + r.warp * kStages * STAGE;
+  const unsigned char* k_head = reinterpret_cast<const unsigned char*>(rows.k + r.bh * rows.head_stride);
+  const unsigned char* v_head = reinterpret_cast<const unsigned char*>(rows.v + r.bh * rows.head_stride);
+
+  auto issue = [&](int u, int stage) {
+    unsigned char* dst = my + stage * STAGE;
+    const long long src0 = static_cast<long long>(u) * UNIT * ROW_BYTES;
+#pragma unroll
+    for (int i = r.lane; i < UNIT * ROW_BYTES / 16; i += 32) {
+      cp_async16(dst + 16 * i, k_head + src0 + 16 * i);
+      cp_async16(dst + UNIT * ROW_BYTES + 16 * i, v_head + src0 + 16 * i);
+    }
+    const long long row = static_cast<long long>(u) * UNIT + r.lane;
+    cp_async8_if(r.lane < UNIT && row < rows.n_rows, dst + POS_OFFSET + 8 * r.lane,
+                 rows.pos + r.bh * rows.pos_head_stride + row);
+  };
+
+  // The first units' copies before the queries' loads, so that their latencies overlap (a batch-1
+  // call, a few units a warp, waits for both); the stages and q_s do not overlap.
+  const int first = u_begin + r.warp;
+  const int n_mine = first < u_end ? (u_end - first + kWarps - 1) / kWarps : 0;
+#pragma unroll
+  for (int k = 0; k < kStages - 1; ++k) {
+    if (k < n_mine) issue(first + k * kWarps, k);
+    cp_async_commit();
+  }
   load_tile_queries<kTileRows, D>(a, r.tile, r.b, r.h, q_s);  // q_s [8][D]
   __syncthreads();
 
@@ -197,34 +232,7 @@ __global__ void __launch_bounds__(kThreads) attend_dense_kernel(QueryArgs a, Den
     }
   }
 
-  const int n_units = (rows.n_rows + UNIT - 1) / UNIT;
-  const int u_begin = blockIdx.x * units_per_split;
-  const int u_end = min(n_units, u_begin + units_per_split);
-  unsigned char* my = stages + r.warp * kStages * STAGE;
-  const unsigned char* k_head = reinterpret_cast<const unsigned char*>(rows.k + r.bh * rows.head_stride);
-  const unsigned char* v_head = reinterpret_cast<const unsigned char*>(rows.v + r.bh * rows.head_stride);
-
-  auto issue = [&](int u, int stage) {
-    unsigned char* dst = my + stage * STAGE;
-    const long long src0 = static_cast<long long>(u) * UNIT * ROW_BYTES;
-#pragma unroll
-    for (int i = r.lane; i < UNIT * ROW_BYTES / 16; i += 32) {
-      cp_async16(dst + 16 * i, k_head + src0 + 16 * i);
-      cp_async16(dst + UNIT * ROW_BYTES + 16 * i, v_head + src0 + 16 * i);
-    }
-    const long long row = static_cast<long long>(u) * UNIT + r.lane;
-    cp_async8_if(r.lane < UNIT && row < rows.n_rows, dst + POS_OFFSET + 8 * r.lane,
-                 rows.pos + r.bh * rows.pos_head_stride + row);
-  };
-
   RowState<D> st;
-  const int first = u_begin + r.warp;
-  const int n_mine = first < u_end ? (u_end - first + kWarps - 1) / kWarps : 0;
-#pragma unroll
-  for (int k = 0; k < kStages - 1; ++k) {
-    if (k < n_mine) issue(first + k * kWarps, k);
-    cp_async_commit();
-  }
   for (int k = 0; k < n_mine; ++k) {
     const int ahead = k + kStages - 1;
     if (ahead < n_mine) issue(first + ahead * kWarps, ahead % kStages);

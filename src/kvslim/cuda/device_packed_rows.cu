@@ -1099,13 +1099,12 @@ void DevicePackedRows::repack(std::size_t head) {
   std::vector<std::uint8_t> salient;  // zipcache: every row's bit, token order
   int old_top = 0, row = 0;
   for (const Block& b : h.blocks) {
-    int offset[2] = {0, 0};
-    for (int t = 0; t < b.tokens; ++t, ++row) {
-      const int set = b.set_of(t);
-      rows[set].push_back((static_cast<long long>(head) * region_capacity_ + b.region) * G + offset[set]++);
-      out_at[set].push_back(row);
-      if (!b.salient.empty()) salient.push_back(b.salient[static_cast<std::size_t>(t)]);
-    }
+    const long long region_row0 = (static_cast<long long>(head) * region_capacity_ + b.region) * G;
+    for_each_row(b, [&](int set, int r) {
+      rows[set].push_back(region_row0 + r);
+      out_at[set].push_back(row++);
+    });
+    salient.insert(salient.end(), b.salient.begin(), b.salient.end());  // (empty unless zipcache)
     old_top = std::max(old_top, b.region + 1);
   }
   const std::size_t N = static_cast<std::size_t>(std::max(n, 1));
