@@ -32,6 +32,7 @@ using namespace attend_detail;
 #define KVSLIM_DENSE_STAGES 3
 #endif
 constexpr int kStages = KVSLIM_DENSE_STAGES;
+static_assert(kStages >= 2, "a unit loads while another is read");
 constexpr int kUnit = 16;  // dense rows per unit (a warp's step)
 // A dense stage: the unit's key rows, value rows, then their positions (int64), so that the causal
 // check and the unit's newest position come from shared memory, not a dependent global load.
