@@ -166,8 +166,9 @@ void PackedRows::compress(std::size_t head, std::size_t count, const Saliency& s
   Head& h = heads_[head];
   const std::size_t D = dim_, G = options_.group_size;
   const auto& k = quant::simd_kernels();
-  std::vector<const std::uint16_t*> key_rows(G), value_rows(G);  // one group's rows
-  std::vector<double> score(G);
+  // One group's rows (sized by the rows at hand: a group size may exceed any context).
+  std::vector<const std::uint16_t*> key_rows(std::min(G, count)), value_rows(std::min(G, count));
+  std::vector<double> score(std::min(G, count));
   h.blocks.reserve(h.blocks.size() + (count + G - 1) / G);  // exactly: the block list is resident memory too
   for (std::size_t first = 0; first < count; first += G) {
     const std::size_t m = std::min(G, count - first);  // rows of this group (the last may be short)
@@ -223,7 +224,7 @@ void PackedRows::repack(std::size_t head) {
   const auto& k = quant::simd_kernels();
   std::vector<Block> blocks;
   blocks.reserve((n + G - 1) / G);
-  std::vector<const std::uint16_t*> key_rows(G), value_rows(G);
+  std::vector<const std::uint16_t*> key_rows(std::min(G, n)), value_rows(std::min(G, n));
   for (std::size_t first = 0; first < n; first += G) {
     const std::size_t m = std::min(G, n - first);
     for (std::size_t s = 0; s < m; ++s) {
