@@ -1,6 +1,11 @@
 // Runs a libFuzzer target's LLVMFuzzerTestOneInput over every file of its seed corpus, in the
 // ordinary (gcc, ASan+UBSan in CI) test build: the corpus, regressions included, is checked on
 // every test run, not only in the clang fuzz loop. Usage: <target>_replay CORPUS_DIR
+// An input that takes the process past kRssLimitMb (resident, at its peak) fails the run, as
+// libFuzzer's -rss_limit_mb does in CI's fuzz loop (.ci/run): an out-of-memory input is a
+// regression like a crash.
+#include <sys/resource.h>
+
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -9,6 +14,16 @@
 #include <vector>
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size);
+
+namespace {
+constexpr long kRssLimitMb = 4096;  // .ci/run's -rss_limit_mb
+
+long peak_rss_mb() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_maxrss / 1024;  // (kB on Linux)
+}
+}  // namespace
 
 int main(int argc, char** argv) {
   if (argc != 2) {
@@ -29,6 +44,11 @@ int main(int argc, char** argv) {
     std::printf("%s\n", f.filename().c_str());
     std::fflush(stdout);
     LLVMFuzzerTestOneInput(reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size());
+    if (const long mb = peak_rss_mb(); mb > kRssLimitMb) {
+      std::fprintf(stderr, "%s: out of memory: the process's peak resident size reached %ld MB (limit %ld MB)\n",
+                   f.filename().c_str(), mb, kRssLimitMb);
+      return 1;
+    }
   }
   std::printf("%zu inputs replayed\n", files.size());
   return 0;
