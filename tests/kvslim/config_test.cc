@@ -206,7 +206,9 @@ TEST(ConfigIssue26, FloatFieldsRoundTripExactly) {
   EXPECT_EQ(back.zipcache_hi_fraction, 0.123456789012345);
   EXPECT_EQ(back.squeeze_strength, 0.30000000000000004);
   for (const auto& [field, text] : c.fields()) {
-    if (field == "evict_decay") EXPECT_EQ(text, "0.9999999");
+    if (field == "evict_decay") {
+      EXPECT_EQ(text, "0.9999999");
+    }
   }
 }
 
