@@ -167,8 +167,9 @@ void PackedRows::compress(std::size_t head, std::size_t count, const Saliency& s
   const std::size_t D = dim_, G = options_.group_size;
   const auto& k = quant::simd_kernels();
   // One group's rows (sized by the rows at hand: a group size may exceed any context).
-  std::vector<const std::uint16_t*> key_rows(std::min(G, count)), value_rows(std::min(G, count));
-  std::vector<double> score(std::min(G, count));
+  const std::size_t widest = std::min(G, count);
+  std::vector<const std::uint16_t*> key_rows(widest), value_rows(widest);
+  std::vector<double> score(widest);
   h.blocks.reserve(h.blocks.size() + (count + G - 1) / G);  // exactly: the block list is resident memory too
   for (std::size_t first = 0; first < count; first += G) {
     const std::size_t m = std::min(G, count - first);  // rows of this group (the last may be short)
