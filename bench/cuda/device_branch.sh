@@ -10,7 +10,7 @@
 #   attend.txt       kvslim bench attend at batch 1 and 8 x 32k and 128k (CACHES), eager and replayed as a
 #                    CUDA graph, and torch SDPA both ways (compare.txt), while Python builds
 #                    (compare.txt also: the A/B of devbin/kvslim_base, the branch's base, when carried)
-#   hf_generate.txt  8 layers of Llama-3-8B's shape at 1 x 32k: h2o keeping 25 % over fp16 slots and
+#   hf_generate.txt  (not with SKIP_GEN=1) 8 layers of Llama-3-8B's shape at 1 x 32k: h2o keeping 25 % over fp16 slots and
 #                    over kivi K4V2 g128 and over zipcache, squeeze over zipcache (GEN_ONLY: the
 #                    labels to run), replayed steps (hf_generate_unread_probs_written.txt: the
 #                    same with the decode probabilities written, KVSLIM_CUDA_UNREAD_PROBS=0)
@@ -66,6 +66,8 @@ cat "$OUT"/python_build.txt >> "$OUT"/tests.txt; rm -f "$OUT"/python_build.txt
 (echo "=== Python GPU tests"; cd /tmp && PYTHONPATH=/tmp/build-python/python timeout 120 python3 -m pytest -q -p no:cacheprovider \
   -k "graph or streaming or squeeze or attend_and_observe" \
   "$ROOT"/python/tests/test_hf_cuda.py "$ROOT"/python/tests/test_cuda.py 2>&1 | tail -n 40) >> "$OUT"/tests.txt 2>&1
+# SKIP_GEN=1 leaves the transformers step out (a branch that touches neither the step nor its kernels).
+[ "${SKIP_GEN:-0}" = 1 ] && { grep -E "exit|PASSED|FAILED|passed|failed|ERROR SUMMARY" "$OUT"/tests.txt; cat "$OUT"/compare.txt; exit 0; }
 GEN_ARGS=(--skip tiny --shapes 1x32768 --static-limit 0 --new-tokens 48)
 PYTHONPATH=/tmp/build-python/python timeout ${GEN_TIMEOUT:-120} python3 bench/cuda/hf_generate.py --out "$OUT" "${GEN_ARGS[@]}" \
   --only "${GEN_ONLY:-h2o 25%,streaming 25%}" > "$OUT"/hf_generate.log 2>&1

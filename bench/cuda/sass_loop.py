@@ -47,7 +47,7 @@ def sass_of(source, build):
                               text=True).stdout
 
 
-def loop_census(sass, pattern):
+def loop_census(sass, pattern, mma_ops="[HI]MMA"):
     for f in re.split(r"//-+ \.text\.", sass):
         if not f.strip() or pattern not in f.split()[0]:
             continue
@@ -64,7 +64,7 @@ def loop_census(sass, pattern):
                     labels[p] = a
                 pending = []
                 ins.append((a, m.group(2).strip()))
-        mma = [a for a, b in ins if re.search(r"\b[HI]MMA", b)]
+        mma = [a for a, b in ins if re.search(r"\b(" + mma_ops + ")", b)]
         if not mma:
             sys.exit(f"{pattern}: no tensor-core instruction")
         # The smallest backward branch's range holding most of the mma (a software-pipelined loop
@@ -93,6 +93,9 @@ def main():
     ap.add_argument("--list", action="store_true", help="print the loop's instructions too")
     ap.add_argument("--off", action="append", default=[], metavar="TEXT",
                     help="an exact `if (...) {` of the source to compile out (repeatable)")
+    ap.add_argument("--mma", default="[HI]MMA", metavar="REGEX",
+                    help="the tensor-core opcodes that mark the loop (e.g. IMMA or HMMA: a kernel whose warps "
+                         "take different loops, one per product)")
     a = ap.parse_args()
     source = a.source
     if a.off:
@@ -109,7 +112,7 @@ def main():
         with os.fdopen(fd, "w") as f:
             f.write(text)
     try:
-        name, (t, e), body = loop_census(sass_of(source, a.build), a.kernel)
+        name, (t, e), body = loop_census(sass_of(source, a.build), a.kernel, a.mma)
     finally:
         if source != a.source:
             os.remove(source)
