@@ -1,39 +1,42 @@
 #!/usr/bin/env bash
-# Stop 58's first device call (lean): the pending_s57 patch's tests, memcheck; the paired variant's
-# attention tests; the A/B of base, patch, paired4, paired5; the paired variant's suite + racecheck;
-# the patch's racecheck. Each result into $OUT as it finishes.
+# Stop 58's device call (short budget, most telling first): the decode attention tests of the forms
+# patch and of the paired kernel; the A/B of main (kvslim_base), the forms patch (kvslim) and the
+# paired kernel (kvslim_paired4/5); then the forms patch's whole suite and memcheck, then the paired
+# kernel's suite and racecheck, then the patch's racecheck. Each result into $OUT as it finishes.
 set -u
 OUT=${OUT:-/tmp/kvslim-device-out}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$PWD/devbin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 for f in devbin/*.xz; do xz -dkf "$f"; done
 chmod +x devbin/kvslim* devbin/cuda_tests*
+ATT='CudaAttend.*:CudaZipcache.Attention*:CudaEviction.KiviCodesUnderH2o*'
 { date; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
-  timeout 150 devbin/cuda_tests 2>&1 | grep -v "^\[       OK\|^\[ RUN" | tail -c 30000
-  echo "tests exit: ${PIPESTATUS[0]}"
-  echo "=== graph and eviction tests with the partials merged in the segments (KVSLIM_CUDA_FUSED_MERGE=1)"
-  KVSLIM_CUDA_FUSED_MERGE=1 timeout 60 devbin/cuda_tests --gtest_filter='CudaStepGraph.*:CudaEviction.*:-CudaStepGraph.*LargerStores' 2>&1 \
-    | grep -v "^\[       OK\|^\[ RUN" | tail -c 6000
-  echo "fused merge tests exit: ${PIPESTATUS[0]}"; date; } > "$OUT"/tests.txt 2>&1
-{ echo "=== compute-sanitizer memcheck"
-  timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 devbin/cuda_tests \
+  echo "=== cuda_tests (forms patch): the decode attention tests"
+  timeout 60 devbin/cuda_tests --gtest_filter="$ATT" 2>&1 | grep -v "^\[       OK\|^\[ RUN" | tail -c 6000
+  echo "attention tests exit: ${PIPESTATUS[0]}"; date; } > "$OUT"/tests.txt 2>&1
+{ echo "=== cuda_tests_paired5: the decode attention tests"
+  timeout 60 devbin/cuda_tests_paired5 --gtest_filter="$ATT" 2>&1 | grep -v "^\[       OK\|^\[ RUN" | tail -c 8000
+  echo "paired5 attention tests exit: ${PIPESTATUS[0]}"; date; } > "$OUT"/tests_paired.txt 2>&1
+grep -q "paired5 attention tests exit: 0" "$OUT"/tests_paired.txt || rm -f devbin/kvslim_paired*
+CACHES="kivi4_g128 kivi2_g128 kivi_k4v2_g128 zipcache" timeout 200 bash bench/cuda/device_kernel_ab.sh > /dev/null 2>&1
+{ echo "=== cuda_tests (forms patch): every CUDA test"
+  timeout 120 devbin/cuda_tests 2>&1 | grep -v "^\[       OK\|^\[ RUN" | tail -c 20000
+  echo "tests exit: ${PIPESTATUS[0]}"; date
+  echo "=== compute-sanitizer memcheck"
+  timeout 110 compute-sanitizer --tool memcheck --error-exitcode 9 devbin/cuda_tests \
     --gtest_filter='CudaStepGraph.*:CudaEviction.Streaming*:CudaEviction.Squeeze*:CudaEviction.Zipcache*:CudaEviction.KiviCodes*:CudaCache.*:-CudaStepGraph.*LargerStores' 2>&1 | tail -n 20
   echo "memcheck exit: ${PIPESTATUS[0]}"; date; } >> "$OUT"/tests.txt 2>&1
-{ echo "=== cuda_tests_paired5: the decode attention tests"
-  timeout 90 devbin/cuda_tests_paired5 --gtest_filter='CudaAttend.*:CudaZipcache.Attention*' 2>&1 | grep -v "^\[       OK\|^\[ RUN" | tail -c 8000
-  echo "paired5 attention tests exit: ${PIPESTATUS[0]}"; date; } > "$OUT"/tests_paired.txt 2>&1
-PAIRED_OK=1
-grep -q "paired5 attention tests exit: 0" "$OUT"/tests_paired.txt || { PAIRED_OK=0; rm -f devbin/kvslim_paired*; }
-CACHES="kivi4_g128 kivi2_g128 kivi_k4v2_g128 zipcache" timeout 220 bash bench/cuda/device_kernel_ab.sh > /dev/null 2>&1
-[ $PAIRED_OK = 1 ] && { echo "=== cuda_tests_paired5: every CUDA test"
-  timeout 120 devbin/cuda_tests_paired5 2>&1 | grep -v "^\[       OK\|^\[ RUN" | tail -c 12000
-  echo "paired5 tests exit: ${PIPESTATUS[0]}"; date
-  echo "=== compute-sanitizer racecheck (cuda_tests_paired5)"
-  timeout 120 compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 devbin/cuda_tests_paired5 \
-    --gtest_filter='CudaAttend.ScoresClimbing*:CudaAttend.BatchWithOwnLengths*:CudaZipcache.Attention*:CudaEviction.KiviCodesUnderH2o*' 2>&1 \
-    | grep -v "^\[       OK\|^\[ RUN" | tail -n 20
-  echo "paired5 racecheck exit: ${PIPESTATUS[0]}"; date; } >> "$OUT"/tests_paired.txt 2>&1
-{ echo "=== compute-sanitizer racecheck (the patch)"
+if [ -x devbin/kvslim_paired5 ]; then
+  { echo "=== cuda_tests_paired5: every CUDA test"
+    timeout 120 devbin/cuda_tests_paired5 2>&1 | grep -v "^\[       OK\|^\[ RUN" | tail -c 12000
+    echo "paired5 tests exit: ${PIPESTATUS[0]}"; date
+    echo "=== compute-sanitizer racecheck (cuda_tests_paired5)"
+    timeout 120 compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 devbin/cuda_tests_paired5 \
+      --gtest_filter='CudaAttend.ScoresClimbing*:CudaAttend.BatchWithOwnLengths*:CudaZipcache.Attention*:CudaEviction.KiviCodesUnderH2o*' 2>&1 \
+      | grep -v "^\[       OK\|^\[ RUN" | tail -n 20
+    echo "paired5 racecheck exit: ${PIPESTATUS[0]}"; date; } >> "$OUT"/tests_paired.txt 2>&1
+fi
+{ echo "=== compute-sanitizer racecheck (the forms patch)"
   timeout 120 compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 devbin/cuda_tests \
     --gtest_filter='CudaAttend.ScoresClimbing*:CudaAttend.BatchWithOwnLengths*:CudaZipcache.Attention*:CudaEviction.KiviCodesUnderH2o*' 2>&1 \
     | grep -v "^\[       OK\|^\[ RUN" | tail -n 20
