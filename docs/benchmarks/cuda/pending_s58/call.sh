@@ -18,7 +18,7 @@ ATT='CudaAttend.*:CudaZipcache.Attention*:CudaEviction.KiviCodesUnderH2o*'
   timeout 60 devbin/cuda_tests_paired5 --gtest_filter="$ATT" 2>&1 | grep -v "^\[       OK\|^\[ RUN" | tail -c 8000
   echo "paired5 attention tests exit: ${PIPESTATUS[0]}"; date; } > "$OUT"/tests_paired.txt 2>&1
 grep -q "paired5 attention tests exit: 0" "$OUT"/tests_paired.txt || rm -f devbin/kvslim_paired*
-CACHES="kivi4_g128 kivi2_g128 kivi_k4v2_g128 zipcache" timeout 200 bash bench/cuda/device_kernel_ab.sh > /dev/null 2>&1
+CACHES="kivi4_g128 kivi2_g128 kivi_k4v2_g128 zipcache" timeout 240 bash bench/cuda/device_kernel_ab.sh > /dev/null 2>&1
 { echo "=== cuda_tests (forms patch): every CUDA test"
   timeout 120 devbin/cuda_tests 2>&1 | grep -v "^\[       OK\|^\[ RUN" | tail -c 20000
   echo "tests exit: ${PIPESTATUS[0]}"; date
