@@ -18,7 +18,9 @@ unit without its group's first-unit and last-unit work:
       --off 'if (__any_sync(0xffffffffu, mx > m_run + kLeanSlack)) {' \
       --off 'if (!valid || row0 + kGroupRows > seq_limit || newest > qpos) {'
 (A value that only a compiled-out branch reads is dropped with it: compile out what the kernel
-still needs and the count falls by more than the branch.)
+still needs and the count falls by more than the branch.) A kernel whose warps take one product each
+(attend_codes_half.cu's pairs, KVSLIM_HALF_PAIRED) has a loop per product: --mma IMMA counts the
+keys warp's, --mma HMMA the values warp's.
 """
 import argparse
 import collections
