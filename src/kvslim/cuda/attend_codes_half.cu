@@ -33,6 +33,7 @@
 #include <atomic>
 #include <cfloat>
 #include <cmath>
+#include <stdexcept>
 #include <type_traits>
 
 #include "cuda/attend.h"
@@ -134,13 +135,23 @@ struct HalfShape {
 #endif
 constexpr int half_min_ctas(int D) { return D == 128 ? KVSLIM_HALF_CTAS_D128 : 4; }
 
-// kSkipsPadding: rows.region_rows is set (an eviction store's regions): units of padding only are
-// neither loaded nor computed. A form of its own, so that the other stores' kernels keep their
-// registers (the flags cost 2-7 of them; 4-8 bytes of spills in the 8-bit-key forms, which are not
-// built: launch_half_codes).
-template <int KB, int VB, int D, bool kSkipsPadding>
+// The kernel's forms, by how a store's units make groups and which of them hold rows. Each is a form
+// of its own so that the others carry none of its bookkeeping:
+//   kWholeGroups:   groups of rows.group_units units, every unit read (kivi's caches).
+//   kSkipsPadding:  the same groups, and rows.region_rows (an eviction store's regions): units of
+//                   padding only are neither loaded nor computed. (The flags cost 2-7 registers;
+//                   4-8 bytes of spills in the 8-bit-key forms, which are not built: launch_half_codes.)
+//   kFlaggedStarts: groups of varying length (zipcache's sets): parameters stored per unit
+//                   (group_units 1), a group beginning where rows.unit_starts says. (Its flags'
+//                   ballot and branches cost kivi's forms ~43 of a unit's ~840 instructions when
+//                   every form carried them: docs/cuda.md, Next item 0.)
+enum class UnitForm { kWholeGroups, kSkipsPadding, kFlaggedStarts };
+
+template <int KB, int VB, int D, UnitForm kForm>
 __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
     attend_codes_half_kernel(QueryArgs a, PackedRows rows, Partials parts, int part_base, int units_per_split) {
+  constexpr bool kSkipsPadding = kForm == UnitForm::kSkipsPadding;
+  constexpr bool kFlaggedStarts = kForm == UnitForm::kFlaggedStarts;
   using Shape = HalfShape<KB, VB, D>;
   using KMap = typename Shape::KMap;
   using VMap = typename Shape::VMap;
@@ -180,7 +191,7 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
   float psum_g = 0.f;
   const int seq_limit = a.seq_rows ? a.seq_rows[b] : INT32_MAX;
 
-  const int GU = rows.group_units;
+  const int GU = kFlaggedStarts ? 1 : rows.group_units;
   const int u_begin = blockIdx.x * units_per_split;
   const int u_end = min(rows.n_units, u_begin + units_per_split);
   const unsigned char* kc_head = rows.k_codes + bh * rows.k_codes_stride;
@@ -205,9 +216,9 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
   const unsigned char* vp_next =
       reinterpret_cast<const unsigned char*>(vp_head + static_cast<long long>(first_group) * 2 * D) + 16 * lane;
   constexpr int K_CHUNKS = K_CODE_BYTES / 16, V_CHUNKS = Shape::V_CODE_BYTES / 16, P_CHUNKS = PARAM_BYTES / 16;
-  // Where groups begin: every GU-th unit (iwi, the next unit's place in its group), or where
-  // rows.unit_starts says (GU 1: parameters stored per unit, read at a group's first unit only; the
-  // flags of 32 units at a time, one byte a lane, kept as a ballot).
+  // Where groups begin: every GU-th unit (iwi, the next unit's place in its group), or, in the
+  // flagged form, where rows.unit_starts says (GU 1: parameters stored per unit, read at a group's
+  // first unit only; the flags of 32 units at a time, one byte a lane, kept as a ballot).
   const std::uint8_t* starts = rows.unit_starts;
   int iwi = w_begin - first_group * GU;
   unsigned starts_bits = 0;
@@ -273,7 +284,12 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
         }
       }
     }
-    const bool begins = starts != nullptr ? starts_group(u_load) : iwi == 0;
+    bool begins;
+    if constexpr (kFlaggedStarts) {
+      begins = starts_group(u_load);
+    } else {
+      begins = iwi == 0;
+    }
     if (first || begins) {
       const int slot = kHalfStages * STAGE + (++load_group % kHalfStages) * PSLOT;  // its parameter slot, from my
 #pragma unroll
@@ -557,17 +573,17 @@ template <int KB, int VB, int D>
 int half_resident() {
   static const int n = [] {
     constexpr int smem = HalfShape<KB, VB, D>::SMEM;
-    set_smem_always(attend_codes_half_kernel<KB, VB, D, false>, smem);
-    return resident_ctas(attend_codes_half_kernel<KB, VB, D, false>, smem);
+    set_smem_always(attend_codes_half_kernel<KB, VB, D, UnitForm::kWholeGroups>, smem);
+    return resident_ctas(attend_codes_half_kernel<KB, VB, D, UnitForm::kWholeGroups>, smem);
   }();
   return n;
 }
 
-template <int KB, int VB, int D, bool kSkipsPadding>
+template <int KB, int VB, int D, UnitForm kForm>
 void half_launch(const QueryArgs& q, const PackedRows& rows, const Partials& parts, int part_base, int splits,
                  int units_per_split, cudaStream_t stream) {
   constexpr int smem = HalfShape<KB, VB, D>::SMEM;
-  auto kernel = attend_codes_half_kernel<KB, VB, D, kSkipsPadding>;
+  auto kernel = attend_codes_half_kernel<KB, VB, D, kForm>;
   static std::atomic<unsigned long long> done{0};
   set_smem(kernel, smem, done);
   launch_kernel(splits > 0, part_base > 0, kernel, dim3(splits, q.tiles(), q.B * q.Hkv), dim3(kThreads), smem, stream, q, rows,
@@ -612,14 +628,19 @@ int half_codes_resident(const QueryArgs& q, const PackedRows& rows) {
 void launch_half_codes(const QueryArgs& q, const PackedRows& rows, const Partials& parts, int part_base, int splits,
                        int units_per_split, cudaStream_t stream) {
   with_half_kernel(q, rows, [&]<int KB, int VB, int D>() {
+    if (rows.unit_starts != nullptr) {
+      if (rows.group_units != 1) throw std::logic_error("attend: unit_starts needs parameters stored per unit (group_units 1)");
+      half_launch<KB, VB, D, UnitForm::kFlaggedStarts>(q, rows, parts, part_base, splits, units_per_split, stream);
+      return;
+    }
     // (8-bit keys keep every unit: the flags spill registers in those forms; padding is masked.)
     if constexpr (KB < 8) {
-      if (rows.region_rows != nullptr && rows.unit_starts == nullptr && rows.group_units > 0) {
-        half_launch<KB, VB, D, true>(q, rows, parts, part_base, splits, units_per_split, stream);
+      if (rows.region_rows != nullptr && rows.group_units > 0) {
+        half_launch<KB, VB, D, UnitForm::kSkipsPadding>(q, rows, parts, part_base, splits, units_per_split, stream);
         return;
       }
     }
-    half_launch<KB, VB, D, false>(q, rows, parts, part_base, splits, units_per_split, stream);
+    half_launch<KB, VB, D, UnitForm::kWholeGroups>(q, rows, parts, part_base, splits, units_per_split, stream);
   });
 }
 
