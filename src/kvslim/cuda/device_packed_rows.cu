@@ -881,18 +881,18 @@ void DevicePackedRows::erase(std::size_t head, std::span<const std::size_t> slot
       int list_at[2], kept[2] = {0, 0}, seen[2] = {0, 0};
       for (int set = 0; set < layout_.sets; ++set) list_at[set] = static_cast<int>(close_list_[set].size());
       std::vector<std::uint8_t> salient;
-      for (std::size_t s = first; s < end; ++s) {
-        const std::size_t t = s - first;
-        const int set = b.set_of(static_cast<int>(t));
-        const int offset = seen[set]++;
-        if (next < slots.size() && slots[next] == s) {
+      std::size_t t = 0;  // the row's place in the block (for_each_row walks them in token order)
+      for_each_row(b, [&](int set, int offset) {
+        const std::size_t row = t++;
+        seen[set] = offset + 1;
+        if (next < slots.size() && slots[next] == first + row) {
           ++next;
-          continue;
+          return;
         }
         close_list_[set].push_back(offset);
         ++kept[set];
-        if (!b.salient.empty()) salient.push_back(b.salient[t]);
-      }
+        if (!b.salient.empty()) salient.push_back(b.salient[row]);
+      });
       for (int set = 0; set < layout_.sets; ++set) {
         if (kept[set] != seen[set]) {
           closes_[set].push_back(CloseJob{static_cast<int>(head), b.region, seen[set], kept[set], list_at[set]});
