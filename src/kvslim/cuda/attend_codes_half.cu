@@ -568,7 +568,7 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
   pdl_wait();  // launched early after another codes segment (part_base > 0): finish after it
 }
 
-// (Both forms have the same launch bounds and shared memory: the same CTAs an SM.)
+// (Every form has the same launch bounds and shared memory: the same CTAs an SM.)
 template <int KB, int VB, int D>
 int half_resident() {
   static const int n = [] {
