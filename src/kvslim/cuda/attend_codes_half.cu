@@ -129,6 +129,178 @@ struct HalfShape {
   static_assert(STAGE % 16 == 0 && WARP_BYTES % 16 == 0, "stages must be whole 16-byte chunks");
 };
 
+// A unit's steps, shared by the single warp's kernel and the pairs' (the same operations in the same
+// order). Lane (g, t) holds column g of the products' B (vector g / 2, part g % 2: digits 3 / 2 and
+// 1 / 0 of q', P's hi / lo part) and vector t's softmax and output channels (value_channel(i, g)).
+template <int KB, int VB, int D>
+struct HalfSteps {
+  using KMap = CodeMap<KB, D>;
+  using VMap = HalfCodeMap<VB, D>;
+  using IK = InPlaceKeyMap<KB, D>;  // the keys' registers and q' digits
+  using Order = HalfUnitOrder;      // the unit's tokens in the value product, P's layout (fragment_maps.h)
+  static constexpr int KRB = KMap::RB, KW = KMap::KW, NR = KMap::NR, KS = KMap::KS;  // NR: D / 16 registers a token
+  static constexpr int VRB = VMap::RB, BPLV = VMap::BPLV, NWV = VMap::NWV, NC = VMap::NC, MT = VMap::MT;
+
+  // 1. At a group's first unit: column g's digits of q' = q * key scale, relative to the vector's
+  //    largest |q'| (bq: [0, NR) the first mma's, then the second's); vector t's scale and q . zero.
+  //    qv: vector g / 2's q [D]; kp: the group's key scales [D] then zeros [D].
+  //    lo_part: g % 2 (the kernel's, computed once).
+  __device__ __forceinline__ static void q_digits(const float* qv, const __half* kp, bool lo_part, int t,
+                                                  std::uint32_t (&bq)[2 * NR], float& qscale, float& bias) {
+    // Column g of the two mma: vector g / 2, digits 3 / 2 (g even / odd) in the first, 1 / 0 in
+    // the second. Lanes g = 2v and 2v + 1 each build half of the registers' digits and trade what
+    // the other's columns take (shuffle xor 4).
+    constexpr int HALF = NR / 2;
+    const int half = lo_part ? 1 : 0;
+    float qp[HALF][4];
+    float amax = 0.f, qz = 0.f;
+#pragma unroll
+    for (int i = 0; i < HALF; ++i) {
+      // Register half * HALF + i: four consecutive channels, their q, key scales and zeros.
+      const int c0 = IK::Map::key_channel(half * HALF + i, 0, t);
+      amax = fmaxf(amax, quad_q_prime(qv + c0, kp + c0, kp + D + c0, qp[i], qz));
+    }
+    amax = max_over(amax, 1, 8);  // the 4 t lanes of both lanes of the vector: all its channels
+    qz = sum_over(qz, 1, 8);
+    const float inv = amax > 0.f ? 1.f / amax : 0.f;
+#pragma unroll
+    for (int i = 0; i < HALF; ++i) {
+      // q' / max|q'| * 2^scale_bits, the power of two taken into 1 / max|q'| (exact: the same bits).
+      const float inv_r = inv * pow2i(IK::scale_bits(half * HALF + i));
+      const float y[4] = {qp[i][0] * inv_r, qp[i][1] * inv_r, qp[i][2] * inv_r, qp[i][3] * inv_r};
+      std::uint32_t d[4];  // digit j of the 4 channels
+      IK::scaled_q_digits(y, d);
+      const std::uint32_t mine1 = lo_part ? d[2] : d[3], other1 = lo_part ? d[3] : d[2];
+      const std::uint32_t mine2 = lo_part ? d[0] : d[1], other2 = lo_part ? d[1] : d[0];
+      const std::uint32_t recv1 = __shfl_xor_sync(0xffffffffu, other1, 4);
+      const std::uint32_t recv2 = __shfl_xor_sync(0xffffffffu, other2, 4);
+      bq[i] = half ? recv1 : mine1;
+      bq[HALF + i] = half ? mine1 : recv1;
+      bq[NR + i] = half ? recv2 : mine2;
+      bq[NR + HALF + i] = half ? mine2 : recv2;
+    }
+    qscale = __shfl_sync(0xffffffffu, amax * (1.f / static_cast<float>(1u << IK::kTotalBits)), 8 * t);  // lane (2t, 0)
+    bias = __shfl_sync(0xffffffffu, qz, 8 * t);
+  }
+
+  // 2. Scores of tokens 16 mt + g (+ 8 rh) for vector t: the unit's key codes kc as A, q' digits as B.
+  __device__ __forceinline__ static void scores(const unsigned char* kc, int g, int t, const std::uint32_t (&bq)[2 * NR],
+                                                float qscale, float bias, float (&sc)[2][2]) {
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+      std::uint32_t w0[KW], w1[KW];
+      load_words<KW>(kc + (16 * mt + g) * KRB + t * (KRB / 4), w0);
+      load_words<KW>(kc + (16 * mt + g + 8) * KRB + t * (KRB / 4), w1);
+      int c1[4], c2[4];  // digits 3, 2 and 1, 0 of vector t: columns 2t, 2t + 1
+#pragma unroll
+      for (int ks = 0; ks < KS; ++ks) {
+        const std::uint32_t a0 = IK::key_reg(w0, 2 * ks), a1 = IK::key_reg(w1, 2 * ks);
+        const std::uint32_t a2 = IK::key_reg(w0, 2 * ks + 1), a3 = IK::key_reg(w1, 2 * ks + 1);
+        if (ks == 0) {
+          imma16832_from(c1, a0, a1, a2, a3, bq[0], bq[1], kSumBias);
+          imma16832_from(c2, a0, a1, a2, a3, bq[NR], bq[NR + 1], kSumBias);
+        } else {
+          imma16832(c1, a0, a1, a2, a3, bq[2 * ks], bq[2 * ks + 1]);
+          imma16832(c2, a0, a1, a2, a3, bq[NR + 2 * ks], bq[NR + 2 * ks + 1]);
+        }
+      }
+#pragma unroll
+      for (int rh = 0; rh < 2; ++rh) {
+        const float sum = fmaf(sum_of(c1[2 * rh]), 16777216.f,
+                               fmaf(sum_of(c1[2 * rh + 1]), 65536.f, fmaf(sum_of(c2[2 * rh]), 256.f, sum_of(c2[2 * rh + 1]))));
+        sc[mt][rh] = fmaf(sum, qscale, bias);
+      }
+    }
+  }
+
+  // The unit's rows one by one (a lane past the tile's vectors, a unit that runs past the sequence's
+  // rows or holds a row newer than the query): -inf where masked. upos: the unit's positions.
+  __device__ __forceinline__ static void mask(const std::int64_t* upos, long long row0, int seq_limit, std::int64_t qpos,
+                                              bool valid, int g, float (&sc)[2][2]) {
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+      for (int rh = 0; rh < 2; ++rh) {
+        const int tok = 16 * mt + g + 8 * rh;
+        const bool keep = valid && row0 + tok < seq_limit && upos[tok] <= qpos;
+        sc[mt][rh] = keep ? sc[mt][rh] : -INFINITY;
+      }
+    }
+  }
+
+  // The unit's logits of vector t (rows g + 8 j) at dst (a.logits at row0 + g): 4 stores.
+  __device__ __forceinline__ static void write_logits(float* dst, const float (&sc)[2][2]) {
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+      for (int rh = 0; rh < 2; ++rh) dst[16 * mt + 8 * rh] = sc[mt][rh];
+    }
+  }
+
+  // P's hi and lo parts at pb [part][vector][Order::p_index(token)]: the lane's tokens g + 8 j (j =
+  // 2 mt + rh) side by side at 4g + j, one 8-byte store a part.
+  __device__ __forceinline__ static void store_p(const float (&p)[2][2], __half* pb, int g, int t) {
+    const __half2 h01 = __floats2half2_rn(p[0][0], p[0][1]), h23 = __floats2half2_rn(p[1][0], p[1][1]);
+    const float2 f01 = __half22float2(h01), f23 = __half22float2(h23);
+    const __half2 l01 = __floats2half2_rn(p[0][0] - f01.x, p[0][1] - f01.y);
+    const __half2 l23 = __floats2half2_rn(p[1][0] - f23.x, p[1][1] - f23.y);
+    const auto bits = [](__half2 h) { return *reinterpret_cast<const std::uint32_t*>(&h); };
+    const int at = Order::p_index(g);  // = 4g: tokens g, g + 8, g + 16, g + 24 follow
+    *reinterpret_cast<uint2*>(pb + t * kGroupRows + at) = make_uint2(bits(h01), bits(h23));
+    *reinterpret_cast<uint2*>(pb + (kDecodeVectors + t) * kGroupRows + at) = make_uint2(bits(l01), bits(l23));
+  }
+
+  // 4. Values: the lane's tokens Order::value_token(ks, t, 0..3) (k-slots 2t, 2t + 1, 2t + 8,
+  //    2t + 9) of the unit's value codes vc, paired by PRMT into A (rows = channels); column g of B =
+  //    P's part of vector bvec = g / 2 (pb; lo_part = g % 2); cv += the unit's sum_t P code * 2^-10.
+  __device__ __forceinline__ static void values(const unsigned char* vc, const __half* pb, int g, int t, int bvec,
+                                                bool lo_part, float (&cv)[MT][4]) {
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks) {
+      const int tok0 = Order::value_token(ks, t, 0);
+      const uint2 pv = *reinterpret_cast<const uint2*>(pb + (lo_part * kDecodeVectors + bvec) * kGroupRows +
+                                                       Order::p_index(tok0));
+      std::uint32_t w[4][NWV];  // the lane's share of each of the 4 tokens
+      load_quad_rows<BPLV, NWV, Order::kRowStride * VRB>(vc + tok0 * VRB + g * BPLV, w);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        const int b0 = (2 * mt) / VMap::NJ, b1 = (2 * mt + 1) / VMap::NJ;  // the bytes rows g, g + 8 come from
+        const std::uint32_t x0[2] = {VMap::pair_bytes(w[0][b0 / 4], w[1][b0 / 4], b0 % 4),
+                                     VMap::pair_bytes(w[2][b0 / 4], w[3][b0 / 4], b0 % 4)};
+        const std::uint32_t x1[2] = {VMap::pair_bytes(w[0][b1 / 4], w[1][b1 / 4], b1 % 4),
+                                     VMap::pair_bytes(w[2][b1 / 4], w[3][b1 / 4], b1 % 4)};
+        const int o0 = VMap::value_shift(2 * mt), o1 = VMap::value_shift(2 * mt + 1);
+        const std::uint32_t av[4] = {hmul2_bits(x0[0] & (VMap::MASK << o0), VMap::normalizer(o0)),
+                                     hmul2_bits(x1[0] & (VMap::MASK << o1), VMap::normalizer(o1)),
+                                     hmul2_bits(x0[1] & (VMap::MASK << o0), VMap::normalizer(o0)),
+                                     hmul2_bits(x1[1] & (VMap::MASK << o1), VMap::normalizer(o1))};
+        mma16816<DenseType::f16>(cv[mt], av, pv.x, pv.y);
+      }
+    }
+  }
+
+  // 5. At a group's last unit: acc += scale * sums / kCodeUnit + zero * sum of P (acc and psum, the
+  //    group's sum of P of vector t, both times kCodeUnit: one multiply a group, not one a channel);
+  //    the group's sums cv start again from zero. vp: the group's value scales [D] then zeros [D].
+  __device__ __forceinline__ static void fold_group(const __half* vp, int g, float psum, float (&cv)[MT][4],
+                                                    float (&acc)[NC]) {
+    // Plane j's channels of this lane are BPLV consecutive ones (g BPLV + j RB + byte): read as words.
+#pragma unroll
+    for (int j = 0; j < VMap::NJ; ++j) {
+      float vs[BPLV], vz[BPLV];
+      load_halves<BPLV>(vp + VMap::value_channel(j, g), vs);
+      load_halves<BPLV>(vp + D + VMap::value_channel(j, g), vz);
+#pragma unroll
+      for (int bi = 0; bi < BPLV; ++bi) {
+        const int i = bi * VMap::NJ + j, mt = i / 2, e = 2 * (i % 2);
+        acc[i] = fmaf(cv[mt][e] + cv[mt][e + 1], vs[bi], fmaf(vz[bi], psum, acc[i]));
+      }
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) cv[mt][0] = cv[mt][1] = cv[mt][2] = cv[mt][3] = 0.f;
+  }
+};
+
 // CTAs per SM the registers are sized for (KVSLIM_HALF_CTAS_D128: a build for A/B runs).
 #ifndef KVSLIM_HALF_CTAS_D128
 #define KVSLIM_HALF_CTAS_D128 3
@@ -155,13 +327,11 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
   using Shape = HalfShape<KB, VB, D>;
   using KMap = typename Shape::KMap;
   using VMap = typename Shape::VMap;
-  using IK = InPlaceKeyMap<KB, D>;  // the keys' registers and q' digits
-  static_assert(std::is_same_v<typename IK::Map, KMap>, "the stages' key rows are the int8 map's");
-  constexpr int KRB = KMap::RB, KW = KMap::KW, NR = KMap::NR, KS = KMap::KS;  // NR: D / 16 registers a token
-  constexpr int VRB = VMap::RB, BPLV = VMap::BPLV, NWV = VMap::NWV, NC = VMap::NC, MT = VMap::MT;
+  using Steps = HalfSteps<KB, VB, D>;
+  static_assert(std::is_same_v<typename Steps::IK::Map, KMap>, "the stages' key rows are the int8 map's");
+  constexpr int NR = KMap::NR, NC = VMap::NC, MT = VMap::MT;  // NR: D / 16 registers a token
   constexpr int K_CODE_BYTES = Shape::K_CODE_BYTES, STAGE = Shape::STAGE, PSLOT = Shape::PSLOT;
   constexpr int PARAM_BYTES = Shape::PARAM_BYTES;
-  using Order = HalfUnitOrder;  // the unit's tokens in the value product, P's layout (fragment_maps.h)
   extern __shared__ __align__(16) unsigned char smem[];
 
   pdl_launch_dependents();  // the window's dense rows and the merge may launch (attend_shared.cuh)
@@ -364,73 +534,12 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
     const __half* kp = reinterpret_cast<const __half*>(pslot);
     const __half* vp = reinterpret_cast<const __half*>(pslot + PARAM_BYTES);
 
-    // 1. At a group's first unit (or the warp's first): column g's digits of q' = q * key scale,
-    //    relative to the vector's largest |q'|; the scale and q . zero of vector t.
-    if (first_of_group) {
-      // Column g of the two mma: vector g / 2, digits 3 / 2 (g even / odd) in the first, 1 / 0 in
-      // the second (bq[0, NR) and bq[NR, 2 NR)). Lanes g = 2v and 2v + 1 each build half of the
-      // registers' digits and trade what the other's columns take (shuffle xor 4).
-      const float* qv = qs + bvec * D;
-      constexpr int HALF = NR / 2;
-      const int half = lo_part ? 1 : 0;
-      float qp[HALF][4];
-      float amax = 0.f, qz = 0.f;
-#pragma unroll
-      for (int i = 0; i < HALF; ++i) {
-        // Register half * HALF + i: four consecutive channels, their q, key scales and zeros.
-        const int c0 = IK::Map::key_channel(half * HALF + i, 0, t);
-        amax = fmaxf(amax, quad_q_prime(qv + c0, kp + c0, kp + D + c0, qp[i], qz));
-      }
-      amax = max_over(amax, 1, 8);  // the 4 t lanes of both lanes of the vector: all its channels
-      qz = sum_over(qz, 1, 8);
-      const float inv = amax > 0.f ? 1.f / amax : 0.f;
-#pragma unroll
-      for (int i = 0; i < HALF; ++i) {
-        // q' / max|q'| * 2^scale_bits, the power of two taken into 1 / max|q'| (exact: the same bits).
-        const float inv_r = inv * pow2i(IK::scale_bits(half * HALF + i));
-        const float y[4] = {qp[i][0] * inv_r, qp[i][1] * inv_r, qp[i][2] * inv_r, qp[i][3] * inv_r};
-        std::uint32_t d[4];  // digit j of the 4 channels
-        IK::scaled_q_digits(y, d);
-        const std::uint32_t mine1 = lo_part ? d[2] : d[3], other1 = lo_part ? d[3] : d[2];
-        const std::uint32_t mine2 = lo_part ? d[0] : d[1], other2 = lo_part ? d[1] : d[0];
-        const std::uint32_t recv1 = __shfl_xor_sync(0xffffffffu, other1, 4);
-        const std::uint32_t recv2 = __shfl_xor_sync(0xffffffffu, other2, 4);
-        bq[i] = half ? recv1 : mine1;
-        bq[HALF + i] = half ? mine1 : recv1;
-        bq[NR + i] = half ? recv2 : mine2;
-        bq[NR + HALF + i] = half ? mine2 : recv2;
-      }
-      qscale = __shfl_sync(0xffffffffu, amax * (1.f / static_cast<float>(1u << IK::kTotalBits)), 8 * t);  // lane (2t, 0)
-      bias = __shfl_sync(0xffffffffu, qz, 8 * t);
-    }
+    // 1. At a group's first unit (or the warp's first): column g's digits of q' (Steps::q_digits).
+    if (first_of_group) Steps::q_digits(qs + bvec * D, kp, lo_part, t, bq, qscale, bias);
 
     // 2. Scores of tokens 16 mt + g (+ 8) for vector t: keys as A, q' digits as B.
     float sc[2][2];
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt) {
-      std::uint32_t w0[KW], w1[KW];
-      load_words<KW>(kc + (16 * mt + g) * KRB + t * (KRB / 4), w0);
-      load_words<KW>(kc + (16 * mt + g + 8) * KRB + t * (KRB / 4), w1);
-      int c1[4], c2[4];  // digits 3, 2 and 1, 0 of vector t: columns 2t, 2t + 1
-#pragma unroll
-      for (int ks = 0; ks < KS; ++ks) {
-        const std::uint32_t a0 = IK::key_reg(w0, 2 * ks), a1 = IK::key_reg(w1, 2 * ks);
-        const std::uint32_t a2 = IK::key_reg(w0, 2 * ks + 1), a3 = IK::key_reg(w1, 2 * ks + 1);
-        if (ks == 0) {
-          imma16832_from(c1, a0, a1, a2, a3, bq[0], bq[1], kSumBias);
-          imma16832_from(c2, a0, a1, a2, a3, bq[NR], bq[NR + 1], kSumBias);
-        } else {
-          imma16832(c1, a0, a1, a2, a3, bq[2 * ks], bq[2 * ks + 1]);
-          imma16832(c2, a0, a1, a2, a3, bq[NR + 2 * ks], bq[NR + 2 * ks + 1]);
-        }
-      }
-#pragma unroll
-      for (int rh = 0; rh < 2; ++rh) {
-        const float sum = fmaf(sum_of(c1[2 * rh]), 16777216.f,
-                               fmaf(sum_of(c1[2 * rh + 1]), 65536.f, fmaf(sum_of(c2[2 * rh]), 256.f, sum_of(c2[2 * rh + 1]))));
-        sc[mt][rh] = fmaf(sum, qscale, bias);
-      }
-    }
+    Steps::scores(kc, g, t, bq, qscale, bias, sc);
 
     // 3. Online softmax of vector t over the unit; P's hi and lo parts into pb.
     const long long row0 = rows.row_offset + static_cast<long long>(u) * kGroupRows;
@@ -439,26 +548,11 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
       // A lane past the tile's vectors, a unit that runs past the sequence's rows or holds a row
       // newer than the query (causal by true position): rows checked one by one. Others: kept whole.
       if (!valid || row0 + kGroupRows > seq_limit || newest > qpos) {
-        const std::int64_t* upos = rows.pos + bh * rows.pos_head_stride + static_cast<long long>(u) * kGroupRows;
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-          for (int rh = 0; rh < 2; ++rh) {
-            const int tok = 16 * mt + g + 8 * rh;
-            const bool keep = valid && row0 + tok < seq_limit && upos[tok] <= qpos;
-            sc[mt][rh] = keep ? sc[mt][rh] : -INFINITY;
-          }
-        }
+        Steps::mask(rows.pos + bh * rows.pos_head_stride + static_cast<long long>(u) * kGroupRows, row0, seq_limit, qpos,
+                    valid, g, sc);
       }
       float mx = fmaxf(fmaxf(sc[0][0], sc[0][1]), fmaxf(sc[1][0], sc[1][1]));  // this lane's rows
-      if (a.logits && valid) {
-        float* dst = a.logits + (static_cast<long long>(bh) * SG + vec) * a.rows_total + row0 + g;
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-          for (int rh = 0; rh < 2; ++rh) dst[16 * mt + 8 * rh] = sc[mt][rh];
-        }
-      }
+      if (a.logits && valid) Steps::write_logits(a.logits + (static_cast<long long>(bh) * SG + vec) * a.rows_total + row0 + g, sc);
       // The reference moves only past the slack (m_run -inf: any finite score passes it).
       if (__any_sync(0xffffffffu, mx > m_run + kLeanSlack)) {
         mx = max_over(mx, 4, 32);  // the 8 g lanes of vector t
@@ -489,62 +583,16 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
       }
       l_run += ps;   // this lane's rows: summed over the vector's lanes at the end
       psum_g += ps;  // and at the group's last unit
-      // P's parts at [part][vector][Order::p_index(token)]: the lane's tokens g + 8 j (j = 2 mt + rh)
-      // side by side at 4g + j, one 8-byte store a part.
-      const __half2 h01 = __floats2half2_rn(sc[0][0], sc[0][1]), h23 = __floats2half2_rn(sc[1][0], sc[1][1]);
-      const float2 f01 = __half22float2(h01), f23 = __half22float2(h23);
-      const __half2 l01 = __floats2half2_rn(sc[0][0] - f01.x, sc[0][1] - f01.y);
-      const __half2 l23 = __floats2half2_rn(sc[1][0] - f23.x, sc[1][1] - f23.y);
-      const auto bits = [](__half2 h) { return *reinterpret_cast<const std::uint32_t*>(&h); };
-      const int at = Order::p_index(g);  // = 4g: tokens g, g + 8, g + 16, g + 24 follow
-      *reinterpret_cast<uint2*>(pb + t * kGroupRows + at) = make_uint2(bits(h01), bits(h23));
-      *reinterpret_cast<uint2*>(pb + (kDecodeVectors + t) * kGroupRows + at) = make_uint2(bits(l01), bits(l23));
+      Steps::store_p(sc, pb, g, t);
     }
     __syncwarp();
 
-    // 4. Values: the lane's tokens Order::value_token(ks, t, 0..3) (k-slots 2t, 2t + 1, 2t + 8,
-    //    2t + 9), paired by PRMT into A (rows = channels); column g of B = P's part of vector g / 2.
-#pragma unroll
-    for (int ks = 0; ks < 2; ++ks) {
-      const int tok0 = Order::value_token(ks, t, 0);
-      const uint2 pv = *reinterpret_cast<const uint2*>(pb + (lo_part * kDecodeVectors + bvec) * kGroupRows +
-                                                       Order::p_index(tok0));
-      std::uint32_t w[4][NWV];  // the lane's share of each of the 4 tokens
-      load_quad_rows<BPLV, NWV, Order::kRowStride * VRB>(vc + tok0 * VRB + g * BPLV, w);
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        const int b0 = (2 * mt) / VMap::NJ, b1 = (2 * mt + 1) / VMap::NJ;  // the bytes rows g, g + 8 come from
-        const std::uint32_t x0[2] = {VMap::pair_bytes(w[0][b0 / 4], w[1][b0 / 4], b0 % 4),
-                                     VMap::pair_bytes(w[2][b0 / 4], w[3][b0 / 4], b0 % 4)};
-        const std::uint32_t x1[2] = {VMap::pair_bytes(w[0][b1 / 4], w[1][b1 / 4], b1 % 4),
-                                     VMap::pair_bytes(w[2][b1 / 4], w[3][b1 / 4], b1 % 4)};
-        const int o0 = VMap::value_shift(2 * mt), o1 = VMap::value_shift(2 * mt + 1);
-        const std::uint32_t av[4] = {hmul2_bits(x0[0] & (VMap::MASK << o0), VMap::normalizer(o0)),
-                                     hmul2_bits(x1[0] & (VMap::MASK << o1), VMap::normalizer(o1)),
-                                     hmul2_bits(x0[1] & (VMap::MASK << o0), VMap::normalizer(o0)),
-                                     hmul2_bits(x1[1] & (VMap::MASK << o1), VMap::normalizer(o1))};
-        mma16816<DenseType::f16>(cv[mt], av, pv.x, pv.y);
-      }
-    }
-    // 5. At a group's last unit (or the warp's last): acc += scale * sums / kCodeUnit + zero * sum of P
-    //    (acc and the sum of P both times kCodeUnit here: one multiply a group, not one a channel).
+    // 4. Values: cv += the unit's sum_t P code * 2^-10 (Steps::values).
+    Steps::values(vc, pb, g, t, bvec, lo_part, cv);
+    // 5. At a group's last unit (or the warp's last): the group's sums into acc (Steps::fold_group;
+    //    acc holds the output times kCodeUnit until the loop ends).
     if (last_of_group) {
-      // acc holds the output times kCodeUnit until the loop ends (the codes' factor stays in it).
-      const float psum = sum_over(psum_g, 4, 32) * VMap::kCodeUnit;  // sum of the group's P, vector t
-      // Plane j's channels of this lane are BPLV consecutive ones (g BPLV + j RB + byte): read as words.
-#pragma unroll
-      for (int j = 0; j < VMap::NJ; ++j) {
-        float vs[BPLV], vz[BPLV];
-        load_halves<BPLV>(vp + VMap::value_channel(j, g), vs);
-        load_halves<BPLV>(vp + D + VMap::value_channel(j, g), vz);
-#pragma unroll
-        for (int bi = 0; bi < BPLV; ++bi) {
-          const int i = bi * VMap::NJ + j, mt = i / 2, e = 2 * (i % 2);
-          acc[i] = fmaf(cv[mt][e] + cv[mt][e + 1], vs[bi], fmaf(vz[bi], psum, acc[i]));
-        }
-      }
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) cv[mt][0] = cv[mt][1] = cv[mt][2] = cv[mt][3] = 0.f;
+      Steps::fold_group(vp, g, sum_over(psum_g, 4, 32) * VMap::kCodeUnit, cv, acc);
       psum_g = 0.f;
     }
     __syncwarp();  // pb and this stage are written again next
@@ -568,13 +616,368 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
   pdl_wait();  // launched early after another codes segment (part_base > 0): finish after it
 }
 
+// ---------------------------------------------------------------------------------------------
+// The same decode over codes by pairs of warps: in each pair one warp takes a unit's keys (its q'
+// digits, scores, online softmax, P) and hands P to the other, which takes its values (the value
+// product, the group's sums into the output). A CTA of 4 warps is 2 pairs, each taking half of the
+// split's units. Each warp holds half of the single warp's state, so more warps fit an SM, and the
+// two halves of a unit's work run on two warps at once. The numbers are the single warp's, to the
+// bit: the same operations in the same order. The hand-over: two buffers a pair ([P's parts | the
+// reference's move | the group's sum of P]), a named barrier each for full and empty.
+constexpr int kPairs = kWarps / 2;
+
+template <int KB, int VB, int D>
+struct PairShape {
+  using Base = HalfShape<KB, VB, D>;
+  static constexpr int K_STAGE = Base::K_CODE_BYTES + 16;  // key codes | newest position
+  static constexpr int V_STAGE = Base::V_CODE_BYTES;
+  static constexpr int PARAM_BYTES = Base::PARAM_BYTES;
+  static constexpr int KEY_BYTES = kHalfStages * (K_STAGE + PARAM_BYTES);
+  static constexpr int VAL_BYTES = kHalfStages * (V_STAGE + PARAM_BYTES);
+  // One hand-over buffer: P [part][vector][p_index] fp16, then alpha[4], psum[4] (fp32), moved.
+  static constexpr int P_BYTES = 2 * kDecodeVectors * kGroupRows * 2;
+  static constexpr int ALPHA_OFFSET = P_BYTES, PSUM_OFFSET = P_BYTES + 16, MOVED_OFFSET = P_BYTES + 32;
+  static constexpr int HAND_BUF = P_BYTES + 48;
+  static constexpr int PAIR_BYTES = KEY_BYTES + VAL_BYTES + 2 * HAND_BUF;
+  static constexpr int QV = kDecodeVectors * D * 4;
+  static constexpr int RED = kWarps * kTileRows * (D + 2) * 4;
+  static constexpr int SMEM = kPairs * PAIR_BYTES + QV > RED ? kPairs * PAIR_BYTES + QV : RED;
+  static_assert(K_STAGE % 16 == 0 && V_STAGE % 16 == 0 && HAND_BUF % 16 == 0 && PAIR_BYTES % 16 == 0,
+                "whole 16-byte chunks");
+};
+
+#ifndef KVSLIM_PAIRED_CTAS
+#define KVSLIM_PAIRED_CTAS 5
+#endif
+
+// Named barriers of a pair's hand-over (0 is __syncthreads'): buffer b full, buffer b empty.
+__device__ __forceinline__ void named_arrive(int id) { asm volatile("bar.arrive %0, 64;\n" ::"r"(id) : "memory"); }
+__device__ __forceinline__ void named_sync(int id) { asm volatile("bar.sync %0, 64;\n" ::"r"(id) : "memory"); }
+
+template <int KB, int VB, int D, UnitForm kForm>
+__global__ void __launch_bounds__(kThreads, KVSLIM_PAIRED_CTAS)
+    attend_codes_paired_kernel(QueryArgs a, PackedRows rows, Partials parts, int part_base, int units_per_split) {
+  constexpr bool kSkipsPadding = kForm == UnitForm::kSkipsPadding;
+  constexpr bool kFlaggedStarts = kForm == UnitForm::kFlaggedStarts;
+  using Shape = PairShape<KB, VB, D>;
+  using KMap = typename HalfShape<KB, VB, D>::KMap;
+  using VMap = typename HalfShape<KB, VB, D>::VMap;
+  using Steps = HalfSteps<KB, VB, D>;
+  constexpr int NR = KMap::NR, NC = VMap::NC, MT = VMap::MT;
+  constexpr int K_CODE_BYTES = HalfShape<KB, VB, D>::K_CODE_BYTES, V_CODE_BYTES = HalfShape<KB, VB, D>::V_CODE_BYTES;
+  constexpr int PARAM_BYTES = Shape::PARAM_BYTES;
+  extern __shared__ __align__(16) unsigned char smem[];
+
+  pdl_launch_dependents();
+  int tid = threadIdx.x;
+  asm("" : "+r"(tid));
+  const int lane = tid % 32, warp = tid / 32, g = lane / 4, t = lane % 4;
+  const int pair = warp / 2;
+  const bool keys_warp = warp % 2 == 0;  // (warp-uniform)
+  const int tile = blockIdx.y, bh = blockIdx.z, b = bh / a.Hkv;
+  const long long SG = static_cast<long long>(a.S) * a.G;
+  unsigned char* const my_pair = smem + pair * Shape::PAIR_BYTES;
+  unsigned char* const hand = my_pair + Shape::KEY_BYTES + Shape::VAL_BYTES;  // [2][HAND_BUF]
+  float* qs = reinterpret_cast<float*>(smem + kPairs * Shape::PAIR_BYTES);   // [vector][D]
+  const int bar_full = 1 + 4 * pair, bar_empty = 3 + 4 * pair;             // + buffer
+
+  const int bvec = g / 2;
+  const bool lo_part = g % 2;
+  const long long vec = static_cast<long long>(tile) * kTileRows + t;
+  const bool valid = vec < SG;
+
+  const int GU = kFlaggedStarts ? 1 : rows.group_units;
+  const int u_begin = blockIdx.x * units_per_split;
+  const int u_end = min(rows.n_units, u_begin + units_per_split);
+  const int n_split = max(0, u_end - u_begin);
+  const int w_begin = u_begin + n_split * pair / kPairs;
+  const int n_mine = u_begin + n_split * (pair + 1) / kPairs - w_begin;
+  // This warp's stream: key codes (+ the newest position) or value codes, and its parameters.
+  const int CODE_BYTES = keys_warp ? K_CODE_BYTES : V_CODE_BYTES;
+  const int STAGE = keys_warp ? Shape::K_STAGE : Shape::V_STAGE;
+  unsigned char* const my = my_pair + (keys_warp ? 0 : Shape::KEY_BYTES);
+  const unsigned char* c_next = (keys_warp ? rows.k_codes + bh * rows.k_codes_stride : rows.v_codes + bh * rows.v_codes_stride) +
+                                static_cast<long long>(w_begin) * CODE_BYTES + 16 * lane;
+  const std::int64_t* pos_next =
+      rows.pos + bh * rows.pos_head_stride + static_cast<long long>(w_begin) * kGroupRows + kGroupRows - 1;
+  const int first_group = GU > 0 ? w_begin / GU : 0;
+  const unsigned char* p_next =
+      reinterpret_cast<const unsigned char*>((keys_warp ? rows.k_params : rows.v_params) + bh * rows.params_stride +
+                                             static_cast<long long>(first_group) * 2 * D) + 16 * lane;
+  constexpr int P_CHUNKS = PARAM_BYTES / 16;
+
+  const std::uint8_t* starts = rows.unit_starts;
+  int iwi = w_begin - first_group * GU;
+  unsigned starts_bits = 0;
+  int starts_base = -64;
+  const auto starts_group = [&](int u) {
+    if (u >= starts_base + 32) {
+      starts_base = u;
+      starts_bits = __ballot_sync(0xffffffffu, u + lane < rows.n_units && starts[u + lane] != 0);
+    }
+    return ((starts_bits >> (u - starts_base)) & 1u) != 0;
+  };
+  const auto region_count = [&](int v) {
+    return v < rows.n_units ? rows.region_rows[bh * rows.region_rows_stride + v / GU] : 0;
+  };
+  const auto refresh_live = [&](int base, int counts) {
+    const int v = base + lane;
+    return __ballot_sync(0xffffffffu, v < rows.n_units && (v % GU) * kGroupRows < counts);
+  };
+  unsigned live_bits = 0;
+  int pending = 0;
+  if constexpr (kSkipsPadding) pending = region_count(w_begin + lane);
+  const auto unit_live = [&](int u) {
+    if constexpr (!kSkipsPadding) return true;
+    const int i = u - w_begin;
+    if ((i & 31) == 0 && i > 0) {
+      live_bits = refresh_live(u, pending);
+      pending = region_count(u + 32 + lane);
+    }
+    return ((live_bits >> (i & 31)) & 1u) != 0;
+  };
+  unsigned stage_begins = 0, stage_live = 0;
+  int u_load = w_begin, load_group = -1, read_group = -1;
+  unsigned my_to = static_cast<unsigned>(__cvta_generic_to_shared(my)) + 16 * lane;
+  const auto to = [&](int offset, bool lane_bytes = true) { return my_to + offset - (lane_bytes ? 0 : 16 * lane); };
+  auto issue = [&](bool first, int stage, bool whole = false) {
+    const bool live = whole || unit_live(u_load);
+    if (live) {
+      const auto copy = [&]<int N>() {
+#pragma unroll
+        for (int i = 0; i < N; i += 32) {
+          if (N % 32 == 0 || i + lane < N) cp_async16_to(to(stage * STAGE + 16 * i), c_next + 16 * i);
+        }
+      };
+      if (keys_warp) {
+        copy.template operator()<K_CODE_BYTES / 16>();
+      } else {
+        copy.template operator()<V_CODE_BYTES / 16>();
+      }
+    }
+    bool begins;
+    if constexpr (kFlaggedStarts) {
+      begins = starts_group(u_load);
+    } else {
+      begins = iwi == 0;
+    }
+    if (first || begins) {
+      const int slot = kHalfStages * STAGE + (++load_group % kHalfStages) * PARAM_BYTES;
+#pragma unroll
+      for (int i = 0; i < P_CHUNKS; i += 32) {
+        if (live && (P_CHUNKS % 32 == 0 || i + lane < P_CHUNKS)) cp_async16_to(to(slot + 16 * i), p_next + 16 * i);
+      }
+    }
+    if (first || iwi == 0) p_next += PARAM_BYTES;
+    stage_begins = (stage_begins & ~(1u << stage)) | (static_cast<unsigned>(begins) << stage);
+    if constexpr (kSkipsPadding) stage_live = (stage_live & ~(1u << stage)) | (static_cast<unsigned>(live) << stage);
+    if (keys_warp) cp_async8_if_to(lane == 0 && live, to(stage * STAGE + K_CODE_BYTES, false), pos_next);
+    c_next += CODE_BYTES;
+    pos_next += kGroupRows;
+    ++u_load;
+    if (++iwi == GU) iwi = 0;
+  };
+
+#pragma unroll
+  for (int s = 0; s < kHalfStages - 1; ++s) {
+    if (s < n_mine) issue(s == 0, s, true);
+    cp_async_commit();
+  }
+  load_tile_queries<kDecodeVectors, D>(a, tile, b, bh % a.Hkv, qs);
+  if constexpr (kSkipsPadding) {
+    live_bits = refresh_live(w_begin, pending);
+    pending = region_count(w_begin + 32 + lane);
+    stage_live = live_bits & ((1u << (kHalfStages - 1)) - 1u);
+  }
+  __syncthreads();
+  int n_units = n_mine;
+  int handed = 0;  // units handed over (units with rows)
+
+  // The unit's place in its group, as both warps of the pair see it (the same issue order).
+  const auto group_edges = [&](int k, bool& first_of_group, bool& last_of_group) {
+    first_of_group = k == 0 || ((stage_begins >> (k % kHalfStages)) & 1u);
+    last_of_group = k + 1 == n_units || ((stage_begins >> ((k + 1) % kHalfStages)) & 1u) ||
+                    (kSkipsPadding && !((stage_live >> ((k + 1) % kHalfStages)) & 1u));
+  };
+
+  if (keys_warp) {
+    // ---- keys: q' digits, scores, online softmax of vector t, P into the hand-over ----
+    const std::int64_t qpos = !valid ? INT64_MIN : a.qpos ? a.qpos[vec / a.G] : a.qpos_inline[vec / a.G];
+    const int seq_limit = a.seq_rows ? a.seq_rows[b] : INT32_MAX;
+    float m_run = -INFINITY, l_run = 0.f, psum_g = 0.f;
+    std::uint32_t bq[2 * NR];
+    float qscale = 0.f, bias = 0.f;
+    for (int k = 0; k < n_units; ++k) {
+      asm("" : "+r"(n_units), "+r"(my_to));
+      if (k + kHalfStages - 1 < n_units) issue(false, (k + kHalfStages - 1) % kHalfStages);
+      bool first_of_group, last_of_group;
+      group_edges(k, first_of_group, last_of_group);
+      if (first_of_group) ++read_group;
+      cp_async_commit();
+      cp_async_wait<kHalfStages - 1>();
+      __syncwarp();
+      const int u = w_begin + k;
+      if (kSkipsPadding && !((stage_live >> (k % kHalfStages)) & 1u)) {
+        if (a.logits && valid) {
+          float* dst = a.logits + (static_cast<long long>(bh) * SG + vec) * a.rows_total + rows.row_offset +
+                       static_cast<long long>(u) * kGroupRows + g;
+#pragma unroll
+          for (int j = 0; j < 4; ++j) dst[8 * j] = -INFINITY;
+        }
+        continue;
+      }
+      const unsigned char* kc = my + (k % kHalfStages) * Shape::K_STAGE;
+      const __half* kp = reinterpret_cast<const __half*>(my + kHalfStages * Shape::K_STAGE + (read_group % kHalfStages) * PARAM_BYTES);
+      if (first_of_group) Steps::q_digits(qs + bvec * D, kp, lo_part, t, bq, qscale, bias);
+      float sc[2][2];
+      Steps::scores(kc, g, t, bq, qscale, bias, sc);
+      const long long row0 = rows.row_offset + static_cast<long long>(u) * kGroupRows;
+      const std::int64_t newest = *reinterpret_cast<const std::int64_t*>(kc + K_CODE_BYTES);
+      if (!valid || newest > qpos || row0 + kGroupRows > seq_limit) {
+        Steps::mask(rows.pos + bh * rows.pos_head_stride + static_cast<long long>(u) * kGroupRows, row0, seq_limit, qpos,
+                    valid, g, sc);
+      }
+      float mx = fmaxf(fmaxf(sc[0][0], sc[0][1]), fmaxf(sc[1][0], sc[1][1]));
+      if (a.logits && valid) Steps::write_logits(a.logits + (static_cast<long long>(bh) * SG + vec) * a.rows_total + row0 + g, sc);
+      // The hand-over buffer: free once the values warp has read what was handed two units ago.
+      const int buf = handed & 1;
+      unsigned char* const hb = hand + buf * Shape::HAND_BUF;
+      if (handed >= 2) named_sync(bar_empty + buf);
+      bool moved = false;
+      float alpha = 1.f;
+      if (__any_sync(0xffffffffu, m_run + kLeanSlack < mx)) {
+        mx = max_over(mx, 4, 32);
+        const float m_new = fmaxf(m_run, mx);
+        alpha = exp2_sfu(m_run - (m_new == -INFINITY ? 0.f : m_new));
+        if (__any_sync(0xffffffffu, m_run != -INFINITY && alpha != 1.f)) {
+          moved = true;
+          psum_g *= alpha;
+          l_run *= alpha;
+        }
+        m_run = m_new;
+      }
+      const float msub = m_run == -INFINITY ? 0.f : m_run;
+      float ps = 0.f;
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+        for (int rh = 0; rh < 2; ++rh) {
+          sc[mt][rh] = exp2_sfu(sc[mt][rh] - msub);
+          ps += sc[mt][rh];
+        }
+      }
+      l_run += ps;
+      psum_g += ps;
+      Steps::store_p(sc, reinterpret_cast<__half*>(hb), g, t);
+      if (moved && g == 0) reinterpret_cast<float*>(hb + Shape::ALPHA_OFFSET)[t] = alpha;
+      if (last_of_group) {
+        const float psum = sum_over(psum_g, 4, 32) * VMap::kCodeUnit;
+        if (g == 0) reinterpret_cast<float*>(hb + Shape::PSUM_OFFSET)[t] = psum;
+        psum_g = 0.f;
+      }
+      if (lane == 0) *reinterpret_cast<int*>(hb + Shape::MOVED_OFFSET) = moved ? 1 : 0;
+      named_arrive(bar_full + buf);
+      ++handed;
+      __syncwarp();  // this stage is written again next
+    }
+    // The values warp's last hand-backs, which no later hand-over waited for.
+    for (int j = max(0, handed - 2); j < handed; ++j) named_sync(bar_empty + (j & 1));
+    cp_async_wait<0>();
+    l_run = sum_over(l_run, 4, 32);
+    __syncthreads();  // every warp is done with its stages: the memory becomes the merge scratch
+    float* red_ml = reinterpret_cast<float*>(smem) + kWarps * kTileRows * D;
+    if (g == 0) {
+      red_ml[(pair * kTileRows + t) * 2] = m_run;
+      red_ml[(pair * kTileRows + t) * 2 + 1] = l_run;
+      red_ml[((pair + kPairs) * kTileRows + t) * 2] = -INFINITY;  // (the merge's other slots: empty)
+      red_ml[((pair + kPairs) * kTileRows + t) * 2 + 1] = 0.f;
+    }
+  } else {
+    // ---- values: sum_t P code into the group's accumulators, the group's sums into acc ----
+    float acc[NC];
+#pragma unroll
+    for (int i = 0; i < NC; ++i) acc[i] = 0.f;
+    float cv[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) cv[mt][0] = cv[mt][1] = cv[mt][2] = cv[mt][3] = 0.f;
+    for (int k = 0; k < n_units; ++k) {
+      asm("" : "+r"(n_units), "+r"(my_to));
+      if (k + kHalfStages - 1 < n_units) issue(false, (k + kHalfStages - 1) % kHalfStages);
+      bool first_of_group, last_of_group;
+      group_edges(k, first_of_group, last_of_group);
+      if (first_of_group) ++read_group;
+      cp_async_commit();
+      cp_async_wait<kHalfStages - 1>();
+      __syncwarp();
+      if (kSkipsPadding && !((stage_live >> (k % kHalfStages)) & 1u)) continue;
+      const unsigned char* vc = my + (k % kHalfStages) * Shape::V_STAGE;
+      const __half* vp = reinterpret_cast<const __half*>(my + kHalfStages * Shape::V_STAGE + (read_group % kHalfStages) * PARAM_BYTES);
+      const int buf = handed & 1;
+      const unsigned char* const hb = hand + buf * Shape::HAND_BUF;
+      named_sync(bar_full + buf);
+      // The reference moved: rescale.
+      if (*reinterpret_cast<const int*>(hb + Shape::MOVED_OFFSET) != 0) {
+        const float alpha = reinterpret_cast<const float*>(hb + Shape::ALPHA_OFFSET)[t];
+#pragma unroll
+        for (int i = 0; i < NC; ++i) acc[i] *= alpha;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) cv[mt][e] *= alpha;
+        }
+      }
+      Steps::values(vc, reinterpret_cast<const __half*>(hb), g, t, bvec, lo_part, cv);
+      if (last_of_group) Steps::fold_group(vp, g, reinterpret_cast<const float*>(hb + Shape::PSUM_OFFSET)[t], cv, acc);
+      named_arrive(bar_empty + buf);
+      ++handed;
+      __syncwarp();  // this stage is written again next
+    }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int i = 0; i < NC; ++i) acc[i] /= VMap::kCodeUnit;
+    __syncthreads();
+    float* red = reinterpret_cast<float*>(smem);
+#pragma unroll
+    for (int i = 0; i < NC; ++i) {
+      red[(pair * kTileRows + t) * D + VMap::value_channel(i, g)] = acc[i];
+      red[((pair + kPairs) * kTileRows + t) * D + VMap::value_channel(i, g)] = 0.f;
+    }
+  }
+  __syncthreads();
+  merge_warps<D>(a, tile, bh, reinterpret_cast<float*>(smem), parts, part_base + blockIdx.x);
+  pdl_wait();
+}
+
 // (Every form has the same launch bounds and shared memory: the same CTAs an SM.)
+// The decode kernel a launch takes: the single warp's (default) or the pairs' (KVSLIM_HALF_PAIRED=1,
+// a build for A/B runs until a device has measured it; KVSLIM_PAIRED_CTAS: the CTAs an SM its
+// registers are sized for).
+#ifndef KVSLIM_HALF_PAIRED
+#define KVSLIM_HALF_PAIRED 0
+#endif
+template <int KB, int VB, int D, UnitForm kForm>
+constexpr auto half_kernel() {
+  if constexpr (KVSLIM_HALF_PAIRED) {
+    return attend_codes_paired_kernel<KB, VB, D, kForm>;
+  } else {
+    return attend_codes_half_kernel<KB, VB, D, kForm>;
+  }
+}
+template <int KB, int VB, int D>
+constexpr int half_smem() {
+  if constexpr (KVSLIM_HALF_PAIRED) {
+    return PairShape<KB, VB, D>::SMEM;
+  } else {
+    return HalfShape<KB, VB, D>::SMEM;
+  }
+}
+
 template <int KB, int VB, int D>
 int half_resident() {
   static const int n = [] {
-    constexpr int smem = HalfShape<KB, VB, D>::SMEM;
-    set_smem_always(attend_codes_half_kernel<KB, VB, D, UnitForm::kWholeGroups>, smem);
-    return resident_ctas(attend_codes_half_kernel<KB, VB, D, UnitForm::kWholeGroups>, smem);
+    constexpr int smem = half_smem<KB, VB, D>();
+    set_smem_always(half_kernel<KB, VB, D, UnitForm::kWholeGroups>(), smem);
+    return resident_ctas(half_kernel<KB, VB, D, UnitForm::kWholeGroups>(), smem);
   }();
   return n;
 }
@@ -582,8 +985,8 @@ int half_resident() {
 template <int KB, int VB, int D, UnitForm kForm>
 void half_launch(const QueryArgs& q, const PackedRows& rows, const Partials& parts, int part_base, int splits,
                  int units_per_split, cudaStream_t stream) {
-  constexpr int smem = HalfShape<KB, VB, D>::SMEM;
-  auto kernel = attend_codes_half_kernel<KB, VB, D, kForm>;
+  constexpr int smem = half_smem<KB, VB, D>();
+  auto kernel = half_kernel<KB, VB, D, kForm>();
   static std::atomic<unsigned long long> done{0};
   set_smem(kernel, smem, done);
   launch_kernel(splits > 0, part_base > 0, kernel, dim3(splits, q.tiles(), q.B * q.Hkv), dim3(kThreads), smem, stream, q, rows,
