@@ -236,6 +236,11 @@ struct HalfSteps {
       for (int rh = 0; rh < 2; ++rh) dst[16 * mt + 8 * rh] = sc[mt][rh];
     }
   }
+  // A unit of padding only (not loaded): its rows' logits as a masked row's, -inf (dst as above).
+  __device__ __forceinline__ static void padding_logits(float* dst) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) dst[8 * j] = -INFINITY;
+  }
 
   // P's hi and lo parts at pb [part][vector][Order::p_index(token)]: the lane's tokens g + 8 j (j =
   // 2 mt + rh) side by side at 4g + j, one 8-byte store a part.
@@ -319,11 +324,121 @@ constexpr int half_min_ctas(int D) { return D == 128 ? KVSLIM_HALF_CTAS_D128 : 4
 //                   every form carried them: docs/cuda.md, Next item 0.)
 enum class UnitForm { kWholeGroups, kSkipsPadding, kFlaggedStarts };
 
+// A warp's stream of units, from w_begin in order: which unit each stage holds, whether it begins a
+// group, whether it holds rows, and which parameter slot its group's parameters load into. The single
+// warp's kernel and each warp of a pair keep one (the pair's two the same, so that they agree on every
+// unit's place without a word between them); the callers copy the bytes.
+//   Where groups begin: every GU-th unit (iwi, the next unit's place in its group), or, in the
+//   flagged form, where rows.unit_starts says (GU 1: parameters stored per unit, read at a group's
+//   first unit only; the flags of 32 units at a time, one byte a lane, kept as a ballot).
+//   Units of padding only (kSkipsPadding: an eviction store's regions, rows at the front,
+//   rows.region_rows): unit u holds rows iff its place in its group is below its region's count. The
+//   units are issued in order from w_begin: 32 units' flags at a time, one count a lane, kept as a
+//   ballot; each refresh loads the counts of the next 32 (`pending`), so no issue waits for a load,
+//   and the first units (the prologue's, issued before the first counts arrive) are loaded whole and
+//   flagged after (prologue_flags). A group's units with rows come first, so a group whose first unit
+//   is padding is padding whole.
+//   A group's parameters go to slot (its ordinal from the warp's first group) % kHalfStages: the groups
+//   of the units in flight are consecutive, so they never share a slot.
+template <UnitForm kForm>
+struct UnitStream {
+  static constexpr bool kSkipsPadding = kForm == UnitForm::kSkipsPadding;
+  static constexpr bool kFlaggedStarts = kForm == UnitForm::kFlaggedStarts;
+  const PackedRows& rows;
+  const int bh, lane, w_begin;
+  const int GU;
+  int iwi;
+  unsigned starts_bits = 0;
+  int starts_base = -64;
+  unsigned live_bits = 0;
+  int pending = 0;
+  unsigned stage_begins = 0, stage_live = 0;  // bit = stage
+  int u_load, load_group = -1, read_group = -1;
+
+  __device__ __forceinline__ UnitStream(const PackedRows& r, int bh_, int lane_, int w_begin_)
+      : rows(r), bh(bh_), lane(lane_), w_begin(w_begin_), GU(kFlaggedStarts ? 1 : r.group_units),
+        iwi(w_begin_ - first_group() * GU), u_load(w_begin_) {
+    if constexpr (kSkipsPadding) pending = region_count(w_begin + lane);
+  }
+  __device__ __forceinline__ int first_group() const { return GU > 0 ? w_begin / GU : 0; }
+
+  // What the caller copies for the next unit, into `stage`.
+  struct Load {
+    bool live;          // the unit holds rows: its codes are copied
+    bool params;        // it begins a group (or is the warp's first): the group's parameters, into param_slot
+    int param_slot;     // [0, kHalfStages)
+    bool next_params;   // the parameters' source moves to the next group's after this unit
+  };
+  __device__ __forceinline__ Load load(bool first, int stage, bool whole) {
+    Load l;
+    l.live = whole || unit_live(u_load);
+    bool begins;
+    if constexpr (kFlaggedStarts) {
+      begins = starts_group(u_load);
+    } else {
+      begins = iwi == 0;
+    }
+    l.params = first || begins;
+    if (l.params) ++load_group;
+    l.param_slot = load_group % kHalfStages;
+    l.next_params = first || iwi == 0;  // (stored per unit: the next unit's)
+    stage_begins = (stage_begins & ~(1u << stage)) | (static_cast<unsigned>(begins) << stage);
+    if constexpr (kSkipsPadding) stage_live = (stage_live & ~(1u << stage)) | (static_cast<unsigned>(l.live) << stage);
+    ++u_load;
+    if (++iwi == GU) iwi = 0;
+    return l;
+  }
+  // After the prologue's units are issued: the first 32 units' flags; the prologue's units flagged now.
+  __device__ __forceinline__ void prologue_flags() {
+    if constexpr (kSkipsPadding) {
+      live_bits = refresh_live(w_begin, pending);
+      pending = region_count(w_begin + 32 + lane);
+      stage_live = live_bits & ((1u << (kHalfStages - 1)) - 1u);  // (units 0.. are stages 0..)
+    }
+  }
+  // Unit k of n's place in its group when it is read (and the read group's parameter slot moves on).
+  // last: the group's last unit with rows (the next begins a group or holds padding only).
+  __device__ __forceinline__ void read(int k, int n, bool& first, bool& last) {
+    first = k == 0 || ((stage_begins >> (k % kHalfStages)) & 1u);
+    last = k + 1 == n || ((stage_begins >> ((k + 1) % kHalfStages)) & 1u) ||
+           (kSkipsPadding && !((stage_live >> ((k + 1) % kHalfStages)) & 1u));
+    if (first) ++read_group;
+  }
+  __device__ __forceinline__ int read_slot() const { return read_group % kHalfStages; }
+  // Unit k (being read) is padding only: nothing was loaded, nothing to add.
+  __device__ __forceinline__ bool padding(int k) const {
+    return kSkipsPadding && !((stage_live >> (k % kHalfStages)) & 1u);
+  }
+
+ private:
+  __device__ __forceinline__ bool starts_group(int u) {
+    if (u >= starts_base + 32) {
+      starts_base = u;
+      starts_bits = __ballot_sync(0xffffffffu, u + lane < rows.n_units && rows.unit_starts[u + lane] != 0);
+    }
+    return ((starts_bits >> (u - starts_base)) & 1u) != 0;
+  }
+  __device__ __forceinline__ int region_count(int v) const {  // unit v's region's rows (0 past the units)
+    return v < rows.n_units ? rows.region_rows[bh * rows.region_rows_stride + v / GU] : 0;
+  }
+  __device__ __forceinline__ unsigned refresh_live(int base, int counts) const {  // flags of units base + lane
+    const int v = base + lane;
+    return __ballot_sync(0xffffffffu, v < rows.n_units && (v % GU) * kGroupRows < counts);
+  }
+  __device__ __forceinline__ bool unit_live(int u) {
+    if constexpr (!kSkipsPadding) return true;
+    const int i = u - w_begin;
+    if ((i & 31) == 0 && i > 0) {  // (units 0..31: flagged after the prologue)
+      live_bits = refresh_live(u, pending);
+      pending = region_count(u + 32 + lane);
+    }
+    return ((live_bits >> (i & 31)) & 1u) != 0;
+  }
+};
+
 template <int KB, int VB, int D, UnitForm kForm>
 __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
     attend_codes_half_kernel(QueryArgs a, PackedRows rows, Partials parts, int part_base, int units_per_split) {
-  constexpr bool kSkipsPadding = kForm == UnitForm::kSkipsPadding;
-  constexpr bool kFlaggedStarts = kForm == UnitForm::kFlaggedStarts;
   using Shape = HalfShape<KB, VB, D>;
   using KMap = typename Shape::KMap;
   using VMap = typename Shape::VMap;
@@ -361,7 +476,6 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
   float psum_g = 0.f;
   const int seq_limit = a.seq_rows ? a.seq_rows[b] : INT32_MAX;
 
-  const int GU = kFlaggedStarts ? 1 : rows.group_units;
   const int u_begin = blockIdx.x * units_per_split;
   const int u_end = min(rows.n_units, u_begin + units_per_split);
   const unsigned char* kc_head = rows.k_codes + bh * rows.k_codes_stride;
@@ -375,62 +489,18 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
   const int n_split = max(0, u_end - u_begin);
   const int w_begin = u_begin + n_split * warp / kWarps;
   const int n_mine = u_begin + n_split * (warp + 1) / kWarps - w_begin;
+  UnitStream<kForm> stream(rows, bh, lane, w_begin);
   // The next unit to load, as pointers advanced unit by unit; every lane copies 16-byte chunks
   // lane, lane + 32, ... A group's parameters come with its first unit the warp loads.
   const unsigned char* k_next = kc_head + static_cast<long long>(w_begin) * K_CODE_BYTES + 16 * lane;
   const unsigned char* v_next = vc_head + static_cast<long long>(w_begin) * Shape::V_CODE_BYTES + 16 * lane;
   const std::int64_t* pos_next = rows.pos + bh * rows.pos_head_stride + static_cast<long long>(w_begin) * kGroupRows + kGroupRows - 1;
-  const int first_group = GU > 0 ? w_begin / GU : 0;
+  const int first_group = stream.first_group();
   const unsigned char* kp_next =
       reinterpret_cast<const unsigned char*>(kp_head + static_cast<long long>(first_group) * 2 * D) + 16 * lane;
   const unsigned char* vp_next =
       reinterpret_cast<const unsigned char*>(vp_head + static_cast<long long>(first_group) * 2 * D) + 16 * lane;
   constexpr int K_CHUNKS = K_CODE_BYTES / 16, V_CHUNKS = Shape::V_CODE_BYTES / 16, P_CHUNKS = PARAM_BYTES / 16;
-  // Where groups begin: every GU-th unit (iwi, the next unit's place in its group), or, in the
-  // flagged form, where rows.unit_starts says (GU 1: parameters stored per unit, read at a group's
-  // first unit only; the flags of 32 units at a time, one byte a lane, kept as a ballot).
-  const std::uint8_t* starts = rows.unit_starts;
-  int iwi = w_begin - first_group * GU;
-  unsigned starts_bits = 0;
-  int starts_base = -64;
-  const auto starts_group = [&](int u) {
-    if (u >= starts_base + 32) {
-      starts_base = u;
-      starts_bits = __ballot_sync(0xffffffffu, u + lane < rows.n_units && starts[u + lane] != 0);
-    }
-    return ((starts_bits >> (u - starts_base)) & 1u) != 0;
-  };
-  // Units of padding only (kSkipsPadding: an eviction store's regions, rows at the front,
-  // rows.region_rows): unit u holds rows iff its place in its group is below its region's count. The
-  // warp's units are issued in order from w_begin: 32 units' flags at a time, one count a lane, kept
-  // as a ballot; each refresh loads the counts of the next 32 (`pending`), so no issue waits for a
-  // load, and the first units (the prologue's, issued before the first counts arrive) are loaded
-  // whole and flagged after. A group's units with rows come first, so a group whose first unit is
-  // padding is padding whole.
-  const auto region_count = [&](int v) {  // unit v's region's rows (0 past the units)
-    return v < rows.n_units ? rows.region_rows[bh * rows.region_rows_stride + v / GU] : 0;
-  };
-  const auto refresh_live = [&](int base, int counts) {  // flags of units base + lane from their counts
-    const int v = base + lane;
-    return __ballot_sync(0xffffffffu, v < rows.n_units && (v % GU) * kGroupRows < counts);
-  };
-  unsigned live_bits = 0;
-  int pending = 0;
-  if constexpr (kSkipsPadding) pending = region_count(w_begin + lane);
-  const auto unit_live = [&](int u) {
-    if constexpr (!kSkipsPadding) return true;
-    const int i = u - w_begin;
-    if ((i & 31) == 0 && i > 0) {  // (units 0..31: flagged after the prologue)
-      live_bits = refresh_live(u, pending);
-      pending = region_count(u + 32 + lane);
-    }
-    return ((live_bits >> (i & 31)) & 1u) != 0;
-  };
-  // Each stage's unit: whether it begins a group, whether it holds rows (bit = stage). A group's
-  // parameters go to slot (its ordinal from the warp's first group) % kHalfStages: the groups of the
-  // units in flight are consecutive, so they never share a slot.
-  unsigned stage_begins = 0, stage_live = 0;
-  int u_load = w_begin, load_group = -1, read_group = -1;
   // The warp's stages as one address in the shared window (this lane's 16 bytes) and as an offset
   // from smem, held in registers for the loop, as is the count of units (the empty asm below):
   // else the compiler re-derives them from the thread index and the CTA's shared window (S2R) every
@@ -441,8 +511,8 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
   // itself), as an address in the shared window.
   const auto to = [&](int offset, bool lane_bytes = true) { return my_to + offset - (lane_bytes ? 0 : 16 * lane); };
   auto issue = [&](bool first, int stage, bool whole = false) {
-    const bool live = whole || unit_live(u_load);
-    if (live) {
+    const auto l = stream.load(first, stage, whole);
+    if (l.live) {
 #pragma unroll
       for (int i = 0; i < K_CHUNKS; i += 32) {
         if (K_CHUNKS % 32 == 0 || i + lane < K_CHUNKS) cp_async16_to(to(stage * STAGE + 16 * i), k_next + 16 * i);
@@ -454,34 +524,24 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
         }
       }
     }
-    bool begins;
-    if constexpr (kFlaggedStarts) {
-      begins = starts_group(u_load);
-    } else {
-      begins = iwi == 0;
-    }
-    if (first || begins) {
-      const int slot = kHalfStages * STAGE + (++load_group % kHalfStages) * PSLOT;  // its parameter slot, from my
+    if (l.params) {
+      const int slot = kHalfStages * STAGE + l.param_slot * PSLOT;  // from my
 #pragma unroll
       for (int i = 0; i < P_CHUNKS; i += 32) {
-        if (live && (P_CHUNKS % 32 == 0 || i + lane < P_CHUNKS)) {
+        if (l.live && (P_CHUNKS % 32 == 0 || i + lane < P_CHUNKS)) {
           cp_async16_to(to(slot + 16 * i), kp_next + 16 * i);
           cp_async16_to(to(slot + PARAM_BYTES + 16 * i), vp_next + 16 * i);
         }
       }
     }
-    if (first || iwi == 0) {  // the next group's parameters (the next unit's, stored per unit)
+    if (l.next_params) {
       kp_next += PARAM_BYTES;
       vp_next += PARAM_BYTES;
     }
-    stage_begins = (stage_begins & ~(1u << stage)) | (static_cast<unsigned>(begins) << stage);
-    if constexpr (kSkipsPadding) stage_live = (stage_live & ~(1u << stage)) | (static_cast<unsigned>(live) << stage);
-    cp_async8_if_to(lane == 0 && live, to(stage * STAGE + Shape::POS_OFFSET, false), pos_next);
+    cp_async8_if_to(lane == 0 && l.live, to(stage * STAGE + Shape::POS_OFFSET, false), pos_next);
     k_next += K_CODE_BYTES;
     v_next += Shape::V_CODE_BYTES;
     pos_next += kGroupRows;
-    ++u_load;
-    if (++iwi == GU) iwi = 0;
   };
 
   static_assert(kHalfStages >= 2, "a unit loads while another is read");
@@ -493,11 +553,7 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
   // q after the first units' copies are issued: its loads' latency overlaps theirs (batch 1 waits
   // for both).
   load_tile_queries<kDecodeVectors, D>(a, tile, b, h, qs);
-  if constexpr (kSkipsPadding) {  // the first 32 units' flags; the prologue's units flagged now
-    live_bits = refresh_live(w_begin, pending);
-    pending = region_count(w_begin + 32 + lane);
-    stage_live = live_bits & ((1u << (kHalfStages - 1)) - 1u);  // (units 0.. are stages 0..)
-  }
+  stream.prologue_flags();
   __syncthreads();
   std::uint32_t bq[2 * NR];  // the current group's q' digits for column g: [0, NR) the first mma's, then the second's
   float qscale = 0.f, bias = 0.f;
@@ -506,23 +562,16 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
     asm("" : "+r"(n_units), "+r"(my_to), "+r"(my_off));  // held, not re-derived (above)
     if (k + kHalfStages - 1 < n_units) issue(false, (k + kHalfStages - 1) % kHalfStages);
     // (Unit k + 1 is in flight already: kHalfStages >= 2.)
-    const bool first_of_group = k == 0 || ((stage_begins >> (k % kHalfStages)) & 1u);
-    // The group's last unit with rows: the next begins a group or holds padding only.
-    const bool last_of_group = k + 1 == n_units || ((stage_begins >> ((k + 1) % kHalfStages)) & 1u) ||
-                               (kSkipsPadding && !((stage_live >> ((k + 1) % kHalfStages)) & 1u));
-    if (first_of_group) ++read_group;
+    bool first_of_group, last_of_group;
+    stream.read(k, n_units, first_of_group, last_of_group);
     cp_async_commit();
     cp_async_wait<kHalfStages - 1>();
     __syncwarp();
 
     const int u = w_begin + k;
-    if (kSkipsPadding && !((stage_live >> (k % kHalfStages)) & 1u)) {  // padding only: nothing loaded, nothing to add
-      if (a.logits && valid) {  // (its rows' logits as a masked row's: -inf)
-        float* dst = a.logits + (static_cast<long long>(bh) * SG + vec) * a.rows_total + rows.row_offset +
-                     static_cast<long long>(u) * kGroupRows + g;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) dst[8 * j] = -INFINITY;
-      }
+    if (stream.padding(k)) {  // padding only: nothing loaded, nothing to add
+      if (a.logits && valid) Steps::padding_logits(a.logits + (static_cast<long long>(bh) * SG + vec) * a.rows_total + rows.row_offset +
+                                                   static_cast<long long>(u) * kGroupRows + g);
       continue;
     }
     unsigned char* const my_k = smem + my_off;  // = my
@@ -530,7 +579,7 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
     __half* const pb = reinterpret_cast<__half*>(my_k + kHalfStages * (STAGE + PSLOT));  // P: [part][vector][p_index]
     const unsigned char* kc = buf;
     const unsigned char* vc = buf + K_CODE_BYTES;
-    const unsigned char* pslot = my_k + kHalfStages * STAGE + (read_group % kHalfStages) * PSLOT;
+    const unsigned char* pslot = my_k + kHalfStages * STAGE + stream.read_slot() * PSLOT;
     const __half* kp = reinterpret_cast<const __half*>(pslot);
     const __half* vp = reinterpret_cast<const __half*>(pslot + PARAM_BYTES);
 
@@ -657,8 +706,6 @@ __device__ __forceinline__ void named_sync(int id) { asm volatile("bar.sync %0, 
 template <int KB, int VB, int D, UnitForm kForm>
 __global__ void __launch_bounds__(kThreads, KVSLIM_PAIRED_CTAS)
     attend_codes_paired_kernel(QueryArgs a, PackedRows rows, Partials parts, int part_base, int units_per_split) {
-  constexpr bool kSkipsPadding = kForm == UnitForm::kSkipsPadding;
-  constexpr bool kFlaggedStarts = kForm == UnitForm::kFlaggedStarts;
   using Shape = PairShape<KB, VB, D>;
   using KMap = typename HalfShape<KB, VB, D>::KMap;
   using VMap = typename HalfShape<KB, VB, D>::VMap;
@@ -686,12 +733,14 @@ __global__ void __launch_bounds__(kThreads, KVSLIM_PAIRED_CTAS)
   const long long vec = static_cast<long long>(tile) * kTileRows + t;
   const bool valid = vec < SG;
 
-  const int GU = kFlaggedStarts ? 1 : rows.group_units;
   const int u_begin = blockIdx.x * units_per_split;
   const int u_end = min(rows.n_units, u_begin + units_per_split);
   const int n_split = max(0, u_end - u_begin);
   const int w_begin = u_begin + n_split * pair / kPairs;
   const int n_mine = u_begin + n_split * (pair + 1) / kPairs - w_begin;
+  // Both warps of the pair walk the same stream (the same flags, the same order): each knows every
+  // unit's place in its group without a word from the other.
+  UnitStream<kForm> stream(rows, bh, lane, w_begin);
   // This warp's stream: key codes (+ the newest position) or value codes, and its parameters.
   const int CODE_BYTES = keys_warp ? K_CODE_BYTES : V_CODE_BYTES;
   const int STAGE = keys_warp ? Shape::K_STAGE : Shape::V_STAGE;
@@ -700,49 +749,16 @@ __global__ void __launch_bounds__(kThreads, KVSLIM_PAIRED_CTAS)
                                 static_cast<long long>(w_begin) * CODE_BYTES + 16 * lane;
   const std::int64_t* pos_next =
       rows.pos + bh * rows.pos_head_stride + static_cast<long long>(w_begin) * kGroupRows + kGroupRows - 1;
-  const int first_group = GU > 0 ? w_begin / GU : 0;
   const unsigned char* p_next =
       reinterpret_cast<const unsigned char*>((keys_warp ? rows.k_params : rows.v_params) + bh * rows.params_stride +
-                                             static_cast<long long>(first_group) * 2 * D) + 16 * lane;
+                                             static_cast<long long>(stream.first_group()) * 2 * D) + 16 * lane;
   constexpr int P_CHUNKS = PARAM_BYTES / 16;
 
-  const std::uint8_t* starts = rows.unit_starts;
-  int iwi = w_begin - first_group * GU;
-  unsigned starts_bits = 0;
-  int starts_base = -64;
-  const auto starts_group = [&](int u) {
-    if (u >= starts_base + 32) {
-      starts_base = u;
-      starts_bits = __ballot_sync(0xffffffffu, u + lane < rows.n_units && starts[u + lane] != 0);
-    }
-    return ((starts_bits >> (u - starts_base)) & 1u) != 0;
-  };
-  const auto region_count = [&](int v) {
-    return v < rows.n_units ? rows.region_rows[bh * rows.region_rows_stride + v / GU] : 0;
-  };
-  const auto refresh_live = [&](int base, int counts) {
-    const int v = base + lane;
-    return __ballot_sync(0xffffffffu, v < rows.n_units && (v % GU) * kGroupRows < counts);
-  };
-  unsigned live_bits = 0;
-  int pending = 0;
-  if constexpr (kSkipsPadding) pending = region_count(w_begin + lane);
-  const auto unit_live = [&](int u) {
-    if constexpr (!kSkipsPadding) return true;
-    const int i = u - w_begin;
-    if ((i & 31) == 0 && i > 0) {
-      live_bits = refresh_live(u, pending);
-      pending = region_count(u + 32 + lane);
-    }
-    return ((live_bits >> (i & 31)) & 1u) != 0;
-  };
-  unsigned stage_begins = 0, stage_live = 0;
-  int u_load = w_begin, load_group = -1, read_group = -1;
   unsigned my_to = static_cast<unsigned>(__cvta_generic_to_shared(my)) + 16 * lane;
   const auto to = [&](int offset, bool lane_bytes = true) { return my_to + offset - (lane_bytes ? 0 : 16 * lane); };
   auto issue = [&](bool first, int stage, bool whole = false) {
-    const bool live = whole || unit_live(u_load);
-    if (live) {
+    const auto l = stream.load(first, stage, whole);
+    if (l.live) {
       const auto copy = [&]<int N>() {
 #pragma unroll
         for (int i = 0; i < N; i += 32) {
@@ -755,27 +771,17 @@ __global__ void __launch_bounds__(kThreads, KVSLIM_PAIRED_CTAS)
         copy.template operator()<V_CODE_BYTES / 16>();
       }
     }
-    bool begins;
-    if constexpr (kFlaggedStarts) {
-      begins = starts_group(u_load);
-    } else {
-      begins = iwi == 0;
-    }
-    if (first || begins) {
-      const int slot = kHalfStages * STAGE + (++load_group % kHalfStages) * PARAM_BYTES;
+    if (l.params) {
+      const int slot = kHalfStages * STAGE + l.param_slot * PARAM_BYTES;
 #pragma unroll
       for (int i = 0; i < P_CHUNKS; i += 32) {
-        if (live && (P_CHUNKS % 32 == 0 || i + lane < P_CHUNKS)) cp_async16_to(to(slot + 16 * i), p_next + 16 * i);
+        if (l.live && (P_CHUNKS % 32 == 0 || i + lane < P_CHUNKS)) cp_async16_to(to(slot + 16 * i), p_next + 16 * i);
       }
     }
-    if (first || iwi == 0) p_next += PARAM_BYTES;
-    stage_begins = (stage_begins & ~(1u << stage)) | (static_cast<unsigned>(begins) << stage);
-    if constexpr (kSkipsPadding) stage_live = (stage_live & ~(1u << stage)) | (static_cast<unsigned>(live) << stage);
-    if (keys_warp) cp_async8_if_to(lane == 0 && live, to(stage * STAGE + K_CODE_BYTES, false), pos_next);
+    if (l.next_params) p_next += PARAM_BYTES;
+    if (keys_warp) cp_async8_if_to(lane == 0 && l.live, to(stage * STAGE + K_CODE_BYTES, false), pos_next);
     c_next += CODE_BYTES;
     pos_next += kGroupRows;
-    ++u_load;
-    if (++iwi == GU) iwi = 0;
   };
 
 #pragma unroll
@@ -784,21 +790,10 @@ __global__ void __launch_bounds__(kThreads, KVSLIM_PAIRED_CTAS)
     cp_async_commit();
   }
   load_tile_queries<kDecodeVectors, D>(a, tile, b, bh % a.Hkv, qs);
-  if constexpr (kSkipsPadding) {
-    live_bits = refresh_live(w_begin, pending);
-    pending = region_count(w_begin + 32 + lane);
-    stage_live = live_bits & ((1u << (kHalfStages - 1)) - 1u);
-  }
+  stream.prologue_flags();
   __syncthreads();
   int n_units = n_mine;
   int handed = 0;  // units handed over (units with rows)
-
-  // The unit's place in its group, as both warps of the pair see it (the same issue order).
-  const auto group_edges = [&](int k, bool& first_of_group, bool& last_of_group) {
-    first_of_group = k == 0 || ((stage_begins >> (k % kHalfStages)) & 1u);
-    last_of_group = k + 1 == n_units || ((stage_begins >> ((k + 1) % kHalfStages)) & 1u) ||
-                    (kSkipsPadding && !((stage_live >> ((k + 1) % kHalfStages)) & 1u));
-  };
 
   if (keys_warp) {
     // ---- keys: q' digits, scores, online softmax of vector t, P into the hand-over ----
@@ -811,23 +806,18 @@ __global__ void __launch_bounds__(kThreads, KVSLIM_PAIRED_CTAS)
       asm("" : "+r"(n_units), "+r"(my_to));
       if (k + kHalfStages - 1 < n_units) issue(false, (k + kHalfStages - 1) % kHalfStages);
       bool first_of_group, last_of_group;
-      group_edges(k, first_of_group, last_of_group);
-      if (first_of_group) ++read_group;
+      stream.read(k, n_units, first_of_group, last_of_group);
       cp_async_commit();
       cp_async_wait<kHalfStages - 1>();
       __syncwarp();
       const int u = w_begin + k;
-      if (kSkipsPadding && !((stage_live >> (k % kHalfStages)) & 1u)) {
-        if (a.logits && valid) {
-          float* dst = a.logits + (static_cast<long long>(bh) * SG + vec) * a.rows_total + rows.row_offset +
-                       static_cast<long long>(u) * kGroupRows + g;
-#pragma unroll
-          for (int j = 0; j < 4; ++j) dst[8 * j] = -INFINITY;
-        }
+      if (stream.padding(k)) {
+        if (a.logits && valid) Steps::padding_logits(a.logits + (static_cast<long long>(bh) * SG + vec) * a.rows_total + rows.row_offset +
+                                                     static_cast<long long>(u) * kGroupRows + g);
         continue;
       }
       const unsigned char* kc = my + (k % kHalfStages) * Shape::K_STAGE;
-      const __half* kp = reinterpret_cast<const __half*>(my + kHalfStages * Shape::K_STAGE + (read_group % kHalfStages) * PARAM_BYTES);
+      const __half* kp = reinterpret_cast<const __half*>(my + kHalfStages * Shape::K_STAGE + stream.read_slot() * PARAM_BYTES);
       if (first_of_group) Steps::q_digits(qs + bvec * D, kp, lo_part, t, bq, qscale, bias);
       float sc[2][2];
       Steps::scores(kc, g, t, bq, qscale, bias, sc);
@@ -904,14 +894,13 @@ __global__ void __launch_bounds__(kThreads, KVSLIM_PAIRED_CTAS)
       asm("" : "+r"(n_units), "+r"(my_to));
       if (k + kHalfStages - 1 < n_units) issue(false, (k + kHalfStages - 1) % kHalfStages);
       bool first_of_group, last_of_group;
-      group_edges(k, first_of_group, last_of_group);
-      if (first_of_group) ++read_group;
+      stream.read(k, n_units, first_of_group, last_of_group);
       cp_async_commit();
       cp_async_wait<kHalfStages - 1>();
       __syncwarp();
-      if (kSkipsPadding && !((stage_live >> (k % kHalfStages)) & 1u)) continue;
+      if (stream.padding(k)) continue;
       const unsigned char* vc = my + (k % kHalfStages) * Shape::V_STAGE;
-      const __half* vp = reinterpret_cast<const __half*>(my + kHalfStages * Shape::V_STAGE + (read_group % kHalfStages) * PARAM_BYTES);
+      const __half* vp = reinterpret_cast<const __half*>(my + kHalfStages * Shape::V_STAGE + stream.read_slot() * PARAM_BYTES);
       const int buf = handed & 1;
       const unsigned char* const hb = hand + buf * Shape::HAND_BUF;
       named_sync(bar_full + buf);
