@@ -129,8 +129,8 @@ struct HalfShape {
   static_assert(STAGE % 16 == 0 && WARP_BYTES % 16 == 0, "stages must be whole 16-byte chunks");
 };
 
-// A unit's steps, shared by the single warp's kernel and the pairs' (the same operations in the same
-// order). Lane (g, t) holds column g of the products' B (vector g / 2, part g % 2: digits 3 / 2 and
+// A unit's steps, one place for the kernels that run them (the single warp's here; the pairs of
+// warps in docs/benchmarks/cuda/pending_s59 call them too). Lane (g, t) holds column g of the products' B (vector g / 2, part g % 2: digits 3 / 2 and
 // 1 / 0 of q', P's hi / lo part) and vector t's softmax and output channels (value_channel(i, g)).
 template <int KB, int VB, int D>
 struct HalfSteps {
@@ -325,8 +325,8 @@ constexpr int half_min_ctas(int D) { return D == 128 ? KVSLIM_HALF_CTAS_D128 : 4
 enum class UnitForm { kWholeGroups, kSkipsPadding, kFlaggedStarts };
 
 // A warp's stream of units, from w_begin in order: which unit each stage holds, whether it begins a
-// group, whether it holds rows, and which parameter slot its group's parameters load into. The single
-// warp's kernel and each warp of a pair keep one (the pair's two the same, so that they agree on every
+// group, whether it holds rows, and which parameter slot its group's parameters load into. Each warp
+// that loads units keeps one (pending_s59's pairs: both warps of a pair, so that they agree on every
 // unit's place without a word between them); the callers copy the bytes.
 //   Where groups begin: every GU-th unit (iwi, the next unit's place in its group), or, in the
 //   flagged form, where rows.unit_starts says (GU 1: parameters stored per unit, read at a group's
