@@ -19,6 +19,7 @@
 set -u
 OUT=${OUT:-/tmp/kvslim-device-out}
 mkdir -p "$OUT"
+source bench/cuda/sanitizer_report.sh  # keep_report
 ROOT=$PWD
 export LD_LIBRARY_PATH="$PWD/devbin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 for f in devbin/kvslim.xz devbin/cuda_tests.xz; do xz -dkf "$f"; done
@@ -36,7 +37,7 @@ BUILD_PID=$!
   echo "fused merge tests exit: ${PIPESTATUS[0]}"; } > "$OUT"/tests.txt 2>&1
 { echo "=== compute-sanitizer memcheck"
   timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 devbin/cuda_tests \
-    --gtest_filter='CudaStepGraph.*:CudaEviction.Streaming*:CudaEviction.Squeeze*:CudaEviction.Zipcache*:CudaCache.*:-CudaStepGraph.*LargerStores' 2>&1 | tail -n 20
+    --gtest_filter='CudaStepGraph.*:CudaEviction.Streaming*:CudaEviction.Squeeze*:CudaEviction.Zipcache*:CudaCache.*:-CudaStepGraph.*LargerStores' 2>&1 | keep_report
   echo "memcheck exit: ${PIPESTATUS[0]}"; } >> "$OUT"/tests.txt 2>&1
 # The attention bench while Python builds (8 of the 16 cores: the bench's host thread keeps one):
 # eager calls and the same calls replayed as a CUDA graph, against torch SDPA both ways
@@ -59,7 +60,7 @@ fi
 { echo "=== compute-sanitizer racecheck"
   timeout 200 compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 devbin/cuda_tests \
     --gtest_filter='CudaAttend.ScoresClimbing*:CudaAttend.BatchWithOwnLengths*:CudaZipcache.Attention*:CudaEviction.KiviCodesUnderH2o*' 2>&1 \
-    | grep -v "^\[       OK\|^\[ RUN" | tail -n 20
+    | keep_report
   echo "racecheck exit: ${PIPESTATUS[0]}"; } >> "$OUT"/tests.txt 2>&1
 wait $BUILD_PID
 cat "$OUT"/python_build.txt >> "$OUT"/tests.txt; rm -f "$OUT"/python_build.txt

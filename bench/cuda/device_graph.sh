@@ -9,6 +9,7 @@
 set -u
 OUT=${OUT:-/tmp/kvslim-device-out}
 mkdir -p "$OUT"
+source bench/cuda/sanitizer_report.sh  # keep_report
 ROOT=$PWD
 export LD_LIBRARY_PATH="$PWD/devbin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 xz -dkf devbin/cuda_tests.xz && chmod +x devbin/cuda_tests
@@ -25,7 +26,7 @@ if [ -z "${SKIP_TESTS:-}" ]; then  # SKIP_TESTS=1: a measurement call right afte
   fi
   timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 devbin/cuda_tests \
     --gtest_filter='CudaStepGraph.*:CudaEviction.Streaming*:CudaEviction.Squeeze*:-CudaStepGraph.*LargerStores' 2>&1 \
-    | tail -n 25 > "$OUT"/graph_memcheck.txt
+    | keep_report > "$OUT"/graph_memcheck.txt
   echo "memcheck exit: ${PIPESTATUS[0]}" >> "$OUT"/graph_memcheck.txt
 fi
 wait $BUILD_PID

@@ -16,6 +16,7 @@ set -u
 OUT=${OUT:-/tmp/kvslim-device-out}
 MODE=${1:-all}
 mkdir -p "$OUT"
+source bench/cuda/sanitizer_report.sh  # keep_report
 export LD_LIBRARY_PATH="$PWD/devbin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 for f in devbin/kvslim.xz devbin/cuda_tests.xz; do [ -f "$f" ] && xz -dkf "$f"; done
 chmod +x devbin/kvslim devbin/cuda_tests
@@ -40,15 +41,15 @@ SAN="$SAN:CudaEviction.Keeps*:CudaEviction.Pyramid*:CudaEviction.AnUnobserved*:C
 SAN="$SAN:CudaStepGraph.*:CudaZipcache.SaliencyAndCodes*:CudaZipcache.Probabilities*:CudaSelectLowest.*"
 SAN="$SAN:CudaEviction.ThePromptIsScored*:CudaEviction.ANonFinitePrompt*"
 SAN="$SAN:-CudaStepGraph.*LargerStores:CudaEviction.*SeveralChunks"
-{ timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 devbin/cuda_tests --gtest_filter="$SAN" 2>&1 | tail -n 25
+{ timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 devbin/cuda_tests --gtest_filter="$SAN" 2>&1 | keep_report
   echo "memcheck exit: ${PIPESTATUS[0]}"
   timeout 60 compute-sanitizer --tool racecheck --error-exitcode 9 devbin/cuda_tests \
-    --gtest_filter=CudaAttend.ZeroQueryAndFlatGroups:CudaAttend.BatchWithOwnLengthsAtTheKernelLevel:CudaZipcache.Probabilities* 2>&1 | tail -n 12
+    --gtest_filter=CudaAttend.ZeroQueryAndFlatGroups:CudaAttend.BatchWithOwnLengthsAtTheKernelLevel:CudaZipcache.Probabilities* 2>&1 | keep_report
   echo "racecheck exit: ${PIPESTATUS[0]}"
   # The shared-memory kernels of squeeze's trims (the selection, the hole filling) and the decode
   # observation. (The kivi eviction tests ran past 90 s under racecheck in stop 44: not here.)
   timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 devbin/cuda_tests \
-    --gtest_filter='CudaEviction.SqueezeResolves*' 2>&1 | tail -n 12
+    --gtest_filter='CudaEviction.SqueezeResolves*' 2>&1 | keep_report
   echo "racecheck (eviction) exit: ${PIPESTATUS[0]}"; } > "$OUT"/sanitizer.txt
 if [ "$MODE" = tests ]; then tail -n 5 "$OUT"/tests.txt; grep "worst error\|long context" "$OUT"/tests.txt; tail -n 4 "$OUT"/sanitizer.txt; exit 0; fi
 BENCH_ARGS=""

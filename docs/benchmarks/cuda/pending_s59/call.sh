@@ -7,6 +7,7 @@
 set -u
 OUT=${OUT:-/tmp/kvslim-device-out}
 mkdir -p "$OUT"
+source bench/cuda/sanitizer_report.sh  # keep_report
 export LD_LIBRARY_PATH="$PWD/devbin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 for f in devbin/*.xz; do xz -dkf "$f"; done
 chmod +x devbin/kvslim* devbin/cuda_tests*
@@ -28,7 +29,7 @@ done
   echo "tests exit: ${PIPESTATUS[0]}"; date
   echo "=== compute-sanitizer memcheck"
   timeout 50 compute-sanitizer --tool memcheck --error-exitcode 9 devbin/cuda_tests \
-    --gtest_filter='CudaStepGraph.*:CudaEviction.Streaming*:CudaEviction.Squeeze*:CudaEviction.Zipcache*:CudaEviction.KiviCodes*:CudaCache.*:-CudaStepGraph.*LargerStores' 2>&1 | tail -n 20
+    --gtest_filter='CudaStepGraph.*:CudaEviction.Streaming*:CudaEviction.Squeeze*:CudaEviction.Zipcache*:CudaEviction.KiviCodes*:CudaCache.*:-CudaStepGraph.*LargerStores' 2>&1 | keep_report
   echo "memcheck exit: ${PIPESTATUS[0]}"; date; } >> "$OUT"/tests.txt 2>&1
 CACHES="kivi4_g128 kivi2_g128 kivi_k4v2_g128 zipcache" timeout 60 bash bench/cuda/device_kernel_ab.sh > /dev/null 2>&1
 grep -E "exit|PASSED|FAILED|ERROR SUMMARY|RACECHECK SUMMARY" "$OUT"/*.txt
