@@ -130,8 +130,9 @@ struct HalfShape {
 };
 
 // A unit's steps, one place for the kernels that run them (the single warp's here; the pairs of
-// warps in docs/benchmarks/cuda/pending_s59 call them too). Lane (g, t) holds column g of the products' B (vector g / 2, part g % 2: digits 3 / 2 and
-// 1 / 0 of q', P's hi / lo part) and vector t's softmax and output channels (value_channel(i, g)).
+// warps in docs/benchmarks/cuda/pending_s59 call them too). Lane (g, t) holds column g of the
+// products' B (vector g / 2, part g % 2: digits 3 / 2 and 1 / 0 of q', P's hi / lo part) and vector
+// t's softmax and output channels (value_channel(i, g)).
 template <int KB, int VB, int D>
 struct HalfSteps {
   using KMap = CodeMap<KB, D>;
@@ -665,23 +666,13 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
   pdl_wait();  // launched early after another codes segment (part_base > 0): finish after it
 }
 
-// The decode kernel and its shared memory (every form has the same launch bounds and shared memory:
-// the same CTAs an SM).
-template <int KB, int VB, int D, UnitForm kForm>
-constexpr auto half_kernel() {
-  return attend_codes_half_kernel<KB, VB, D, kForm>;
-}
-template <int KB, int VB, int D>
-constexpr int half_smem() {
-  return HalfShape<KB, VB, D>::SMEM;
-}
-
+// (Every form has the same launch bounds and shared memory: the same CTAs an SM.)
 template <int KB, int VB, int D>
 int half_resident() {
   static const int n = [] {
-    constexpr int smem = half_smem<KB, VB, D>();
-    set_smem_always(half_kernel<KB, VB, D, UnitForm::kWholeGroups>(), smem);
-    return resident_ctas(half_kernel<KB, VB, D, UnitForm::kWholeGroups>(), smem);
+    constexpr int smem = HalfShape<KB, VB, D>::SMEM;
+    set_smem_always(attend_codes_half_kernel<KB, VB, D, UnitForm::kWholeGroups>, smem);
+    return resident_ctas(attend_codes_half_kernel<KB, VB, D, UnitForm::kWholeGroups>, smem);
   }();
   return n;
 }
@@ -689,8 +680,8 @@ int half_resident() {
 template <int KB, int VB, int D, UnitForm kForm>
 void half_launch(const QueryArgs& q, const PackedRows& rows, const Partials& parts, int part_base, int splits,
                  int units_per_split, cudaStream_t stream) {
-  constexpr int smem = half_smem<KB, VB, D>();
-  auto kernel = half_kernel<KB, VB, D, kForm>();
+  constexpr int smem = HalfShape<KB, VB, D>::SMEM;
+  auto kernel = attend_codes_half_kernel<KB, VB, D, kForm>;
   static std::atomic<unsigned long long> done{0};
   set_smem(kernel, smem, done);
   launch_kernel(splits > 0, part_base > 0, kernel, dim3(splits, q.tiles(), q.B * q.Hkv), dim3(kThreads), smem, stream, q, rows,
