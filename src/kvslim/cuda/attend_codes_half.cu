@@ -130,9 +130,9 @@ struct HalfShape {
 };
 
 // A unit's steps, one place for the kernels that run them (the single warp's here; the pairs of
-// warps in docs/benchmarks/cuda/pending_s59 call them too). Lane (g, t) holds column g of the
-// products' B (vector g / 2, part g % 2: digits 3 / 2 and 1 / 0 of q', P's hi / lo part) and vector
-// t's softmax and output channels (value_channel(i, g)).
+// warps, measured and kept out in docs/benchmarks/cuda/pending_s60, call them too). Lane (g, t)
+// holds column g of the products' B (vector g / 2, part g % 2: digits 3 / 2 and 1 / 0 of q', P's
+// hi / lo part) and vector t's softmax and output channels (value_channel(i, g)).
 template <int KB, int VB, int D>
 struct HalfSteps {
   using KMap = CodeMap<KB, D>;
@@ -327,7 +327,7 @@ enum class UnitForm { kWholeGroups, kSkipsPadding, kFlaggedStarts };
 
 // A warp's stream of units, from w_begin in order: which unit each stage holds, whether it begins a
 // group, whether it holds rows, and which parameter slot its group's parameters load into. Each warp
-// that loads units keeps one (pending_s59's pairs: both warps of a pair, so that they agree on every
+// that loads units keeps one (pending_s60's pairs: both warps of a pair, so that they agree on every
 // unit's place without a word between them); the callers copy the bytes.
 //   Where groups begin: every GU-th unit (iwi, the next unit's place in its group), or, in the
 //   flagged form, where rows.unit_starts says (GU 1: parameters stored per unit, read at a group's
