@@ -27,7 +27,8 @@ def read_text(path):
 
 
 class Kernel:
-    """One kernel's lines: (address, source, samples, not-issued samples, executed, {reason: samples})."""
+    """One kernel's lines: (address, source, samples, executed, {reason: samples}); the not-issued
+    columns (a subset of the samples) are left out."""
 
     def __init__(self, name):
         self.name = name
@@ -70,7 +71,7 @@ def parse(path):
                 if value:
                     reasons[name[len("stall_"):]] = value
         kernel.lines.append((int(row[0], 16), row[1].strip(), num("Warp Stall Sampling (All Samples)"),
-                             num("Warp Stall Sampling (Not-issued Samples)"), num("Instructions Executed"), reasons))
+                             num("Instructions Executed"), reasons))
     if not kernels or not any(k.lines for k in kernels):
         sys.exit(f"{path}: no SASS lines with stall samples (is it ncu's --page source --csv output?)")
     return [k for k in kernels if k.lines]
@@ -86,7 +87,7 @@ def opcode(source):
 
 def by_opcode(kernel):
     samples, executed, reasons = collections.Counter(), collections.Counter(), collections.defaultdict(collections.Counter)
-    for _, source, s, _, e, r in kernel.lines:
+    for _, source, s, e, r in kernel.lines:
         op = opcode(source)
         samples[op] += s
         executed[op] += e
@@ -117,8 +118,8 @@ def report_one(kernel, n_lines):
         per = 1000.0 * s / executed[op] if executed[op] else 0.0
         print(f"{op:10} {s:8d} {100.0 * s / total:5.1f}% {executed[op]:10d} {per:15.1f}  "
               f"{top_reasons(reasons[op], sum(reasons[op].values()))}")
-    print(f"hottest lines (offset from the kernel's first line):")
-    for addr, source, s, _, e, r in sorted(kernel.lines, key=lambda x: -x[2])[:n_lines]:
+    print("hottest lines (offset from the kernel's first line):")
+    for addr, source, s, e, r in sorted(kernel.lines, key=lambda x: -x[2])[:n_lines]:
         print(f"  +0x{addr - base:05x} {s:6d} {100.0 * s / total:5.1f}%  {source[:60]:60}  "
               f"{top_reasons(collections.Counter(r), sum(r.values()), 2)}")
 
