@@ -184,6 +184,8 @@ int run_cuda_attend_bench(const CudaAttendOptions& o) {
   check(cudaEventCreate(&e1), "event");
   cudaStream_t graph_stream = nullptr;  // the graph timing's (graph_time_us)
   check(cudaStreamCreateWithFlags(&graph_stream, cudaStreamNonBlocking), "stream");
+  cudaStream_t eager_stream = nullptr;  // the eager calls' (nullptr: the legacy default stream)
+  if (o.eager_own_stream) check(cudaStreamCreateWithFlags(&eager_stream, cudaStreamNonBlocking), "stream");
 
   // Device copy bandwidth: bytes read + written per second, median of 10 copies of 2 GiB.
   double copy_gbs = 0;
@@ -200,10 +202,13 @@ int run_cuda_attend_bench(const CudaAttendOptions& o) {
     }
     copy_gbs = 2.0 * n / (median(t) * 1e-3) / 1e9;
   }
-  std::printf("# %s\n# device copy (read + write): %.0f GB/s\n", desc.c_str(), copy_gbs);
+  const char* stream_name = o.eager_own_stream ? "own" : "legacy";
+  std::printf("# %s\n# device copy (read + write): %.0f GB/s\n# us/call: eager calls on the %s stream\n", desc.c_str(), copy_gbs,
+              o.eager_own_stream ? "bench's own (non-blocking)" : "legacy default");
   std::printf("%-4s %5s %7s %-6s %10s %10s %12s %9s %7s %6s\n", "D", "batch", "context", "cache", "us/call", "graph us",
               "MB read", "GB/s", "%copy", "layers");
-  std::string json = "{\"device\": \"" + desc + "\", \"copy_gbs\": " + std::to_string(copy_gbs) + ", \"rows\": [";
+  std::string json = "{\"device\": \"" + desc + "\", \"copy_gbs\": " + std::to_string(copy_gbs) + ", \"eager_stream\": \"" +
+                     stream_name + "\", \"rows\": [";
   bool first_row = true;
 
   for (int D : o.head_dims) {
@@ -230,14 +235,14 @@ int run_cuda_attend_bench(const CudaAttendOptions& o) {
           }
           Buffer q(B * Hq * D * 4), out(B * Hq * D * 4);
           fill(nullptr, static_cast<float*>(q.p), B * Hq * D, 3, 0.5f);
-          const QueryBlock qb{static_cast<float*>(q.p), B, 1, Hq, static_cast<std::size_t>(D), 0.f, MemorySpace::cuda, nullptr};
+          const QueryBlock qb{static_cast<float*>(q.p), B, 1, Hq, static_cast<std::size_t>(D), 0.f, MemorySpace::cuda, eager_stream};
           const std::vector<std::int64_t> qpos{static_cast<std::int64_t>(N)};
           for (int w = 0; w < 3; ++w) {
             for (auto& c : caches) c->attend(qb, qpos, static_cast<float*>(out.p));
           }
           check(cudaDeviceSynchronize(), "warm-up");
           const double us = median_us([&] { for (auto& c : caches) c->attend(qb, qpos, static_cast<float*>(out.p)); },
-                                      o.repeats, layers, e0, e1, nullptr);
+                                      o.repeats, layers, e0, e1, eager_stream);
           const double gbs = bytes / (us * 1e-6) / 1e9;
           const double graph_us = graph_time_us(caches, qb, qpos, static_cast<float*>(out.p), o.repeats, e0, e1, graph_stream);
           char graph_col[32] = "n/a";
@@ -312,6 +317,7 @@ int run_cuda_attend_bench(const CudaAttendOptions& o) {
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
   cudaStreamDestroy(graph_stream);
+  if (eager_stream) cudaStreamDestroy(eager_stream);
   return 0;
 }
 

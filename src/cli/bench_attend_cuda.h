@@ -16,6 +16,9 @@ struct CudaAttendOptions {
   int kv_heads = 8, q_heads = 32, repeats = 20, device = 0;
   std::vector<std::string> caches{"full", "kivi4", "kivi2"};
   std::string json;  // write every row here too
+  // The eager calls' stream: the legacy default stream (torch's default, the default here) or one
+  // the bench creates (cudaStreamNonBlocking, as the graph timing's capture stream).
+  bool eager_own_stream = false;
 };
 
 // Returns the exit code; throws on CUDA errors.

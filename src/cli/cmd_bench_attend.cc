@@ -152,12 +152,17 @@ const CommandRegistrar registrar("bench attend", "decode attention over each cac
   auto device = std::make_shared<std::string>("cpu");
   auto batches = std::make_shared<std::vector<std::size_t>>(CudaAttendOptions{}.batches);
   auto json = std::make_shared<std::string>();
+  auto eager_stream = std::make_shared<std::string>("legacy");
   app.add_option("--device", *device, "cpu, or cuda / cuda:N: the device caches (defaults then: --context 8192 32768 "
                                       "131072, --cache full kivi4 kivi2)")
       ->capture_default_str();
   app.add_option("--batch", *batches, "--device cuda: batch sizes")->capture_default_str()->check(CLI::Range(1, 1024));
   app.add_option("--json", *json, "--device cuda: write every row as JSON here");
-  return [o, device, batches, json, &app] {
+  app.add_option("--eager-stream", *eager_stream, "--device cuda: the eager calls' stream, the legacy default stream "
+                                                  "(torch's default) or one of the bench's own (non-blocking)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"legacy", "own"}));
+  return [o, device, batches, json, eager_stream, &app] {
     if (*device == "cpu") return run(*o);
     KVCacheConfig probe;
     probe.device = *device;
@@ -172,6 +177,7 @@ const CommandRegistrar registrar("bench attend", "decode attention over each cac
     c.q_heads = o->q_heads;
     c.repeats = o->repeats;
     c.json = *json;
+    c.eager_own_stream = *eager_stream == "own";
     return run_cuda_attend_bench(c);
   };
 });

@@ -255,6 +255,8 @@ TEST_F(CliCareless, SmallCommandsNameTheFlag) {
   EXPECT_EQ(info.err.find("Not a directory"), std::string::npos) << info.err;
   expect_one_line_error(run_cli("info --model " + path("nothing_here").string()), "no such model", "info --model MISSING");
   expect_one_line_error(run_cli("bench attend --cache bogus --repeats 1"), "bogus", "bench attend --cache bogus");
+  expect_one_line_error(run_cli("bench attend --device cuda --eager-stream side"), "--eager-stream",
+                        "bench attend --eager-stream side");
   for (const std::string& args : {std::string("--top-p 0"), std::string("--temperature nan"), std::string("--top-k=-1"),
                                   std::string("--prefill-chunk 99999999999")}) {
     expect_one_line_error(run_cli("generate --model " + model().string() + " --prompt hi " + args), args.substr(0, args.find_first_of(" =")),
