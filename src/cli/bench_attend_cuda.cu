@@ -123,6 +123,21 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// Runs `run` until the GPU has spent kWarmUpMs on it (at least 3 times): a GPU left idle by the
+// caches' set-up starts below its clocks, and 3 calls of a 1 GB read (~1.2 ms) did not bring it
+// back -- kivi4 at 8 x 128k timed 470 us a call over 20 repeats and 401 over 60 (device_s61/r5).
+constexpr double kWarmUpMs = 50.0;
+void warm_up(const std::function<void()>& run, cudaEvent_t e0, cudaEvent_t e1, cudaStream_t stream) {
+  double spent = 0;
+  for (int n = 0; n < 3 || spent < kWarmUpMs; ++n) {
+    check(cudaEventRecord(e0, stream), "record");
+    run();
+    check(cudaEventRecord(e1, stream), "record");
+    check(cudaEventSynchronize(e1), "sync");
+    spent += elapsed_ms(e0, e1);
+  }
+}
+
 // Median us per call of `run` (`calls` calls each time) over `repeats` runs on `stream`, by events.
 double median_us(const std::function<void()>& run, int repeats, double calls, cudaEvent_t e0, cudaEvent_t e1,
                  cudaStream_t stream) {
@@ -160,9 +175,9 @@ double graph_time_us(const std::vector<std::unique_ptr<KVCache>>& caches, QueryB
     }
     check(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
     check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
-    for (int w = 0; w < 3; ++w) check(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
-    us = median_us([&] { check(cudaGraphLaunch(exec, stream), "cudaGraphLaunch"); }, repeats,
-                   static_cast<double>(caches.size()), e0, e1, stream);
+    const auto replay = [&] { check(cudaGraphLaunch(exec, stream), "cudaGraphLaunch"); };
+    warm_up(replay, e0, e1, stream);
+    us = median_us(replay, repeats, static_cast<double>(caches.size()), e0, e1, stream);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "graph timing: %s\n", e.what());
     cudaGetLastError();  // the capture's error is reported, not left for the next call
@@ -237,12 +252,9 @@ int run_cuda_attend_bench(const CudaAttendOptions& o) {
           fill(nullptr, static_cast<float*>(q.p), B * Hq * D, 3, 0.5f);
           const QueryBlock qb{static_cast<float*>(q.p), B, 1, Hq, static_cast<std::size_t>(D), 0.f, MemorySpace::cuda, eager_stream};
           const std::vector<std::int64_t> qpos{static_cast<std::int64_t>(N)};
-          for (int w = 0; w < 3; ++w) {
-            for (auto& c : caches) c->attend(qb, qpos, static_cast<float*>(out.p));
-          }
-          check(cudaDeviceSynchronize(), "warm-up");
-          const double us = median_us([&] { for (auto& c : caches) c->attend(qb, qpos, static_cast<float*>(out.p)); },
-                                      o.repeats, layers, e0, e1, eager_stream);
+          const auto layers_once = [&] { for (auto& c : caches) c->attend(qb, qpos, static_cast<float*>(out.p)); };
+          warm_up(layers_once, e0, e1, eager_stream);
+          const double us = median_us(layers_once, o.repeats, layers, e0, e1, eager_stream);
           const double gbs = bytes / (us * 1e-6) / 1e9;
           const double graph_us = graph_time_us(caches, qb, qpos, static_cast<float*>(out.p), o.repeats, e0, e1, graph_stream);
           char graph_col[32] = "n/a";
