@@ -16,30 +16,27 @@ import torch
 import torch.nn.functional as F
 
 
+def timed_ms(run):
+    """GPU ms of one run(), between two CUDA events."""
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    run()
+    e1.record()
+    e1.synchronize()
+    return e0.elapsed_time(e1)
+
+
 def median_us(run, repeats, calls):
     """Median us per call of run() (`calls` calls each time) over `repeats` runs, by CUDA events."""
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(repeats):
-        e0.record()
-        run()
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1) * 1e3 / calls)
-    return statistics.median(times)
+    return statistics.median(timed_ms(run) * 1e3 / calls for _ in range(repeats))
 
 
 def warm_up(run, ms=50.0):
     """run() until the GPU has spent `ms` on it (at least 3 times), as kvslim's bench does: a GPU
     left idle by the set-up starts below its clocks (docs/benchmarks/cuda/device_s61/r5)."""
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     spent, n = 0.0, 0
     while n < 3 or spent < ms:
-        e0.record()
-        run()
-        e1.record()
-        e1.synchronize()
-        spent += e0.elapsed_time(e1)
+        spent += timed_ms(run)
         n += 1
 
 

@@ -123,32 +123,29 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// GPU ms of one run() on `stream`, between two events.
+double timed_ms(const std::function<void()>& run, cudaEvent_t e0, cudaEvent_t e1, cudaStream_t stream) {
+  check(cudaEventRecord(e0, stream), "record");
+  run();
+  check(cudaEventRecord(e1, stream), "record");
+  check(cudaEventSynchronize(e1), "sync");
+  return elapsed_ms(e0, e1);
+}
+
 // Runs `run` until the GPU has spent kWarmUpMs on it (at least 3 times): a GPU left idle by the
 // caches' set-up starts below its clocks, and 3 calls of a 1 GB read (~1.2 ms) did not bring it
 // back -- kivi4 at 8 x 128k timed 470 us a call over 20 repeats and 401 over 60 (device_s61/r5).
 constexpr double kWarmUpMs = 50.0;
 void warm_up(const std::function<void()>& run, cudaEvent_t e0, cudaEvent_t e1, cudaStream_t stream) {
   double spent = 0;
-  for (int n = 0; n < 3 || spent < kWarmUpMs; ++n) {
-    check(cudaEventRecord(e0, stream), "record");
-    run();
-    check(cudaEventRecord(e1, stream), "record");
-    check(cudaEventSynchronize(e1), "sync");
-    spent += elapsed_ms(e0, e1);
-  }
+  for (int n = 0; n < 3 || spent < kWarmUpMs; ++n) spent += timed_ms(run, e0, e1, stream);
 }
 
 // Median us per call of `run` (`calls` calls each time) over `repeats` runs on `stream`, by events.
 double median_us(const std::function<void()>& run, int repeats, double calls, cudaEvent_t e0, cudaEvent_t e1,
                  cudaStream_t stream) {
   std::vector<double> t;
-  for (int r = 0; r < repeats; ++r) {
-    check(cudaEventRecord(e0, stream), "record");
-    run();
-    check(cudaEventRecord(e1, stream), "record");
-    check(cudaEventSynchronize(e1), "sync");
-    t.push_back(elapsed_ms(e0, e1) * 1e3 / calls);
-  }
+  for (int r = 0; r < repeats; ++r) t.push_back(timed_ms(run, e0, e1, stream) * 1e3 / calls);
   return median(t);
 }
 
@@ -209,11 +206,8 @@ int run_cuda_attend_bench(const CudaAttendOptions& o) {
     Buffer a(n), b(n);
     std::vector<double> t;
     for (int r = 0; r < 12; ++r) {
-      check(cudaEventRecord(e0), "record");
-      check(cudaMemcpyAsync(b.p, a.p, n, cudaMemcpyDeviceToDevice), "copy");
-      check(cudaEventRecord(e1), "record");
-      check(cudaEventSynchronize(e1), "sync");
-      if (r >= 2) t.push_back(elapsed_ms(e0, e1));
+      const double ms = timed_ms([&] { check(cudaMemcpyAsync(b.p, a.p, n, cudaMemcpyDeviceToDevice), "copy"); }, e0, e1, nullptr);
+      if (r >= 2) t.push_back(ms);
     }
     copy_gbs = 2.0 * n / (median(t) * 1e-3) / 1e9;
   }
@@ -296,26 +290,22 @@ int run_cuda_attend_bench(const CudaAttendOptions& o) {
       fill(step_v.p, nullptr, steps * B * H * D, 6);
       check(cudaDeviceSynchronize(), "fill");
       const std::size_t step_bytes = B * H * D * 2;
-      check(cudaEventRecord(e0), "record");
-      for (std::size_t s = 0; s < steps; ++s) {
-        const char* kp = static_cast<const char*>(step_k.p) + s * step_bytes;
-        const char* vp = static_cast<const char*>(step_v.p) + s * step_bytes;
-        cache->append(KVBlock{kp, DType::bf16, B, H, 1, D, MemorySpace::cuda, nullptr},
-                      KVBlock{vp, DType::bf16, B, H, 1, D, MemorySpace::cuda, nullptr});
-      }
-      check(cudaEventRecord(e1), "record");
-      check(cudaEventSynchronize(e1), "sync");
-      const double append_us = elapsed_ms(e0, e1) * 1e3 / steps;
-      check(cudaEventRecord(e0), "record");
-      for (std::size_t s = 0; s < steps; ++s) {
-        check(cudaMemcpyAsync(dst_k.p, static_cast<const char*>(step_k.p) + s * step_bytes, step_bytes,
-                              cudaMemcpyDeviceToDevice), "copy");
-        check(cudaMemcpyAsync(dst_v.p, static_cast<const char*>(step_v.p) + s * step_bytes, step_bytes,
-                              cudaMemcpyDeviceToDevice), "copy");
-      }
-      check(cudaEventRecord(e1), "record");
-      check(cudaEventSynchronize(e1), "sync");
-      const double copy_us = elapsed_ms(e0, e1) * 1e3 / steps;
+      const double append_us = timed_ms([&] {
+        for (std::size_t s = 0; s < steps; ++s) {
+          const char* kp = static_cast<const char*>(step_k.p) + s * step_bytes;
+          const char* vp = static_cast<const char*>(step_v.p) + s * step_bytes;
+          cache->append(KVBlock{kp, DType::bf16, B, H, 1, D, MemorySpace::cuda, nullptr},
+                        KVBlock{vp, DType::bf16, B, H, 1, D, MemorySpace::cuda, nullptr});
+        }
+      }, e0, e1, nullptr) * 1e3 / steps;
+      const double copy_us = timed_ms([&] {
+        for (std::size_t s = 0; s < steps; ++s) {
+          check(cudaMemcpyAsync(dst_k.p, static_cast<const char*>(step_k.p) + s * step_bytes, step_bytes,
+                                cudaMemcpyDeviceToDevice), "copy");
+          check(cudaMemcpyAsync(dst_v.p, static_cast<const char*>(step_v.p) + s * step_bytes, step_bytes,
+                                cudaMemcpyDeviceToDevice), "copy");
+        }
+      }, e0, e1, nullptr) * 1e3 / steps;
       std::printf("%-8s %5zu %-6s %12.2f %12.2f %7.2fx\n", "1 token", B, name.c_str(), append_us, copy_us,
                   append_us / copy_us);
       char row[256];
