@@ -53,6 +53,15 @@ using namespace attend_detail;
 #define KVSLIM_HALF_STAGES 2
 #endif
 constexpr int kHalfStages = KVSLIM_HALF_STAGES;
+// KVSLIM_HALF_NO_LOOP_LOADS=1 (a timing build, wrong output): the loop copies only the warp's first
+// kHalfStages units and reads them again and again, so the kernel's time is its arithmetic's. The
+// H200 runs these kernels at about that time (stop 62, docs/cuda.md: kivi2 at 8 x 32k 68 us of
+// arithmetic alone on an H100, 68 us on the H200), while an H100's own timings of the 4-bit kinds
+// wait on its copies (kivi4 109 us, 72.7 of arithmetic alone; 87.6 on the H200): a change to the
+// arithmetic shows in this build on an H100 as the H200 would show it.
+#ifndef KVSLIM_HALF_NO_LOOP_LOADS
+#define KVSLIM_HALF_NO_LOOP_LOADS 0
+#endif
 constexpr int kDecodeVectors = 4;  // query vectors a CTA takes: B's 8 columns are 2 digits (keys) or P's 2 parts (values) each
 
 // A unit's scores may pass the softmax's reference by this much (log2 units) before it moves: P =
@@ -561,7 +570,9 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
   int n_units = n_mine;
   for (int k = 0; k < n_units; ++k) {
     asm("" : "+r"(n_units), "+r"(my_to), "+r"(my_off));  // held, not re-derived (above)
-    if (k + kHalfStages - 1 < n_units) issue(false, (k + kHalfStages - 1) % kHalfStages);
+    if ((!KVSLIM_HALF_NO_LOOP_LOADS || k == 0) && k + kHalfStages - 1 < n_units) {
+      issue(false, (k + kHalfStages - 1) % kHalfStages);
+    }
     // (Unit k + 1 is in flight already: kHalfStages >= 2.)
     bool first_of_group, last_of_group;
     stream.read(k, n_units, first_of_group, last_of_group);
