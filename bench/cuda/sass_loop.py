@@ -18,7 +18,8 @@ unit without its group's first-unit and last-unit work:
       --off 'if (__any_sync(0xffffffffu, mx > m_run + kLeanSlack)) {' \
       --off 'if (!valid || row0 + kGroupRows > seq_limit || newest > qpos) {'
 (A value that only a compiled-out branch reads is dropped with it: compile out what the kernel
-still needs and the count falls by more than the branch.) A kernel whose warps take one product each
+still needs and the count falls by more than the branch.) -D NAME[=VALUE] (repeatable) compiles with
+a build switch, e.g. -D KVSLIM_HALF_STAGES=3. A kernel whose warps take one product each
 (attend_codes_half.cu's pairs, KVSLIM_HALF_PAIRED) has a loop per product: --mma IMMA counts the
 keys warp's, --mma HMMA the values warp's.
 """
@@ -33,13 +34,14 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def sass_of(source, build):
+def sass_of(source, build, defines=()):
     tools = os.environ.get("NVDISASM_ROOT", "/opt/cuda118/usr/bin")
     rsp = os.path.join(build, "src/kvslim/CMakeFiles/kvslim.dir/includes_CUDA.rsp")
     with tempfile.TemporaryDirectory() as tmp:
         ptx, ptx78, cubin = (os.path.join(tmp, n) for n in ("k.ptx", "k78.ptx", "k.cubin"))
-        subprocess.run(["nvcc", "-DKVSLIM_HAVE_CUDA=1", "--options-file", rsp, "-O3", "-DNDEBUG", "-arch=sm_90",
-                        "-ptx", "-std=c++20", "--diag-suppress=177", os.path.abspath(source), "-o", ptx],
+        subprocess.run(["nvcc", "-DKVSLIM_HAVE_CUDA=1", *("-D" + d for d in defines), "--options-file", rsp, "-O3",
+                        "-DNDEBUG", "-arch=sm_90", "-ptx", "-std=c++20", "--diag-suppress=177", os.path.abspath(source),
+                        "-o", ptx],
                        check=True, cwd=os.path.join(build, "src/kvslim"))
         text = open(ptx).read()
         open(ptx78, "w").write(re.sub(r"^\.version .*$", ".version 7.8", text, count=1, flags=re.M))
@@ -95,6 +97,8 @@ def main():
     ap.add_argument("--list", action="store_true", help="print the loop's instructions too")
     ap.add_argument("--off", action="append", default=[], metavar="TEXT",
                     help="an exact `if (...) {` of the source to compile out (repeatable)")
+    ap.add_argument("-D", "--define", action="append", default=[], metavar="NAME[=VALUE]",
+                    help="a macro for the compile (repeatable), e.g. a build switch such as KVSLIM_HALF_STAGES=3")
     ap.add_argument("--mma", default="[HI]MMA", metavar="REGEX",
                     help="the tensor-core opcodes that mark the loop (e.g. IMMA or HMMA: a kernel whose warps "
                          "take different loops, one per product)")
@@ -114,7 +118,7 @@ def main():
         with os.fdopen(fd, "w") as f:
             f.write(text)
     try:
-        name, (t, e), body = loop_census(sass_of(source, a.build), a.kernel, a.mma)
+        name, (t, e), body = loop_census(sass_of(source, a.build, a.define), a.kernel, a.mma)
     finally:
         if source != a.source:
             os.remove(source)
