@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # pending_s62 (written in stop 62, not run): the decode codes kernel's arithmetic alone
-# (-DKVSLIM_NO_LOOP_LOADS=1) with the codes' conversions left out -- values as paired words (no mask,
-# no HMUL2), keys as packed words (no plane mask) -- and with more FMA-pipe work a unit (64 / 128
-# FFMA in 4 independent chains, 32 in one chain), against the arithmetic alone as it is; then
-# main's attention bench against SDPA (full included). README.md says how to build the binaries.
+# (-DKVSLIM_HALF_NO_LOOP_LOADS=1, each unit in its place) as it is; with the codes' conversions left
+# out (values as paired words: no mask, no HMUL2; keys as packed words: no plane mask); and with more
+# FMA-pipe work a unit (64 / 128 FFMA in 4 independent chains, 32 in one chain). Then main's
+# attention bench against SDPA (full included). README.md says how to build the binaries.
 set -u
 OUT=${OUT:-/tmp/kvslim-device-out}
 mkdir -p "$OUT"
