@@ -53,15 +53,6 @@ using namespace attend_detail;
 #define KVSLIM_HALF_STAGES 2
 #endif
 constexpr int kHalfStages = KVSLIM_HALF_STAGES;
-// KVSLIM_HALF_NO_LOOP_LOADS=1 (a timing build, wrong output): the loop copies only the warp's first
-// kHalfStages units and reads their bytes again and again, each unit keeping its own place in its
-// group (q' rebuilt and the sums folded as often as in the real run), so the kernel's time is its
-// arithmetic's. The H200's memory is 1.4x an H100's, and its time is close to this build's on an H100
-// (docs/cuda.md, "Stop 62"), while an H100's own timings of the 4-bit kinds wait on its copies: a
-// change to the arithmetic shows in this build on an H100 about as the H200 would show it.
-#ifndef KVSLIM_HALF_NO_LOOP_LOADS
-#define KVSLIM_HALF_NO_LOOP_LOADS 0
-#endif
 constexpr int kDecodeVectors = 4;  // query vectors a CTA takes: B's 8 columns are 2 digits (keys) or P's 2 parts (values) each
 
 // A unit's scores may pass the softmax's reference by this much (log2 units) before it moves: P =
@@ -520,11 +511,9 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
   // Where this lane's 16 bytes at `offset` from my land (lane_bytes false: the byte at `offset`
   // itself), as an address in the shared window.
   const auto to = [&](int offset, bool lane_bytes = true) { return my_to + offset - (lane_bytes ? 0 : 16 * lane); };
-  // copy false (KVSLIM_HALF_NO_LOOP_LOADS only): the unit's place in the stream is kept, its bytes are not copied.
-  auto issue = [&](bool first, int stage, bool whole = false, bool copy = true) {
+  auto issue = [&](bool first, int stage, bool whole = false) {
     const auto l = stream.load(first, stage, whole);
-    const bool live = l.live && copy;
-    if (live) {
+    if (l.live) {
 #pragma unroll
       for (int i = 0; i < K_CHUNKS; i += 32) {
         if (K_CHUNKS % 32 == 0 || i + lane < K_CHUNKS) cp_async16_to(to(stage * STAGE + 16 * i), k_next + 16 * i);
@@ -540,7 +529,7 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
       const int slot = kHalfStages * STAGE + l.param_slot * PSLOT;  // from my
 #pragma unroll
       for (int i = 0; i < P_CHUNKS; i += 32) {
-        if (live && (P_CHUNKS % 32 == 0 || i + lane < P_CHUNKS)) {
+        if (l.live && (P_CHUNKS % 32 == 0 || i + lane < P_CHUNKS)) {
           cp_async16_to(to(slot + 16 * i), kp_next + 16 * i);
           cp_async16_to(to(slot + PARAM_BYTES + 16 * i), vp_next + 16 * i);
         }
@@ -550,7 +539,7 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
       kp_next += PARAM_BYTES;
       vp_next += PARAM_BYTES;
     }
-    cp_async8_if_to(lane == 0 && live, to(stage * STAGE + Shape::POS_OFFSET, false), pos_next);
+    cp_async8_if_to(lane == 0 && l.live, to(stage * STAGE + Shape::POS_OFFSET, false), pos_next);
     k_next += K_CODE_BYTES;
     v_next += Shape::V_CODE_BYTES;
     pos_next += kGroupRows;
@@ -572,7 +561,7 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
   int n_units = n_mine;
   for (int k = 0; k < n_units; ++k) {
     asm("" : "+r"(n_units), "+r"(my_to), "+r"(my_off));  // held, not re-derived (above)
-    if (k + kHalfStages - 1 < n_units) issue(false, (k + kHalfStages - 1) % kHalfStages, false, !KVSLIM_HALF_NO_LOOP_LOADS || k == 0);
+    if (k + kHalfStages - 1 < n_units) issue(false, (k + kHalfStages - 1) % kHalfStages);
     // (Unit k + 1 is in flight already: kHalfStages >= 2.)
     bool first_of_group, last_of_group;
     stream.read(k, n_units, first_of_group, last_of_group);
