@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # On the GPU machine: the attention bench of several builds of the kvslim CLI in one call, for
 # kernel A/B runs (devbin/kvslim_<name>.xz beside devbin/kvslim.xz, each linked from one build with
-# one kernel source compiled another way). For each: `kvslim bench attend --device cuda` at batch 1
-# and 8 x 32k (D 128) and torch SDPA at the same shapes (bench/cuda/sdpa_bench.py), appended to
-# $OUT/ab_compare.txt as it finishes; the shipped binary runs first and last, so that the drift of
-# the machine between runs shows.
+# one kernel source compiled another way, or all of them in devbin/bins.tar.xz: pack_devbin.sh).
+# For each: `kvslim bench attend --device cuda` at batch 1 and 8 x 32k (D 128) and torch SDPA at
+# the same shapes (bench/cuda/sdpa_bench.py), appended to $OUT/ab_compare.txt as it finishes; the
+# shipped binary runs first and last, so that the drift of the machine between runs shows.
 #   [CACHES="kivi2_g128 ..."] bash bench/cuda/device_kernel_ab.sh
 set -u
 OUT=${OUT:-/tmp/kvslim-device-out}
@@ -12,8 +12,11 @@ mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$PWD/devbin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 ARGS="--batch 1 8 --context 32768 --head-dim 128"
 [ -n "${CACHES:-}" ] && ARGS="$ARGS --cache $CACHES"
+[ -f devbin/bins.tar.xz ] && xz -dc devbin/bins.tar.xz | tar xf - -C devbin  # (bench/cuda/pack_devbin.sh)
 names=(kvslim)
-for f in devbin/kvslim_*.xz; do [ -f "$f" ] && names+=("$(basename "$f" .xz)"); done
+for f in devbin/kvslim_*; do
+  case "$f" in *.xz) [ -x "${f%.xz}" ] && continue; names+=("$(basename "$f" .xz)");; *) names+=("$(basename "$f")");; esac
+done
 names+=(kvslim)
 for name in "${names[@]}"; do
   [ -x devbin/$name ] || { xz -dkf devbin/$name.xz && chmod +x devbin/$name; }

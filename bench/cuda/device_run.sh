@@ -18,6 +18,7 @@ MODE=${1:-all}
 mkdir -p "$OUT"
 source bench/cuda/sanitizer_report.sh  # keep_report
 export LD_LIBRARY_PATH="$PWD/devbin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+[ -f devbin/bins.tar.xz ] && xz -dc devbin/bins.tar.xz | tar xf - -C devbin  # (bench/cuda/pack_devbin.sh)
 for f in devbin/kvslim.xz devbin/cuda_tests.xz; do [ -f "$f" ] && xz -dkf "$f"; done
 chmod +x devbin/kvslim devbin/cuda_tests
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv; nvcc --version | tail -2;
