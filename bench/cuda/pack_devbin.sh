@@ -3,22 +3,28 @@
 # The kernel A/B variants (build_variant.sh) differ from devbin/kvslim in one object of ~44 MB, so
 # xz'd one by one each costs ~6 MB and the carry holds about eight; in one stream whose dictionary
 # spans a whole binary, every binary after the first costs only its difference (stop 63: seven CLIs
-# in 10 MB, against 42). Packs every devbin/*.xz but the archive, then removes them.
+# in 10 MB, against 42). Packs every devbin/*.xz, and what an earlier archive holds (a binary of the
+# same name from a .xz replaces it), then removes the .xz files.
 # On the GPU machine: `xz -dc devbin/bins.tar.xz | tar xf - -C devbin` (device_run.sh and
 # device_kernel_ab.sh unpack it when it is there).
 #
 #   bench/cuda/pack_devbin.sh          (about 20 s a binary on 2 cores)
 set -euo pipefail
+shopt -s nullglob
 cd "$(dirname "$0")/../.."
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 names=()
+if [ -f devbin/bins.tar.xz ]; then
+  xz -dc devbin/bins.tar.xz | tar xf - -C "$TMP"
+  while read -r n; do names+=("$n"); done < <(xz -dc devbin/bins.tar.xz | tar tf -)
+fi
 for f in devbin/*.xz; do
   [ "$f" = devbin/bins.tar.xz ] && continue
   n=$(basename "$f" .xz)
   xz -dc "$f" > "$TMP/$n"
   chmod +x "$TMP/$n"
-  names+=("$n")
+  [[ " ${names[*]} " == *" $n "* ]] || names+=("$n")
 done
 [ ${#names[@]} -gt 0 ] || { echo "no devbin/*.xz to pack" >&2; exit 1; }
 # The dictionary must hold more than one binary (~44 MB) for the next to find its twin in it.
