@@ -18,13 +18,10 @@ run_set() {  # file, names...
 }
 run_set memory_ab.txt kvslim kvslim_pf2 kvslim_pf4 kvslim_pf8 kvslim_st3 kvslim_pf4st3 kvslim
 cat "$OUT"/memory_ab.txt
-run_set compute_only.txt kvslim_cmain kvslim_crawv kvslim_crawk kvslim_cpadf64 kvslim_cpadf128 kvslim_cpadc32 kvslim_cmain
-cat "$OUT"/compute_only.txt
 timeout 100 devbin/kvslim bench attend --device cuda --batch 1 8 --context 32768 131072 --head-dim 128 \
   --cache full kivi4_g128 kivi2_g128 kivi_k4v2_g128 zipcache --json "$OUT"/attend.json > "$OUT"/attend.txt 2>&1
 timeout 100 python3 bench/cuda/sdpa_bench.py --kvslim "$OUT"/attend.json --json "$OUT"/sdpa.json 2>&1 | grep -v "^append" > "$OUT"/compare.txt
 cat "$OUT"/compare.txt
-run_set memory_ab.txt kvslim_pf4 kvslim
 # pf4's correctness (the prefetch changes no result; its addresses stay inside the warp's units)
 { echo "=== cuda_tests_pf4"; timeout 110 devbin/cuda_tests_pf4 --gtest_filter='CudaAttend.*:CudaKivi.*:CudaZipcache.Attention*:CudaStepGraph.Kivi*:CudaEviction.Kivi*' 2>&1 \
     | grep -v "^\[       OK\|^\[ RUN" | tail -c 8000; echo "tests exit: ${PIPESTATUS[0]}"
@@ -32,3 +29,5 @@ run_set memory_ab.txt kvslim_pf4 kvslim
     --gtest_filter='CudaAttend.ZeroQueryAndFlatGroups:CudaAttend.BatchWithOwnLengthsAtTheKernelLevel:CudaKivi.*:CudaZipcache.Attention*' 2>&1 | tail -c 3000
   echo "memcheck exit: ${PIPESTATUS[0]}"; } > "$OUT"/tests_pf4.txt 2>&1
 tail -c 2500 "$OUT"/tests_pf4.txt
+run_set compute_only.txt kvslim_cmain kvslim_crawv kvslim_crawk kvslim_cpadf64 kvslim_cpadf128 kvslim_cpadc32 kvslim_cmain
+cat "$OUT"/compute_only.txt
