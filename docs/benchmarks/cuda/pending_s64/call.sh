@@ -4,12 +4,7 @@
 # Its tests and memcheck / racecheck first, then an A/B against main (and the same at 3 and 4 stages,
 # which the bulk copies make cheap in instructions), then main's bench against SDPA.
 set -u
-OUT=${OUT:-/tmp/kvslim-device-out}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$PWD/devbin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader > "$OUT"/gpu.txt 2>&1; cat "$OUT"/gpu.txt
-xz -dc devbin/bins.tar.xz | tar xf - -C devbin
-xz -dkf devbin/cuda_tests_tma.xz && chmod +x devbin/cuda_tests_tma
+source bench/cuda/device_prelude.sh  # OUT, the library path, gpu.txt, devbin unpacked
 TESTS='CudaAttend.*:CudaKivi.*:CudaZipcache.*:CudaStepGraph.*:CudaEviction.Kivi*:CudaEviction.Zipcache*:-CudaStepGraph.*LargerStores'
 { timeout 150 devbin/cuda_tests_tma --gtest_filter="$TESTS" 2>&1 | grep -v "^\[       OK\|^\[ RUN" | tail -c 8000
   echo "tests exit: ${PIPESTATUS[0]}"
