@@ -7,19 +7,13 @@
 # shipped binary runs first and last, so that the drift of the machine between runs shows.
 #   [CACHES="kivi2_g128 ..."] bash bench/cuda/device_kernel_ab.sh
 set -u
-OUT=${OUT:-/tmp/kvslim-device-out}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$PWD/devbin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+source bench/cuda/device_prelude.sh  # OUT, the library path, gpu.txt, devbin unpacked
 ARGS="--batch 1 8 --context 32768 --head-dim 128"
 [ -n "${CACHES:-}" ] && ARGS="$ARGS --cache $CACHES"
-[ -f devbin/bins.tar.xz ] && xz -dc devbin/bins.tar.xz | tar xf - -C devbin  # (bench/cuda/pack_devbin.sh)
 names=(kvslim)
-for f in devbin/kvslim_*; do
-  case "$f" in *.xz) [ -x "${f%.xz}" ] && continue; names+=("$(basename "$f" .xz)");; *) names+=("$(basename "$f")");; esac
-done
+for f in devbin/kvslim_*; do [[ "$f" == *.xz ]] || names+=("$(basename "$f")"); done
 names+=(kvslim)
 for name in "${names[@]}"; do
-  [ -x devbin/$name ] || { xz -dkf devbin/$name.xz && chmod +x devbin/$name; }
   { echo "=== $name"
     timeout 90 devbin/$name bench attend --device cuda $ARGS --json /tmp/ab_$name.json > /tmp/ab_$name.txt 2>&1 &&
     timeout 90 python3 bench/cuda/sdpa_bench.py --kvslim /tmp/ab_$name.json --json /tmp/ab_sdpa.json 2>&1 | grep -v "^append"; } \

@@ -8,5 +8,5 @@ nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader > "$OUT"/gpu.txt
 cat "$OUT"/gpu.txt
 [ -f devbin/bins.tar.xz ] && xz -dc devbin/bins.tar.xz | tar xf - -C devbin
 for f in devbin/*.xz; do
-  [ "$f" = devbin/bins.tar.xz ] || [ -x "${f%.xz}" ] || { xz -dkf "$f" && chmod +x "${f%.xz}"; }
+  [ "$f" = devbin/bins.tar.xz ] || { xz -dkf "$f" && chmod +x "${f%.xz}"; }
 done

@@ -13,14 +13,9 @@
 #     quick: batch 1, 8 at 32k (D 128); mid: batch 1, 8, 32 at 32k and 128k (D 128); all: every shape
 #     profile: also Nsight Compute (32k, D=128) into ncu.txt and ncu_sass.csv (below)
 set -u
-OUT=${OUT:-/tmp/kvslim-device-out}
 MODE=${1:-all}
-mkdir -p "$OUT"
+source bench/cuda/device_prelude.sh  # OUT, the library path, gpu.txt, devbin unpacked
 source bench/cuda/sanitizer_report.sh  # keep_report
-export LD_LIBRARY_PATH="$PWD/devbin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-[ -f devbin/bins.tar.xz ] && xz -dc devbin/bins.tar.xz | tar xf - -C devbin  # (bench/cuda/pack_devbin.sh)
-for f in devbin/kvslim.xz devbin/cuda_tests.xz; do [ -f "$f" ] && xz -dkf "$f"; done
-chmod +x devbin/kvslim devbin/cuda_tests
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv; nvcc --version | tail -2;
   python3 -c 'import torch; print("torch", torch.__version__)'; } > "$OUT"/tests.txt 2>&1
 timeout 240 devbin/cuda_tests 2>&1 | grep -v "^\[       OK\|^\[ RUN" | tail -c 60000 >> "$OUT"/tests.txt

@@ -5,8 +5,8 @@
 # spans a whole binary, every binary after the first costs only its difference (stop 63: seven CLIs
 # in 10 MB, against 42). Packs every devbin/*.xz, and what an earlier archive holds (a binary of the
 # same name from a .xz replaces it), then removes the .xz files.
-# On the GPU machine: `xz -dc devbin/bins.tar.xz | tar xf - -C devbin` (device_run.sh and
-# device_kernel_ab.sh unpack it when it is there).
+# On the GPU machine bench/cuda/device_prelude.sh unpacks it (device_run.sh and device_kernel_ab.sh
+# source it).
 #
 #   bench/cuda/pack_devbin.sh          (about 20 s a binary on 2 cores)
 set -euo pipefail
