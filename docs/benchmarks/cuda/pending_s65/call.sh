@@ -4,19 +4,16 @@
 # main's kernel and the two scratch forms of i8values_scratch.patch (-DKVSLIM_HALF_INT8_VALUES=1 / 2 on
 # main: i8, the digit sums by FADD, i8c: joined
 # as integers, the form that lands), and the landing form at 4 CTAs an SM (land4). Most telling
-# first: the tests, the A/B, memcheck and racecheck, then main's and the landing form's bench
-# against SDPA.
+# first: the tests, the A/B against SDPA (bench/cuda/device_kernel_ab.sh), memcheck and racecheck,
+# then main's and the landing form's 1 x 128k against SDPA.
 set -u
 source bench/cuda/device_prelude.sh  # OUT, the library path, gpu.txt, devbin unpacked
 TESTS='CudaAttend.*:CudaKivi.*:CudaZipcache.*:CudaStepGraph.*:CudaEviction.Kivi*:CudaEviction.Zipcache*:-CudaStepGraph.*LargerStores'
 { timeout 150 devbin/cuda_tests_land --gtest_filter="$TESTS" 2>&1 | grep -v "^\[       OK\|^\[ RUN" | tail -c 9000
   echo "tests exit: ${PIPESTATUS[0]}"; } > "$OUT"/tests_land.txt 2>&1
 grep -E "worst error|long context|FAILED|Failure|exit" "$OUT"/tests_land.txt | head -40
-ARGS="bench attend --device cuda --batch 8 1 --context 32768 --head-dim 128 --cache kivi2_g128 kivi4_g128 kivi_k4v2_g128 zipcache"
-for name in kvslim kvslim_i8 kvslim_i8c kvslim_land kvslim_land4 kvslim; do
-  { echo "=== $name"; timeout 60 devbin/$name $ARGS 2>&1 | grep -E "^ *128 |rror|what"; } >> "$OUT"/land_ab.txt
-done
-cat "$OUT"/land_ab.txt
+# main (first and last), i8, i8c, land, land4 at batch 1 / 8 x 32k, each beside torch SDPA
+CACHES="full kivi2_g128 kivi4_g128 kivi_k4v2_g128 zipcache" bash bench/cuda/device_kernel_ab.sh
 { timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 devbin/cuda_tests_land \
     --gtest_filter='CudaAttend.ZeroQueryAndFlatGroups:CudaAttend.BatchWithOwnLengthsAtTheKernelLevel:CudaKivi.*:CudaZipcache.Attention*' 2>&1 | tail -c 3000
   echo "memcheck exit: ${PIPESTATUS[0]}"
@@ -24,10 +21,10 @@ cat "$OUT"/land_ab.txt
     --gtest_filter='CudaAttend.ZeroQueryAndFlatGroups:CudaAttend.BatchWithOwnLengthsAtTheKernelLevel' 2>&1 | tail -c 2000
   echo "racecheck exit: ${PIPESTATUS[0]}"; } > "$OUT"/sanitizers_land.txt 2>&1
 grep -E "ERROR SUMMARY|RACECHECK SUMMARY|exit" "$OUT"/sanitizers_land.txt
-for name in kvslim_land kvslim; do
-  timeout 100 devbin/$name bench attend --device cuda --batch 1 8 --context 32768 131072 --head-dim 128 \
-    --cache full kivi4_g128 kivi2_g128 kivi_k4v2_g128 zipcache --json "$OUT"/attend_$name.json > "$OUT"/attend_$name.txt 2>&1
-  timeout 100 python3 bench/cuda/sdpa_bench.py --kvslim "$OUT"/attend_$name.json --json "$OUT"/sdpa_$name.json 2>&1 \
-    | grep -v "^append" > "$OUT"/compare_$name.txt
-  echo "=== $name"; cat "$OUT"/compare_$name.txt
+for name in kvslim_land kvslim; do  # batch 1 x 128k (the shared A/B stops at 32k)
+  timeout 100 devbin/$name bench attend --device cuda --batch 1 --context 131072 --head-dim 128 \
+    --cache full kivi4_g128 kivi2_g128 --json "$OUT"/attend128k_$name.json > "$OUT"/attend128k_$name.txt 2>&1
+  { echo "=== $name"; timeout 100 python3 bench/cuda/sdpa_bench.py --kvslim "$OUT"/attend128k_$name.json \
+      --json "$OUT"/sdpa128k_$name.json 2>&1 | grep -v "^append"; } >> "$OUT"/compare128k.txt
 done
+cat "$OUT"/compare128k.txt
