@@ -1,18 +1,17 @@
 #!/usr/bin/env bash
-# Stop 64: the decode codes kernel with its value product on the int8 tensor cores, as it would land
-# (int8_values.patch on main: kvslim_land, cuda_tests_land), against
-# main's kernel and the two scratch forms of i8values_scratch.patch (-DKVSLIM_HALF_INT8_VALUES=1 / 2 on
-# main: i8, the digit sums by FADD, i8c: joined
-# as integers, the form that lands), and the landing form at 4 CTAs an SM (land4). Most telling
-# first: the tests, the A/B against SDPA (bench/cuda/device_kernel_ab.sh), memcheck and racecheck,
-# then main's and the landing form's 1 x 128k against SDPA.
+# Stop 64, revised in stop 65: the decode codes kernel with its value product on the int8 tensor cores,
+# as it would land (int8_values.patch on main: kvslim_land, cuda_tests_land), against main's kernel
+# (kvslim) and the landing form at 4 CTAs an SM (land4). Most telling first: the tests (the worst
+# errors they print decide the two digits: README.md), the A/B against SDPA
+# (bench/cuda/device_kernel_ab.sh), memcheck and racecheck, then main's and the landing form's
+# 1 x 128k against SDPA.
 set -u
 source bench/cuda/device_prelude.sh  # OUT, the library path, gpu.txt, devbin unpacked
 TESTS='CudaAttend.*:CudaKivi.*:CudaZipcache.*:CudaStepGraph.*:CudaEviction.Kivi*:CudaEviction.Zipcache*:-CudaStepGraph.*LargerStores'
 { timeout 150 devbin/cuda_tests_land --gtest_filter="$TESTS" 2>&1 | grep -v "^\[       OK\|^\[ RUN" | tail -c 9000
   echo "tests exit: ${PIPESTATUS[0]}"; } > "$OUT"/tests_land.txt 2>&1
 grep -E "worst error|long context|FAILED|Failure|exit" "$OUT"/tests_land.txt | head -40
-# main (first and last), i8, i8c, land, land4 at batch 1 / 8 x 32k, each beside torch SDPA
+# main (first and last), land, land4 at batch 1 / 8 x 32k, each beside torch SDPA
 CACHES="full kivi2_g128 kivi4_g128 kivi_k4v2_g128 zipcache" bash bench/cuda/device_kernel_ab.sh
 { timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 devbin/cuda_tests_land \
     --gtest_filter='CudaAttend.ZeroQueryAndFlatGroups:CudaAttend.BatchWithOwnLengthsAtTheKernelLevel:CudaKivi.*:CudaZipcache.Attention*' 2>&1 | tail -c 3000
