@@ -27,3 +27,12 @@ for name in kvslim_land kvslim; do  # batch 1 x 128k (the shared A/B stops at 32
       --json "$OUT"/sdpa128k_$name.json 2>&1 | grep -v "^append"; } >> "$OUT"/compare128k.txt
 done
 cat "$OUT"/compare128k.txt
+# Last: Nsight Compute's summaries of kivi2 at 8 x 32k, main's and the landing form's (the executed
+# instructions a unit, the issue rate): whether the ~73 fewer instructions a trip the compiler counts
+# are the ones the time follows.
+NCU_SECTIONS="--section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats --section InstructionStats"
+for name in kvslim kvslim_land; do
+  { echo "=== $name kivi2_g128"; timeout 60 ncu $NCU_SECTIONS -k regex:attend_codes -c 1 devbin/$name \
+      bench attend --device cuda --context 32768 --head-dim 128 --repeats 1 --batch 8 --cache kivi2_g128; } >> "$OUT"/ncu_kivi2.txt 2>&1
+done
+grep -E "^===|Warp Cycles Per Issued|Issued Warp|Eligible Warps|Executed Ipc A|Executed Instructions  |Duration|Registers Per" "$OUT"/ncu_kivi2.txt | head -40
