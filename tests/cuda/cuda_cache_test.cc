@@ -103,6 +103,7 @@ struct Step {
 struct Pair {
   std::unique_ptr<KVCache> cpu, gpu;
   DType dtype;
+  int group = 32;  // kivi's rows a parameter group
   std::int64_t next = 0;
   void append(const Step& st, std::int64_t gap = 0) {
     std::vector<std::int64_t> pos(st.S);
@@ -134,8 +135,19 @@ Pair make_pair(const std::string& method, int bits, DType dtype, int key_bits = 
   c.device = "cuda";
   p.gpu = KVCacheFactory::create(c);
   p.dtype = dtype;
+  p.group = group;
   return p;
 }
+
+// The decode codes kernel (attend_codes_half.cu) takes a step of <= 4 query vectors a KV head over
+// kivi's groups of 2+ units and over zipcache's sets, and weighs a unit's rows by P / its largest P
+// in two s8 digits: 2^-16 of that largest P, where the other kernels keep ~2^-22 of each P. On these
+// outlier-laden values bench/cuda/p_digits_error.py emulates it at up to 1.0e-3 of an element and
+// 1.1e-4 relative L2 from float64 (device_s65 measured 9.3e-4): inside the CPU kernels' 4e-3 (tests/kvslim/attend_test.cc), past
+// the 2e-4 the other device kernels keep. Its bounds: half the CPU kernels'.
+constexpr double kDigitsOutTolerance = 2e-3, kDigitsL2Tolerance = 3e-4;
+// grouped: kivi's groups of 2+ units (64+ rows) or zipcache's sets.
+bool decodes_on_p_digits(bool grouped, std::size_t S, std::size_t G) { return grouped && S * G <= 4; }
 
 // Keys and values at their own widths, groups of 32 * n rows (the CPU cache's groups: one
 // parameter set per group_rows rows).
@@ -353,13 +365,15 @@ void check_attend(Pair& p, int bits, std::size_t Hq, const std::vector<std::int6
                   const std::string& what) {
   // Dense rows: q and P in high + low 16-bit parts (bf16's pair carries 16 bits, fp16's 22): close to
   // fp32. Codes: q * scale and P as 23-bit integers relative to their largest element (three s8
-  // digits): as close. The CPU kernels' own tolerance against float64 is 4e-3 on out and 2e-3 on
+  // digits): as close -- but for the decode codes kernel's P (kDigitsOutTolerance). The CPU kernels' own tolerance against float64 is 4e-3 on out and 2e-3 on
   // probs (tests/kvslim/attend_test.cc); the CPU's integer kernels (two digits) reach ~6e-3 on these
   // outlier-laden keys and values, hence the wider margin against the CPU cache below.
   const double loose = bits == 0 && p.dtype == DType::bf16 ? 5.0 : 1.0;
-  const double out_tol = loose * 2e-4, l2_tol = loose * 2e-5, probs_tol = loose * 2e-5;
   const CacheStats st = p.gpu->stats();
   const std::size_t B = st.batch, D = st.head_dim, S = qpos.size();
+  const bool digits = bits != 0 && decodes_on_p_digits(p.group >= 64, S, Hq / st.heads);
+  const double out_tol = digits ? kDigitsOutTolerance : loose * 2e-4, l2_tol = digits ? kDigitsL2Tolerance : loose * 2e-5,
+               probs_tol = loose * 2e-5;
   const auto q = normal(B * S * Hq * D, seed);
   std::vector<float> out, probs;
   gpu_attend(*p.gpu, q, B, S, Hq, D, qpos, out, probs);
@@ -921,7 +935,8 @@ void check_zip_attend(ZipPair& z, std::size_t Hq, const std::vector<std::int64_t
   std::vector<double> ref, probs;
   reference(zip_exact_rows(*z.p.gpu), q, S, Hq, qpos, ref, probs);
   const double exact = worst_relative(out, ref);
-  EXPECT_LE(exact, 2e-4) << what << ": out vs float64 over the device's own rows";
+  const double exact_tol = decodes_on_p_digits(true, S, Hq / st.heads) ? kDigitsOutTolerance : 2e-4;
+  EXPECT_LE(exact, exact_tol) << what << ": out vs float64 over the device's own rows";
   // Against the same keys over the input values (the values unquantized): the device's value error
   // is the CPU cache's kind of error (values grouped otherwise, so not to the bit). Outlier values
   // (x25) make single elements noisy: the relative L2 is pooled over the configuration's checks.

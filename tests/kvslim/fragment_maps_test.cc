@@ -189,9 +189,6 @@ TEST(FragmentMaps, CodesThroughTheInt8ProductGiveExactDotProducts) {
   check_codes<8, 128>();
 }
 
-// HMUL2 of two fp16 halves (exact here: a power of two times a subnormal code, the result normal).
-std::uint32_t hmul2(std::uint32_t a, std::uint32_t b) { return pack(half_of(a, 0) * half_of(b, 0), half_of(a, 1) * half_of(b, 1)); }
-
 // The decode codes kernel's keys (attend_codes_half.cu, InPlaceKeyMap): codes masked in place (code * 2^(BITS *
 // plane)), q' / max|q'| as four s8 digits scaled per plane, digits 3, 2 in one mma's columns 2v,
 // 2v + 1 and digits 1, 0 in a second's. The combined sums must equal sum_c code_c 2^(BITS plane)
@@ -275,84 +272,96 @@ TEST(FragmentMaps, CodesInPlaceThroughTheInt8ProductWithPlaneScaledDigits) {
   check_in_place_keys<8, 128>();
 }
 
-// The value product of one unit in attend_codes_half.cu (HalfCodeMap, HalfUnitOrder): codes masked
-// into subnormal halves and normalised (code * 2^-10), lane t's tokens value_token(ks, t, 0..3)
-// paired by pair_bytes as A, P read as 4 halves from the layout the softmax lanes wrote (p_index)
-// as B. Every sum must be exact: 2^-10 sum_tok P code.
+// The value product of one unit in attend_codes_half.cu (HalfCodeMap, HalfUnitOrder): the softmax
+// lanes' digits of P' (biased_p_digits, pack_p_digits) written at p_word and read back as B, lane
+// (g, t)'s codes of k-blocks t and t + 4 gathered by byte (gather_quad) and masked in place
+// (value_reg) as A. Every row's 256 hi + lo must be sum_tok round(P' R) code * 2^value_shift exactly,
+// each sum within the s32 accumulator's range, and every channel reached once.
 template <int BITS, int D>
 void check_half_values() {
   using Map = HalfCodeMap<BITS, D>;
   using Order = HalfUnitOrder;
-  constexpr int RB = Map::RB;
+  constexpr int RB = Map::RB, BPLV = Map::BPLV;
   std::mt19937 rng(BITS * 1000 + D + 7);
+  std::uniform_real_distribution<float> unit(0.f, 1.f);
   std::vector<std::uint8_t> codes(32 * D), packed(32 * RB);
   for (auto& c : codes) c = static_cast<std::uint8_t>(rng() % (1u << BITS));
+  for (int c = 0; c < D; ++c) codes[(c % 32) * D + c] = static_cast<std::uint8_t>((1u << BITS) - 1);  // the largest code
   quant::scalar_kernels().pack_rows(codes.data(), 32, D, BITS, packed.data());
-  std::vector<int> P(8 * 32);  // [column][token]
-  for (auto& x : P) x = static_cast<int>(rng() % 255) - 127;
-  const auto word = [&](int tok, int byte, int bytes = 4) { return load32(packed.data() + tok * RB + byte, bytes); };
-  // The softmax lanes' writes: lane (g, t) holds tokens 16 mt + g + 8 rh of vector t and writes
-  // them as one word at p_index(g), so they must lie there in the order j = 2 mt + rh.
-  std::vector<int> pbuf(8 * 32, 1 << 20);
-  std::multiset<int> places;
-  for (int n = 0; n < 8; ++n) {
-    for (int tok = 0; tok < 32; ++tok) {
-      pbuf[n * 32 + Order::p_index(tok)] = P[n * 32 + tok];
-      if (n == 0) places.insert(Order::p_index(tok));
+  std::vector<float> P(4 * 32);  // P' [vector][token]: one 1 (the unit's largest) a vector, zeros, ties
+  for (auto& x : P) x = unit(rng);
+  for (int v = 0; v < 4; ++v) {
+    P[v * 32 + 5 * v] = 1.f;
+    P[v * 32 + 31 - v] = 0.f;
+    P[v * 32 + 20] = 0.5f / Map::kDigitRange;  // a tie: rounds to even
+  }
+  std::vector<long> want_v(4 * 32);
+  for (int i = 0; i < 4 * 32; ++i) want_v[i] = std::lrint(static_cast<double>(P[i]) * Map::kDigitRange);
+  // The softmax lanes: (g, t) holds tokens g + 8 j of vector t.
+  std::vector<std::uint32_t> pw(64, 0xdeadbeefu);
+  std::multiset<int> words;
+  for (int g = 0; g < 8; ++g) {
+    for (int t = 0; t < 4; ++t) {
+      std::uint32_t u[4];
+      for (int j = 0; j < 4; ++j) u[j] = Map::biased_p_digits(P[t * 32 + g + 8 * j]);
+      std::uint32_t hi, lo;
+      Map::pack_p_digits(u[0], u[1], u[2], u[3], hi, lo);
+      for (int j = 0; j < 4; ++j) {
+        const int dh = static_cast<std::int8_t>(hi >> (8 * j)), dl = static_cast<std::int8_t>(lo >> (8 * j));
+        ASSERT_GE(dh, 0) << "hi digit";
+        ASSERT_EQ(256L * dh + dl, want_v[t * 32 + g + 8 * j]) << "P' " << P[t * 32 + g + 8 * j];
+      }
+      pw[Map::p_word(2 * t, g)] = hi;
+      pw[Map::p_word(2 * t + 1, g)] = lo;
+      words.insert(Map::p_word(2 * t, g));
+      words.insert(Map::p_word(2 * t + 1, g));
     }
   }
-  for (int i = 0; i < 32; ++i) ASSERT_EQ(places.count(i), 1u) << "P index " << i;
-  for (int g = 0; g < 8; ++g) {
-    for (int mt = 0; mt < 2; ++mt)
-      for (int rh = 0; rh < 2; ++rh) ASSERT_EQ(Order::p_index(16 * mt + g + 8 * rh), Order::p_index(g) + 2 * mt + rh) << g;
+  for (int i = 0; i < 64; ++i) ASSERT_EQ(words.count(i), 1u) << "P word " << i;
+  std::uint32_t b[32][2];
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane / 4, t = lane % 4;
+    ASSERT_EQ(Map::p_word(g, t + 4), Map::p_word(g, t) + 1) << "one 8-byte read";
+    b[lane][0] = pw[Map::p_word(g, t)];
+    b[lane][1] = pw[Map::p_word(g, t + 4)];
   }
   std::multiset<int> tokens;
-  for (int ks = 0; ks < 2; ++ks) {
-    for (int t = 0; t < 4; ++t) {
-      for (int j = 0; j < 4; ++j) {
-        tokens.insert(Order::value_token(ks, t, j));
-        ASSERT_EQ(Order::value_token(ks, t, j), Order::value_token(ks, t, 0) + j * Order::kRowStride);
-      }
-    }
+  for (int kb = 0; kb < 8; ++kb) {
+    for (int j = 0; j < 4; ++j) tokens.insert(Order::value_token(kb, j));
   }
   for (int k = 0; k < 32; ++k) ASSERT_EQ(tokens.count(k), 1u) << "token " << k;
 
   std::multiset<int> vseen;
   for (int mt = 0; mt < Map::MT; ++mt) {
-    double O[16][8] = {};
-    for (int ks = 0; ks < 2; ++ks) {
-      std::uint32_t a[32][4], b[32][2];
-      for (int lane = 0; lane < 32; ++lane) {
-        const int g = lane / 4, t = lane % 4;
-        std::uint32_t xb[2][Map::BPLV];
-        for (int pr = 0; pr < 2; ++pr) {
-          for (int bi = 0; bi < Map::BPLV; ++bi) {
-            const int bytes = Map::BPLV >= 4 ? 4 : Map::BPLV;
-            const std::uint32_t wa = word(Order::value_token(ks, t, 2 * pr), g * Map::BPLV + 4 * (bi / 4), bytes);
-            const std::uint32_t wb = word(Order::value_token(ks, t, 2 * pr + 1), g * Map::BPLV + 4 * (bi / 4), bytes);
-            xb[pr][bi] = Map::pair_bytes(wa, wb, bi % 4);
-          }
+    std::uint32_t a[32][4];
+    for (int lane = 0; lane < 32; ++lane) {
+      const int g = lane / 4, t = lane % 4;
+      std::uint32_t x[2][BPLV];
+      for (int h = 0; h < 2; ++h) {
+        for (int n = 0; n < Map::NWV; ++n) {
+          const int bytes = BPLV >= 4 ? 4 : BPLV;
+          std::uint32_t w[4];
+          for (int j = 0; j < 4; ++j) w[j] = load32(packed.data() + Order::value_token(t + 4 * h, j) * RB + g * BPLV + 4 * n, bytes);
+          gather_quad(w[0], w[1], w[2], w[3], bytes, x[h] + 4 * n);
         }
-        const auto reg = [&](const std::uint32_t* x, int i) { return hmul2(Map::value_reg(x, i), Map::normalizer(Map::value_shift(i))); };
-        a[lane][0] = reg(xb[0], 2 * mt);
-        a[lane][1] = reg(xb[0], 2 * mt + 1);
-        a[lane][2] = reg(xb[1], 2 * mt);
-        a[lane][3] = reg(xb[1], 2 * mt + 1);
-        const int at = g * 32 + Order::p_index(Order::value_token(ks, t, 0));  // one 8-byte word: 4 halves
-        b[lane][0] = pack(pbuf[at], pbuf[at + 1]);
-        b[lane][1] = pack(pbuf[at + 2], pbuf[at + 3]);
       }
-      emulate_mma(a, b, O);
+      a[lane][0] = Map::value_reg(x[0], 2 * mt);
+      a[lane][1] = Map::value_reg(x[0], 2 * mt + 1);
+      a[lane][2] = Map::value_reg(x[1], 2 * mt);
+      a[lane][3] = Map::value_reg(x[1], 2 * mt + 1);
     }
+    std::int64_t C[16][8] = {};
+    emulate_imma(a, b, C);
     for (int g = 0; g < 8; ++g) {
       for (int rh = 0; rh < 2; ++rh) {
         const int i = 2 * mt + rh, ch = Map::value_channel(i, g);
         vseen.insert(ch);
-        for (int n = 0; n < 8; ++n) {
-          double want = 0;
-          for (int k = 0; k < 32; ++k) want += static_cast<double>(P[n * 32 + k]) * codes[k * D + ch];
-          ASSERT_EQ(O[g + 8 * rh][n], std::ldexp(want, -10))
-              << "values bits " << BITS << " D " << D << " m-tile " << mt << " row " << g + 8 * rh;
+        for (int t = 0; t < 4; ++t) {
+          std::int64_t want = 0;
+          for (int tok = 0; tok < 32; ++tok) want += want_v[t * 32 + tok] * (std::int64_t{codes[tok * D + ch]} << Map::value_shift(i));
+          const std::int64_t hi = C[g + 8 * rh][2 * t], lo = C[g + 8 * rh][2 * t + 1];
+          ASSERT_EQ(256 * hi + lo, want) << "values bits " << BITS << " D " << D << " m-tile " << mt << " row " << g + 8 * rh;
+          ASSERT_LT(std::llabs(256 * hi + lo), std::int64_t{1} << 31) << "the joined sum fits the kernel's int";
         }
       }
     }
@@ -360,7 +369,7 @@ void check_half_values() {
   for (int c = 0; c < D; ++c) ASSERT_EQ(vseen.count(c), 1u) << "value channel " << c;
 }
 
-TEST(FragmentMaps, ValueCodesAsSubnormalHalvesGiveExactDotProducts) {
+TEST(FragmentMaps, ValueCodesInPlaceThroughTheInt8ProductWithPDigits) {
   check_half_values<2, 64>();
   check_half_values<4, 64>();
   check_half_values<8, 64>();

@@ -10,18 +10,26 @@
 //           power of 2; digits 3, 2 of vector v are columns 2v, 2v + 1 of one mma, digits 1, 0 of a
 //           second, and lane (g, t) holds vector t's four partial sums:
 //           score = ((d3 * 256 + d2) * 256 + d1) * 256 + d0, times max|q'| 2^-kTotalBits, + q . zero.
-//   values: sum_t p_t v_tc = scale_c sum_t p_t code_tc + zero_c sum_t p_t on the fp16 tensor cores:
-//           two codes become two exact fp16 numbers (code * 2^-10) by one LOP3 and one HMUL2
-//           (HalfCodeMap), paired by token in registers (PRMT) as A (rows = channels); P's hi and
-//           lo fp16 parts are columns 2v, 2v + 1 of B; the group's sums stay in the mma
-//           accumulators and take scale * 2^10 and zero once, at the group's last unit.
+//   values: sum_t p_t v_tc = scale_c sum_t p_t code_tc + zero_c sum_t p_t on the int8 tensor cores
+//           too: the codes in place as u8 A (rows = channels, k = tokens: a register holds one
+//           channel of 4 tokens, gathered by byte (PRMT) and masked by one LOP3 for 4 codes,
+//           HalfCodeMap), P / the unit's largest P as two balanced s8 digits in columns 2v, 2v + 1
+//           of B; a row's two s32 sums become one float once a unit (times the unit's scale), and the
+//           group's sums take scale (over the plane's power of two) and zero once, at its last unit.
+//           (The fp16 product before it -- a LOP3 and an HMUL2 for every two codes, P's hi and lo
+//           fp16 parts -- took 960 warp instructions a K2V2 loop trip, every branch counted, where
+//           this one takes 889, and kivi2 at 8 x 32k ran 5-7 % faster on an H100: docs/cuda.md,
+//           "Stop 65" and "Stop 66".)
 //
-// Both products are exact on the codes; q' keeps 2^-22 of its largest element or better and P
-// ~2^-22 (its hi + lo parts) -- the int8 kernel's 2^-23 / 2^-22, the same tolerance against the CPU
-// cache. The softmax's reference moves only when a score passes it by more than kLeanSlack (P stays
-// below 2^kLeanSlack, far inside fp16's range), so most units skip the max's shuffles; each lane
-// sums its own rows' P. (Stop 50 measured this form against the earlier one -- keys on the fp16
-// product, a max and a sum over the lanes every unit: docs/cuda.md, "Stop 50".)
+// Both products are exact on the codes; q' keeps 2^-22 of its largest element or better, and P 2^-16
+// of the unit's largest P of its vector (the rounding of its two digits): up to ~1e-3 of an output
+// element on outlier-laden values, inside the CPU kernels' 4e-3 but not the other device kernels'
+// 2e-4 (bench/cuda/p_digits_error.py; tests/cuda/cuda_cache_test.cc, kDigitsOutTolerance). The codes
+// and the zero points weigh the rows by their rounded P' alike; the softmax's sum is P's own. The
+// softmax's reference moves only when a score passes it by more than kLeanSlack (P stays below
+// 2^kLeanSlack), so the sums are rarely rescaled; every unit takes its vector's largest score (3
+// shuffles), the digits' scale; each lane sums its own rows' P. (Stop 50 measured the lean
+// reference against a max and a sum over the lanes every unit: docs/cuda.md, "Stop 50".)
 //
 // A CTA of 4 warps takes a range of units of one (b, h) (whole groups of group_units, or any units
 // where groups vary: PackedRows::unit_starts); each warp takes a contiguous quarter of its units and
@@ -58,13 +66,6 @@ constexpr int kDecodeVectors = 4;  // query vectors a CTA takes: B's 8 columns a
 // A unit's scores may pass the softmax's reference by this much (log2 units) before it moves: P =
 // 2^(s - m_run) <= 2^8 then.
 constexpr float kLeanSlack = 8.f;
-
-// Two fp16 products (mul.rn.f16x2 keeps subnormal inputs: a masked code times its normalizer).
-__device__ __forceinline__ std::uint32_t hmul2_bits(std::uint32_t a, std::uint32_t b) {
-  std::uint32_t d;
-  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
 
 // A group's q' = q * key scale for four consecutive channels (out), from q (fp32, q[0..3], 16-byte
 // aligned) and the group's fp16 key scales and zeros (scale[0..3], zero[0..3]; 8-byte aligned);
@@ -109,8 +110,9 @@ __device__ __forceinline__ void load_halves(const __half* p, float* out) {
 
 // Per warp: kHalfStages unit stages [key codes | value codes | newest position], kHalfStages parameter
 // slots [key scale, zero | value scale, zero] (group g's in slot g % kHalfStages: the groups of
-// the units in flight are consecutive, so they never share a slot), P's parts [hi, lo][vector][token]
-// (fp16). After the warps: q (times the logit scale) of the 4 vectors, [vector][D] fp32.
+// the units in flight are consecutive, so they never share a slot), P's digits (8 columns x 8
+// k-blocks of 4 s8 digits, HalfCodeMap::p_word). After the warps: q (times the logit scale) of the 4
+// vectors, [vector][D] fp32.
 template <int KB, int VB, int D>
 struct HalfShape {
   using KMap = CodeMap<KB, D>;
@@ -121,7 +123,7 @@ struct HalfShape {
   static constexpr int POS_OFFSET = K_CODE_BYTES + V_CODE_BYTES;
   static constexpr int STAGE = POS_OFFSET + 16;
   static constexpr int PSLOT = 2 * PARAM_BYTES;
-  static constexpr int PBUF = 2 * kDecodeVectors * kGroupRows * 2;
+  static constexpr int PBUF = 2 * kDecodeVectors * kGroupRows;
   static constexpr int WARP_BYTES = kHalfStages * STAGE + kHalfStages * PSLOT + PBUF;
   static constexpr int QV = kDecodeVectors * D * 4;
   static constexpr int RED = kWarps * kTileRows * (D + 2) * 4;
@@ -243,67 +245,61 @@ struct HalfSteps {
     for (int j = 0; j < 4; ++j) dst[8 * j] = -INFINITY;
   }
 
-  // P's hi and lo parts at pb [part][vector][Order::p_index(token)]: the lane's tokens g + 8 j (j =
-  // 2 mt + rh) side by side at 4g + j, one 8-byte store a part.
-  __device__ __forceinline__ static void store_p(const float (&p)[2][2], __half* pb, int g, int t) {
-    const __half2 h01 = __floats2half2_rn(p[0][0], p[0][1]), h23 = __floats2half2_rn(p[1][0], p[1][1]);
-    const float2 f01 = __half22float2(h01), f23 = __half22float2(h23);
-    const __half2 l01 = __floats2half2_rn(p[0][0] - f01.x, p[0][1] - f01.y);
-    const __half2 l23 = __floats2half2_rn(p[1][0] - f23.x, p[1][1] - f23.y);
-    const auto bits = [](__half2 h) { return *reinterpret_cast<const std::uint32_t*>(&h); };
-    const int at = Order::p_index(g);  // = 4g: tokens g, g + 8, g + 16, g + 24 follow
-    *reinterpret_cast<uint2*>(pb + t * kGroupRows + at) = make_uint2(bits(h01), bits(h23));
-    *reinterpret_cast<uint2*>(pb + (kDecodeVectors + t) * kGroupRows + at) = make_uint2(bits(l01), bits(l23));
+  // P' (the unit's P of vector t over its largest, in [0, 1]) of the lane's tokens g + 8 j (j = 2 mt +
+  // rh) as two digit words, k-block g of columns 2t (hi) and 2t + 1 (lo), at pw (HalfCodeMap::p_word).
+  __device__ __forceinline__ static void store_p_digits(const float (&pf)[2][2], std::uint32_t* pw, int g, int t) {
+    std::uint32_t hi, lo;
+    VMap::pack_p_digits(float_bits(pf[0][0]), float_bits(pf[0][1]), float_bits(pf[1][0]), float_bits(pf[1][1]), hi, lo);
+    pw[VMap::p_word(2 * t, g)] = hi;
+    pw[VMap::p_word(2 * t + 1, g)] = lo;
   }
 
-  // 4. Values: the lane's tokens Order::value_token(ks, t, 0..3) (k-slots 2t, 2t + 1, 2t + 8,
-  //    2t + 9) of the unit's value codes vc, paired by PRMT into A (rows = channels); column g of B =
-  //    P's part of vector bvec = g / 2 (pb; lo_part = g % 2); cv += the unit's sum_t P code * 2^-10.
-  __device__ __forceinline__ static void values(const unsigned char* vc, const __half* pb, int g, int t, int bvec,
-                                                bool lo_part, float (&cv)[MT][4]) {
+  // 4. Values: cvf[i] += uscale * sum_t P'_t code_t * 2^value_shift(i) of channel value_channel(i, g)
+  //    for vector t: the codes of k-blocks t and t + 4 (tokens kb + 8 j of the unit's value codes vc)
+  //    gathered by byte and masked in place as A, column g of P's digits (pw) as B; a row's hi and lo
+  //    sums joined as integers (|256 hi + lo| < 2^31: 32 tokens, codes < 256, digits <= 128) and
+  //    converted once.
+  __device__ __forceinline__ static void values(const unsigned char* vc, const std::uint32_t* pw, int g, int t,
+                                                float uscale, float (&cvf)[NC]) {
+    std::uint32_t w[2][4][NWV];  // k-blocks t and t + 4: the lane's bytes of tokens kb + 8 j
+    load_quad_rows<BPLV, NWV, Order::kRowStride * VRB>(vc + Order::value_token(t, 0) * VRB + g * BPLV, w[0]);
+    load_quad_rows<BPLV, NWV, Order::kRowStride * VRB>(vc + Order::value_token(t + 4, 0) * VRB + g * BPLV, w[1]);
+    const uint2 bw = *reinterpret_cast<const uint2*>(pw + VMap::p_word(g, t));  // column g, k-blocks t, t + 4
+    std::uint32_t x[2][BPLV];
 #pragma unroll
-    for (int ks = 0; ks < 2; ++ks) {
-      const int tok0 = Order::value_token(ks, t, 0);
-      const uint2 pv = *reinterpret_cast<const uint2*>(pb + (lo_part * kDecodeVectors + bvec) * kGroupRows +
-                                                       Order::p_index(tok0));
-      std::uint32_t w[4][NWV];  // the lane's share of each of the 4 tokens
-      load_quad_rows<BPLV, NWV, Order::kRowStride * VRB>(vc + tok0 * VRB + g * BPLV, w);
+    for (int h = 0; h < 2; ++h) {
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        const int b0 = (2 * mt) / VMap::NJ, b1 = (2 * mt + 1) / VMap::NJ;  // the bytes rows g, g + 8 come from
-        const std::uint32_t x0[2] = {VMap::pair_bytes(w[0][b0 / 4], w[1][b0 / 4], b0 % 4),
-                                     VMap::pair_bytes(w[2][b0 / 4], w[3][b0 / 4], b0 % 4)};
-        const std::uint32_t x1[2] = {VMap::pair_bytes(w[0][b1 / 4], w[1][b1 / 4], b1 % 4),
-                                     VMap::pair_bytes(w[2][b1 / 4], w[3][b1 / 4], b1 % 4)};
-        const int o0 = VMap::value_shift(2 * mt), o1 = VMap::value_shift(2 * mt + 1);
-        const std::uint32_t av[4] = {hmul2_bits(x0[0] & (VMap::MASK << o0), VMap::normalizer(o0)),
-                                     hmul2_bits(x1[0] & (VMap::MASK << o1), VMap::normalizer(o1)),
-                                     hmul2_bits(x0[1] & (VMap::MASK << o0), VMap::normalizer(o0)),
-                                     hmul2_bits(x1[1] & (VMap::MASK << o1), VMap::normalizer(o1))};
-        mma16816<DenseType::f16>(cv[mt], av, pv.x, pv.y);
-      }
+      for (int n = 0; n < NWV; ++n) gather_quad(w[h][0][n], w[h][1][n], w[h][2][n], w[h][3][n], BPLV >= 4 ? 4 : BPLV, x[h] + 4 * n);
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      int c[4];  // rows g, g + 8 x columns 2t (hi), 2t + 1 (lo)
+      imma16832_from(c, VMap::value_reg(x[0], 2 * mt), VMap::value_reg(x[0], 2 * mt + 1), VMap::value_reg(x[1], 2 * mt),
+                     VMap::value_reg(x[1], 2 * mt + 1), bw.x, bw.y, 0);
+      cvf[2 * mt] = fmaf(static_cast<float>(c[0] * 256 + c[1]), uscale, cvf[2 * mt]);
+      cvf[2 * mt + 1] = fmaf(static_cast<float>(c[2] * 256 + c[3]), uscale, cvf[2 * mt + 1]);
     }
   }
 
-  // 5. At a group's last unit: acc += scale * sums / kCodeUnit + zero * sum of P (acc and psum, the
-  //    group's sum of P of vector t, both times kCodeUnit: one multiply a group, not one a channel);
-  //    the group's sums cv start again from zero. vp: the group's value scales [D] then zeros [D].
-  __device__ __forceinline__ static void fold_group(const __half* vp, int g, float psum, float (&cv)[MT][4],
-                                                    float (&acc)[NC]) {
+  // 5. At a group's last unit: acc += scale * sums * 2^-value_shift / kCodeUnit + zero * sum of P (acc
+  //    and psum, the group's sum of P of vector t, both times kCodeUnit: one multiply a group, not one
+  //    a channel); the group's sums cvf start again from zero. vp: the group's value scales [D] then
+  //    zeros [D].
+  __device__ __forceinline__ static void fold_group(const __half* vp, int g, float psum, float (&cvf)[NC], float (&acc)[NC]) {
     // Plane j's channels of this lane are BPLV consecutive ones (g BPLV + j RB + byte): read as words.
 #pragma unroll
     for (int j = 0; j < VMap::NJ; ++j) {
       float vs[BPLV], vz[BPLV];
       load_halves<BPLV>(vp + VMap::value_channel(j, g), vs);
       load_halves<BPLV>(vp + D + VMap::value_channel(j, g), vz);
+      const float unshift = 1.f / static_cast<float>(1u << VMap::value_shift(j));  // (exact: a power of two)
 #pragma unroll
       for (int bi = 0; bi < BPLV; ++bi) {
-        const int i = bi * VMap::NJ + j, mt = i / 2, e = 2 * (i % 2);
-        acc[i] = fmaf(cv[mt][e] + cv[mt][e + 1], vs[bi], fmaf(vz[bi], psum, acc[i]));
+        const int i = bi * VMap::NJ + j;
+        acc[i] = fmaf(cvf[i] * unshift, vs[bi], fmaf(vz[bi], psum, acc[i]));
+        cvf[i] = 0.f;
       }
     }
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) cv[mt][0] = cv[mt][1] = cv[mt][2] = cv[mt][3] = 0.f;
   }
 };
 
@@ -471,9 +467,9 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
   float m_run = -INFINITY, l_run = 0.f, acc[NC];
 #pragma unroll
   for (int i = 0; i < NC; ++i) acc[i] = 0.f;
-  float cv[MT][4];  // the current group's sum_t P code * 2^-10, C fragments (cols 2t, 2t + 1: vector t hi, lo)
+  float cvf[NC];  // the current group's sum_t P code * 2^value_shift(i) * kCodeUnit, channel value_channel(i, g), vector t
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) cv[mt][0] = cv[mt][1] = cv[mt][2] = cv[mt][3] = 0.f;
+  for (int i = 0; i < NC; ++i) cvf[i] = 0.f;
   float psum_g = 0.f;
   const int seq_limit = a.seq_rows ? a.seq_rows[b] : INT32_MAX;
 
@@ -558,6 +554,7 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
   __syncthreads();
   std::uint32_t bq[2 * NR];  // the current group's q' digits for column g: [0, NR) the first mma's, then the second's
   float qscale = 0.f, bias = 0.f;
+  float uscale = 0.f;  // the current unit's digit sums to P * kCodeUnit (vector t)
   int n_units = n_mine;
   for (int k = 0; k < n_units; ++k) {
     asm("" : "+r"(n_units), "+r"(my_to), "+r"(my_off));  // held, not re-derived (above)
@@ -577,7 +574,7 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
     }
     unsigned char* const my_k = smem + my_off;  // = my
     const unsigned char* buf = my_k + (k % kHalfStages) * STAGE;
-    __half* const pb = reinterpret_cast<__half*>(my_k + kHalfStages * (STAGE + PSLOT));  // P: [part][vector][p_index]
+    std::uint32_t* const pw = reinterpret_cast<std::uint32_t*>(my_k + kHalfStages * (STAGE + PSLOT));  // P's digits (p_word)
     const unsigned char* kc = buf;
     const unsigned char* vc = buf + K_CODE_BYTES;
     const unsigned char* pslot = my_k + kHalfStages * STAGE + stream.read_slot() * PSLOT;
@@ -591,7 +588,7 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
     float sc[2][2];
     Steps::scores(kc, g, t, bq, qscale, bias, sc);
 
-    // 3. Online softmax of vector t over the unit; P's hi and lo parts into pb.
+    // 3. Online softmax of vector t over the unit; P's digits into pw.
     const long long row0 = rows.row_offset + static_cast<long long>(u) * kGroupRows;
     const std::int64_t newest = *reinterpret_cast<const std::int64_t*>(buf + Shape::POS_OFFSET);
     {
@@ -603,49 +600,58 @@ __global__ void __launch_bounds__(kThreads, half_min_ctas(D))
       }
       float mx = fmaxf(fmaxf(sc[0][0], sc[0][1]), fmaxf(sc[1][0], sc[1][1]));  // this lane's rows
       if (a.logits && valid) Steps::write_logits(a.logits + (static_cast<long long>(bh) * SG + vec) * a.rows_total + row0 + g, sc);
+      mx = max_over(mx, 4, 32);  // the unit's largest score of vector t (its 8 g lanes): P's digits are relative to it
       // The reference moves only past the slack (m_run -inf: any finite score passes it).
       if (__any_sync(0xffffffffu, mx > m_run + kLeanSlack)) {
-        mx = max_over(mx, 4, 32);  // the 8 g lanes of vector t
         const float m_new = fmaxf(m_run, mx);
         const float alpha = exp2_sfu(m_run - (m_new == -INFINITY ? 0.f : m_new));
         if (__any_sync(0xffffffffu, m_run != -INFINITY && alpha != 1.f)) {  // else acc holds zeros or stays
 #pragma unroll
           for (int i = 0; i < NC; ++i) acc[i] *= alpha;
 #pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) cv[mt][e] *= alpha;
-          }
+          for (int i = 0; i < NC; ++i) cvf[i] *= alpha;
           psum_g *= alpha;
           l_run *= alpha;
         }
         m_run = m_new;
       }
+      // P' = P / the unit's largest P of vector t, in [0, 1] (that largest, 2^(mx - m_run), is at
+      // most 2^kLeanSlack); a vector whose rows are all masked has P' 0 and no weight.
       const float msub = m_run == -INFINITY ? 0.f : m_run;
+      const float unit_p = mx == -INFINITY ? 0.f : exp2_sfu(mx - msub), mref = mx == -INFINITY ? 0.f : mx;
+      uscale = unit_p * (VMap::kCodeUnit / VMap::kDigitRange);
+      float pf[2][2];  // kDigitBias + round(P' kDigitRange): the digits, and the weight they carry
       float ps = 0.f;
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
         for (int rh = 0; rh < 2; ++rh) {
-          sc[mt][rh] = exp2_sfu(sc[mt][rh] - msub);
-          ps += sc[mt][rh];
+          const float p = exp2_sfu(sc[mt][rh] - mref);
+          ps += p;
+          pf[mt][rh] = VMap::digit_float(p);
         }
       }
-      l_run += ps;   // this lane's rows: summed over the vector's lanes at the end
-      psum_g += ps;  // and at the group's last unit
-      Steps::store_p(sc, pb, g, t);
+      // The zero points weigh the rows as the codes' sums do, by the rounded P' (exact integers:
+      // each bracket is v + v'). With P itself, every row's rounding (2^-16 of the unit's largest P)
+      // would meet code * scale -- up to a channel's whole range -- rather than the value: ~5x the
+      // error (bench/cuda/p_digits_error.py). The softmax's sum stays P's own, so the probabilities
+      // keep their precision (the output's error is the same either way).
+      constexpr float kTwoBiases = 2.f * VMap::kDigitBias;
+      psum_g += ((pf[0][0] + (pf[0][1] - kTwoBiases)) + (pf[1][0] + (pf[1][1] - kTwoBiases))) * uscale;
+      l_run += ps * unit_p;  // this lane's rows: summed over the vector's lanes at the end
+      Steps::store_p_digits(pf, pw, g, t);
     }
     __syncwarp();
 
-    // 4. Values: cv += the unit's sum_t P code * 2^-10 (Steps::values).
-    Steps::values(vc, pb, g, t, bvec, lo_part, cv);
+    // 4. Values: cvf += the unit's sum_t P code * 2^value_shift * kCodeUnit (Steps::values).
+    Steps::values(vc, pw, g, t, uscale, cvf);
     // 5. At a group's last unit (or the warp's last): the group's sums into acc (Steps::fold_group;
     //    acc holds the output times kCodeUnit until the loop ends).
     if (last_of_group) {
-      Steps::fold_group(vp, g, sum_over(psum_g, 4, 32) * VMap::kCodeUnit, cv, acc);
+      Steps::fold_group(vp, g, sum_over(psum_g, 4, 32), cvf, acc);
       psum_g = 0.f;
     }
-    __syncwarp();  // pb and this stage are written again next
+    __syncwarp();  // pw and this stage are written again next
   }
   cp_async_wait<0>();
   l_run = sum_over(l_run, 4, 32);  // each lane summed its own rows' P
@@ -713,8 +719,14 @@ void with_half_kernel(const QueryArgs& q, const PackedRows& rows, F&& f) {
 // Groups of one unit (32 rows) stay on the int8 kernel: their q' is rebuilt every unit, where that
 // kernel's int8 operands cost less (kivi2 / kivi4 at 32-row groups, batch 8 x 32k: 103.6 / 116.8 us
 // on the int8 kernel against 116.2 / 131.6 us here; device_s39/r3_compare.txt).
+// (KVSLIM_HALF_ONE_UNIT_GROUPS: a build that takes them too, for an A/B since the kernel's later
+// forms.)
+#ifndef KVSLIM_HALF_ONE_UNIT_GROUPS
+#define KVSLIM_HALF_ONE_UNIT_GROUPS 0
+#endif
 bool half_codes_take(const QueryArgs& q, const PackedRows& rows) {
-  return static_cast<long long>(q.S) * q.G <= kDecodeVectors && (rows.group_units >= 2 || rows.unit_starts != nullptr);
+  return static_cast<long long>(q.S) * q.G <= kDecodeVectors &&
+         (rows.group_units >= (KVSLIM_HALF_ONE_UNIT_GROUPS ? 1 : 2) || rows.unit_starts != nullptr);
 }
 
 int half_codes_resident(const QueryArgs& q, const PackedRows& rows) {

@@ -64,60 +64,6 @@ struct CodeMap {
 };
 
 // ---------------------------------------------------------------------------------------------
-// kivi values through the fp16 tensor cores (mma.m16n8k16, fp32 sums; the keys take the int8 ones,
-// InPlaceKeyMap below): a code masked in place into a 16-bit half whose exponent bits are zero IS
-// an fp16 number -- the subnormal code * 2^o * 2^-24, o its bit offset in the half -- so one LOP3
-// turns two codes into two halves, and one HMUL2 by normalizer(o) = 2^(14 - o) makes them
-// code * 2^-10, a normal number, for every plane alike. (The tensor cores take subnormals, but
-// align a product by its exponent field, not by its value: a subnormal code's product kept only
-// ~13 - o bits -- 2-5e-4 of the output on H200, docs/benchmarks/cuda/device_s39/r1_tests.txt.)
-// Only offsets o <= 10 - BITS are mantissa bits: a register takes its two codes from the low byte of
-// each half; in the plane layout byte B holds channels B + j * RB at o = j * BITS.
-// Values (A rows = channels, k = tokens): lane g reads BPLV bytes of each of its tokens at g BPLV;
-// pair_bytes() puts byte b of two tokens' words into the two halves, and value register i =
-// (byte i / NJ, plane i % NJ) of a token pair is channel value_channel(i, g): m-tile i / 2, row g
-// (i even) or g + 8 (i odd).
-template <int BITS, int D>
-struct HalfCodeMap {
-  static constexpr int RB = D * BITS / 8;  // packed row bytes
-  static constexpr int NJ = 8 / BITS;      // planes (codes per byte)
-  static constexpr int BPLV = RB / 8;      // value bytes per lane and token
-  static constexpr int NWV = BPLV >= 4 ? BPLV / 4 : 1;  // value words per lane and token
-  static constexpr int NC = D / 8;         // value channels per lane
-  static constexpr int MT = D / 16;        // m-tiles of the value product
-  static constexpr std::uint32_t MASK = ((1u << BITS) - 1u) * 0x00010001u;  // plane 0 of both halves' low bytes
-  static_assert(BPLV * NJ == NC, "head_dim 64 or 128 with 2, 4 or 8 bits");
-
-  // A normalised code is code * kCodeUnit (the value product's sums carry it until the output).
-  static constexpr float kCodeUnit = 1.f / 1024.f;
-  // 2^(14 - o) in both fp16 halves: a masked code (code * 2^(o - 24)) times it is code * kCodeUnit, exactly.
-  KVSLIM_MAP_FN static std::uint32_t normalizer(int o) { return static_cast<std::uint32_t>(29 - o) * 0x04000400u; }
-  // Byte b (0..3) of w0 into bits 0-7, of w1 into bits 16-23 (bits 8-15 and 24-31: masked off).
-  KVSLIM_MAP_FN static std::uint32_t pair_bytes(std::uint32_t w0, std::uint32_t w1, int b) {
-    return prmt(w0, w1, static_cast<std::uint32_t>(b | (b << 4) | ((4 + b) << 8) | ((4 + b) << 12)));
-  }
-  KVSLIM_MAP_FN static int value_channel(int i, int g) { return g * BPLV + i / NJ + (i % NJ) * RB; }
-  KVSLIM_MAP_FN static int value_shift(int i) { return (i % NJ) * BITS; }
-  // xb[b] = pair_bytes of the lane's byte b (of its BPLV) of the two tokens.
-  KVSLIM_MAP_FN static std::uint32_t value_reg(const std::uint32_t* xb, int i) {
-    return xb[i / NJ] & (MASK << value_shift(i));
-  }
-};
-
-// The order of a 32-row unit's tokens in the value product of attend_codes_half.cu. Lane t's j-th
-// token of k-step ks (j 0, 1: k-slots 2t, 2t + 1; j 2, 3: k-slots 2t + 8, 2t + 9) is x + 8 j,
-// x = 4 ks + t; the lane pairs those tokens' value-code rows (pair_bytes) and reads their P as one
-// 8-byte word of the vector's 32 halves, at p_index(x). P of token `tok` lies at 4 (tok % 8) +
-// tok / 8: the softmax lane (g, t), which holds tokens g + 8 j, writes them as one 8-byte word, and
-// the 4 t lanes read neighbouring rows of codes. (Tokens 16 ks + 4t + j, stop 49's order, put the
-// 4 t lanes' reads 4 rows apart, on the same banks, and took a store a row.)
-struct HalfUnitOrder {
-  KVSLIM_MAP_FN static int value_token(int ks, int t, int j) { return 4 * ks + t + 8 * j; }
-  KVSLIM_MAP_FN static int p_index(int token) { return 4 * (token % 8) + token / 8; }
-  static constexpr int kRowStride = 8;  // value_token(ks, t, j + 1) - value_token(ks, t, j)
-};
-
-// ---------------------------------------------------------------------------------------------
 // s8 operands as balanced base-256 digits. round(x * inv) plus 0x808080 has the digits
 // + 128 as its bytes -- adding 128 to every digit of v = 65536 hi + 256 mid + lo (each in
 // [-128, 127]) is adding 0x808080 -- so an FMA with a magic constant, one add, byte permutes
@@ -158,6 +104,70 @@ KVSLIM_MAP_FN void gather_quad(std::uint32_t w0, std::uint32_t w1, std::uint32_t
     x[3] = prmt(c, d, 0x7632u);
   }
 }
+
+// ---------------------------------------------------------------------------------------------
+// kivi values of the decode codes kernel (attend_codes_half.cu) through the int8 tensor cores
+// (mma.m16n8k32: u8 codes times s8 digits of P, s32 sums): the codes left where they lie, as the
+// keys are (InPlaceKeyMap below), and P as two balanced s8 digits relative to the unit's largest P
+// of each query vector. One LOP3 masks 4 codes (4 tokens of one channel, code * 2^(BITS * plane));
+// the plane's power of two is taken off with the group's scale, once a group.
+// A (rows = channels, k = tokens): k-slot 4 kb + j is token kb + 8 j (HalfUnitOrder), so lane (g, t)
+// reads BPLV bytes at g BPLV of the tokens of k-blocks t and t + 4; gather_quad puts byte b of its
+// 4 tokens into one word, and value register i = (byte i / NJ, plane i % NJ) of it is channel
+// value_channel(i, g): m-tile i / 2, row g (i even) or g + 8 (i odd).
+// B (P's digits, column 2v = vector v's hi digits, 2v + 1 its lo digits): the softmax lane (g, t),
+// which holds tokens g + 8 j of vector t, writes k-block g of columns 2t and 2t + 1 (pack_p_digits),
+// one word each at p_word(column, g); lane (g, t) reads column g's k-blocks t and t + 4 as one
+// 8-byte word at p_word(g, t). C: lane (g, t) holds vector t's hi and lo sums of rows g and g + 8.
+template <int BITS, int D>
+struct HalfCodeMap {
+  static constexpr int RB = D * BITS / 8;  // packed row bytes
+  static constexpr int NJ = 8 / BITS;      // planes (codes per byte)
+  static constexpr int BPLV = RB / 8;      // value bytes per lane and token
+  static constexpr int NWV = BPLV >= 4 ? BPLV / 4 : 1;  // value words per lane and token
+  static constexpr int NC = D / 8;         // value channels per lane
+  static constexpr int MT = D / 16;        // m-tiles of the value product
+  static constexpr std::uint32_t MASK = BITS == 8 ? 0xffffffffu : ((1u << BITS) - 1u) * 0x01010101u;  // plane 0 of 4 bytes
+  static_assert(BPLV * NJ == NC, "head_dim 64 or 128 with 2, 4 or 8 bits");
+
+  // The value sums carry kCodeUnit until the output (one multiply a group for P's sum, not a channel).
+  static constexpr float kCodeUnit = 1.f / 1024.f;
+  KVSLIM_MAP_FN static int value_channel(int i, int g) { return g * BPLV + i / NJ + (i % NJ) * RB; }
+  KVSLIM_MAP_FN static int value_shift(int i) { return (i % NJ) * BITS; }
+  // x[b] = byte b (of the lane's BPLV) of 4 tokens (gather_quad): register i, code << value_shift(i).
+  KVSLIM_MAP_FN static std::uint32_t value_reg(const std::uint32_t* x, int i) {
+    return x[i / NJ] & (MASK << value_shift(i));
+  }
+
+  // P' in [0, 1] as v = round(P' kDigitRange) = 256 hi + lo, hi in [0, 127], lo in [-128, 127]:
+  // fmaf(P', R, 1.5 * 2^23 + 128) leaves v + 128 in the float's low 16 bits (byte 1 = hi, byte 0 =
+  // lo + 128).
+  static constexpr float kDigitRange = 32512.f;   // 127 * 256
+  static constexpr float kDigitBias = 12583040.f;  // 1.5 * 2^23 + 128
+  // kDigitBias + v: the float whose bits are the digits (its low 16 bits), and whose value less the
+  // bias is v exactly (an integer below 2^24) -- the weight the value product gives P'.
+  KVSLIM_MAP_FN static float digit_float(float p) { return fmaf(p, kDigitRange, kDigitBias); }
+  KVSLIM_MAP_FN static std::uint32_t biased_p_digits(float p) {
+    return static_cast<std::uint32_t>(float_bits(digit_float(p)));
+  }
+  // The hi and lo digit words of 4 tokens (byte j = u[j]'s digits).
+  KVSLIM_MAP_FN static void pack_p_digits(std::uint32_t u0, std::uint32_t u1, std::uint32_t u2, std::uint32_t u3,
+                                          std::uint32_t& hi, std::uint32_t& lo) {
+    const std::uint32_t a = prmt(u0, u1, 0x5140u), b = prmt(u2, u3, 0x5140u);  // bytes 0, 1 interleaved
+    lo = prmt(a, b, 0x5410u) ^ 0x80808080u;
+    hi = prmt(a, b, 0x7632u);
+  }
+  // P's digit word of B column `col` (0..7), k-block kb (0..7): kb and kb + 4 side by side.
+  KVSLIM_MAP_FN static int p_word(int col, int kb) { return col * 8 + (kb % 4) * 2 + kb / 4; }
+};
+
+// The order of a 32-row unit's tokens in the value product of attend_codes_half.cu: k-slot 4 kb + j
+// is token value_token(kb, j) = kb + 8 j. The softmax lane (g, t) holds tokens g + 8 j -- k-block g
+// whole, one word of digits a column -- and the 4 t lanes of a g read neighbouring rows of codes.
+struct HalfUnitOrder {
+  KVSLIM_MAP_FN static int value_token(int kb, int j) { return kb + 8 * j; }
+  static constexpr int kRowStride = 8;  // value_token(kb, j + 1) - value_token(kb, j)
+};
 
 // kivi keys through the int8 tensor cores with the codes left where they lie (the decode codes
 // kernel's keys, attend_codes_half.cu): CodeMap's key register r masked in place,
